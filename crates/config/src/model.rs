@@ -1,0 +1,581 @@
+//! The configuration's shape: every field documented, unknown keys rejected.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::error::{ConfigError, Problem};
+use crate::ident::{is_identifier, QualifiedName};
+use crate::redact::redact_url;
+use crate::template::Template;
+
+/// The whole `walfold.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The database whose outbox tables are followed through logical replication.
+    pub source: SourceConfig,
+    /// The outbox tables to follow (at least one).
+    #[serde(default)]
+    pub outbox: Vec<OutboxConfig>,
+    /// Where walfold keeps its state and the read models; defaults to the source database.
+    #[serde(default)]
+    pub target: TargetConfig,
+    /// Batching and back-pressure of the ingest path.
+    #[serde(default)]
+    pub pipeline: PipelineConfig,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// The projections: each one is a logical subscriber with its own dedup claims.
+    #[serde(default)]
+    pub projection: Vec<ProjectionConfig>,
+}
+
+/// `[source]`
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// libpq-style URL: `postgresql://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`.
+    /// `sslmode` may be `disable`, `prefer`, `require`, `verify-ca` or `verify-full`.
+    pub url: String,
+    /// Logical replication slot (pgoutput), created if missing.
+    #[serde(default = "default_slot")]
+    pub slot: String,
+    /// Publication over the outbox tables, created if missing.
+    #[serde(default = "default_publication")]
+    pub publication: String,
+}
+
+impl fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceConfig")
+            .field("url", &redact_url(&self.url))
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .finish()
+    }
+}
+
+/// `[[outbox]]`: an outbox table and the columns an event is read from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// `schema.table` (or `table`, meaning `public.table`).
+    pub table: String,
+    /// The producer's event ID (uuid). Required, non-null.
+    #[serde(default = "col_id")]
+    pub id: String,
+    /// Aggregate type, e.g. `order`. Required, non-null.
+    #[serde(default = "col_aggregate_type")]
+    pub aggregate_type: String,
+    /// Aggregate ID; events of one aggregate are applied in order. Required, non-null.
+    #[serde(default = "col_aggregate_id")]
+    pub aggregate_id: String,
+    /// Event type, e.g. `OrderPaid`. Required, non-null.
+    #[serde(default = "col_event_type")]
+    pub event_type: String,
+    /// Aggregate version (integer); null allowed, required by `table` projections.
+    #[serde(default = "col_version")]
+    pub version: String,
+    /// JSON payload. Required, non-null.
+    #[serde(default = "col_payload")]
+    pub payload: String,
+    /// Optional JSON headers (metadata; not part of an event's identity).
+    #[serde(default = "col_headers")]
+    pub headers: String,
+    /// Optional timestamptz of when the event occurred (metadata).
+    #[serde(default = "col_occurred_at")]
+    pub occurred_at: String,
+}
+
+/// `[target]`
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Database for walfold's schema and the read models; defaults to `source.url`.
+    pub url: Option<String>,
+    /// walfold's own schema (event log, claims, checkpoints, dead letters).
+    #[serde(default = "default_schema")]
+    pub schema: String,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            url: None,
+            schema: default_schema(),
+        }
+    }
+}
+
+impl fmt::Debug for TargetConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TargetConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+/// `[pipeline]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Most events appended to the event log in one transaction.
+    #[serde(default = "default_append_batch")]
+    pub append_batch_size: usize,
+    /// Capacity of the channel between the replication reader and the appender; when it
+    /// is full the reader stops reading and back-pressure reaches the server.
+    #[serde(default = "default_channel")]
+    pub channel_capacity: usize,
+    /// Longest wait, in milliseconds, before a partial batch is appended.
+    #[serde(default = "default_linger")]
+    pub append_linger_ms: u64,
+    /// Longest backoff, in milliseconds, between reconnect attempts.
+    #[serde(default = "default_max_backoff")]
+    pub max_backoff_ms: u64,
+    /// How long, in seconds, SIGTERM waits for in-flight batches before aborting.
+    #[serde(default = "default_shutdown")]
+    pub shutdown_timeout_s: u64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            append_batch_size: default_append_batch(),
+            channel_capacity: default_channel(),
+            append_linger_ms: default_linger(),
+            max_backoff_ms: default_max_backoff(),
+            shutdown_timeout_s: default_shutdown(),
+        }
+    }
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` (default) or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A `tracing` filter, e.g. `info` or `walfold=debug`; `RUST_LOG` wins when set.
+    #[serde(default = "default_level")]
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// `[[projection]]`: one logical subscriber.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectionConfig {
+    /// Name used in logs, metrics and the CLI.
+    pub name: String,
+    /// Logical subscriber ID (e.g. `orders.status.v1`): dedup claims and checkpoints are
+    /// scoped to it. A new ID starts from the beginning of the event log.
+    pub subscriber: String,
+    /// Only these event types are applied (all when absent).
+    pub event_types: Option<Vec<String>>,
+    /// Only these aggregate types are applied (all when absent).
+    pub aggregate_types: Option<Vec<String>>,
+    /// A `sql` projection: a statement with named placeholders (`:aggregate_id`,
+    /// `:payload.a.b`, …), always bound as parameters.
+    pub sql: Option<String>,
+    /// A `table` (state) projection: walfold generates the version-guarded upsert.
+    pub table: Option<String>,
+    /// `table` projections: the key column, filled from the aggregate ID.
+    pub key: Option<String>,
+    /// `table` projections: the version column; a row is updated only when its version
+    /// is lower than the event's.
+    pub version_column: Option<String>,
+    /// `table` projections: column → placeholder expression, e.g. `status = ":payload.status"`.
+    pub columns: Option<BTreeMap<String, String>>,
+    /// Workers, each owning a hash partition of aggregates (order per aggregate is kept).
+    #[serde(default = "default_parallelism")]
+    pub parallelism: u32,
+    /// Most events claimed and applied in one transaction.
+    #[serde(default = "default_projection_batch")]
+    pub batch_size: usize,
+    /// Attempts at an event that keeps failing before it is dead-lettered and its
+    /// aggregate parked.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// First retry backoff in milliseconds (doubles each attempt).
+    #[serde(default = "default_retry_backoff")]
+    pub retry_backoff_ms: u64,
+}
+
+/// What a projection does, resolved from its config.
+#[derive(Debug, Clone)]
+pub enum ProjectionKind {
+    Sql(Template),
+    Table(TableProjection),
+}
+
+/// A state projection: the generated, version-guarded upsert.
+#[derive(Debug, Clone)]
+pub struct TableProjection {
+    pub table: QualifiedName,
+    pub key: String,
+    pub version_column: String,
+    /// The compiled upsert.
+    pub template: Template,
+}
+
+impl ProjectionConfig {
+    /// Compiles the projection's statement; `index` is its position, for error keys.
+    pub fn kind(&self, index: usize) -> Result<ProjectionKind, Vec<Problem>> {
+        let key = |k: &str| format!("projection[{index}].{k}");
+        let problem = |k: &str, m: String| Problem {
+            key: key(k),
+            message: m,
+        };
+        match (&self.sql, &self.table) {
+            (Some(_), Some(_)) => Err(vec![problem(
+                "sql",
+                "set either `sql` or `table`, not both".into(),
+            )]),
+            (None, None) => Err(vec![problem(
+                "sql",
+                "missing: set `sql` (a statement) or `table` (a state projection)".into(),
+            )]),
+            (Some(sql), None) => {
+                let mut problems = Vec::new();
+                for k in ["key", "version_column", "columns"] {
+                    let set = match k {
+                        "key" => self.key.is_some(),
+                        "version_column" => self.version_column.is_some(),
+                        _ => self.columns.is_some(),
+                    };
+                    if set {
+                        problems.push(problem(k, "only used with `table` projections".into()));
+                    }
+                }
+                match Template::compile(sql) {
+                    Ok(t) if problems.is_empty() => Ok(ProjectionKind::Sql(t)),
+                    Ok(_) => Err(problems),
+                    Err(e) => {
+                        problems.push(problem("sql", e.to_string()));
+                        Err(problems)
+                    }
+                }
+            }
+            (None, Some(table)) => self.table_kind(table, index),
+        }
+    }
+
+    fn table_kind(&self, table: &str, index: usize) -> Result<ProjectionKind, Vec<Problem>> {
+        let key = |k: &str| format!("projection[{index}].{k}");
+        let mut problems = Vec::new();
+        let name = match QualifiedName::parse(table) {
+            Ok(n) => Some(n),
+            Err(m) => {
+                problems.push(Problem {
+                    key: key("table"),
+                    message: m,
+                });
+                None
+            }
+        };
+        let mut column = |k: &str, v: &Option<String>| match v {
+            None => {
+                problems.push(Problem {
+                    key: key(k),
+                    message: "missing: required for `table` projections".into(),
+                });
+                None
+            }
+            Some(c) if !is_identifier(c) => {
+                problems.push(Problem {
+                    key: key(k),
+                    message: format!("`{c}` is not a valid column name (letters, digits, _)"),
+                });
+                None
+            }
+            Some(c) => Some(c.clone()),
+        };
+        let key_col = column("key", &self.key);
+        let version_col = column("version_column", &self.version_column);
+        let columns = self.columns.clone().unwrap_or_default();
+        for (col, expr) in &columns {
+            if !is_identifier(col) {
+                problems.push(Problem {
+                    key: key(&format!("columns.{col}")),
+                    message: "not a valid column name (letters, digits, _)".into(),
+                });
+            }
+            if let Err(e) = Template::compile(expr) {
+                problems.push(Problem {
+                    key: key(&format!("columns.{col}")),
+                    message: e.to_string(),
+                });
+            }
+        }
+        let (Some(name), Some(key_col), Some(version_col)) = (name, key_col, version_col) else {
+            return Err(problems);
+        };
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let sql = crate::template::guarded_upsert(&name, &key_col, &version_col, &columns);
+        match Template::compile(&sql) {
+            Ok(template) => Ok(ProjectionKind::Table(TableProjection {
+                table: name,
+                key: key_col,
+                version_column: version_col,
+                template,
+            })),
+            Err(e) => Err(vec![Problem {
+                key: key("columns"),
+                message: e.to_string(),
+            }]),
+        }
+    }
+}
+
+impl Config {
+    /// The target database URL (`target.url`, else `source.url`).
+    pub fn target_url(&self) -> &str {
+        self.target.url.as_deref().unwrap_or(&self.source.url)
+    }
+
+    /// Checks everything and reports every problem at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut push = |key: &str, message: String| {
+            problems.push(Problem {
+                key: key.to_owned(),
+                message,
+            })
+        };
+        check_url(&mut push, "source.url", &self.source.url);
+        if let Some(url) = &self.target.url {
+            check_url(&mut push, "target.url", url);
+        }
+        if !is_slot_name(&self.source.slot) {
+            push(
+                "source.slot",
+                "must be 1-63 lowercase letters, digits or _".into(),
+            );
+        }
+        if !is_identifier(&self.source.publication) {
+            push(
+                "source.publication",
+                "must be an identifier (letters, digits, _; at most 63)".into(),
+            );
+        }
+        if !is_identifier(&self.target.schema) {
+            push(
+                "target.schema",
+                "must be an identifier (letters, digits, _; at most 63)".into(),
+            );
+        }
+        if self.outbox.is_empty() {
+            push(
+                "outbox",
+                "missing: add at least one [[outbox]] table to follow".into(),
+            );
+        }
+        let mut tables = Vec::new();
+        for (i, o) in self.outbox.iter().enumerate() {
+            match QualifiedName::parse(&o.table) {
+                Ok(n) if tables.contains(&n) => {
+                    push(&format!("outbox[{i}].table"), "listed twice".into())
+                }
+                Ok(n) => tables.push(n),
+                Err(m) => push(&format!("outbox[{i}].table"), m),
+            }
+            for (k, v) in o.columns() {
+                if !is_identifier(v) {
+                    push(
+                        &format!("outbox[{i}].{k}"),
+                        format!("`{v}` is not a valid column name (letters, digits, _)"),
+                    );
+                }
+            }
+        }
+        let p = &self.pipeline;
+        if !(1..=100_000).contains(&p.append_batch_size) {
+            push(
+                "pipeline.append_batch_size",
+                "must be between 1 and 100000".into(),
+            );
+        }
+        if !(1..=1_000_000).contains(&p.channel_capacity) {
+            push(
+                "pipeline.channel_capacity",
+                "must be between 1 and 1000000".into(),
+            );
+        }
+        if p.max_backoff_ms == 0 {
+            push("pipeline.max_backoff_ms", "must be at least 1".into());
+        }
+        let mut names: Vec<&str> = Vec::new();
+        let mut subscribers: Vec<&str> = Vec::new();
+        for (i, proj) in self.projection.iter().enumerate() {
+            let key = |k: &str| format!("projection[{i}].{k}");
+            if proj.name.trim().is_empty() {
+                push(&key("name"), "must not be empty".into());
+            } else if names.contains(&proj.name.as_str()) {
+                push(&key("name"), format!("`{}` is used twice", proj.name));
+            }
+            names.push(&proj.name);
+            if proj.subscriber.trim().is_empty() || proj.subscriber.len() > 200 {
+                push(&key("subscriber"), "must be 1-200 characters".into());
+            } else if subscribers.contains(&proj.subscriber.as_str()) {
+                push(
+                    &key("subscriber"),
+                    format!(
+                        "`{}` is used by two projections; each projection needs its own subscriber ID",
+                        proj.subscriber
+                    ),
+                );
+            }
+            subscribers.push(&proj.subscriber);
+            if !(1..=64).contains(&proj.parallelism) {
+                push(&key("parallelism"), "must be between 1 and 64".into());
+            }
+            if !(1..=100_000).contains(&proj.batch_size) {
+                push(&key("batch_size"), "must be between 1 and 100000".into());
+            }
+            if proj.max_attempts == 0 {
+                push(&key("max_attempts"), "must be at least 1".into());
+            }
+            if let Err(ps) = proj.kind(i) {
+                for p in ps {
+                    push(&p.key, p.message);
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+impl OutboxConfig {
+    /// The mapped columns, as (config key, column name).
+    pub fn columns(&self) -> [(&'static str, &str); 8] {
+        [
+            ("id", &self.id),
+            ("aggregate_type", &self.aggregate_type),
+            ("aggregate_id", &self.aggregate_id),
+            ("event_type", &self.event_type),
+            ("version", &self.version),
+            ("payload", &self.payload),
+            ("headers", &self.headers),
+            ("occurred_at", &self.occurred_at),
+        ]
+    }
+
+    /// The table as a parsed name (valid after [`Config::validate`]).
+    pub fn table_name(&self) -> QualifiedName {
+        QualifiedName::parse(&self.table).unwrap_or_else(|_| QualifiedName {
+            schema: "public".into(),
+            name: self.table.clone(),
+        })
+    }
+}
+
+fn check_url(push: &mut impl FnMut(&str, String), key: &str, url: &str) {
+    if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
+        push(
+            key,
+            "must be a URL like postgresql://user@host:5432/dbname".into(),
+        );
+        return;
+    }
+    if let Some((_, query)) = url.split_once('?') {
+        for kv in query.split('&') {
+            if let Some(("sslmode", mode)) = kv.split_once('=') {
+                if !["disable", "prefer", "require", "verify-ca", "verify-full"].contains(&mode) {
+                    push(
+                        key,
+                        format!("sslmode `{mode}` is not one of disable, prefer, require, verify-ca, verify-full"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn is_slot_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+fn default_slot() -> String {
+    "walfold".into()
+}
+fn default_publication() -> String {
+    "walfold_outbox".into()
+}
+fn default_schema() -> String {
+    "walfold".into()
+}
+fn col_id() -> String {
+    "id".into()
+}
+fn col_aggregate_type() -> String {
+    "aggregate_type".into()
+}
+fn col_aggregate_id() -> String {
+    "aggregate_id".into()
+}
+fn col_event_type() -> String {
+    "event_type".into()
+}
+fn col_version() -> String {
+    "version".into()
+}
+fn col_payload() -> String {
+    "payload".into()
+}
+fn col_headers() -> String {
+    "headers".into()
+}
+fn col_occurred_at() -> String {
+    "occurred_at".into()
+}
+fn default_append_batch() -> usize {
+    2000
+}
+fn default_channel() -> usize {
+    10_000
+}
+fn default_linger() -> u64 {
+    5
+}
+fn default_max_backoff() -> u64 {
+    30_000
+}
+fn default_shutdown() -> u64 {
+    30
+}
+fn default_level() -> String {
+    "info".into()
+}
+fn default_parallelism() -> u32 {
+    1
+}
+fn default_projection_batch() -> usize {
+    500
+}
+fn default_max_attempts() -> u32 {
+    5
+}
+fn default_retry_backoff() -> u64 {
+    200
+}

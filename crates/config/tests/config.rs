@@ -1,0 +1,143 @@
+//! The config contract: the example parses, overrides apply, and every mistake names its key.
+
+use walfold_config::{Config, ConfigError, ProjectionKind};
+
+const MINIMAL: &str = r#"
+[source]
+url = "postgresql://walfold:hunter2@127.0.0.1:5432/app"
+
+[[outbox]]
+table = "public.outbox"
+
+[[projection]]
+name = "order_status"
+subscriber = "orders.status.v1"
+sql = "insert into order_status values (:aggregate_id, :payload.status, :version)"
+"#;
+
+fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn problems(text: &str) -> Vec<String> {
+    match Config::from_toml(text, vec![]) {
+        Err(ConfigError::Invalid(p)) => p.iter().map(|p| p.to_string()).collect(),
+        Err(e) => vec![e.to_string()],
+        Ok(_) => vec![],
+    }
+}
+
+#[test]
+fn the_shipped_example_parses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/walfold.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = Config::from_toml(&text, vec![]).unwrap();
+    assert!(!config.projection.is_empty());
+    for (i, p) in config.projection.iter().enumerate() {
+        p.kind(i).unwrap();
+    }
+}
+
+#[test]
+fn defaults_fill_the_outbox_mapping_and_target() {
+    let c = Config::from_toml(MINIMAL, vec![]).unwrap();
+    assert_eq!(c.source.slot, "walfold");
+    assert_eq!(c.outbox[0].aggregate_id, "aggregate_id");
+    assert_eq!(c.target.schema, "walfold");
+    assert_eq!(c.target_url(), c.source.url);
+    assert!(matches!(c.projection[0].kind(0), Ok(ProjectionKind::Sql(_))));
+}
+
+#[test]
+fn environment_overrides_any_value() {
+    let c = Config::from_toml(
+        MINIMAL,
+        vars(&[
+            ("WALFOLD_SOURCE__SLOT", "other_slot"),
+            ("WALFOLD_TARGET__SCHEMA", "wf"),
+            ("WALFOLD_PROJECTION__0__BATCH_SIZE", "42"),
+            ("WALFOLD_PROJECTION__0__EVENT_TYPES", "A,B"),
+            ("WALFOLD_PG_BINDIR", "/not/a/config/key"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.source.slot, "other_slot");
+    assert_eq!(c.target.schema, "wf");
+    assert_eq!(c.projection[0].batch_size, 42);
+    assert_eq!(
+        c.projection[0].event_types.as_deref(),
+        Some(&["A".to_string(), "B".to_string()][..])
+    );
+}
+
+#[test]
+fn a_bad_override_names_the_variable() {
+    let err = Config::from_toml(MINIMAL, vars(&[("WALFOLD_PROJECTION__3__NAME", "x")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("WALFOLD_PROJECTION__3__NAME"), "{err}");
+    let err = Config::from_toml(
+        MINIMAL,
+        vars(&[("WALFOLD_PROJECTION__0__BATCH_SIZE", "many")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("batch_size"), "{err}");
+}
+
+#[test]
+fn secrets_are_not_in_debug_output() {
+    let c = Config::from_toml(MINIMAL, vec![]).unwrap();
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("hunter2"), "{debug}");
+    assert!(debug.contains("walfold:***@"), "{debug}");
+}
+
+#[test]
+fn unknown_keys_are_errors_that_name_the_key() {
+    let text = MINIMAL.replace("[[outbox]]", "[[outbox]]\ncolour = \"red\"");
+    let p = problems(&text).join("\n");
+    assert!(p.contains("colour"), "{p}");
+}
+
+#[test]
+fn every_problem_is_reported_at_once_with_its_key() {
+    let text = r#"
+[source]
+url = "mysql://nope"
+slot = "Bad-Slot"
+
+[[projection]]
+name = "a"
+subscriber = "s"
+sql = "select :bogus"
+
+[[projection]]
+name = "a"
+subscriber = "s"
+table = "x;drop"
+parallelism = 0
+"#;
+    let p = problems(text);
+    let joined = p.join("\n");
+    for key in [
+        "source.url",
+        "source.slot",
+        "outbox",
+        "projection[0].sql",
+        "projection[1].name",
+        "projection[1].subscriber",
+        "projection[1].table",
+        "projection[1].key",
+        "projection[1].version_column",
+        "projection[1].parallelism",
+    ] {
+        assert!(
+            p.iter().any(|line| line.starts_with(&format!("{key}:"))),
+            "no problem for {key} in:\n{joined}"
+        );
+    }
+}

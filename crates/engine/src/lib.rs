@@ -1,0 +1,16 @@
+//! walfold's projection engine: each projection is a logical subscriber whose projectors
+//! tail the event log, partitioned by aggregate, and per batch claim, apply and
+//! checkpoint in one transaction. [`Pipeline`] runs ingest and projectors together.
+
+mod error;
+mod pipeline;
+mod projection;
+mod projector;
+mod sql;
+
+pub use error::{EngineError, ProjectionError};
+pub use pipeline::Pipeline;
+pub use projection::{Applied, Projection};
+pub use sql::SqlProjection;
+pub use walfold_config::{Config, ProjectionConfig};
+pub use walfold_store::Event;

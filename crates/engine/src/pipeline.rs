@@ -1,0 +1,118 @@
+//! The pipeline: migrates walfold's schema, then runs ingest (slot → event log) and one
+//! projector per subscriber partition until cancelled.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use walfold_config::{Config, ProjectionConfig};
+use walfold_store::migrate;
+
+use crate::error::EngineError;
+use crate::projection::Projection;
+use crate::projector::Partition;
+use crate::sql::SqlProjection;
+
+/// The whole path from the slot to the read models.
+pub struct Pipeline {
+    config: Arc<Config>,
+    custom: Vec<(ProjectionConfig, Arc<dyn Projection>)>,
+}
+
+impl Pipeline {
+    /// A pipeline for the projections in `config`.
+    pub fn new(config: Config) -> Pipeline {
+        Pipeline {
+            config: Arc::new(config),
+            custom: Vec::new(),
+        }
+    }
+
+    /// Adds a projection written in Rust. `options` gives its name, subscriber, filters,
+    /// parallelism and batching (its `sql`/`table` are ignored).
+    pub fn with_projection(
+        mut self,
+        options: ProjectionConfig,
+        projection: Arc<dyn Projection>,
+    ) -> Pipeline {
+        self.custom.push((options, projection));
+        self
+    }
+
+    /// Runs until `cancel`; then finishes in-flight batches, sends final feedback and
+    /// returns. A definite error (e.g. wal_level is not logical) stops everything.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), EngineError> {
+        let config = self.config;
+        let schema = config.target.schema.clone();
+        migrate(config.target_url(), &schema)
+            .await
+            .map_err(EngineError::store("creating walfold's schema"))?;
+        let mut projections: Vec<(ProjectionConfig, Arc<dyn Projection>)> = Vec::new();
+        for (i, p) in config.projection.iter().enumerate() {
+            let kind = p.kind(i).map_err(|problems| EngineError::Projection {
+                projection: p.name.clone(),
+                message: problems
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })?;
+            projections.push((p.clone(), Arc::new(SqlProjection::new(&kind))));
+        }
+        projections.extend(self.custom);
+
+        let (head_tx, head_rx) = watch::channel(0i64);
+        // Projectors stop on their own token first, so that on shutdown they finish
+        // their batch while ingest drains too; an error anywhere stops everything.
+        let stop = cancel.child_token();
+        let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
+        {
+            let config = config.clone();
+            let stop = stop.clone();
+            tasks.spawn(async move {
+                let r = walfold_source::run_ingest(config, stop, head_tx)
+                    .await
+                    .map_err(EngineError::from);
+                ("ingest".to_owned(), r)
+            });
+        }
+        for (options, projection) in projections {
+            for partition in 0..options.parallelism {
+                let worker = Partition {
+                    url: config.target_url().to_owned(),
+                    schema: schema.clone(),
+                    options: options.clone(),
+                    projection: projection.clone(),
+                    partition,
+                };
+                let name = format!("{}[{partition}]", options.name);
+                let stop = stop.clone();
+                let head = head_rx.clone();
+                tasks.spawn(async move { (name, worker.run(stop, head).await) });
+            }
+        }
+        let mut first_error = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((_, Ok(()))) => {}
+                Ok((task, Err(e))) => {
+                    tracing::error!(task = %task, error = %e, "pipeline task failed; stopping");
+                    stop.cancel();
+                    first_error.get_or_insert(e);
+                }
+                Err(join) => {
+                    stop.cancel();
+                    first_error.get_or_insert(EngineError::Projection {
+                        projection: "pipeline".into(),
+                        message: format!("task panicked: {join}"),
+                    });
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

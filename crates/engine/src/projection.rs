@@ -1,0 +1,44 @@
+//! The projection trait: write a projection in Rust and run it on the same engine
+//! (claims, version guards, checkpoints and dead letters are the engine's job).
+
+use futures::future::BoxFuture;
+use tokio_postgres::Transaction;
+use walfold_store::Event;
+
+use crate::error::ProjectionError;
+
+/// What applying one event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The read model changed.
+    Changed,
+    /// Nothing changed: a version guard found the event stale (counted as stale).
+    Stale,
+}
+
+/// A projection: folds events into read-model tables inside the engine's transaction.
+/// The engine has already claimed each event for the subscriber in that transaction;
+/// `apply` must only change the read model, through `tx`, and should guard on versions.
+pub trait Projection: Send + Sync + 'static {
+    /// Applies one event.
+    fn apply<'a>(
+        &'a self,
+        tx: &'a Transaction<'a>,
+        event: &'a Event,
+    ) -> BoxFuture<'a, Result<Applied, ProjectionError>>;
+
+    /// Applies events in order; the default calls [`Projection::apply`] one at a time.
+    fn apply_batch<'a>(
+        &'a self,
+        tx: &'a Transaction<'a>,
+        events: &'a [&'a Event],
+    ) -> BoxFuture<'a, Result<Vec<Applied>, ProjectionError>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(events.len());
+            for event in events {
+                out.push(self.apply(tx, event).await?);
+            }
+            Ok(out)
+        })
+    }
+}

@@ -1,0 +1,443 @@
+//! A projector: one partition of one subscriber. It tails the event log from its
+//! checkpoint and, per batch, in ONE transaction: claims the events (the claim decides
+//! what is a duplicate), applies the claimed ones in order, saves the checkpoint. An
+//! event that keeps failing is dead-lettered and its aggregate parked for this
+//! subscriber, so its later events wait while other aggregates go on.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio_postgres::{Client, Statement};
+use tokio_util::sync::CancellationToken;
+use walfold_config::ProjectionConfig;
+use walfold_store::{
+    claim, claim_sql, connect, failpoint, read_page, read_sql, Checkpoints, DeadLetter,
+    DeadLetters, Directive, Event, Filter, PartitionStats, Reason,
+};
+
+use crate::error::{EngineError, ProjectionError};
+use crate::projection::{Applied, Projection};
+
+/// Everything a partition worker needs.
+#[derive(Clone)]
+pub(crate) struct Partition {
+    pub url: String,
+    pub schema: String,
+    pub options: ProjectionConfig,
+    pub projection: Arc<dyn Projection>,
+    pub partition: u32,
+}
+
+struct Conn {
+    client: Client,
+    read: Statement,
+    claim: Statement,
+    checkpoints: Checkpoints,
+    dead_letters: DeadLetters,
+}
+
+type AggregateKey = (String, String);
+
+impl Partition {
+    fn subscriber(&self) -> &str {
+        &self.options.subscriber
+    }
+
+    /// Runs until cancelled; reconnects with backoff on transient errors.
+    pub(crate) async fn run(
+        self,
+        cancel: CancellationToken,
+        head: watch::Receiver<i64>,
+    ) -> Result<(), EngineError> {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.run_once(&cancel, head.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.directive() == Directive::Retry && !cancel.is_cancelled() => {
+                    tracing::warn!(subscriber = %self.subscriber(), partition = self.partition, error = %e, "projector failed, retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+                Err(_) if cancel.is_cancelled() => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, EngineError> {
+        let client = connect(&self.url)
+            .await
+            .map_err(EngineError::store("connecting to the target"))?;
+        let prep = |sql: String| {
+            let client = &client;
+            async move {
+                client.prepare(&sql).await.map_err(|e| EngineError::Store {
+                    context: "preparing projector statements".into(),
+                    source: walfold_store::StoreError::Db {
+                        context: "prepare".into(),
+                        source: e,
+                    },
+                })
+            }
+        };
+        let read = prep(read_sql(&self.schema)).await?;
+        let claim = prep(claim_sql(&self.schema)).await?;
+        let checkpoints = Checkpoints::prepare(
+            &client,
+            &self.schema,
+            self.subscriber(),
+            self.options.parallelism,
+        )
+        .await
+        .map_err(EngineError::store("preparing checkpoints"))?;
+        let dead_letters = DeadLetters::prepare(&client, &self.schema)
+            .await
+            .map_err(EngineError::store("preparing dead letters"))?;
+        Ok(Conn {
+            client,
+            read,
+            claim,
+            checkpoints,
+            dead_letters,
+        })
+    }
+
+    async fn run_once(
+        &self,
+        cancel: &CancellationToken,
+        mut head: watch::Receiver<i64>,
+    ) -> Result<(), EngineError> {
+        let mut conn = self.connect().await?;
+        let positions = Checkpoints::load(
+            &conn.client,
+            &self.schema,
+            self.subscriber(),
+            self.options.parallelism,
+        )
+        .await
+        .map_err(EngineError::store("loading checkpoints"))?;
+        let mut position = positions[self.partition as usize];
+        let mut parked: HashSet<AggregateKey> =
+            DeadLetters::parked(&conn.client, &self.schema, self.subscriber())
+                .await
+                .map_err(EngineError::store("loading parked aggregates"))?
+                .into_iter()
+                .collect();
+        let filter = Filter {
+            partition: self.partition,
+            partitions: self.options.parallelism,
+            event_types: self.options.event_types.clone(),
+            aggregate_types: self.options.aggregate_types.clone(),
+        };
+        let limit = self.options.batch_size as i64;
+        tracing::info!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
+        loop {
+            if cancel.is_cancelled() {
+                return Ok(());
+            }
+            head.borrow_and_update();
+            let page = read_page(&conn.client, &conn.read, position, &filter, limit)
+                .await
+                .map_err(EngineError::store("reading the event log"))?;
+            if page.events.is_empty() {
+                if page.position > position {
+                    self.save_position(&mut conn, page.position, PartitionStats::default(), None)
+                        .await?;
+                    position = page.position;
+                }
+                // Caught up: wait for the appender's signal (or poll, for appends made
+                // by another process).
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = head.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+                continue;
+            }
+            let events: Vec<Event> = page.events;
+            match self.batch(&mut conn, &events, page.position, &parked).await {
+                Ok(()) => {}
+                Err(BatchError::Transient(e)) => return Err(e),
+                Err(BatchError::Event) => {
+                    self.one_by_one(&mut conn, &events, &mut parked, cancel).await?;
+                    self.save_position(&mut conn, page.position, PartitionStats::default(), None)
+                        .await?;
+                }
+            }
+            position = page.position;
+        }
+    }
+
+    /// The fast path: the whole batch in one transaction.
+    async fn batch(
+        &self,
+        conn: &mut Conn,
+        events: &[Event],
+        position: i64,
+        parked: &HashSet<AggregateKey>,
+    ) -> Result<(), BatchError> {
+        let (waiting, live): (Vec<&Event>, Vec<&Event>) = events
+            .iter()
+            .partition(|e| parked.contains(&(e.aggregate_type.clone(), e.aggregate_id.clone())));
+        let tx = conn.client.transaction().await.map_err(BatchError::db)?;
+        let ids: Vec<uuid::Uuid> = live.iter().map(|e| e.id).collect();
+        let claimed = claim(&tx, &conn.claim, self.subscriber(), &ids)
+            .await
+            .map_err(BatchError::store)?;
+        let to_apply: Vec<&Event> = live.into_iter().filter(|e| claimed.contains(&e.id)).collect();
+        let results = match self.options_apply(&tx, &to_apply).await {
+            Ok(r) => r,
+            Err(e) if e.directive() == Directive::Retry => {
+                return Err(BatchError::Transient(EngineError::Projection {
+                    projection: self.options.name.clone(),
+                    message: e.to_string(),
+                }));
+            }
+            Err(e) => {
+                tracing::debug!(subscriber = %self.subscriber(), error = %e, "batch failed, isolating the event");
+                return Err(BatchError::Event);
+            }
+        };
+        for e in &waiting {
+            conn.dead_letters
+                .record(&tx, &waiting_letter(self.subscriber(), e))
+                .await
+                .map_err(BatchError::store)?;
+        }
+        let stats = PartitionStats {
+            applied: results.iter().filter(|r| **r == Applied::Changed).count() as i64,
+            stale: results.iter().filter(|r| **r == Applied::Stale).count() as i64,
+            duplicates: (ids.len() - claimed.len()) as i64,
+            dead_lettered: waiting.len() as i64,
+        };
+        conn.checkpoints
+            .save(&tx, self.partition, position, stats, last_commit(events))
+            .await
+            .map_err(BatchError::store)?;
+        tx.commit().await.map_err(BatchError::db)?;
+        failpoint::hit("after_projection_commit");
+        if stats.stale > 0 {
+            tracing::debug!(subscriber = %self.subscriber(), stale = stats.stale, "stale events skipped by version guard");
+        }
+        Ok(())
+    }
+
+    async fn options_apply(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        events: &[&Event],
+    ) -> Result<Vec<Applied>, ProjectionError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.projection.apply_batch(tx, events).await
+    }
+
+    /// The slow path after a batch failed on an event: one transaction per event, with
+    /// retries; an event that still fails is dead-lettered and its aggregate parked.
+    async fn one_by_one(
+        &self,
+        conn: &mut Conn,
+        events: &[Event],
+        parked: &mut HashSet<AggregateKey>,
+        cancel: &CancellationToken,
+    ) -> Result<(), EngineError> {
+        for event in events {
+            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
+            if parked.contains(&key) {
+                let tx = conn.client.transaction().await.map_err(db_err)?;
+                conn.dead_letters
+                    .record(&tx, &waiting_letter(self.subscriber(), event))
+                    .await
+                    .map_err(EngineError::store("dead-lettering a parked event"))?;
+                let stats = PartitionStats {
+                    dead_lettered: 1,
+                    ..PartitionStats::default()
+                };
+                conn.checkpoints
+                    .save(&tx, self.partition, event.seq, stats, event.committed_at)
+                    .await
+                    .map_err(EngineError::store("saving a checkpoint"))?;
+                tx.commit().await.map_err(db_err)?;
+                continue;
+            }
+            let mut attempt = 0u32;
+            loop {
+                attempt += 1;
+                match self.single(conn, event).await {
+                    Ok(()) => break,
+                    Err(SingleError::Transient(e)) => return Err(e),
+                    Err(SingleError::Failed(message)) if attempt < self.options.max_attempts => {
+                        let wait = Duration::from_millis(self.options.retry_backoff_ms)
+                            * 2u32.saturating_pow(attempt - 1).min(64);
+                        tracing::warn!(subscriber = %self.subscriber(), event_id = %event.id, attempt, error = %message, "projection failed, retrying");
+                        tokio::select! {
+                            _ = cancel.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                    Err(SingleError::Failed(message)) => {
+                        tracing::error!(subscriber = %self.subscriber(), event_id = %event.id, aggregate_id = %event.aggregate_id, attempts = attempt, error = %message, "projection failed for good: event dead-lettered, aggregate parked");
+                        self.dead_letter_and_park(conn, event, &message, attempt)
+                            .await?;
+                        parked.insert(key);
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn single(&self, conn: &mut Conn, event: &Event) -> Result<(), SingleError> {
+        let tx = conn
+            .client
+            .transaction()
+            .await
+            .map_err(|e| SingleError::Transient(db_err(e)))?;
+        let claimed = claim(&tx, &conn.claim, self.subscriber(), &[event.id])
+            .await
+            .map_err(|e| SingleError::Transient(EngineError::store("claiming")(e)))?;
+        let mut stats = PartitionStats::default();
+        if claimed.contains(&event.id) {
+            match self.projection.apply(&tx, event).await {
+                Ok(Applied::Changed) => stats.applied = 1,
+                Ok(Applied::Stale) => stats.stale = 1,
+                Err(e) if e.directive() == Directive::Retry => {
+                    return Err(SingleError::Transient(EngineError::Projection {
+                        projection: self.options.name.clone(),
+                        message: e.to_string(),
+                    }))
+                }
+                Err(e) => return Err(SingleError::Failed(e.to_string())),
+            }
+        } else {
+            stats.duplicates = 1;
+        }
+        conn.checkpoints
+            .save(&tx, self.partition, event.seq, stats, event.committed_at)
+            .await
+            .map_err(|e| SingleError::Transient(EngineError::store("saving a checkpoint")(e)))?;
+        tx.commit()
+            .await
+            .map_err(|e| SingleError::Transient(db_err(e)))?;
+        failpoint::hit("after_projection_commit");
+        Ok(())
+    }
+
+    async fn dead_letter_and_park(
+        &self,
+        conn: &mut Conn,
+        event: &Event,
+        error: &str,
+        attempts: u32,
+    ) -> Result<(), EngineError> {
+        let tx = conn.client.transaction().await.map_err(db_err)?;
+        let mut letter = waiting_letter(self.subscriber(), event);
+        letter.reason = Reason::ProjectionFailed;
+        letter.error = error.to_owned();
+        letter.attempts = attempts as i32;
+        let id = conn
+            .dead_letters
+            .record(&tx, &letter)
+            .await
+            .map_err(EngineError::store("dead-lettering"))?;
+        conn.dead_letters
+            .park(&tx, self.subscriber(), &event.aggregate_type, &event.aggregate_id, id)
+            .await
+            .map_err(EngineError::store("parking"))?;
+        let stats = PartitionStats {
+            dead_lettered: 1,
+            ..PartitionStats::default()
+        };
+        conn.checkpoints
+            .save(&tx, self.partition, event.seq, stats, event.committed_at)
+            .await
+            .map_err(EngineError::store("saving a checkpoint"))?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn save_position(
+        &self,
+        conn: &mut Conn,
+        position: i64,
+        stats: PartitionStats,
+        last: Option<SystemTime>,
+    ) -> Result<(), EngineError> {
+        let tx = conn.client.transaction().await.map_err(db_err)?;
+        conn.checkpoints
+            .save(&tx, self.partition, position, stats, last)
+            .await
+            .map_err(EngineError::store("saving a checkpoint"))?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(())
+    }
+}
+
+enum BatchError {
+    /// Reconnect and retry the batch from the checkpoint.
+    Transient(EngineError),
+    /// An event failed: isolate it on the slow path.
+    Event,
+}
+
+impl BatchError {
+    fn db(e: tokio_postgres::Error) -> Self {
+        BatchError::Transient(db_err(e))
+    }
+    fn store(e: walfold_store::StoreError) -> Self {
+        BatchError::Transient(EngineError::store("projector")(e))
+    }
+}
+
+enum SingleError {
+    Transient(EngineError),
+    Failed(String),
+}
+
+fn db_err(e: tokio_postgres::Error) -> EngineError {
+    EngineError::Store {
+        context: "projector".into(),
+        source: walfold_store::StoreError::Db {
+            context: "transaction".into(),
+            source: e,
+        },
+    }
+}
+
+fn last_commit(events: &[Event]) -> Option<SystemTime> {
+    events.iter().filter_map(|e| e.committed_at).max()
+}
+
+/// The dead letter for an event that waits behind a parked aggregate.
+fn waiting_letter(subscriber: &str, e: &Event) -> DeadLetter {
+    DeadLetter {
+        subscriber_id: Some(subscriber.to_owned()),
+        event_id: Some(e.id),
+        seq: Some(e.seq),
+        aggregate_type: Some(e.aggregate_type.clone()),
+        aggregate_id: Some(e.aggregate_id.clone()),
+        reason: Reason::AggregateParked,
+        error: "an earlier event of this aggregate failed; waiting for it to be retried".into(),
+        raw: Some(serde_json::json!({
+            "seq": e.seq,
+            "event_id": e.id,
+            "aggregate_type": e.aggregate_type,
+            "aggregate_id": e.aggregate_id,
+            "event_type": e.event_type,
+            "version": e.version,
+            "payload": e.payload,
+            "headers": e.headers,
+        })),
+        existing: None,
+        attempts: 0,
+        source_lsn: Some(e.source_lsn),
+    }
+}

@@ -1,0 +1,86 @@
+//! Ingest supervisor: runs reader + appender for one streaming attempt, and restarts a
+//! failed attempt from the last durable point with capped exponential backoff and
+//! jitter. Definite errors (wal_level, missing table, lost slot) stop it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use walfold_config::Config;
+use walfold_store::{connect, Directive, EventLog};
+
+use crate::appender::Appender;
+use crate::error::SourceError;
+use crate::feedback;
+use crate::reader::{replication_config, Reader};
+use crate::setup::prepare_source;
+
+/// Follows the slot into the event log until `cancel`, publishing the log head on `head`.
+pub async fn run_ingest(
+    config: Arc<Config>,
+    cancel: CancellationToken,
+    head: watch::Sender<i64>,
+) -> Result<(), SourceError> {
+    let max = Duration::from_millis(config.pipeline.max_backoff_ms);
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let started = tokio::time::Instant::now();
+        match attempt(&config, &cancel, &head).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.directive() == Directive::Retry && !cancel.is_cancelled() => {
+                if started.elapsed() > Duration::from_secs(30) {
+                    delay = Duration::from_millis(100);
+                }
+                let jitter = rand::rng().random_range(0.5..1.0);
+                let wait = delay.mul_f64(jitter);
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, slot = %config.source.slot, "ingest failed, reconnecting");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                delay = (delay * 2).min(max);
+            }
+            Err(e) if cancel.is_cancelled() => {
+                tracing::warn!(error = %e, "ingest error during shutdown");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn attempt(
+    config: &Config,
+    cancel: &CancellationToken,
+    head: &watch::Sender<i64>,
+) -> Result<(), SourceError> {
+    let source = connect(&config.source.url)
+        .await
+        .map_err(SourceError::store("connecting to the source"))?;
+    prepare_source(&source, config).await?;
+    drop(source);
+    let target = connect(config.target_url())
+        .await
+        .map_err(SourceError::store("connecting to the target"))?;
+    let log = EventLog::open(target, &config.target.schema, &config.source.slot)
+        .await
+        .map_err(SourceError::store("opening the event log"))?;
+    head.send_replace(log.head());
+    let (durable, ack) = feedback::channel();
+    let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
+    let appender = Appender {
+        log,
+        durable,
+        head: head.clone(),
+        batch_size: config.pipeline.append_batch_size,
+        linger: Duration::from_millis(config.pipeline.append_linger_ms),
+    };
+    let reader = Reader::new(config, items_tx);
+    let cfg = replication_config(config)?;
+    let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
+    // The appender's error explains a reader that stopped because the channel closed.
+    append?;
+    read
+}

@@ -1,0 +1,17 @@
+//! walfold's replication source: prepares the slot and publication, reads pgoutput,
+//! maps outbox inserts to events and appends them to the event log, acknowledging the
+//! slot only up to what is durable.
+
+mod appender;
+mod error;
+mod feedback;
+mod ingest;
+mod outbox;
+mod reader;
+mod setup;
+
+pub use error::SourceError;
+pub use ingest::run_ingest;
+pub use outbox::{Mapping, TxContext};
+pub use reader::{replication_config, Item};
+pub use setup::prepare_source;

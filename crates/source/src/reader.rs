@@ -1,0 +1,238 @@
+//! The reader: alone owns the replication connection. It decodes pgoutput, maps outbox
+//! inserts to events, sends them in order to the appender through a bounded channel
+//! (a full channel stops reading, so back-pressure reaches the server), and forwards
+//! durable positions as feedback.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use walfold_config::Config;
+use walfold_pgoutput::{decode, Message};
+use walfold_store::{ConnectOptions, DeadLetter, Lsn, NewEvent, SslMode};
+
+use crate::error::SourceError;
+use crate::feedback::Acknowledger;
+use crate::outbox::{pg_time, Mapping, TxContext};
+
+/// What the reader hands the appender, in stream order.
+#[derive(Debug)]
+pub enum Item {
+    Event(NewEvent),
+    Rejected(Box<DeadLetter>),
+    /// An update, delete or truncate of an outbox table: not an event, counted.
+    Ignored,
+    /// Every source transaction ending at or before this LSN has been sent in full.
+    Through(Lsn),
+}
+
+/// The replication connection settings for the source URL.
+pub fn replication_config(config: &Config) -> Result<ReplicationConfig, SourceError> {
+    let options = ConnectOptions::parse(&config.source.url)
+        .map_err(SourceError::store("reading source.url"))?;
+    let pg = options
+        .pg_config()
+        .map_err(SourceError::store("reading source.url"))?;
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let user = pg.get_user().unwrap_or("postgres").to_owned();
+    let password = pg
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    let database = pg.get_dbname().unwrap_or(&user).to_owned();
+    let host = match pg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "127.0.0.1".into(),
+    };
+    let root = options.root_cert.as_ref().map(std::path::PathBuf::from);
+    let tls = match options.ssl_mode {
+        SslMode::Disable => TlsConfig::disabled(),
+        SslMode::Prefer => {
+            let mut t = TlsConfig::require();
+            t.mode = pgwire_replication::SslMode::Prefer;
+            t
+        }
+        SslMode::Require => TlsConfig::require(),
+        SslMode::VerifyCa => TlsConfig::verify_ca(root),
+        SslMode::VerifyFull => TlsConfig::verify_full(root),
+    };
+    let mut cfg = ReplicationConfig::new(
+        host,
+        user,
+        password,
+        database,
+        config.source.slot.clone(),
+        config.source.publication.clone(),
+    )
+    .with_port(port)
+    .with_tls(tls)
+    .with_status_interval(Duration::from_secs(1))
+    .with_wakeup_interval(Duration::from_secs(5))
+    .with_buffer_size(1024)
+    .with_application_name("walfold");
+    // Deterministic text output for the values we parse.
+    cfg = cfg.with_options("-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3");
+    Ok(cfg)
+}
+
+pub(crate) struct Reader<'a> {
+    config: &'a Config,
+    relations: HashMap<u32, Option<Mapping>>,
+    tx: Option<TxContext>,
+    items: mpsc::Sender<Item>,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<Item>) -> Self {
+        Reader {
+            config,
+            relations: HashMap::new(),
+            tx: None,
+            items,
+        }
+    }
+
+    /// Streams until cancelled (then drains cleanly) or an error.
+    pub(crate) async fn run(
+        mut self,
+        cfg: ReplicationConfig,
+        mut ack: Acknowledger,
+        cancel: &CancellationToken,
+    ) -> Result<(), SourceError> {
+        let cfg = cfg.with_feedback_observer(ack.observer());
+        let mut client = ReplicationClient::connect(cfg).await?;
+        tracing::info!(slot = %self.config.source.slot, "streaming from slot");
+        let result = loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break Ok(()),
+                Some(lsn) = ack.next() => ack.acknowledge(&client, lsn),
+                event = client.recv() => match event {
+                    Ok(Some(event)) => {
+                        if let Err(e) = self.handle(event).await {
+                            break Err(e);
+                        }
+                    }
+                    Ok(None) => break Err(SourceError::StreamEnded),
+                    Err(e) => break Err(e.into()),
+                },
+            }
+        };
+        // Let the appender finish what it has, then report its final position.
+        drop(self.items);
+        if result.is_ok() {
+            ack.finish(&client).await;
+            if let Err(e) = client.shutdown().await {
+                tracing::debug!(error = %e, "replication shutdown");
+            }
+        } else {
+            client.abort();
+        }
+        result
+    }
+
+    async fn handle(&mut self, event: ReplicationEvent) -> Result<(), SourceError> {
+        match event {
+            ReplicationEvent::Begin {
+                final_lsn,
+                commit_time_micros,
+                ..
+            } => {
+                self.tx = Some(TxContext {
+                    commit_lsn: Lsn(final_lsn.as_u64()),
+                    commit_time: pg_time(commit_time_micros),
+                });
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                self.tx = None;
+                self.send(Item::Through(Lsn(end_lsn.as_u64()))).await?;
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                // Between transactions everything the server decoded up to wal_end has
+                // reached us, so once it is durable the slot may move there (an idle or
+                // filtered database then still releases WAL).
+                if self.tx.is_none() && !wal_end.is_zero() {
+                    self.send(Item::Through(Lsn(wal_end.as_u64()))).await?;
+                }
+            }
+            ReplicationEvent::XLogData { data, .. } => self.data(&data).await?,
+            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
+        }
+        Ok(())
+    }
+
+    async fn data(&mut self, data: &[u8]) -> Result<(), SourceError> {
+        let message = decode(data, false).map_err(|e| SourceError::Decode(e.to_string()))?;
+        match message {
+            Message::Relation(rel) => {
+                let mapping = self
+                    .config
+                    .outbox
+                    .iter()
+                    .find(|o| {
+                        let t = o.table_name();
+                        t.schema == rel.namespace && t.name == rel.name
+                    })
+                    .map(|o| Mapping::new(o, &rel));
+                self.relations.insert(rel.id, mapping);
+            }
+            Message::Insert(insert) => {
+                let mapping = self.mapping(insert.relation_id)?;
+                let Some(mapping) = mapping else {
+                    return Ok(());
+                };
+                let tx = self.tx.ok_or_else(|| {
+                    SourceError::Decode("insert outside a transaction".into())
+                })?;
+                let item = match mapping.map(&insert.new, tx) {
+                    Ok(event) => Item::Event(event),
+                    Err(dead) => {
+                        tracing::warn!(table = %mapping.table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters");
+                        Item::Rejected(dead)
+                    }
+                };
+                self.send(item).await?;
+            }
+            Message::Update(u) => {
+                if self.mapping(u.relation_id)?.is_some() {
+                    self.send(Item::Ignored).await?;
+                }
+            }
+            Message::Delete(d) => {
+                if self.mapping(d.relation_id)?.is_some() {
+                    self.send(Item::Ignored).await?;
+                }
+            }
+            Message::Truncate(t) => {
+                for id in t.relation_ids {
+                    if matches!(self.relations.get(&id), Some(Some(_))) {
+                        self.send(Item::Ignored).await?;
+                    }
+                }
+            }
+            // Begin/Commit arrive as boundary events; the rest carries nothing for us.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn mapping(&self, relation_id: u32) -> Result<Option<Mapping>, SourceError> {
+        match self.relations.get(&relation_id) {
+            Some(m) => Ok(m.clone()),
+            None => Err(SourceError::Decode(format!(
+                "change for relation {relation_id} before its Relation message"
+            ))),
+        }
+    }
+
+    async fn send(&self, item: Item) -> Result<(), SourceError> {
+        // A closed channel means the appender failed; its error is the one reported.
+        self.items
+            .send(item)
+            .await
+            .map_err(|_| SourceError::StreamEnded)
+    }
+}

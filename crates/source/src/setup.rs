@@ -1,0 +1,130 @@
+//! Source preparation, idempotent: checks `wal_level` and the outbox tables, then
+//! creates the publication (on the outbox tables only) and the pgoutput slot if missing.
+
+use tokio_postgres::Client;
+use walfold_config::Config;
+
+use crate::error::SourceError;
+
+/// Checks the source and creates what is missing.
+pub async fn prepare_source(source: &Client, config: &Config) -> Result<(), SourceError> {
+    let db = |ctx: &str| {
+        let ctx = ctx.to_owned();
+        move |e| SourceError::Store {
+            context: ctx,
+            source: walfold_store::StoreError::Db {
+                context: "source".into(),
+                source: e,
+            },
+        }
+    };
+    let wal_level: String = source
+        .query_one("select current_setting('wal_level')", &[])
+        .await
+        .map_err(db("reading wal_level"))?
+        .get(0);
+    if wal_level != "logical" {
+        return Err(SourceError::WalLevel(wal_level));
+    }
+    let mut tables = Vec::new();
+    for outbox in &config.outbox {
+        let name = outbox.table_name();
+        let exists: bool = source
+            .query_one(
+                "select exists (select 1 from pg_tables where schemaname = $1 and tablename = $2)",
+                &[&name.schema, &name.name],
+            )
+            .await
+            .map_err(db("looking up an outbox table"))?
+            .get(0);
+        if !exists {
+            return Err(SourceError::MissingTable(name.to_string()));
+        }
+        tables.push(name);
+    }
+    let publication = &config.source.publication;
+    let published: Option<Vec<String>> = source
+        .query_opt(
+            "select coalesce(array_agg(schemaname || '.' || tablename) \
+             filter (where tablename is not null), '{}') \
+             from pg_publication p left join pg_publication_tables t on t.pubname = p.pubname \
+             where p.pubname = $1 group by p.pubname",
+            &[publication],
+        )
+        .await
+        .map_err(db("reading the publication"))?
+        .map(|r| r.get(0));
+    let list = tables
+        .iter()
+        .map(|t| t.quoted())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let quoted_pub = walfold_config::quote_ident(publication);
+    match published {
+        None => {
+            source
+                .batch_execute(&format!(
+                    "create publication {quoted_pub} for table {list} with (publish = 'insert, update, delete, truncate')"
+                ))
+                .await
+                .map_err(db("creating the publication"))?;
+            tracing::info!(publication = %publication, tables = %list, "created publication");
+        }
+        Some(current) => {
+            let missing: Vec<_> = tables
+                .iter()
+                .filter(|t| !current.contains(&t.to_string()))
+                .map(|t| t.quoted())
+                .collect();
+            if !missing.is_empty() {
+                source
+                    .batch_execute(&format!(
+                        "alter publication {quoted_pub} add table {}",
+                        missing.join(", ")
+                    ))
+                    .await
+                    .map_err(db("adding tables to the publication"))?;
+                tracing::info!(publication = %publication, added = %missing.join(", "), "added outbox tables to publication");
+            }
+        }
+    }
+    let slot = &config.source.slot;
+    let existing = source
+        .query_opt(
+            "select plugin, slot_type, database = current_database(), wal_status \
+             from pg_replication_slots where slot_name = $1",
+            &[slot],
+        )
+        .await
+        .map_err(db("reading the slot"))?;
+    match existing {
+        None => {
+            source
+                .query_one(
+                    "select lsn::text from pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[slot],
+                )
+                .await
+                .map_err(db("creating the replication slot"))?;
+            tracing::info!(slot = %slot, "created replication slot");
+        }
+        Some(row) => {
+            let plugin: Option<String> = row.get(0);
+            let same_db: Option<bool> = row.get(2);
+            let wal_status: Option<String> = row.get(3);
+            if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
+                return Err(SourceError::Slot {
+                    slot: slot.clone(),
+                    problem: "exists but is not a pgoutput slot of this database; choose another source.slot or drop it".into(),
+                });
+            }
+            if wal_status.as_deref() == Some("lost") {
+                return Err(SourceError::Slot {
+                    slot: slot.clone(),
+                    problem: "was invalidated (wal_status=lost): WAL it needed was removed, so events may be missing; investigate, then drop the slot and backfill".into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}

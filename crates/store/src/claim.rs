@@ -1,0 +1,39 @@
+//! The one place that claims events for a subscriber. A claim is an insert into
+//! `processed_message` in the same transaction as the projection change: never
+//! check-then-act. What the insert did not return was claimed before: a duplicate.
+
+use std::collections::HashSet;
+
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::q;
+
+/// The claim statement for `schema`; prepare it once per connection.
+pub fn claim_sql(schema: &str) -> String {
+    format!(
+        "insert into {}.processed_message (subscriber_id, message_id, processed_at) \
+         select $1, id, now() from unnest($2::uuid[]) as claim(id) \
+         on conflict do nothing returning message_id",
+        q(schema)
+    )
+}
+
+/// Claims `ids` for `subscriber` inside `tx`; returns the IDs this transaction claimed.
+/// The rest were already processed by this subscriber and must be skipped.
+pub async fn claim(
+    tx: &Transaction<'_>,
+    statement: &tokio_postgres::Statement,
+    subscriber: &str,
+    ids: &[Uuid],
+) -> Result<HashSet<Uuid>, StoreError> {
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let rows = tx
+        .query(statement, &[&subscriber, &ids])
+        .await
+        .map_err(StoreError::db(format!("claiming events for {subscriber}")))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}

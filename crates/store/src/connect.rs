@@ -1,0 +1,138 @@
+//! Opening SQL connections from a libpq-style URL, with TLS per `sslmode`.
+
+use tokio_postgres::config::SslMode as PgSslMode;
+use tokio_postgres::{Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::error::StoreError;
+
+/// libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// A URL split into what tokio-postgres understands and the TLS settings it does not.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// The URL without `sslmode`/`sslrootcert` (safe to hand to tokio-postgres).
+    pub base_url: String,
+    pub ssl_mode: SslMode,
+    pub root_cert: Option<String>,
+}
+
+impl ConnectOptions {
+    pub fn parse(url: &str) -> Result<ConnectOptions, StoreError> {
+        let bad = |reason: String| StoreError::Url {
+            url: walfold_redact(url),
+            reason,
+        };
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut ssl_mode = SslMode::Prefer;
+        let mut root_cert = None;
+        let mut rest = Vec::new();
+        for kv in query.split('&').filter(|s| !s.is_empty()) {
+            match kv.split_once('=') {
+                Some(("sslmode", v)) => {
+                    ssl_mode = match v {
+                        "disable" => SslMode::Disable,
+                        "prefer" | "allow" => SslMode::Prefer,
+                        "require" => SslMode::Require,
+                        "verify-ca" => SslMode::VerifyCa,
+                        "verify-full" => SslMode::VerifyFull,
+                        other => return Err(bad(format!("unknown sslmode `{other}`"))),
+                    }
+                }
+                Some(("sslrootcert", v)) => root_cert = Some(v.to_owned()),
+                _ => rest.push(kv),
+            }
+        }
+        let base_url = if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        Ok(ConnectOptions {
+            base_url,
+            ssl_mode,
+            root_cert,
+        })
+    }
+
+    /// The tokio-postgres config for this URL.
+    pub fn pg_config(&self) -> Result<Config, StoreError> {
+        let mut config: Config = self.base_url.parse().map_err(|e| StoreError::Url {
+            url: walfold_redact(&self.base_url),
+            reason: format!("{e}"),
+        })?;
+        config.ssl_mode(match self.ssl_mode {
+            SslMode::Disable => PgSslMode::Disable,
+            SslMode::Prefer => PgSslMode::Prefer,
+            _ => PgSslMode::Require,
+        });
+        if config.get_application_name().is_none() {
+            config.application_name("walfold");
+        }
+        Ok(config)
+    }
+}
+
+/// Connects and drives the connection on a background task.
+pub async fn connect(url: &str) -> Result<Client, StoreError> {
+    let options = ConnectOptions::parse(url)?;
+    let config = options.pg_config()?;
+    let tls = MakeRustlsConnect::new(crate::tls::client_config(
+        options.ssl_mode,
+        options.root_cert.as_deref(),
+    )?);
+    let (client, connection) =
+        config
+            .connect(tls)
+            .await
+            .map_err(|source| StoreError::Connect {
+                url: walfold_redact(url),
+                source,
+            })?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "database connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Masks the password of a URL for messages.
+fn walfold_redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.find(':') {
+                Some(c) => format!("{}***{}", &url[..s + 3 + c + 1], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_tls_settings_from_the_url() {
+        let o = ConnectOptions::parse(
+            "postgresql://u:p@h:1/db?sslmode=verify-full&sslrootcert=/ca.pem&connect_timeout=5",
+        )
+        .unwrap();
+        assert_eq!(o.ssl_mode, SslMode::VerifyFull);
+        assert_eq!(o.root_cert.as_deref(), Some("/ca.pem"));
+        assert_eq!(o.base_url, "postgresql://u:p@h:1/db?connect_timeout=5");
+        assert!(ConnectOptions::parse("postgresql://h/db?sslmode=bogus").is_err());
+        assert_eq!(walfold_redact("postgresql://u:p@h/db"), "postgresql://u:***@h/db");
+    }
+}

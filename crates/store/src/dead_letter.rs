@@ -1,0 +1,146 @@
+//! Dead letters: rows and events set aside with their reason, never dropped. Also the
+//! parked aggregates whose later events wait behind a dead-lettered one.
+
+use serde_json::Value;
+use tokio_postgres::types::PgLsn;
+use tokio_postgres::{Client, GenericClient, Statement};
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::lsn::Lsn;
+use crate::q;
+
+/// Why something was set aside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// An outbox row that cannot become an event (bad ID, missing column, bad version).
+    Malformed,
+    /// An event ID already in the log with different content.
+    IdConflict,
+    /// A projection kept failing on the event.
+    ProjectionFailed,
+    /// The event's aggregate is parked for the subscriber behind an earlier failure.
+    AggregateParked,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Malformed => "malformed",
+            Reason::IdConflict => "id_conflict",
+            Reason::ProjectionFailed => "projection_failed",
+            Reason::AggregateParked => "aggregate_parked",
+        }
+    }
+}
+
+/// One dead-letter entry to record.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// `None` for rows rejected at ingest.
+    pub subscriber_id: Option<String>,
+    pub event_id: Option<Uuid>,
+    pub seq: Option<i64>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub reason: Reason,
+    pub error: String,
+    /// The raw outbox row or the event, as JSON.
+    pub raw: Option<Value>,
+    /// For `id_conflict`: the event already in the log.
+    pub existing: Option<Value>,
+    pub attempts: i32,
+    pub source_lsn: Option<Lsn>,
+}
+
+/// Prepared statements for dead letters and parking.
+#[derive(Clone)]
+pub struct DeadLetters {
+    insert: Statement,
+    park: Statement,
+}
+
+impl DeadLetters {
+    pub async fn prepare(client: &Client, schema: &str) -> Result<Self, StoreError> {
+        let s = q(schema);
+        let insert = client
+            .prepare(&format!(
+                "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
+                 aggregate_id, reason, error, raw, existing, attempts, source_lsn) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) returning id"
+            ))
+            .await
+            .map_err(StoreError::db("preparing dead-letter insert"))?;
+        let park = client
+            .prepare(&format!(
+                "insert into {s}.parked_aggregate (subscriber_id, aggregate_type, aggregate_id, \
+                 dead_letter_id) values ($1, $2, $3, $4) on conflict do nothing"
+            ))
+            .await
+            .map_err(StoreError::db("preparing park"))?;
+        Ok(DeadLetters { insert, park })
+    }
+
+    /// Records `dl` (in the caller's transaction) and returns its ID.
+    pub async fn record(&self, tx: &impl GenericClient, dl: &DeadLetter) -> Result<i64, StoreError> {
+        let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
+        let row = tx
+            .query_one(
+                &self.insert,
+                &[
+                    &dl.subscriber_id,
+                    &dl.event_id,
+                    &dl.seq,
+                    &dl.aggregate_type,
+                    &dl.aggregate_id,
+                    &dl.reason.as_str(),
+                    &dl.error,
+                    &dl.raw,
+                    &dl.existing,
+                    &dl.attempts,
+                    &lsn,
+                ],
+            )
+            .await
+            .map_err(StoreError::db("recording a dead letter"))?;
+        Ok(row.get(0))
+    }
+
+    /// Parks an aggregate for a subscriber (in the caller's transaction).
+    pub async fn park(
+        &self,
+        tx: &impl GenericClient,
+        subscriber: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        dead_letter_id: i64,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &self.park,
+            &[&subscriber, &aggregate_type, &aggregate_id, &dead_letter_id],
+        )
+        .await
+        .map_err(StoreError::db("parking an aggregate"))?;
+        Ok(())
+    }
+
+    /// The aggregates parked for `subscriber`, as (aggregate_type, aggregate_id).
+    pub async fn parked(
+        client: &Client,
+        schema: &str,
+        subscriber: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = client
+            .query(
+                &format!(
+                    "select aggregate_type, aggregate_id from {}.parked_aggregate \
+                     where subscriber_id = $1",
+                    q(schema)
+                ),
+                &[&subscriber],
+            )
+            .await
+            .map_err(StoreError::db("loading parked aggregates"))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+}

@@ -1,0 +1,421 @@
+//! The event log: every outbox event once, in source commit order. One appender writes
+//! it, a batch per transaction, together with the ingest position (the end LSN of the
+//! last source transaction whose events are all in the log). The slot is acknowledged
+//! only up to that position, and only after the transaction commits.
+
+use std::collections::HashSet;
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+use tokio_postgres::types::PgLsn;
+use tokio_postgres::{Client, Row, Statement};
+use uuid::Uuid;
+
+use crate::dead_letter::{DeadLetter, DeadLetters, Reason};
+use crate::error::StoreError;
+use crate::event::{partition_hash, Event, NewEvent};
+use crate::lsn::Lsn;
+use crate::q;
+
+/// What one append did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub appended: u64,
+    /// Same ID, same content: already in the log.
+    pub duplicates: u64,
+    /// Same ID, different content: quarantined as `id_conflict`.
+    pub id_conflicts: u64,
+}
+
+/// Ingest counters that travel with an append.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IngestCounts {
+    pub malformed: u64,
+    /// Updates, deletes and truncates of outbox tables (not events).
+    pub ignored_changes: u64,
+}
+
+/// The appender's handle on the event log. Exactly one exists per slot at a time.
+pub struct EventLog {
+    client: Client,
+    slot: String,
+    head: i64,
+    existing: Statement,
+    insert: Statement,
+    compare: Statement,
+    position: Statement,
+    read_position: Statement,
+    dead_letters: DeadLetters,
+}
+
+impl EventLog {
+    /// Opens the log for appending on its own connection.
+    pub async fn open(client: Client, schema: &str, slot: &str) -> Result<Self, StoreError> {
+        let s = q(schema);
+        let head: i64 = client
+            .query_one(
+                &format!("select coalesce(max(seq), 0) from {s}.event_log"),
+                &[],
+            )
+            .await
+            .map_err(StoreError::db("reading the event log head"))?
+            .get(0);
+        client
+            .execute(
+                &format!(
+                    "insert into {s}.ingest_position (slot, lsn) values ($1, '0/0') \
+                     on conflict do nothing"
+                ),
+                &[&slot],
+            )
+            .await
+            .map_err(StoreError::db("creating the ingest position"))?;
+        let prepare = |sql: String, what: &'static str| {
+            let client = &client;
+            async move {
+                client
+                    .prepare(&sql)
+                    .await
+                    .map_err(StoreError::db(format!("preparing {what}")))
+            }
+        };
+        let existing = prepare(
+            format!("select event_id from {s}.event_log where event_id = any($1)"),
+            "the duplicate lookup",
+        )
+        .await?;
+        let insert = prepare(
+            format!(
+                "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
+                 event_type, version, payload, headers, occurred_at, partition_hash, \
+                 source_lsn, committed_at) \
+                 select * from unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], \
+                 $5::text[], $6::int8[], $7::jsonb[], $8::jsonb[], $9::timestamptz[], \
+                 $10::int4[], $11::pg_lsn[], $12::timestamptz[])"
+            ),
+            "the event insert",
+        )
+        .await?;
+        let compare = prepare(
+            format!(
+                "select i.ord, (e.event_type = i.event_type and \
+                 e.aggregate_type = i.aggregate_type and e.aggregate_id = i.aggregate_id and \
+                 e.version is not distinct from i.version and e.payload = i.payload) as same, \
+                 jsonb_build_object('seq', e.seq, 'event_id', e.event_id, \
+                 'aggregate_type', e.aggregate_type, 'aggregate_id', e.aggregate_id, \
+                 'event_type', e.event_type, 'version', e.version, 'payload', e.payload, \
+                 'headers', e.headers) as existing \
+                 from unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], \
+                 $6::jsonb[]) with ordinality \
+                 as i(event_id, event_type, aggregate_type, aggregate_id, version, payload, ord) \
+                 join {s}.event_log e on e.event_id = i.event_id"
+            ),
+            "the duplicate comparison",
+        )
+        .await?;
+        let position = prepare(
+            format!(
+                "update {s}.ingest_position set lsn = greatest(lsn, $2), \
+                 appended = appended + $3, duplicates = duplicates + $4, \
+                 id_conflicts = id_conflicts + $5, malformed = malformed + $6, \
+                 ignored_changes = ignored_changes + $7, updated_at = now() \
+                 where slot = $1"
+            ),
+            "the ingest position update",
+        )
+        .await?;
+        let read_position = prepare(
+            format!("select lsn from {s}.ingest_position where slot = $1"),
+            "the ingest position read",
+        )
+        .await?;
+        let dead_letters = DeadLetters::prepare(&client, schema).await?;
+        Ok(EventLog {
+            read_position,
+            client,
+            slot: slot.to_owned(),
+            head,
+            existing,
+            insert,
+            compare,
+            position,
+            dead_letters,
+        })
+    }
+
+    /// The last appended sequence number.
+    pub fn head(&self) -> i64 {
+        self.head
+    }
+
+    /// The durable ingest position: every source transaction ending at or before it is
+    /// in the log.
+    pub async fn durable_lsn(&self) -> Result<Lsn, StoreError> {
+        let row = self
+            .client
+            .query_one(&self.read_position, &[&self.slot])
+            .await
+            .map_err(StoreError::db("reading the ingest position"))?;
+        Ok(row.get::<_, PgLsn>(0).into())
+    }
+
+    /// Appends `events` (in commit order) and `dead` rows in one transaction and moves
+    /// the ingest position to `through` (when given). Returns only after the commit.
+    pub async fn append(
+        &mut self,
+        events: &[NewEvent],
+        dead: &[DeadLetter],
+        through: Option<Lsn>,
+        counts: IngestCounts,
+    ) -> Result<AppendOutcome, StoreError> {
+        let tx = self
+            .client
+            .transaction()
+            .await
+            .map_err(StoreError::db("starting an append"))?;
+
+        // A repeated ID inside the batch is compared against its first occurrence after
+        // that one is inserted, by the same query that compares against older events.
+        let mut seen = HashSet::with_capacity(events.len());
+        let (mut firsts, mut repeats) = (Vec::new(), Vec::new());
+        for e in events {
+            if seen.insert(e.id) {
+                firsts.push(e);
+            } else {
+                repeats.push(e);
+            }
+        }
+        let ids: Vec<Uuid> = firsts.iter().map(|e| e.id).collect();
+        let known: HashSet<Uuid> = if ids.is_empty() {
+            HashSet::new()
+        } else {
+            tx.query(&self.existing, &[&ids])
+                .await
+                .map_err(StoreError::db("looking up event IDs"))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        };
+        let (old, new): (Vec<&NewEvent>, Vec<&NewEvent>) =
+            firsts.into_iter().partition(|e| known.contains(&e.id));
+        if !new.is_empty() {
+            insert_rows(&tx, &self.insert, self.head, &new).await?;
+        }
+        let mut compare = old;
+        compare.append(&mut repeats);
+        let mut outcome = AppendOutcome {
+            appended: new.len() as u64,
+            ..AppendOutcome::default()
+        };
+        let mut quarantined = Vec::new();
+        if !compare.is_empty() {
+            let rows = compare_rows(&tx, &self.compare, &compare).await?;
+            for row in rows {
+                let ord: i64 = row.get(0);
+                let same: bool = row.get(1);
+                let Some(event) = usize::try_from(ord - 1).ok().and_then(|i| compare.get(i))
+                else {
+                    continue;
+                };
+                if same {
+                    outcome.duplicates += 1;
+                } else {
+                    outcome.id_conflicts += 1;
+                    quarantined.push(id_conflict(event, row.get(2)));
+                }
+            }
+        }
+        for dl in dead.iter().chain(&quarantined) {
+            self.dead_letters.record(&tx, dl).await?;
+        }
+        let lsn: PgLsn = through.unwrap_or(Lsn::ZERO).into();
+        tx.execute(
+            &self.position,
+            &[
+                &self.slot,
+                &lsn,
+                &(outcome.appended as i64),
+                &(outcome.duplicates as i64),
+                &(outcome.id_conflicts as i64),
+                &(counts.malformed as i64),
+                &(counts.ignored_changes as i64),
+            ],
+        )
+        .await
+        .map_err(StoreError::db("moving the ingest position"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::db("committing an append"))?;
+        self.head += new.len() as i64;
+        Ok(outcome)
+    }
+
+}
+
+async fn insert_rows(
+        tx: &tokio_postgres::Transaction<'_>,
+        insert: &Statement,
+        head: i64,
+        new: &[&NewEvent],
+    ) -> Result<(), StoreError> {
+        let n = new.len();
+        let seqs: Vec<i64> = (1..=n as i64).map(|i| head + i).collect();
+        let ids: Vec<Uuid> = new.iter().map(|e| e.id).collect();
+        let agg_types: Vec<&str> = new.iter().map(|e| e.aggregate_type.as_str()).collect();
+        let agg_ids: Vec<&str> = new.iter().map(|e| e.aggregate_id.as_str()).collect();
+        let types: Vec<&str> = new.iter().map(|e| e.event_type.as_str()).collect();
+        let versions: Vec<Option<i64>> = new.iter().map(|e| e.version).collect();
+        let payloads: Vec<&Value> = new.iter().map(|e| &e.payload).collect();
+        let headers: Vec<Option<&Value>> = new.iter().map(|e| e.headers.as_ref()).collect();
+        let occurred: Vec<Option<SystemTime>> = new.iter().map(|e| e.occurred_at).collect();
+        let hashes: Vec<i32> = new
+            .iter()
+            .map(|e| partition_hash(&e.aggregate_type, &e.aggregate_id))
+            .collect();
+        let lsns: Vec<PgLsn> = new.iter().map(|e| e.source_lsn.into()).collect();
+        let committed: Vec<Option<SystemTime>> = new.iter().map(|e| e.committed_at).collect();
+        tx.execute(
+            insert,
+            &[
+                &seqs, &ids, &agg_types, &agg_ids, &types, &versions, &payloads, &headers,
+                &occurred, &hashes, &lsns, &committed,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("appending events"))?;
+        Ok(())
+    }
+
+async fn compare_rows(
+        tx: &tokio_postgres::Transaction<'_>,
+        compare: &Statement,
+        events: &[&NewEvent],
+    ) -> Result<Vec<Row>, StoreError> {
+        let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        let agg_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+        let agg_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+        let versions: Vec<Option<i64>> = events.iter().map(|e| e.version).collect();
+        let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
+        tx.query(
+            compare,
+            &[&ids, &types, &agg_types, &agg_ids, &versions, &payloads],
+        )
+        .await
+        .map_err(StoreError::db("comparing repeated event IDs"))
+    }
+
+/// The event as JSON, for dead letters.
+pub(crate) fn event_json(e: &NewEvent) -> Value {
+    json!({
+        "event_id": e.id,
+        "aggregate_type": e.aggregate_type,
+        "aggregate_id": e.aggregate_id,
+        "event_type": e.event_type,
+        "version": e.version,
+        "payload": e.payload,
+        "headers": e.headers,
+        "source_lsn": e.source_lsn.to_string(),
+    })
+}
+
+fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
+    DeadLetter {
+        subscriber_id: None,
+        event_id: Some(event.id),
+        seq: None,
+        aggregate_type: Some(event.aggregate_type.clone()),
+        aggregate_id: Some(event.aggregate_id.clone()),
+        reason: Reason::IdConflict,
+        error: "event ID already in the log with different content".into(),
+        raw: Some(event_json(event)),
+        existing: Some(existing),
+        attempts: 1,
+        source_lsn: Some(event.source_lsn),
+    }
+}
+
+/// A page of the event log for one subscriber partition.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub events: Vec<Event>,
+    /// Where the partition has read up to: the last event's seq, or the log head when
+    /// every event up to the head was scanned.
+    pub position: i64,
+}
+
+/// Filters of a subscriber partition.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    pub partition: u32,
+    pub partitions: u32,
+    pub event_types: Option<Vec<String>>,
+    pub aggregate_types: Option<Vec<String>>,
+}
+
+/// The read query; prepare once per connection.
+pub fn read_sql(schema: &str) -> String {
+    format!(
+        "with head as (select coalesce(max(seq), 0) as h from {s}.event_log) \
+         select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
+         e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at \
+         from head left join lateral ( \
+           select * from {s}.event_log l \
+           where l.seq > $1 and l.seq <= head.h \
+             and ($2::int4 = 1 or l.partition_hash % $2::int4 = $3::int4) \
+             and ($4::text[] is null or l.event_type = any($4::text[])) \
+             and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
+           order by l.seq limit $6) e on true",
+        s = q(schema)
+    )
+}
+
+/// Reads up to `limit` events after `after` for a partition (one statement, one snapshot).
+pub async fn read_page(
+    client: &Client,
+    statement: &Statement,
+    after: i64,
+    filter: &Filter,
+    limit: i64,
+) -> Result<Page, StoreError> {
+    let rows = client
+        .query(
+            statement,
+            &[
+                &after,
+                &(filter.partitions as i32),
+                &(filter.partition as i32),
+                &filter.event_types,
+                &filter.aggregate_types,
+                &limit,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("reading the event log"))?;
+    let head: i64 = rows.first().map_or(after, |r| r.get(0));
+    let mut events = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let Some(seq) = r.get::<_, Option<i64>>(1) else {
+            continue;
+        };
+        events.push(Event {
+            seq,
+            id: r.get(2),
+            aggregate_type: r.get(3),
+            aggregate_id: r.get(4),
+            event_type: r.get(5),
+            version: r.get(6),
+            payload: r.get(7),
+            headers: r.get(8),
+            occurred_at: r.get(9),
+            source_lsn: r.get::<_, PgLsn>(10).into(),
+            committed_at: r.get(11),
+        });
+    }
+    let position = if events.len() as i64 >= limit {
+        events.last().map_or(after, |e| e.seq)
+    } else {
+        head.max(after)
+    };
+    Ok(Page { events, position })
+}

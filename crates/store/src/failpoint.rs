@@ -1,0 +1,32 @@
+//! Fault injection for crash tests (feature `failpoints`, never in release builds):
+//! `WALFOLD_FAILPOINTS=after_append_commit=3,after_projection_commit=5` aborts the
+//! process the Nth time the named point is passed.
+
+/// Aborts the process if `name` is armed and this is its Nth pass.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static COUNTS: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+    let Ok(spec) = std::env::var("WALFOLD_FAILPOINTS") else {
+        return;
+    };
+    let Some(limit) = spec.split(',').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == name).then(|| v.trim().parse::<u64>().ok())?
+    }) else {
+        return;
+    };
+    let mut guard = COUNTS.lock().unwrap_or_else(|e| e.into_inner());
+    let count = guard.get_or_insert_with(HashMap::new).entry(name.to_owned()).or_insert(0);
+    *count += 1;
+    if *count >= limit {
+        eprintln!("failpoint {name} hit after {count} passes: aborting");
+        std::process::abort();
+    }
+}
+
+/// Without the feature, failpoints compile to nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}

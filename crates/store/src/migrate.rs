@@ -1,0 +1,87 @@
+//! walfold's schema, from the embedded migrations in `migrations/`, applied with sqlx.
+//! The migrations run with `search_path` set to the configured schema, and sqlx's
+//! bookkeeping table lives in that schema too.
+
+use std::borrow::Cow;
+use std::str::FromStr;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, SqlSafeStr};
+
+use crate::error::StoreError;
+use crate::q;
+
+/// `(version, description, sql)`, in order. A test checks every file in `migrations/` is here.
+const MIGRATIONS: &[(i64, &str, &str)] = &[(
+    20261130000001,
+    "walfold schema",
+    include_str!("../../../migrations/20261130000001_walfold_schema.sql"),
+)];
+
+/// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
+pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|source| StoreError::MigrateConnect {
+            schema: schema.to_owned(),
+            source,
+        })?
+        .options([("search_path", schema)])
+        .application_name("walfold-migrate")
+        .disable_statement_logging();
+    let mut conn = options
+        .connect()
+        .await
+        .map_err(|source| StoreError::MigrateConnect {
+            schema: schema.to_owned(),
+            source,
+        })?;
+    let mut migrator = Migrator::with_migrations(
+        MIGRATIONS
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect(),
+    );
+    migrator.dangerous_set_table_name(format!("{}._sqlx_migrations", q(schema)));
+    migrator.create_schema(q(schema));
+    migrator
+        .run(&mut conn)
+        .await
+        .map_err(|source| StoreError::Migrate {
+            schema: schema.to_owned(),
+            source,
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    #[test]
+    fn every_migration_file_is_embedded() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        files.sort();
+        let embedded: Vec<String> = MIGRATIONS
+            .iter()
+            .map(|(v, _, _)| v.to_string())
+            .collect();
+        assert_eq!(files.len(), MIGRATIONS.len(), "{files:?}");
+        for (file, version) in files.iter().zip(&embedded) {
+            assert!(file.starts_with(version.as_str()), "{file} vs {version}");
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! What `walfold status` reports: slot lag, event-log head, each subscriber's position,
+//! lag and counters, dead letters.
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+use tokio_postgres::types::PgLsn;
+use tokio_postgres::Client;
+
+use crate::error::StoreError;
+use crate::lsn::Lsn;
+use crate::q;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub slot: Option<SlotStatus>,
+    pub ingest: Option<IngestStatus>,
+    pub event_log_head: i64,
+    pub subscribers: Vec<SubscriberStatus>,
+    pub dead_letters_open: i64,
+    pub processed_message_rows: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SlotStatus {
+    pub name: String,
+    pub active: bool,
+    pub confirmed_flush_lsn: Option<String>,
+    /// WAL the server keeps for the slot (current WAL position − restart_lsn).
+    pub retained_bytes: Option<i64>,
+    /// WAL not yet confirmed (current WAL position − confirmed_flush_lsn).
+    pub lag_bytes: Option<i64>,
+    pub wal_status: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestStatus {
+    pub lsn: String,
+    pub appended: i64,
+    pub duplicates: i64,
+    pub id_conflicts: i64,
+    pub malformed: i64,
+    pub ignored_changes: i64,
+    pub updated_at_unix: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SubscriberStatus {
+    pub subscriber: String,
+    pub partitions: i32,
+    /// Lowest position over the partitions.
+    pub position: i64,
+    /// Events in the log after the lowest position (an upper bound: filtered events count).
+    pub lag_events: i64,
+    /// Seconds between now and the source commit of the last applied event.
+    pub lag_seconds: Option<f64>,
+    pub applied: i64,
+    pub duplicates: i64,
+    pub stale: i64,
+    pub dead_lettered: i64,
+    pub parked_aggregates: i64,
+}
+
+/// Collects the status. `source` is the source database (for the slot), `target` the
+/// database holding `schema`.
+pub async fn status(
+    source: &Client,
+    target: &Client,
+    schema: &str,
+    slot: &str,
+) -> Result<Status, StoreError> {
+    let s = q(schema);
+    let slot_row = source
+        .query_opt(
+            "select active, confirmed_flush_lsn, \
+             (pg_current_wal_lsn() - restart_lsn)::int8, \
+             (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, wal_status \
+             from pg_replication_slots where slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(StoreError::db("reading the slot"))?;
+    let slot_status = slot_row.map(|r| SlotStatus {
+        name: slot.to_owned(),
+        active: r.get(0),
+        confirmed_flush_lsn: r
+            .get::<_, Option<PgLsn>>(1)
+            .map(|l| Lsn::from(l).to_string()),
+        retained_bytes: r.get(2),
+        lag_bytes: r.get(3),
+        wal_status: r.get(4),
+    });
+    let ingest = target
+        .query_opt(
+            &format!(
+                "select lsn, appended, duplicates, id_conflicts, malformed, ignored_changes, \
+                 extract(epoch from updated_at)::float8 from {s}.ingest_position where slot = $1"
+            ),
+            &[&slot],
+        )
+        .await
+        .map_err(StoreError::db("reading the ingest position"))?
+        .map(|r| IngestStatus {
+            lsn: Lsn::from(r.get::<_, PgLsn>(0)).to_string(),
+            appended: r.get(1),
+            duplicates: r.get(2),
+            id_conflicts: r.get(3),
+            malformed: r.get(4),
+            ignored_changes: r.get(5),
+            updated_at_unix: r.get(6),
+        });
+    let head: i64 = target
+        .query_one(&format!("select coalesce(max(seq), 0) from {s}.event_log"), &[])
+        .await
+        .map_err(StoreError::db("reading the event log head"))?
+        .get(0);
+    let rows = target
+        .query(
+            &format!(
+                "select c.subscriber_id, max(c.partitions), min(c.position), sum(c.applied)::int8, \
+                 sum(c.duplicates)::int8, sum(c.stale)::int8, sum(c.dead_lettered)::int8, \
+                 max(c.last_committed_at), \
+                 (select count(*) from {s}.parked_aggregate p where p.subscriber_id = c.subscriber_id) \
+                 from {s}.checkpoint c group by c.subscriber_id order by c.subscriber_id"
+            ),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading checkpoints"))?;
+    let now = SystemTime::now();
+    let subscribers = rows
+        .iter()
+        .map(|r| {
+            let position: i64 = r.get(2);
+            let last: Option<SystemTime> = r.get(7);
+            SubscriberStatus {
+                subscriber: r.get(0),
+                partitions: r.get(1),
+                position,
+                lag_events: (head - position).max(0),
+                lag_seconds: last
+                    .and_then(|t| now.duration_since(t).ok())
+                    .map(|d| d.as_secs_f64())
+                    .filter(|_| head > position),
+                applied: r.get(3),
+                duplicates: r.get(4),
+                stale: r.get(5),
+                dead_lettered: r.get(6),
+                parked_aggregates: r.get(8),
+            }
+        })
+        .collect();
+    let dead_letters_open: i64 = target
+        .query_one(
+            &format!("select count(*) from {s}.dead_letter where status = 'open'"),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("counting dead letters"))?
+        .get(0);
+    let processed_message_rows: i64 = target
+        .query_one(
+            "select greatest(reltuples, 0)::int8 from pg_class c join pg_namespace n \
+             on n.oid = c.relnamespace where n.nspname = $1 and c.relname = 'processed_message'",
+            &[&schema],
+        )
+        .await
+        .map_err(StoreError::db("estimating processed_message"))?
+        .get(0);
+    Ok(Status {
+        slot: slot_status,
+        ingest,
+        event_log_head: head,
+        subscribers,
+        dead_letters_open,
+        processed_message_rows,
+    })
+}
