@@ -52,8 +52,10 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
     );
     migrator.dangerous_set_table_name(format!("{}._sqlx_migrations", q(schema)));
     migrator.create_schema(q(schema));
+    // `run_direct` is sqlx's documented way around "Acquire is not general enough" when
+    // the future must be Send (it runs inside a spawned task).
     migrator
-        .run(&mut conn)
+        .run_direct(None, &mut conn, false)
         .await
         .map_err(|source| StoreError::Migrate {
             schema: schema.to_owned(),

@@ -1,1 +1,74 @@
-fn main() {}
+//! The walfold binary: parses the command line, loads config, starts telemetry, runs the
+//! pipeline or a one-shot command, and maps the outcome to an exit code
+//! (0 ok, 2 bad configuration or usage, 1 anything else).
+
+mod cli;
+mod demo;
+mod run;
+mod shutdown;
+mod status;
+mod telemetry;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+/// A failure with its exit code.
+pub(crate) struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn config(message: impl ToString) -> Self {
+        Failure {
+            code: 2,
+            message: message.to_string(),
+        }
+    }
+    pub fn runtime(message: impl ToString) -> Self {
+        Failure {
+            code: 1,
+            message: message.to_string(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("walfold: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run { config } => run::run(&config).await,
+            Command::Demo => demo::demo().await,
+            Command::Status { config, json } => status::status(&config, json).await,
+            Command::Migrate { config } => run::migrate_only(&config).await,
+        }
+    });
+    // Connection tasks may still be parked; don't wait for them.
+    runtime.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("walfold: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! `walfold demo`: a throwaway PostgreSQL with `wal_level=logical`, an outbox, two
+//! projections, sample events (with a duplicate, an out-of-order version and a malformed
+//! row), the real pipeline, the resulting read models; then everything is cleaned up.
+
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use walfold_config::{Config, LogConfig};
+use walfold_engine::Pipeline;
+use walfold_tempdb::{Cluster, Options};
+
+use crate::{telemetry, Failure};
+
+const SCHEMA: &str = "
+create table outbox (
+    id uuid, aggregate_type text not null, aggregate_id text not null, event_type text not null,
+    version bigint, payload jsonb, headers jsonb, occurred_at timestamptz default now());
+create table order_state (order_id text primary key, status text not null, total numeric, version bigint not null);
+create table revenue (currency text primary key, total numeric not null);
+";
+
+const EVENTS: &str = "
+insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values
+ ('00000000-0000-4000-8000-000000000001', 'order', 'o-1', 'OrderPlaced', 1, '{\"status\": \"placed\", \"total\": \"30.00\", \"currency\": \"EUR\"}'),
+ ('00000000-0000-4000-8000-000000000002', 'order', 'o-1', 'OrderPaid', 2, '{\"status\": \"paid\", \"total\": \"30.00\", \"currency\": \"EUR\", \"amount\": \"30.00\"}'),
+ ('00000000-0000-4000-8000-000000000003', 'order', 'o-2', 'OrderPlaced', 1, '{\"status\": \"placed\", \"total\": \"12.50\", \"currency\": \"EUR\"}');
+-- o-2 is cancelled (v3) before the delayed payment (v2) arrives: the guard keeps v3.
+insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values
+ ('00000000-0000-4000-8000-000000000005', 'order', 'o-2', 'OrderCancelled', 3, '{\"status\": \"cancelled\", \"total\": \"12.50\", \"currency\": \"EUR\"}');
+insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values
+ ('00000000-0000-4000-8000-000000000004', 'order', 'o-2', 'OrderPaid', 2, '{\"status\": \"paid\", \"total\": \"12.50\", \"currency\": \"EUR\", \"amount\": \"12.50\"}');
+-- A producer retry writes the o-1 payment again with the same event ID: applied once.
+insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values
+ ('00000000-0000-4000-8000-000000000002', 'order', 'o-1', 'OrderPaid', 2, '{\"status\": \"paid\", \"total\": \"30.00\", \"currency\": \"EUR\", \"amount\": \"30.00\"}');
+-- A row without an event ID goes to dead letters; the stream goes on.
+insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values
+ (null, 'order', 'o-3', 'OrderPlaced', 1, '{}');
+insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values
+ ('00000000-0000-4000-8000-000000000006', 'order', 'o-3', 'OrderPlaced', 1, '{\"status\": \"placed\", \"total\": \"7.00\", \"currency\": \"USD\"}');
+";
+
+fn config(url: &str) -> String {
+    format!(
+        r#"
+[source]
+url = "{url}"
+slot = "walfold_demo"
+publication = "walfold_demo"
+
+[[outbox]]
+table = "public.outbox"
+
+[log]
+level = "warn"
+
+[[projection]]
+name = "order_state"
+subscriber = "orders.state.v1"
+table = "public.order_state"
+key = "order_id"
+version_column = "version"
+columns = {{ status = ":payload.status", total = ":payload.total::numeric" }}
+
+[[projection]]
+name = "revenue"
+subscriber = "orders.revenue.v1"
+event_types = ["OrderPaid"]
+sql = """
+insert into revenue (currency, total) values (:payload.currency, :payload.amount::numeric)
+on conflict (currency) do update set total = revenue.total + excluded.total
+"""
+"#
+    )
+}
+
+pub async fn demo() -> Result<(), Failure> {
+    telemetry::init(&LogConfig {
+        level: "warn".into(),
+        ..LogConfig::default()
+    });
+    println!("starting a throwaway PostgreSQL with wal_level=logical…");
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(Options::default()))
+        .await
+        .map_err(Failure::runtime)?
+        .map_err(Failure::runtime)?;
+    let db = "walfold_demo";
+    cluster
+        .psql("postgres", &format!("create database {db}"))
+        .map_err(Failure::runtime)?;
+    cluster.psql(db, SCHEMA).map_err(Failure::runtime)?;
+    let url = cluster.url(db);
+    let config = Config::from_toml(&config(&url), Vec::<(String, String)>::new())
+        .map_err(Failure::config)?;
+    println!("database {}, {} projections", db, config.projection.len());
+
+    let cancel = CancellationToken::new();
+    let pipeline = tokio::spawn(Pipeline::new(config).run(cancel.clone()));
+    let client = walfold_store::connect(&url).await.map_err(Failure::runtime)?;
+    // Write once the slot exists, so the events are in its stream.
+    wait_for(Duration::from_secs(30), || async {
+        client
+            .query_opt(
+                "select 1 from pg_replication_slots where slot_name = 'walfold_demo' and active",
+                &[],
+            )
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await
+    .map_err(|_| Failure::runtime("the replication slot did not become active"))?;
+    println!("writing 8 outbox rows (one duplicate ID, one stale version, one malformed row)…");
+    client.batch_execute(EVENTS).await.map_err(Failure::runtime)?;
+    let caught_up = wait_for(Duration::from_secs(60), || async {
+        let Ok(s) = walfold_store::status(&client, &client, "walfold", "walfold_demo").await
+        else {
+            return false;
+        };
+        s.event_log_head >= 6
+            && s.subscribers.len() == 2
+            && s.subscribers.iter().all(|sub| sub.lag_events == 0)
+    })
+    .await;
+    cancel.cancel();
+    let stopped = pipeline.await.map_err(Failure::runtime)?;
+    stopped.map_err(Failure::runtime)?;
+    caught_up.map_err(|_| Failure::runtime("the projections did not catch up in time"))?;
+
+    println!("\norder_state (table projection, version-guarded):");
+    for r in client
+        .query(
+            "select order_id, status, total::text, version from order_state order by order_id",
+            &[],
+        )
+        .await
+        .map_err(Failure::runtime)?
+    {
+        println!(
+            "  {:<5} {:<10} {:>6}  v{}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, String>(2),
+            r.get::<_, i64>(3)
+        );
+    }
+    println!("\nrevenue (sql projection, sums OrderPaid amounts; the duplicate counted once):");
+    for r in client
+        .query("select currency, total::text from revenue order by currency", &[])
+        .await
+        .map_err(Failure::runtime)?
+    {
+        println!("  {}  {}", r.get::<_, String>(0), r.get::<_, String>(1));
+    }
+    let s = walfold_store::status(&client, &client, "walfold", "walfold_demo")
+        .await
+        .map_err(Failure::runtime)?;
+    if let Some(i) = &s.ingest {
+        println!(
+            "\nevent log: {} events appended, {} duplicate IDs skipped, {} malformed rows dead-lettered",
+            i.appended, i.duplicates, i.malformed
+        );
+    }
+    for sub in &s.subscribers {
+        println!(
+            "subscriber {:<18} applied {}  stale skipped {}  duplicates {}",
+            sub.subscriber, sub.applied, sub.stale, sub.duplicates
+        );
+    }
+    for r in client
+        .query(
+            "select reason, error from walfold.dead_letter order by id",
+            &[],
+        )
+        .await
+        .map_err(Failure::runtime)?
+    {
+        println!(
+            "dead letter: {} — {}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1)
+        );
+    }
+    drop(client);
+    tokio::task::spawn_blocking(move || drop(cluster))
+        .await
+        .map_err(Failure::runtime)?;
+    println!("\nthrowaway PostgreSQL stopped and removed");
+    Ok(())
+}
+
+async fn wait_for<F, Fut>(timeout: Duration, mut check: F) -> Result<(), ()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if check().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(())
+}

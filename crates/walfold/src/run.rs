@@ -1,0 +1,46 @@
+//! `walfold run` and `walfold migrate`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use walfold_config::Config;
+use walfold_engine::{EngineError, Pipeline};
+
+use crate::{shutdown, telemetry, Failure};
+
+pub fn load(path: &Path) -> Result<Config, Failure> {
+    Config::load(path).map_err(Failure::config)
+}
+
+pub async fn run(path: &Path) -> Result<(), Failure> {
+    let config = load(path)?;
+    telemetry::init(&config.log);
+    tracing::info!(source = %walfold_config::redact_url(&config.source.url), slot = %config.source.slot, projections = config.projection.len(), "walfold starting");
+    let cancel = CancellationToken::new();
+    shutdown::install(
+        cancel.clone(),
+        Duration::from_secs(config.pipeline.shutdown_timeout_s),
+    );
+    match Pipeline::new(config).run(cancel).await {
+        Ok(()) => {
+            tracing::info!("walfold stopped cleanly");
+            Ok(())
+        }
+        Err(e) => Err(failure(e)),
+    }
+}
+
+pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
+    let config = load(path)?;
+    telemetry::init(&config.log);
+    walfold_store::migrate(config.target_url(), &config.target.schema)
+        .await
+        .map_err(Failure::runtime)?;
+    println!("schema {} is up to date", config.target.schema);
+    Ok(())
+}
+
+fn failure(e: EngineError) -> Failure {
+    Failure::runtime(e)
+}

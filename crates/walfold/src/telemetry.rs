@@ -1,0 +1,17 @@
+//! Logs through `tracing`: text or JSON on stderr, filter from `RUST_LOG` or config.
+
+use tracing_subscriber::EnvFilter;
+use walfold_config::{LogConfig, LogFormat};
+
+pub fn init(log: &LogConfig) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match log.format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
