@@ -128,13 +128,13 @@ impl Template {
             let next = chars.get(i + 1).copied();
             match c {
                 '\'' | '"' => {
-                    let end = find_quote_end(&chars, i + 1, c).ok_or(TemplateError::Unterminated(
-                        if c == '\'' {
+                    let end = find_quote_end(&chars, i + 1, c).ok_or(
+                        TemplateError::Unterminated(if c == '\'' {
                             "string literal"
                         } else {
                             "quoted identifier"
-                        },
-                    ))?;
+                        }),
+                    )?;
                     out.extend(&chars[i..=end]);
                     i = end + 1;
                 }

@@ -48,7 +48,10 @@ fn defaults_fill_the_outbox_mapping_and_target() {
     assert_eq!(c.outbox[0].aggregate_id, "aggregate_id");
     assert_eq!(c.target.schema, "walfold");
     assert_eq!(c.target_url(), c.source.url);
-    assert!(matches!(c.projection[0].kind(0), Ok(ProjectionKind::Sql(_))));
+    assert!(matches!(
+        c.projection[0].kind(0),
+        Ok(ProjectionKind::Sql(_))
+    ));
 }
 
 #[test]

@@ -19,7 +19,7 @@ pub enum EngineError {
 /// Why a projection could not apply an event.
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectionError {
-    #[error(transparent)]
+    #[error("{}", walfold_store::describe(.0))]
     Db(#[from] tokio_postgres::Error),
     /// The event can never apply (e.g. a `table` projection needs a version).
     #[error("{0}")]

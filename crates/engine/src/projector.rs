@@ -165,7 +165,8 @@ impl Partition {
                 Ok(()) => {}
                 Err(BatchError::Transient(e)) => return Err(e),
                 Err(BatchError::Event) => {
-                    self.one_by_one(&mut conn, &events, &mut parked, cancel).await?;
+                    self.one_by_one(&mut conn, &events, &mut parked, cancel)
+                        .await?;
                     self.save_position(&mut conn, page.position, PartitionStats::default(), None)
                         .await?;
                 }
@@ -190,7 +191,10 @@ impl Partition {
         let claimed = claim(&tx, &conn.claim, self.subscriber(), &ids)
             .await
             .map_err(BatchError::store)?;
-        let to_apply: Vec<&Event> = live.into_iter().filter(|e| claimed.contains(&e.id)).collect();
+        let to_apply: Vec<&Event> = live
+            .into_iter()
+            .filter(|e| claimed.contains(&e.id))
+            .collect();
         let results = match self.options_apply(&tx, &to_apply).await {
             Ok(r) => r,
             Err(e) if e.directive() == Directive::Retry => {
@@ -349,7 +353,13 @@ impl Partition {
             .await
             .map_err(EngineError::store("dead-lettering"))?;
         conn.dead_letters
-            .park(&tx, self.subscriber(), &event.aggregate_type, &event.aggregate_id, id)
+            .park(
+                &tx,
+                self.subscriber(),
+                &event.aggregate_type,
+                &event.aggregate_id,
+                id,
+            )
             .await
             .map_err(EngineError::store("parking"))?;
         let stats = PartitionStats {

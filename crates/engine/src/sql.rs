@@ -42,7 +42,12 @@ impl SqlProjection {
                 "event has no version; a table projection needs one for its guard".into(),
             ));
         }
-        Ok(self.template.params.iter().map(|p| param(p, event)).collect())
+        Ok(self
+            .template
+            .params
+            .iter()
+            .map(|p| param(p, event))
+            .collect())
     }
 }
 
@@ -114,7 +119,11 @@ fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
 }
 
 impl SqlProjection {
-    async fn run(&self, tx: &Transaction<'_>, params: &[Param]) -> Result<Applied, ProjectionError> {
+    async fn run(
+        &self,
+        tx: &Transaction<'_>,
+        params: &[Param],
+    ) -> Result<Applied, ProjectionError> {
         let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
             .iter()
             .zip(&self.types)

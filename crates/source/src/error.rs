@@ -65,7 +65,8 @@ mod tests {
 
     #[test]
     fn server_errors_are_classified_by_sqlstate() {
-        let e = |m: &str| SourceError::Replication(pgwire_replication::PgWireError::Server(m.into()));
+        let e =
+            |m: &str| SourceError::Replication(pgwire_replication::PgWireError::Server(m.into()));
         assert_eq!(
             e("replication slot \"x\" does not exist (SQLSTATE 42704)").directive(),
             Directive::Definite

@@ -98,8 +98,7 @@ impl Acknowledger {
             return;
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-        while self.sent.load(Ordering::Relaxed) == count && tokio::time::Instant::now() < deadline
-        {
+        while self.sent.load(Ordering::Relaxed) == count && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tracing::info!(lsn = %self.last_passed, "sent final feedback");

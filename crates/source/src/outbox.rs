@@ -68,7 +68,11 @@ impl Mapping {
         self.try_map(row, tx).map_err(|error| {
             Box::new(DeadLetter {
                 subscriber_id: None,
-                event_id: self.text(row, self.id).ok().flatten().and_then(|s| Uuid::try_parse(&s).ok()),
+                event_id: self
+                    .text(row, self.id)
+                    .ok()
+                    .flatten()
+                    .and_then(|s| Uuid::try_parse(&s).ok()),
                 seq: None,
                 aggregate_type: self.text(row, self.aggregate_type).ok().flatten(),
                 aggregate_id: self.text(row, self.aggregate_id).ok().flatten(),
@@ -97,12 +101,13 @@ impl Mapping {
         let aggregate_type = required(self.aggregate_type, at_col)?;
         let aggregate_id = required(self.aggregate_id, aid_col)?;
         let event_type = required(self.event_type, et_col)?;
-        let version = match self.optional(row, self.version)? {
-            None => None,
-            Some(v) => Some(v.trim().parse::<i64>().map_err(|_| {
-                format!("column `{v_col}` is not an integer: `{}`", truncate(&v))
-            })?),
-        };
+        let version =
+            match self.optional(row, self.version)? {
+                None => None,
+                Some(v) => Some(v.trim().parse::<i64>().map_err(|_| {
+                    format!("column `{v_col}` is not an integer: `{}`", truncate(&v))
+                })?),
+            };
         let payload_text = required(self.payload, p_col)?;
         let payload: Value = serde_json::from_str(&payload_text)
             .map_err(|e| format!("column `{p_col}` is not JSON: {e}"))?;
@@ -146,7 +151,10 @@ impl Mapping {
             return Err("a required column is missing from the outbox table".into());
         };
         match row.columns.get(i) {
-            None => Err(format!("row has {} columns, expected more", row.columns.len())),
+            None => Err(format!(
+                "row has {} columns, expected more",
+                row.columns.len()
+            )),
             Some(Column::Null) => Ok(None),
             Some(Column::Unchanged) => Err("column value not sent (unchanged TOAST)".into()),
             Some(Column::Text(b)) | Some(Column::Binary(b)) => std::str::from_utf8(b)
@@ -187,9 +195,7 @@ impl Mapping {
 /// PostgreSQL epoch (2000-01-01) microseconds → `SystemTime`.
 pub fn pg_time(pg_micros: i64) -> Option<SystemTime> {
     const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
-    pg_micros
-        .checked_add(PG_EPOCH_UNIX_MICROS)
-        .map(unix_micros)
+    pg_micros.checked_add(PG_EPOCH_UNIX_MICROS).map(unix_micros)
 }
 
 fn unix_micros(us: i64) -> SystemTime {
@@ -291,7 +297,11 @@ mod tests {
         assert_eq!(e.payload["amount"], "12.50");
         assert_eq!(e.source_lsn, Lsn(42));
         assert_eq!(
-            e.occurred_at.unwrap().duration_since(UNIX_EPOCH).unwrap().as_micros(),
+            e.occurred_at
+                .unwrap()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_micros(),
             1_796_005_548_500_000
         );
         assert_eq!(e.headers, None);
@@ -301,11 +311,66 @@ mod tests {
     fn malformed_rows_become_dead_letters_with_reasons() {
         let m = Mapping::new(&config(), &relation(COLS));
         let cases: &[(&[Option<&str>], &str)] = &[
-            (&[None, Some("a"), Some("1"), Some("T"), Some("1"), Some("{}"), None], "`id` is null"),
-            (&[Some("nope"), Some("a"), Some("1"), Some("T"), Some("1"), Some("{}"), None], "not a UUID"),
-            (&[Some(ID), Some("a"), Some("1"), Some("T"), Some("1.5"), Some("{}"), None], "not an integer"),
-            (&[Some(ID), Some("a"), None, Some("T"), Some("1"), Some("{}"), None], "`aggregate_id` is null"),
-            (&[Some(ID), Some("a"), Some("1"), Some("T"), Some("1"), Some("{x"), None], "not JSON"),
+            (
+                &[
+                    None,
+                    Some("a"),
+                    Some("1"),
+                    Some("T"),
+                    Some("1"),
+                    Some("{}"),
+                    None,
+                ],
+                "`id` is null",
+            ),
+            (
+                &[
+                    Some("nope"),
+                    Some("a"),
+                    Some("1"),
+                    Some("T"),
+                    Some("1"),
+                    Some("{}"),
+                    None,
+                ],
+                "not a UUID",
+            ),
+            (
+                &[
+                    Some(ID),
+                    Some("a"),
+                    Some("1"),
+                    Some("T"),
+                    Some("1.5"),
+                    Some("{}"),
+                    None,
+                ],
+                "not an integer",
+            ),
+            (
+                &[
+                    Some(ID),
+                    Some("a"),
+                    None,
+                    Some("T"),
+                    Some("1"),
+                    Some("{}"),
+                    None,
+                ],
+                "`aggregate_id` is null",
+            ),
+            (
+                &[
+                    Some(ID),
+                    Some("a"),
+                    Some("1"),
+                    Some("T"),
+                    Some("1"),
+                    Some("{x"),
+                    None,
+                ],
+                "not JSON",
+            ),
         ];
         for (vals, reason) in cases {
             let dl = m.map(&row(vals), tx()).unwrap_err();
@@ -318,7 +383,9 @@ mod tests {
     #[test]
     fn a_missing_required_column_is_a_dead_letter_not_a_crash() {
         let m = Mapping::new(&config(), &relation(&COLS[..3]));
-        let dl = m.map(&row(&[Some(ID), Some("a"), Some("1")]), tx()).unwrap_err();
+        let dl = m
+            .map(&row(&[Some(ID), Some("a"), Some("1")]), tx())
+            .unwrap_err();
         assert!(dl.error.contains("missing"), "{}", dl.error);
     }
 }

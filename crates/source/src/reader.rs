@@ -184,9 +184,9 @@ impl<'a> Reader<'a> {
                 let Some(mapping) = mapping else {
                     return Ok(());
                 };
-                let tx = self.tx.ok_or_else(|| {
-                    SourceError::Decode("insert outside a transaction".into())
-                })?;
+                let tx = self
+                    .tx
+                    .ok_or_else(|| SourceError::Decode("insert outside a transaction".into()))?;
                 let item = match mapping.map(&insert.new, tx) {
                     Ok(event) => Item::Event(event),
                     Err(dead) => {
@@ -196,15 +196,11 @@ impl<'a> Reader<'a> {
                 };
                 self.send(item).await?;
             }
-            Message::Update(u) => {
-                if self.mapping(u.relation_id)?.is_some() {
-                    self.send(Item::Ignored).await?;
-                }
+            Message::Update(u) if self.mapping(u.relation_id)?.is_some() => {
+                self.send(Item::Ignored).await?;
             }
-            Message::Delete(d) => {
-                if self.mapping(d.relation_id)?.is_some() {
-                    self.send(Item::Ignored).await?;
-                }
+            Message::Delete(d) if self.mapping(d.relation_id)?.is_some() => {
+                self.send(Item::Ignored).await?;
             }
             Message::Truncate(t) => {
                 for id in t.relation_ids {
@@ -219,9 +215,9 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    fn mapping(&self, relation_id: u32) -> Result<Option<Mapping>, SourceError> {
+    fn mapping(&self, relation_id: u32) -> Result<Option<&Mapping>, SourceError> {
         match self.relations.get(&relation_id) {
-            Some(m) => Ok(m.clone()),
+            Some(m) => Ok(m.as_ref()),
             None => Err(SourceError::Decode(format!(
                 "change for relation {relation_id} before its Relation message"
             ))),

@@ -1,5 +1,10 @@
 //! Source preparation, idempotent: checks `wal_level` and the outbox tables, then
 //! creates the publication (on the outbox tables only) and the pgoutput slot if missing.
+//!
+//! The publication publishes inserts (and truncates) only. Publishing updates or deletes
+//! would make PostgreSQL refuse the application's `delete from outbox` on a table without
+//! a replica identity, breaking the common insert-then-delete outbox; and only inserts
+//! are events anyway.
 
 use tokio_postgres::Client;
 use walfold_config::Config;
@@ -64,7 +69,7 @@ pub async fn prepare_source(source: &Client, config: &Config) -> Result<(), Sour
         None => {
             source
                 .batch_execute(&format!(
-                    "create publication {quoted_pub} for table {list} with (publish = 'insert, update, delete, truncate')"
+                    "create publication {quoted_pub} for table {list} with (publish = 'insert, truncate')"
                 ))
                 .await
                 .map_err(db("creating the publication"))?;

@@ -76,9 +76,13 @@ impl Checkpoints {
                 &[&subscriber],
             )
             .await
-            .map_err(StoreError::db(format!("loading checkpoints of {subscriber}")))?;
-        let stored: Vec<(i32, i32, i64)> =
-            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+            .map_err(StoreError::db(format!(
+                "loading checkpoints of {subscriber}"
+            )))?;
+        let stored: Vec<(i32, i32, i64)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
         if stored.iter().all(|&(_, n, _)| n == partitions as i32) {
             let mut positions = vec![0; partitions as usize];
             for (p, _, pos) in stored {

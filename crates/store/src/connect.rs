@@ -89,14 +89,13 @@ pub async fn connect(url: &str) -> Result<Client, StoreError> {
         options.ssl_mode,
         options.root_cert.as_deref(),
     )?);
-    let (client, connection) =
-        config
-            .connect(tls)
-            .await
-            .map_err(|source| StoreError::Connect {
-                url: walfold_redact(url),
-                source,
-            })?;
+    let (client, connection) = config
+        .connect(tls)
+        .await
+        .map_err(|source| StoreError::Connect {
+            url: walfold_redact(url),
+            source,
+        })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "database connection closed");
@@ -133,6 +132,9 @@ mod tests {
         assert_eq!(o.root_cert.as_deref(), Some("/ca.pem"));
         assert_eq!(o.base_url, "postgresql://u:p@h:1/db?connect_timeout=5");
         assert!(ConnectOptions::parse("postgresql://h/db?sslmode=bogus").is_err());
-        assert_eq!(walfold_redact("postgresql://u:p@h/db"), "postgresql://u:***@h/db");
+        assert_eq!(
+            walfold_redact("postgresql://u:p@h/db"),
+            "postgresql://u:***@h/db"
+        );
     }
 }

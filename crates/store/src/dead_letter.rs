@@ -82,7 +82,11 @@ impl DeadLetters {
     }
 
     /// Records `dl` (in the caller's transaction) and returns its ID.
-    pub async fn record(&self, tx: &impl GenericClient, dl: &DeadLetter) -> Result<i64, StoreError> {
+    pub async fn record(
+        &self,
+        tx: &impl GenericClient,
+        dl: &DeadLetter,
+    ) -> Result<i64, StoreError> {
         let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
         let row = tx
             .query_one(

@@ -6,7 +6,7 @@ pub enum StoreError {
     Url { url: String, reason: String },
     #[error("cannot read sslrootcert {path}: {reason}")]
     RootCert { path: String, reason: String },
-    #[error("cannot connect to {url}: {source}")]
+    #[error("cannot connect to {url}: {}", describe(source))]
     Connect {
         url: String,
         #[source]
@@ -24,12 +24,30 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
-    #[error("{context}: {source}")]
+    #[error("{context}: {}", describe(source))]
     Db {
         context: String,
         #[source]
         source: tokio_postgres::Error,
     },
+}
+
+/// A PostgreSQL error in one line with what an operator needs: SQLSTATE, message,
+/// detail and constraint (tokio-postgres's own `Display` says only "db error").
+pub fn describe(err: &tokio_postgres::Error) -> String {
+    match err.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({}): {}", db.severity(), db.code().code(), db.message());
+            if let Some(d) = db.detail() {
+                s.push_str(&format!("; detail: {d}"));
+            }
+            if let Some(c) = db.constraint() {
+                s.push_str(&format!("; constraint: {c}"));
+            }
+            s
+        }
+        None => err.to_string(),
+    }
 }
 
 impl StoreError {

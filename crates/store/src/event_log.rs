@@ -213,8 +213,7 @@ impl EventLog {
             for row in rows {
                 let ord: i64 = row.get(0);
                 let same: bool = row.get(1);
-                let Some(event) = usize::try_from(ord - 1).ok().and_then(|i| compare.get(i))
-                else {
+                let Some(event) = usize::try_from(ord - 1).ok().and_then(|i| compare.get(i)) else {
                     continue;
                 };
                 if same {
@@ -249,61 +248,60 @@ impl EventLog {
         self.head += new.len() as i64;
         Ok(outcome)
     }
-
 }
 
 async fn insert_rows(
-        tx: &tokio_postgres::Transaction<'_>,
-        insert: &Statement,
-        head: i64,
-        new: &[&NewEvent],
-    ) -> Result<(), StoreError> {
-        let n = new.len();
-        let seqs: Vec<i64> = (1..=n as i64).map(|i| head + i).collect();
-        let ids: Vec<Uuid> = new.iter().map(|e| e.id).collect();
-        let agg_types: Vec<&str> = new.iter().map(|e| e.aggregate_type.as_str()).collect();
-        let agg_ids: Vec<&str> = new.iter().map(|e| e.aggregate_id.as_str()).collect();
-        let types: Vec<&str> = new.iter().map(|e| e.event_type.as_str()).collect();
-        let versions: Vec<Option<i64>> = new.iter().map(|e| e.version).collect();
-        let payloads: Vec<&Value> = new.iter().map(|e| &e.payload).collect();
-        let headers: Vec<Option<&Value>> = new.iter().map(|e| e.headers.as_ref()).collect();
-        let occurred: Vec<Option<SystemTime>> = new.iter().map(|e| e.occurred_at).collect();
-        let hashes: Vec<i32> = new
-            .iter()
-            .map(|e| partition_hash(&e.aggregate_type, &e.aggregate_id))
-            .collect();
-        let lsns: Vec<PgLsn> = new.iter().map(|e| e.source_lsn.into()).collect();
-        let committed: Vec<Option<SystemTime>> = new.iter().map(|e| e.committed_at).collect();
-        tx.execute(
-            insert,
-            &[
-                &seqs, &ids, &agg_types, &agg_ids, &types, &versions, &payloads, &headers,
-                &occurred, &hashes, &lsns, &committed,
-            ],
-        )
-        .await
-        .map_err(StoreError::db("appending events"))?;
-        Ok(())
-    }
+    tx: &tokio_postgres::Transaction<'_>,
+    insert: &Statement,
+    head: i64,
+    new: &[&NewEvent],
+) -> Result<(), StoreError> {
+    let n = new.len();
+    let seqs: Vec<i64> = (1..=n as i64).map(|i| head + i).collect();
+    let ids: Vec<Uuid> = new.iter().map(|e| e.id).collect();
+    let agg_types: Vec<&str> = new.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let agg_ids: Vec<&str> = new.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let types: Vec<&str> = new.iter().map(|e| e.event_type.as_str()).collect();
+    let versions: Vec<Option<i64>> = new.iter().map(|e| e.version).collect();
+    let payloads: Vec<&Value> = new.iter().map(|e| &e.payload).collect();
+    let headers: Vec<Option<&Value>> = new.iter().map(|e| e.headers.as_ref()).collect();
+    let occurred: Vec<Option<SystemTime>> = new.iter().map(|e| e.occurred_at).collect();
+    let hashes: Vec<i32> = new
+        .iter()
+        .map(|e| partition_hash(&e.aggregate_type, &e.aggregate_id))
+        .collect();
+    let lsns: Vec<PgLsn> = new.iter().map(|e| e.source_lsn.into()).collect();
+    let committed: Vec<Option<SystemTime>> = new.iter().map(|e| e.committed_at).collect();
+    tx.execute(
+        insert,
+        &[
+            &seqs, &ids, &agg_types, &agg_ids, &types, &versions, &payloads, &headers, &occurred,
+            &hashes, &lsns, &committed,
+        ],
+    )
+    .await
+    .map_err(StoreError::db("appending events"))?;
+    Ok(())
+}
 
 async fn compare_rows(
-        tx: &tokio_postgres::Transaction<'_>,
-        compare: &Statement,
-        events: &[&NewEvent],
-    ) -> Result<Vec<Row>, StoreError> {
-        let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
-        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-        let agg_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
-        let agg_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
-        let versions: Vec<Option<i64>> = events.iter().map(|e| e.version).collect();
-        let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
-        tx.query(
-            compare,
-            &[&ids, &types, &agg_types, &agg_ids, &versions, &payloads],
-        )
-        .await
-        .map_err(StoreError::db("comparing repeated event IDs"))
-    }
+    tx: &tokio_postgres::Transaction<'_>,
+    compare: &Statement,
+    events: &[&NewEvent],
+) -> Result<Vec<Row>, StoreError> {
+    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let agg_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let agg_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let versions: Vec<Option<i64>> = events.iter().map(|e| e.version).collect();
+    let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
+    tx.query(
+        compare,
+        &[&ids, &types, &agg_types, &agg_ids, &versions, &payloads],
+    )
+    .await
+    .map_err(StoreError::db("comparing repeated event IDs"))
+}
 
 /// The event as JSON, for dead letters.
 pub(crate) fn event_json(e: &NewEvent) -> Value {

@@ -18,7 +18,10 @@ pub fn hit(name: &str) {
         return;
     };
     let mut guard = COUNTS.lock().unwrap_or_else(|e| e.into_inner());
-    let count = guard.get_or_insert_with(HashMap::new).entry(name.to_owned()).or_insert(0);
+    let count = guard
+        .get_or_insert_with(HashMap::new)
+        .entry(name.to_owned())
+        .or_insert(0);
     *count += 1;
     if *count >= limit {
         eprintln!("failpoint {name} hit after {count} passes: aborting");

@@ -28,7 +28,9 @@ impl fmt::Display for Lsn {
 impl FromStr for Lsn {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (hi, lo) = s.split_once('/').ok_or_else(|| format!("`{s}` is not an LSN"))?;
+        let (hi, lo) = s
+            .split_once('/')
+            .ok_or_else(|| format!("`{s}` is not an LSN"))?;
         let hi = u64::from_str_radix(hi, 16).map_err(|_| format!("`{s}` is not an LSN"))?;
         let lo = u64::from_str_radix(lo, 16).map_err(|_| format!("`{s}` is not an LSN"))?;
         if hi > 0xffff_ffff || lo > 0xffff_ffff {

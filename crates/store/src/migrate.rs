@@ -77,10 +77,7 @@ mod tests {
             .filter(|n| n.ends_with(".sql"))
             .collect();
         files.sort();
-        let embedded: Vec<String> = MIGRATIONS
-            .iter()
-            .map(|(v, _, _)| v.to_string())
-            .collect();
+        let embedded: Vec<String> = MIGRATIONS.iter().map(|(v, _, _)| v.to_string()).collect();
         assert_eq!(files.len(), MIGRATIONS.len(), "{files:?}");
         for (file, version) in files.iter().zip(&embedded) {
             assert!(file.starts_with(version.as_str()), "{file} vs {version}");

@@ -110,7 +110,10 @@ pub async fn status(
             updated_at_unix: r.get(6),
         });
     let head: i64 = target
-        .query_one(&format!("select coalesce(max(seq), 0) from {s}.event_log"), &[])
+        .query_one(
+            &format!("select coalesce(max(seq), 0) from {s}.event_log"),
+            &[],
+        )
         .await
         .map_err(StoreError::db("reading the event log head"))?
         .get(0);

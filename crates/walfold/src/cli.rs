@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "walfold", version, about = "Outbox events from PostgreSQL logical replication, folded into read models effectively once")]
+#[command(
+    name = "walfold",
+    version,
+    about = "Outbox events from PostgreSQL logical replication, folded into read models effectively once"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -95,7 +95,9 @@ pub async fn demo() -> Result<(), Failure> {
 
     let cancel = CancellationToken::new();
     let pipeline = tokio::spawn(Pipeline::new(config).run(cancel.clone()));
-    let client = walfold_store::connect(&url).await.map_err(Failure::runtime)?;
+    let client = walfold_store::connect(&url)
+        .await
+        .map_err(Failure::runtime)?;
     // Write once the slot exists, so the events are in its stream.
     wait_for(Duration::from_secs(30), || async {
         client
@@ -111,10 +113,12 @@ pub async fn demo() -> Result<(), Failure> {
     .await
     .map_err(|_| Failure::runtime("the replication slot did not become active"))?;
     println!("writing 8 outbox rows (one duplicate ID, one stale version, one malformed row)…");
-    client.batch_execute(EVENTS).await.map_err(Failure::runtime)?;
+    client
+        .batch_execute(EVENTS)
+        .await
+        .map_err(Failure::runtime)?;
     let caught_up = wait_for(Duration::from_secs(60), || async {
-        let Ok(s) = walfold_store::status(&client, &client, "walfold", "walfold_demo").await
-        else {
+        let Ok(s) = walfold_store::status(&client, &client, "walfold", "walfold_demo").await else {
             return false;
         };
         s.event_log_head >= 6
@@ -146,7 +150,10 @@ pub async fn demo() -> Result<(), Failure> {
     }
     println!("\nrevenue (sql projection, sums OrderPaid amounts; the duplicate counted once):");
     for r in client
-        .query("select currency, total::text from revenue order by currency", &[])
+        .query(
+            "select currency, total::text from revenue order by currency",
+            &[],
+        )
         .await
         .map_err(Failure::runtime)?
     {

@@ -21,7 +21,10 @@ pub fn install(token: CancellationToken, deadline: Duration) {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
-        tracing::info!(deadline_s = deadline.as_secs(), "shutting down: finishing in-flight batches");
+        tracing::info!(
+            deadline_s = deadline.as_secs(),
+            "shutting down: finishing in-flight batches"
+        );
         token.cancel();
         tokio::select! {
             _ = term.recv() => tracing::warn!("second signal: aborting"),

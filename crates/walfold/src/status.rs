@@ -59,7 +59,10 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
         );
     }
     println!("dead letters open: {}", s.dead_letters_open);
-    println!("processed_message rows (estimate): {}", s.processed_message_rows);
+    println!(
+        "processed_message rows (estimate): {}",
+        s.processed_message_rows
+    );
     Ok(())
 }
 

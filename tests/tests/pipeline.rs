@@ -1,0 +1,404 @@
+//! The pipeline in-process against a real PostgreSQL: flow, subscribers, duplicates,
+//! conflicts, reordering, malformed rows, parking, and data that looks like SQL.
+
+use walfold_tests::{caught_up, insert_event, slot_active, status, InProcess, TestDb};
+
+const A: &str = "00000000-0000-4000-8000-00000000000a";
+const B: &str = "00000000-0000-4000-8000-00000000000b";
+const C: &str = "00000000-0000-4000-8000-00000000000c";
+const D: &str = "00000000-0000-4000-8000-00000000000d";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_flow_and_subscribers_progress_independently() {
+    let db = TestDb::new("flow");
+    // A fourth subscriber whose read model is missing: it dead-letters and parks, the
+    // other three are not held back.
+    let config = db.config(
+        r#"
+[[projection]]
+name = "broken"
+subscriber = "broken.v1"
+max_attempts = 2
+retry_backoff_ms = 10
+sql = "insert into no_such_table values (:aggregate_id)"
+"#,
+    );
+    let p = InProcess::start(&config);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let mut sql = String::new();
+    for i in 0..200 {
+        let id = format!("00000000-0000-4000-8000-{:012}", i + 1);
+        let order = format!("o-{}", i % 20);
+        sql.push_str(&insert_event(
+            &id,
+            &order,
+            "OrderPaid",
+            i / 20 + 1,
+            &format!(r#"{{"status": "s{i}", "amount": "{}.25"}}"#, i),
+        ));
+    }
+    db.psql(&format!("begin; {sql} commit;"));
+    caught_up(&client, 200, 4).await;
+
+    assert_eq!(db.psql("select count(*) from order_state"), "20");
+    assert_eq!(db.psql("select count(*) from ledger"), "200");
+    // sum of i + 0.25 for i in 0..200
+    assert_eq!(db.psql("select sum(total) from order_total"), "19950.00");
+    assert_eq!(db.psql("select sum(amount) from ledger"), "19950.00");
+    // Highest version per order wins: orders 0..19 have versions 1..10, last status s180+k.
+    assert_eq!(
+        db.psql("select status || ':' || version from order_state where order_id = 'o-7'"),
+        "s187:10"
+    );
+
+    let s = status(&client).await.unwrap();
+    let sub = |name: &str| {
+        s.subscribers
+            .iter()
+            .find(|x| x.subscriber == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(sub("orders.state.v1").applied, 200);
+    assert_eq!(sub("orders.ledger.v1").applied, 200);
+    assert_eq!(sub("orders.total.v1").partitions, 2);
+    let broken = sub("broken.v1");
+    assert_eq!(broken.applied, 0);
+    assert_eq!(broken.parked_aggregates, 20);
+    assert_eq!(broken.dead_lettered, 200);
+    assert_eq!(
+        db.psql("select count(*) from walfold.dead_letter where subscriber_id = 'broken.v1' and reason = 'projection_failed'"),
+        "20"
+    );
+    assert_eq!(
+        db.psql("select count(*) from walfold.dead_letter where subscriber_id = 'broken.v1' and reason = 'aggregate_parked'"),
+        "180"
+    );
+    assert!(db
+        .psql("select error from walfold.dead_letter where reason = 'projection_failed' limit 1")
+        .contains("no_such_table"));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_event_id_changes_projections_once() {
+    let db = TestDb::new("dupes");
+    let p = InProcess::start(&db.config(""));
+    let client = db.client().await;
+    slot_active(&client).await;
+    let paid = insert_event(
+        A,
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "10"}"#,
+    );
+    // Insert, delete, insert again (an outbox cleaned up after publishing, then a retry).
+    db.psql(&paid);
+    db.psql(&format!("delete from outbox where id = '{A}'"));
+    db.psql(&paid);
+    // Twice in one transaction: the outbox has no unique ID, and the JSON differs only in
+    // formatting.
+    db.psql(&format!(
+        "begin; {} {} commit;",
+        insert_event(
+            B,
+            "o-2",
+            "OrderPaid",
+            1,
+            r#"{"amount": "5", "status": "paid"}"#
+        ),
+        insert_event(
+            B,
+            "o-2",
+            "OrderPaid",
+            1,
+            r#"{"status":"paid","amount":"5"}"#
+        )
+    ));
+    db.psql("truncate outbox");
+    caught_up(&client, 2, 3).await;
+    assert_eq!(db.psql("select count(*) from walfold.event_log"), "2");
+    assert_eq!(
+        db.psql("select total from order_total where order_id = 'o-1'"),
+        "10"
+    );
+    assert_eq!(
+        db.psql("select total from order_total where order_id = 'o-2'"),
+        "5"
+    );
+    assert_eq!(db.psql("select count(*) from ledger"), "2");
+    let s = status(&client).await.unwrap();
+    let ingest = s.ingest.unwrap();
+    assert_eq!(ingest.duplicates, 2);
+    assert_eq!(
+        ingest.ignored_changes, 1,
+        "the truncate is counted, not an event"
+    );
+    assert_eq!(s.dead_letters_open, 0);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_id_with_different_content_is_quarantined() {
+    let db = TestDb::new("conflict");
+    let p = InProcess::start(&db.config(""));
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&insert_event(
+        A,
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "10"}"#,
+    ));
+    db.psql(&insert_event(
+        A,
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "99"}"#,
+    ));
+    db.psql(&insert_event(
+        B,
+        "o-2",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "1"}"#,
+    ));
+    caught_up(&client, 2, 3).await;
+    assert_eq!(
+        db.psql("select total from order_total where order_id = 'o-1'"),
+        "10"
+    );
+    let row = db.psql(&format!(
+        "select reason || '|' || (raw->'payload'->>'amount') || '|' || (existing->'payload'->>'amount') \
+         from walfold.dead_letter where event_id = '{A}'"
+    ));
+    assert_eq!(row, "id_conflict|99|10");
+    assert_eq!(
+        status(&client).await.unwrap().ingest.unwrap().id_conflicts,
+        1
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_version_is_skipped_and_counted() {
+    let db = TestDb::new("stale");
+    let p = InProcess::start(&db.config(""));
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&insert_event(
+        A,
+        "o-1",
+        "OrderShipped",
+        3,
+        r#"{"status": "shipped"}"#,
+    ));
+    db.psql(&insert_event(
+        B,
+        "o-1",
+        "OrderPaid",
+        2,
+        r#"{"status": "paid"}"#,
+    ));
+    caught_up(&client, 2, 3).await;
+    assert_eq!(
+        db.psql("select status || ':' || version from order_state"),
+        "shipped:3"
+    );
+    let s = status(&client).await.unwrap();
+    let state = s
+        .subscribers
+        .iter()
+        .find(|x| x.subscriber == "orders.state.v1")
+        .unwrap();
+    assert_eq!((state.applied, state.stale), (1, 1));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_rows_are_dead_lettered_and_later_rows_still_apply() {
+    let db = TestDb::new("malformed");
+    // A loosely typed outbox, where producers can write anything.
+    db.psql(
+        "create table loose_outbox (id text, aggregate_type text, aggregate_id text, \
+         event_type text, version text, payload text)",
+    );
+    let config = db.config("").replace(
+        "[pipeline]",
+        "[[outbox]]\ntable = \"public.loose_outbox\"\n\n[pipeline]",
+    );
+    let p = InProcess::start(&config);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let bad = [
+        (
+            "null",
+            "'o-1'",
+            "'1'",
+            r#"'{"amount": "1"}'"#,
+            "column `id` is null",
+        ),
+        (
+            "'not-a-uuid'",
+            "'o-1'",
+            "'1'",
+            r#"'{"amount": "1"}'"#,
+            "is not a UUID",
+        ),
+        (
+            &format!("'{C}'"),
+            "'o-1'",
+            "'1.5'",
+            r#"'{"amount": "1"}'"#,
+            "is not an integer",
+        ),
+        (
+            &format!("'{C}'"),
+            "null",
+            "'1'",
+            r#"'{"amount": "1"}'"#,
+            "`aggregate_id` is null",
+        ),
+        (&format!("'{C}'"), "'o-1'", "'1'", "'{oops'", "is not JSON"),
+        (
+            &format!("'{C}'"),
+            "'o-1'",
+            "'1'",
+            "null",
+            "`payload` is null",
+        ),
+    ];
+    for (id, agg, version, payload, _) in &bad {
+        db.psql(&format!(
+            "insert into loose_outbox values ({id}, 'order', {agg}, 'OrderPaid', {version}, {payload})"
+        ));
+    }
+    db.psql(&format!(
+        "insert into loose_outbox values ('{D}', 'order', 'o-9', 'OrderPaid', '4', '{{\"status\": \"ok\", \"amount\": \"2\"}}')"
+    ));
+    caught_up(&client, 1, 3).await;
+    assert_eq!(
+        db.psql("select status || ':' || version from order_state where order_id = 'o-9'"),
+        "ok:4"
+    );
+    let errors = db.psql("select string_agg(error, E'\\n' order by id) from walfold.dead_letter where reason = 'malformed'");
+    for (_, _, _, _, expected) in &bad {
+        assert!(
+            errors.contains(expected),
+            "missing {expected:?} in\n{errors}"
+        );
+    }
+    assert_eq!(
+        db.psql(
+            "select raw->>'version' from walfold.dead_letter where error like '%not an integer%'"
+        ),
+        "1.5",
+        "the raw row is kept"
+    );
+    assert_eq!(status(&client).await.unwrap().ingest.unwrap().malformed, 6);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_that_looks_like_sql_is_stored_as_data() {
+    let db = TestDb::new("inject");
+    let p = InProcess::start(&db.config(""));
+    let client = db.client().await;
+    slot_active(&client).await;
+    let evil = r#"'); drop table order_state; --"#;
+    let payload =
+        serde_json::json!({"status": evil, "note": "x'; delete from ledger; --", "amount": "1"});
+    client
+        .execute(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             values ($1, 'order', $2, 'OrderPaid', 1, $3)",
+            &[
+                &uuid::Uuid::parse_str(A).unwrap(),
+                &"o'; drop table ledger; --",
+                &payload,
+            ],
+        )
+        .await
+        .unwrap();
+    caught_up(&client, 1, 3).await;
+    let row = client
+        .query_one("select order_id, status, note from order_state", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "o'; drop table ledger; --");
+    assert_eq!(row.get::<_, String>(1), evil);
+    assert_eq!(row.get::<_, String>(2), "x'; delete from ledger; --");
+    assert_eq!(db.psql("select count(*) from ledger"), "1");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_event_parks_its_aggregate_and_other_aggregates_go_on() {
+    let db = TestDb::new("park");
+    db.psql("alter table order_state add constraint amount_not_negative check (amount >= 0)");
+    let config = db.config("").replace(
+        "version_column = \"version\"",
+        "version_column = \"version\"\nmax_attempts = 3\nretry_backoff_ms = 10",
+    );
+    let p = InProcess::start(&config);
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&format!(
+        "begin; {} {} {} commit;",
+        insert_event(
+            A,
+            "o-1",
+            "OrderPaid",
+            1,
+            r#"{"status": "bad", "amount": "-5"}"#
+        ),
+        insert_event(
+            B,
+            "o-2",
+            "OrderPaid",
+            1,
+            r#"{"status": "fine", "amount": "3"}"#
+        ),
+        insert_event(
+            C,
+            "o-1",
+            "OrderPaid",
+            2,
+            r#"{"status": "later", "amount": "10"}"#
+        ),
+    ));
+    db.psql(&insert_event(
+        D,
+        "o-1",
+        "OrderPaid",
+        3,
+        r#"{"status": "even later", "amount": "1"}"#,
+    ));
+    caught_up(&client, 4, 3).await;
+    assert_eq!(
+        db.psql("select string_agg(order_id || '=' || status, ',') from order_state"),
+        "o-2=fine"
+    );
+    let letters = db.psql(
+        "select string_agg(reason || ':' || aggregate_id || ':' || attempts, ',' order by id) \
+         from walfold.dead_letter where subscriber_id = 'orders.state.v1'",
+    );
+    assert_eq!(
+        letters,
+        "projection_failed:o-1:3,aggregate_parked:o-1:0,aggregate_parked:o-1:0"
+    );
+    assert!(db
+        .psql("select error from walfold.dead_letter where reason = 'projection_failed'")
+        .contains("amount_not_negative"));
+    assert_eq!(
+        db.psql("select subscriber_id || ':' || aggregate_id from walfold.parked_aggregate"),
+        "orders.state.v1:o-1"
+    );
+    // The other subscribers never saw a failure.
+    assert_eq!(db.psql("select sum(total) from order_total"), "9");
+    p.stop().await;
+}
