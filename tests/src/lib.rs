@@ -132,14 +132,15 @@ where
     }
 }
 
-/// The `walfold` binary of this workspace build.
+/// The walfold binary under test: this package's `walfold-failpoints`, the same source
+/// as `walfold` with failpoints compiled in. Cargo builds it before this package's tests.
 pub fn walfold_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("walfold");
+    let bin = dir.join("walfold-failpoints");
     assert!(
         bin.exists(),
-        "{} not found: build it with `cargo build -p walfold` (cargo nextest run --workspace does)",
+        "{} not found: run the tests through cargo (`cargo nextest run --workspace`)",
         bin.display()
     );
     bin
@@ -219,6 +220,16 @@ impl Daemon {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails the test at once when the binary was built without failpoints.
+    pub fn assert_failpoints_compiled(&self) {
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !self.log_text().contains("this build has no failpoints"),
+            "the walfold binary lacks failpoints: run the suite with `cargo nextest run --workspace` \
+             (the tests package enables the feature for the whole workspace build)"
+        );
     }
 }
 
@@ -328,4 +339,184 @@ pub async fn slot_active(client: &tokio_postgres::Client) {
             .is_some()
     })
     .await;
+}
+
+/// Events a crash test writes, and what the read models must hold afterwards, computed
+/// independently of walfold: a fold over the distinct event IDs.
+#[derive(Debug, Default)]
+pub struct Expected {
+    /// event ID → (order, version, amount in cents)
+    pub events: std::collections::BTreeMap<uuid::Uuid, (String, i64, i64)>,
+    pub rows_written: u64,
+}
+
+impl Expected {
+    pub fn distinct(&self) -> i64 {
+        self.events.len() as i64
+    }
+
+    pub fn total_cents(&self) -> i64 {
+        self.events.values().map(|e| e.2).sum()
+    }
+
+    /// Checks every read model against the fold.
+    pub async fn check(&self, client: &tokio_postgres::Client) {
+        let cents = |sql: &str| {
+            let sql = sql.to_owned();
+            async move {
+                let row = client.query_one(&sql, &[]).await.unwrap();
+                row.get::<_, Option<i64>>(0).unwrap_or(0)
+            }
+        };
+        assert_eq!(
+            cents("select count(*) from walfold.event_log").await,
+            self.distinct(),
+            "every distinct event is in the log once"
+        );
+        assert_eq!(cents("select count(*) from ledger").await, self.distinct());
+        assert_eq!(
+            cents("select (sum(amount) * 100)::int8 from ledger").await,
+            self.total_cents(),
+            "ledger sum"
+        );
+        assert_eq!(
+            cents("select (sum(total) * 100)::int8 from order_total").await,
+            self.total_cents(),
+            "sum of amounts over distinct event IDs"
+        );
+        let mut latest: std::collections::BTreeMap<&str, i64> = Default::default();
+        for (order, version, _) in self.events.values() {
+            let v = latest.entry(order).or_insert(0);
+            *v = (*v).max(*version);
+        }
+        for row in client
+            .query("select order_id, version from order_state", &[])
+            .await
+            .unwrap()
+        {
+            let order: String = row.get(0);
+            assert_eq!(
+                Some(&row.get::<_, i64>(1)),
+                latest.get(order.as_str()),
+                "{order}"
+            );
+        }
+        assert_eq!(
+            cents("select count(*) from order_state").await,
+            latest.len() as i64
+        );
+    }
+}
+
+/// A small deterministic PRNG (xorshift64*), so a failing run can be replayed by seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn from_time() -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            | 1;
+        eprintln!("rng seed {seed}");
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Writes `txns` transactions of `per_txn` outbox rows over `orders` aggregates; about
+/// one row in ten repeats an earlier event exactly (a producer retry) and versions run
+/// ahead per order, sometimes written out of order within a transaction.
+pub async fn write_events(
+    url: String,
+    txns: usize,
+    per_txn: usize,
+    orders: u64,
+    pause: Duration,
+    seed: u64,
+) -> Expected {
+    let mut client = walfold_store::connect(&url).await.expect("writer connect");
+    let mut rng = Rng(seed | 1);
+    let mut expected = Expected::default();
+    let mut history: Vec<(uuid::Uuid, String, i64, i64)> = Vec::new();
+    let mut versions: std::collections::HashMap<String, i64> = Default::default();
+    for _ in 0..txns {
+        let mut rows = Vec::new();
+        for _ in 0..per_txn {
+            if !history.is_empty() && rng.below(10) == 0 {
+                let i = rng.below(history.len() as u64) as usize;
+                rows.push(history[i].clone());
+                continue;
+            }
+            let order = format!("o-{}", rng.below(orders));
+            let v = versions.entry(order.clone()).or_insert(0);
+            *v += 1;
+            let id = uuid::Uuid::from_u64_pair(rng.next(), rng.next());
+            let cents = rng.below(100_000) as i64;
+            rows.push((id, order, *v, cents));
+        }
+        if rows.len() > 1 && rng.below(4) == 0 {
+            rows.swap(0, 1);
+        }
+        let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.0).collect();
+        let orders_col: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+        let versions_col: Vec<i64> = rows.iter().map(|r| r.2).collect();
+        let payloads: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(_, _, version, cents)| {
+                serde_json::json!({
+                    "status": format!("v{version}"),
+                    "amount": format!("{}.{:02}", cents / 100, cents % 100),
+                })
+            })
+            .collect();
+        // One statement is one transaction. If the connection breaks, whether it
+        // committed is read back from the outbox (rows are never deleted here).
+        let committed = match client
+            .execute(
+                "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                 select id, 'order', agg, 'OrderChanged', v, p \
+                 from unnest($1::uuid[], $2::text[], $3::int8[], $4::jsonb[]) as r(id, agg, v, p)",
+                &[&ids, &orders_col, &versions_col, &payloads],
+            )
+            .await
+        {
+            Ok(_) => true,
+            Err(_) => loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Ok(c) = walfold_store::connect(&url).await else {
+                    continue;
+                };
+                client = c;
+                let fresh = rows
+                    .iter()
+                    .find(|r| !expected.events.contains_key(&r.0))
+                    .map(|r| r.0);
+                let Some(probe) = fresh else { break true };
+                if let Ok(row) = client
+                    .query_one("select count(*) from outbox where id = $1", &[&probe])
+                    .await
+                {
+                    break row.get::<_, i64>(0) > 0;
+                }
+            },
+        };
+        if committed {
+            for row in rows {
+                expected.rows_written += 1;
+                expected.events.insert(row.0, (row.1.clone(), row.2, row.3));
+                history.push(row);
+            }
+        }
+        tokio::time::sleep(pause).await;
+    }
+    expected
 }

@@ -69,6 +69,23 @@ impl Partition {
         }
     }
 
+    /// A retryable projection error, kept retryable (classified by its SQLSTATE).
+    fn transient(&self, e: ProjectionError) -> EngineError {
+        match e {
+            ProjectionError::Db(source) => EngineError::Store {
+                context: format!("projection {}", self.options.name),
+                source: walfold_store::StoreError::Db {
+                    context: "apply".into(),
+                    source,
+                },
+            },
+            other => EngineError::Projection {
+                projection: self.options.name.clone(),
+                message: other.to_string(),
+            },
+        }
+    }
+
     async fn connect(&self) -> Result<Conn, EngineError> {
         let client = connect(&self.url)
             .await
@@ -198,10 +215,7 @@ impl Partition {
         let results = match self.options_apply(&tx, &to_apply).await {
             Ok(r) => r,
             Err(e) if e.directive() == Directive::Retry => {
-                return Err(BatchError::Transient(EngineError::Projection {
-                    projection: self.options.name.clone(),
-                    message: e.to_string(),
-                }));
+                return Err(BatchError::Transient(self.transient(e)));
             }
             Err(e) => {
                 tracing::debug!(subscriber = %self.subscriber(), error = %e, "batch failed, isolating the event");
@@ -314,10 +328,7 @@ impl Partition {
                 Ok(Applied::Changed) => stats.applied = 1,
                 Ok(Applied::Stale) => stats.stale = 1,
                 Err(e) if e.directive() == Directive::Retry => {
-                    return Err(SingleError::Transient(EngineError::Projection {
-                        projection: self.options.name.clone(),
-                        message: e.to_string(),
-                    }))
+                    return Err(SingleError::Transient(self.transient(e)))
                 }
                 Err(e) => return Err(SingleError::Failed(e.to_string())),
             }

@@ -37,6 +37,10 @@ impl Failure {
 }
 
 fn main() -> ExitCode {
+    #[cfg(not(feature = "failpoints"))]
+    if std::env::var_os("WALFOLD_FAILPOINTS").is_some() {
+        eprintln!("walfold: WALFOLD_FAILPOINTS is set but this build has no failpoints (build with --features failpoints)");
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -1,0 +1,331 @@
+//! The real `walfold` binary: configuration errors, clean stops, crashes at random and
+//! at the exact crash windows, server restarts, and setup errors.
+
+use std::time::{Duration, Instant};
+
+use walfold_tempdb::{Cluster, Options};
+use walfold_tests::{
+    caught_up, config_for, eventually, slot_active, walfold, write_events, Daemon, Rng, TestDb,
+};
+
+fn write_config(text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "walfold-cfg-{}-{}",
+        std::process::id(),
+        Rng::from_time().next()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("walfold.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn bad_configuration_exits_2_and_names_the_key() {
+    let good = config_for("postgresql://postgres@127.0.0.1:1/x", "");
+    let cases: Vec<(String, Vec<(&str, &str)>, &str)> = vec![
+        (
+            good.replace("[source]", "[source]\ncolour = \"red\""),
+            vec![],
+            "colour",
+        ),
+        (
+            good.replace("url = \"postgresql://postgres@127.0.0.1:1/x\"", ""),
+            vec![],
+            "url",
+        ),
+        (
+            good.replace(":payload.note", ":paylod.note"),
+            vec![],
+            "projection[0].columns.note",
+        ),
+        (
+            good.replace("parallelism = 2", "parallelism = 0"),
+            vec![],
+            "projection[1].parallelism",
+        ),
+        (
+            good.clone(),
+            vec![("WALFOLD_PROJECTION__9__NAME", "x")],
+            "WALFOLD_PROJECTION__9__NAME",
+        ),
+        (
+            good.clone(),
+            vec![("WALFOLD_SOURCE__SLOT", "Not-A-Slot")],
+            "source.slot",
+        ),
+        ("this is not toml".into(), vec![], "invalid config"),
+    ];
+    for (text, envs, key) in cases {
+        let path = write_config(&text);
+        let (code, _, stderr) = walfold(&["run", "-c", path.to_str().unwrap()], &envs);
+        assert_eq!(code, 2, "expected exit 2 for {key}: {stderr}");
+        assert!(
+            stderr.contains(key),
+            "stderr does not name {key}:\n{stderr}"
+        );
+    }
+    let (code, _, stderr) = walfold(&["run", "-c", "/nonexistent/walfold.toml"], &[]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("cannot read config file"), "{stderr}");
+    let (code, _, _) = walfold(&["frobnicate"], &[]);
+    assert_eq!(code, 2, "usage errors exit 2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_acknowledges_and_exits_0() {
+    let db = TestDb::new("sigterm");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let expected = write_events(db.url(), 30, 10, 7, Duration::from_millis(5), 7).await;
+    caught_up(&client, expected.distinct(), 3).await;
+    let (code, out, _) = walfold(
+        &["status", "--json", "-c", d_config(&db).to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 0);
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status["event_log_head"], expected.distinct());
+    assert_eq!(status["subscribers"].as_array().unwrap().len(), 3);
+
+    assert_eq!(
+        d.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        d.log_text()
+    );
+    let log = d.log_text();
+    assert!(log.contains("walfold stopped cleanly"), "{log}");
+    // The slot was acknowledged up to what is durable in the event log, not beyond.
+    let row = client
+        .query_one(
+            "select (s.confirmed_flush_lsn >= i.lsn), (s.confirmed_flush_lsn::text), i.lsn::text \
+             from pg_replication_slots s, walfold.ingest_position i where s.slot_name = 'walfold'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        row.get::<_, bool>(0),
+        "slot {} behind durable {}",
+        row.get::<_, String>(1),
+        row.get::<_, String>(2)
+    );
+    expected.check(&client).await;
+}
+
+fn d_config(db: &TestDb) -> std::path::PathBuf {
+    write_config(&db.config(""))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
+    let db = TestDb::new("sigkill");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let mut rng = Rng::from_time();
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        200,
+        15,
+        25,
+        Duration::from_millis(10),
+        rng.next(),
+    ));
+    let started = Instant::now();
+    let mut kills = 0;
+    while !writer.is_finished() || kills < 3 {
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(800))).await;
+        d.kill_and_restart(None);
+        kills += 1;
+    }
+    let expected = writer.await.unwrap();
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+    eprintln!(
+        "sigkill: {} rows written, {} distinct events, {} kills, {:?}",
+        expected.rows_written,
+        expected.distinct(),
+        kills,
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_event_log_commit_before_the_ack_replays_as_duplicates() {
+    let db = TestDb::new("fp_append");
+    let mut d = Daemon::start(
+        &db.config(""),
+        &[("WALFOLD_FAILPOINTS", "after_append_commit=3")],
+    );
+    d.assert_failpoints_compiled();
+    let client = db.client().await;
+    slot_active(&client).await;
+    let expected = write_events(db.url(), 20, 10, 5, Duration::from_millis(20), 11).await;
+    eventually(
+        Duration::from_secs(30),
+        "the failpoint to abort the daemon",
+        || {
+            let exited = d.exited().is_some();
+            async move { exited }
+        },
+    )
+    .await;
+    assert!(d.log_text().contains("failpoint after_append_commit hit"));
+    d.kill_and_restart(Some(&[]));
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+    let dupes: i64 = client
+        .query_one("select duplicates from walfold.ingest_position", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let repeats = expected.rows_written as i64 - expected.distinct();
+    assert!(
+        dupes > repeats,
+        "the unacknowledged batch was replayed and recognised: {dupes} duplicates, {repeats} producer repeats"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_a_projection_commit_applies_nothing_twice() {
+    let db = TestDb::new("fp_projection");
+    let mut d = Daemon::start(
+        &db.config(""),
+        &[("WALFOLD_FAILPOINTS", "after_projection_commit=4")],
+    );
+    d.assert_failpoints_compiled();
+    let client = db.client().await;
+    slot_active(&client).await;
+    let expected = write_events(db.url(), 20, 10, 5, Duration::from_millis(20), 13).await;
+    eventually(
+        Duration::from_secs(30),
+        "the failpoint to abort the daemon",
+        || {
+            let exited = d.exited().is_some();
+            async move { exited }
+        },
+    )
+    .await;
+    assert!(d
+        .log_text()
+        .contains("failpoint after_projection_commit hit"));
+    d.kill_and_restart(Some(&[]));
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_mid_stream_is_survived() {
+    let cluster: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options::default()).expect("private cluster"),
+    ));
+    let db = TestDb::on(cluster, "restart");
+    let _d = Daemon::start(&db.config(""), &[]);
+    {
+        let client = db.client().await;
+        slot_active(&client).await;
+    }
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        150,
+        10,
+        10,
+        Duration::from_millis(10),
+        17,
+    ));
+    for mode in ["fast", "immediate", "fast"] {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let mode = mode.to_owned();
+        tokio::task::spawn_blocking(move || cluster.restart(&mode).expect("restart"))
+            .await
+            .unwrap();
+    }
+    let expected = writer.await.unwrap();
+    let client = db.client().await;
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_level_replica_is_refused_with_the_fix() {
+    let cluster: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options {
+            extra_settings: vec![("wal_level".into(), "replica".into())],
+            ..Options::default()
+        })
+        .expect("private cluster"),
+    ));
+    let db = TestDb::on(cluster, "replica");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    eventually(Duration::from_secs(30), "the daemon to exit", || {
+        let exited = d.exited().is_some();
+        async move { exited }
+    })
+    .await;
+    assert_eq!(d.exited().unwrap().code(), Some(1));
+    assert!(
+        d.log_text().contains("set wal_level=logical"),
+        "{}",
+        d.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_outbox_table_is_refused_with_the_fix() {
+    let db = TestDb::new("nooutbox");
+    db.psql("drop table outbox");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    eventually(Duration::from_secs(30), "the daemon to exit", || {
+        let exited = d.exited().is_some();
+        async move { exited }
+    })
+    .await;
+    assert_eq!(d.exited().unwrap().code(), Some(1));
+    let log = d.log_text();
+    assert!(
+        log.contains("outbox table public.outbox does not exist"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_and_verified_tls_with_a_least_privilege_role() {
+    let db = TestDb::new("scram");
+    let cluster = db.cluster;
+    let ca = cluster
+        .ca_cert()
+        .expect("tls cluster")
+        .display()
+        .to_string();
+    db.psql(&format!(
+        "grant create on database {} to walfold_scram; \
+         alter table outbox owner to walfold_scram; alter table order_state owner to walfold_scram; \
+         alter table order_total owner to walfold_scram; alter table ledger owner to walfold_scram;",
+        db.name
+    ));
+    let url = format!(
+        "postgresql://walfold_scram:walfold-secret@localhost:{}/{}?sslmode=verify-full&sslrootcert={ca}",
+        cluster.port(),
+        db.name
+    );
+    let _d = Daemon::start(&config_for(&url, ""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    // Every walfold connection is TLS and SCRAM-authenticated as the limited role.
+    let row = client
+        .query_one(
+            "select count(*), bool_and(s.ssl) from pg_stat_activity a join pg_stat_ssl s using (pid) \
+             where a.usename = 'walfold_scram'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, i64>(0) >= 4);
+    assert!(row.get::<_, bool>(1));
+    let expected = write_events(db.url(), 5, 10, 3, Duration::from_millis(5), 19).await;
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+}
