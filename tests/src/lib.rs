@@ -421,14 +421,14 @@ impl Rng {
         eprintln!("rng seed {seed}");
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 }
 
@@ -459,7 +459,7 @@ pub async fn write_events(
             let order = format!("o-{}", rng.below(orders));
             let v = versions.entry(order.clone()).or_insert(0);
             *v += 1;
-            let id = uuid::Uuid::from_u64_pair(rng.next(), rng.next());
+            let id = uuid::Uuid::from_u64_pair(rng.next_u64(), rng.next_u64());
             let cents = rng.below(100_000) as i64;
             rows.push((id, order, *v, cents));
         }

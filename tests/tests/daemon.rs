@@ -12,7 +12,7 @@ fn write_config(text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "walfold-cfg-{}-{}",
         std::process::id(),
-        Rng::from_time().next()
+        Rng::from_time().next_u64()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("walfold.toml");
@@ -23,7 +23,8 @@ fn write_config(text: &str) -> std::path::PathBuf {
 #[test]
 fn bad_configuration_exits_2_and_names_the_key() {
     let good = config_for("postgresql://postgres@127.0.0.1:1/x", "");
-    let cases: Vec<(String, Vec<(&str, &str)>, &str)> = vec![
+    type Case<'a> = (String, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             good.replace("[source]", "[source]\ncolour = \"red\""),
             vec![],
@@ -132,7 +133,7 @@ async fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
         15,
         25,
         Duration::from_millis(10),
-        rng.next(),
+        rng.next_u64(),
     ));
     let started = Instant::now();
     let mut kills = 0;
