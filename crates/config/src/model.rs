@@ -231,6 +231,25 @@ pub struct TableProjection {
 }
 
 impl ProjectionConfig {
+    /// Options for a projection written in Rust, with the defaults of the TOML keys.
+    pub fn new(name: &str, subscriber: &str) -> ProjectionConfig {
+        ProjectionConfig {
+            name: name.to_owned(),
+            subscriber: subscriber.to_owned(),
+            event_types: None,
+            aggregate_types: None,
+            sql: None,
+            table: None,
+            key: None,
+            version_column: None,
+            columns: None,
+            parallelism: default_parallelism(),
+            batch_size: default_projection_batch(),
+            max_attempts: default_max_attempts(),
+            retry_backoff_ms: default_retry_backoff(),
+        }
+    }
+
     /// Compiles the projection's statement; `index` is its position, for error keys.
     pub fn kind(&self, index: usize) -> Result<ProjectionKind, Vec<Problem>> {
         let key = |k: &str| format!("projection[{index}].{k}");

@@ -31,13 +31,15 @@ fn problems(text: &str) -> Vec<String> {
 }
 
 #[test]
-fn the_shipped_example_parses() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/walfold.toml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let config = Config::from_toml(&text, vec![]).unwrap();
-    assert!(!config.projection.is_empty());
-    for (i, p) in config.projection.iter().enumerate() {
-        p.kind(i).unwrap();
+fn the_shipped_examples_parse() {
+    for file in ["examples/walfold.toml", "examples/docker/walfold.toml"] {
+        let path = format!("{}/../../{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let config = Config::from_toml(&text, vec![]).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(config.projection.len(), 2, "{file}");
+        for (i, p) in config.projection.iter().enumerate() {
+            p.kind(i).unwrap();
+        }
     }
 }
 

@@ -13,4 +13,4 @@ pub use pipeline::Pipeline;
 pub use projection::{Applied, Projection};
 pub use sql::SqlProjection;
 pub use walfold_config::{Config, ProjectionConfig};
-pub use walfold_store::Event;
+pub use walfold_store::{connect, Event};
