@@ -154,17 +154,20 @@ async fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_the_event_log_commit_before_the_ack_replays_as_duplicates() {
-    let db = TestDb::new("fp_append");
-    let mut d = Daemon::start(
-        &db.config(""),
-        &[("WALFOLD_FAILPOINTS", "after_append_commit=3")],
-    );
+/// Runs the daemon with `failpoint=n` armed while events stream, waits for the abort,
+/// restarts it unarmed and checks the read models against the fold.
+async fn crash_at(
+    failpoint: &str,
+    n: u32,
+    seed: u64,
+) -> (tokio_postgres::Client, walfold_tests::Expected) {
+    let db = TestDb::new(failpoint);
+    let arm = format!("{failpoint}={n}");
+    let mut d = Daemon::start(&db.config(""), &[("WALFOLD_FAILPOINTS", &arm)]);
     d.assert_failpoints_compiled();
     let client = db.client().await;
     slot_active(&client).await;
-    let expected = write_events(db.url(), 20, 10, 5, Duration::from_millis(20), 11).await;
+    let expected = write_events(db.url(), 20, 10, 5, Duration::from_millis(20), seed).await;
     eventually(
         Duration::from_secs(30),
         "the failpoint to abort the daemon",
@@ -174,10 +177,16 @@ async fn a_crash_after_the_event_log_commit_before_the_ack_replays_as_duplicates
         },
     )
     .await;
-    assert!(d.log_text().contains("failpoint after_append_commit hit"));
+    assert!(d.log_text().contains(&format!("failpoint {failpoint} hit")));
     d.kill_and_restart(Some(&[]));
     caught_up(&client, expected.distinct(), 3).await;
     expected.check(&client).await;
+    (client, expected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_event_log_commit_before_the_ack_replays_as_duplicates() {
+    let (client, expected) = crash_at("after_append_commit", 3, 11).await;
     let dupes: i64 = client
         .query_one("select duplicates from walfold.ingest_position", &[])
         .await
@@ -192,30 +201,7 @@ async fn a_crash_after_the_event_log_commit_before_the_ack_replays_as_duplicates
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_right_after_a_projection_commit_applies_nothing_twice() {
-    let db = TestDb::new("fp_projection");
-    let mut d = Daemon::start(
-        &db.config(""),
-        &[("WALFOLD_FAILPOINTS", "after_projection_commit=4")],
-    );
-    d.assert_failpoints_compiled();
-    let client = db.client().await;
-    slot_active(&client).await;
-    let expected = write_events(db.url(), 20, 10, 5, Duration::from_millis(20), 13).await;
-    eventually(
-        Duration::from_secs(30),
-        "the failpoint to abort the daemon",
-        || {
-            let exited = d.exited().is_some();
-            async move { exited }
-        },
-    )
-    .await;
-    assert!(d
-        .log_text()
-        .contains("failpoint after_projection_commit hit"));
-    d.kill_and_restart(Some(&[]));
-    caught_up(&client, expected.distinct(), 3).await;
-    expected.check(&client).await;
+    crash_at("after_projection_commit", 4, 13).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
