@@ -316,3 +316,59 @@ async fn scram_and_verified_tls_with_a_least_privilege_role() {
     caught_up(&client, expected.distinct(), 3).await;
     expected.check(&client).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_waits_for_the_appender_lock_and_takes_over() {
+    let db = TestDb::new("two");
+    let mut first = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let mut second = Daemon::start(&db.config(""), &[]);
+    eventually(Duration::from_secs(30), "the second daemon to wait", || {
+        let waiting = second.log_text().contains("another walfold is appending");
+        async move { waiting }
+    })
+    .await;
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        60,
+        10,
+        8,
+        Duration::from_millis(10),
+        23,
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.kill();
+    let expected = writer.await.unwrap();
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+    assert!(second.exited().is_none(), "{}", second.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slot_is_never_silently_recreated() {
+    let db = TestDb::new("lostslot");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let expected = write_events(db.url(), 3, 5, 2, Duration::from_millis(5), 29).await;
+    caught_up(&client, expected.distinct(), 3).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    db.psql("select pg_drop_replication_slot('walfold')");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    eventually(Duration::from_secs(30), "the daemon to refuse", || {
+        let exited = d.exited().is_some();
+        async move { exited }
+    })
+    .await;
+    assert_eq!(d.exited().unwrap().code(), Some(1));
+    let log = d.log_text();
+    assert!(
+        log.contains("is missing, but walfold had ingested through it"),
+        "{log}"
+    );
+    assert_eq!(
+        db.psql("select count(*) from pg_replication_slots where slot_name = 'walfold'"),
+        "0"
+    );
+}

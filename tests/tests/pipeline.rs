@@ -402,3 +402,28 @@ async fn a_failing_event_parks_its_aggregate_and_other_aggregates_go_on() {
     assert_eq!(db.psql("select sum(total) from order_total"), "9");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_numbers_keep_every_digit() {
+    let db = TestDb::new("precision");
+    let p = InProcess::start(&db.config(""));
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&insert_event(
+        A,
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": 12345678901234567890.123456789012}"#,
+    ));
+    caught_up(&client, 1, 3).await;
+    assert_eq!(
+        db.psql("select amount from ledger"),
+        "12345678901234567890.123456789012"
+    );
+    assert_eq!(
+        db.psql("select payload->>'amount' from walfold.event_log"),
+        "12345678901234567890.123456789012"
+    );
+    p.stop().await;
+}

@@ -44,10 +44,7 @@ impl EngineError {
     pub fn directive(&self) -> Directive {
         match self {
             EngineError::Source(e) => e.directive(),
-            EngineError::Store { source, .. } => match source.pg() {
-                Some(e) => walfold_store::directive(e),
-                None => Directive::Definite,
-            },
+            EngineError::Store { source, .. } => source.directive(),
             EngineError::Projection { .. } => Directive::Definite,
         }
     }

@@ -182,8 +182,14 @@ impl Partition {
                 Ok(()) => {}
                 Err(BatchError::Transient(e)) => return Err(e),
                 Err(BatchError::Event) => {
-                    self.one_by_one(&mut conn, &events, &mut parked, cancel)
-                        .await?;
+                    // Each event commits its own checkpoint on this path; the page's end
+                    // is saved only once every event in it has been handled.
+                    if !self
+                        .one_by_one(&mut conn, &events, &mut parked, cancel)
+                        .await?
+                    {
+                        return Ok(());
+                    }
                     self.save_position(&mut conn, page.position, PartitionStats::default(), None)
                         .await?;
                 }
@@ -259,13 +265,14 @@ impl Partition {
 
     /// The slow path after a batch failed on an event: one transaction per event, with
     /// retries; an event that still fails is dead-lettered and its aggregate parked.
+    /// Returns false when cancelled before every event was handled.
     async fn one_by_one(
         &self,
         conn: &mut Conn,
         events: &[Event],
         parked: &mut HashSet<AggregateKey>,
         cancel: &CancellationToken,
-    ) -> Result<(), EngineError> {
+    ) -> Result<bool, EngineError> {
         for event in events {
             let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
             if parked.contains(&key) {
@@ -296,7 +303,7 @@ impl Partition {
                             * 2u32.saturating_pow(attempt - 1).min(64);
                         tracing::warn!(subscriber = %self.subscriber(), event_id = %event.id, attempt, error = %message, "projection failed, retrying");
                         tokio::select! {
-                            _ = cancel.cancelled() => return Ok(()),
+                            _ = cancel.cancelled() => return Ok(false),
                             _ = tokio::time::sleep(wait) => {}
                         }
                     }
@@ -310,7 +317,7 @@ impl Partition {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     async fn single(&self, conn: &mut Conn, event: &Event) -> Result<(), SingleError> {

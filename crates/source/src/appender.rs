@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use walfold_store::{failpoint, EventLog, IngestCounts, Lsn};
+use walfold_store::{
+    failpoint, AppendOutcome, DeadLetter, Directive, EventLog, IngestCounts, Lsn, NewEvent,
+    StoreError,
+};
 
 use crate::error::SourceError;
 use crate::feedback::Durable;
@@ -84,11 +87,14 @@ impl Appender {
                 Item::Through(lsn) => through = Some(through.map_or(lsn, |t| t.max(lsn))),
             }
         }
-        let outcome = self
-            .log
-            .append(&events, &dead, through, counts)
-            .await
-            .map_err(SourceError::store("appending to the event log"))?;
+        let outcome = match self.log.append(&events, &dead, through, counts).await {
+            Ok(outcome) => outcome,
+            Err(e) if is_definite(&e) => {
+                tracing::warn!(error = %e, "the event log refused a batch; appending its events one by one");
+                self.isolate(events, dead, through, counts).await?
+            }
+            Err(e) => return Err(SourceError::store("appending to the event log")(e)),
+        };
         if outcome.appended > 0 {
             // Crash window: events durable in the log, slot not yet acknowledged.
             failpoint::hit("after_append_commit");
@@ -113,4 +119,50 @@ impl Appender {
         }
         Ok(())
     }
+
+    /// A batch the event log refused for a reason that will not go away (e.g. a value
+    /// PostgreSQL cannot store): append event by event, and dead-letter the ones it
+    /// refuses, so one bad row never stops the stream.
+    async fn isolate(
+        &mut self,
+        events: Vec<NewEvent>,
+        mut dead: Vec<DeadLetter>,
+        through: Option<Lsn>,
+        mut counts: IngestCounts,
+    ) -> Result<AppendOutcome, SourceError> {
+        let mut total = AppendOutcome::default();
+        for event in events {
+            match self
+                .log
+                .append(
+                    std::slice::from_ref(&event),
+                    &[],
+                    None,
+                    IngestCounts::default(),
+                )
+                .await
+            {
+                Ok(o) => {
+                    total.appended += o.appended;
+                    total.duplicates += o.duplicates;
+                    total.id_conflicts += o.id_conflicts;
+                }
+                Err(e) if is_definite(&e) => {
+                    tracing::warn!(event_id = %event.id, error = %e, "event refused by the event log, dead-lettered");
+                    counts.malformed += 1;
+                    dead.push(DeadLetter::refused(&event, &e.to_string()));
+                }
+                Err(e) => return Err(SourceError::store("appending to the event log")(e)),
+            }
+        }
+        self.log
+            .append(&[], &dead, through, counts)
+            .await
+            .map_err(SourceError::store("appending to the event log"))?;
+        Ok(total)
+    }
+}
+
+fn is_definite(e: &StoreError) -> bool {
+    e.pg().is_some() && e.directive() == Directive::Definite
 }

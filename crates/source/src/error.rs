@@ -38,10 +38,7 @@ impl SourceError {
             SourceError::WalLevel(_) | SourceError::MissingTable(_) | SourceError::Slot { .. } => {
                 Directive::Definite
             }
-            SourceError::Store { source, .. } => match source.pg() {
-                Some(e) => walfold_store::directive(e),
-                None => Directive::Definite,
-            },
+            SourceError::Store { source, .. } => source.directive(),
             SourceError::Replication(W::Server(msg)) => directive_for_code(sqlstate(msg)),
             SourceError::Replication(W::Auth(_) | W::Tls(_)) => Directive::Definite,
             SourceError::Replication(_) => Directive::Retry,

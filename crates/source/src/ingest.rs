@@ -56,17 +56,21 @@ async fn attempt(
     cancel: &CancellationToken,
     head: &watch::Sender<i64>,
 ) -> Result<(), SourceError> {
-    let source = connect(&config.source.url)
-        .await
-        .map_err(SourceError::store("connecting to the source"))?;
-    prepare_source(&source, config).await?;
-    drop(source);
     let target = connect(config.target_url())
         .await
         .map_err(SourceError::store("connecting to the target"))?;
     let log = EventLog::open(target, &config.target.schema, &config.source.slot)
         .await
         .map_err(SourceError::store("opening the event log"))?;
+    let ingested = log
+        .durable_lsn()
+        .await
+        .map_err(SourceError::store("reading the ingest position"))?;
+    let source = connect(&config.source.url)
+        .await
+        .map_err(SourceError::store("connecting to the source"))?;
+    prepare_source(&source, config, ingested).await?;
+    drop(source);
     head.send_replace(log.head());
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);

@@ -3,6 +3,7 @@
 //! slot only up to what is durable.
 
 mod appender;
+mod decode_only;
 mod error;
 mod feedback;
 mod ingest;
@@ -10,6 +11,7 @@ mod outbox;
 mod reader;
 mod setup;
 
+pub use decode_only::{decode_only, DecodeStats};
 pub use error::SourceError;
 pub use ingest::run_ingest;
 pub use outbox::{Mapping, TxContext};

@@ -109,14 +109,18 @@ impl Mapping {
                 })?),
             };
         let payload_text = required(self.payload, p_col)?;
+        refuse_nul(&payload_text, p_col)?;
         let payload: Value = serde_json::from_str(&payload_text)
             .map_err(|e| format!("column `{p_col}` is not JSON: {e}"))?;
         let headers = match self.optional(row, self.headers)? {
             None => None,
-            Some(h) => Some(
-                serde_json::from_str(&h)
-                    .map_err(|e| format!("column `{h_col}` is not JSON: {e}"))?,
-            ),
+            Some(h) => {
+                refuse_nul(&h, h_col)?;
+                Some(
+                    serde_json::from_str(&h)
+                        .map_err(|e| format!("column `{h_col}` is not JSON: {e}"))?,
+                )
+            }
         };
         let occurred_at = match self.optional(row, self.occurred_at)? {
             None => None,
@@ -203,6 +207,18 @@ fn unix_micros(us: i64) -> SystemTime {
         UNIX_EPOCH + Duration::from_micros(us as u64)
     } else {
         UNIX_EPOCH - Duration::from_micros(us.unsigned_abs())
+    }
+}
+
+/// jsonb cannot hold `\u0000`; a `json` or `text` column can. Such a row would make the
+/// event-log insert fail, so it is rejected here with its reason.
+fn refuse_nul(text: &str, column: &str) -> Result<(), String> {
+    if text.contains("\\u0000") {
+        Err(format!(
+            "column `{column}` contains \\u0000, which jsonb cannot store"
+        ))
+    } else {
+        Ok(())
     }
 }
 
@@ -305,6 +321,35 @@ mod tests {
             1_796_005_548_500_000
         );
         assert_eq!(e.headers, None);
+    }
+
+    #[test]
+    fn numbers_keep_every_digit() {
+        let m = Mapping::new(&config(), &relation(COLS));
+        let e = m
+            .map(
+                &row(&[
+                    Some(ID),
+                    Some("account"),
+                    Some("a-1"),
+                    Some("Credited"),
+                    None,
+                    Some(r#"{"amount": 12345678901234567890.123456789012, "n": 1e400}"#),
+                    None,
+                ]),
+                tx(),
+            )
+            .unwrap();
+        assert_eq!(
+            e.payload["amount"].to_string(),
+            "12345678901234567890.123456789012"
+        );
+        assert_eq!(
+            e.payload["n"].to_string(),
+            "1e+400",
+            "the value, not an f64 infinity"
+        );
+        assert_eq!(e.version, None);
     }
 
     #[test]

@@ -110,7 +110,13 @@ impl<'a> Reader<'a> {
                 biased;
                 _ = cancel.cancelled() => break Ok(()),
                 Some(lsn) = ack.next() => ack.acknowledge(&client, lsn),
+                // The appender failed: stop now, even on an idle stream.
+                _ = self.items.closed() => break Err(SourceError::StreamEnded),
                 event = client.recv() => match event {
+                    Ok(Some(ReplicationEvent::StoppedAt { reached })) => {
+                        tracing::info!(lsn = %Lsn(reached.as_u64()), "reached the stop position");
+                        break Ok(());
+                    }
                     Ok(Some(event)) => {
                         if let Err(e) = self.handle(event).await {
                             break Err(e);

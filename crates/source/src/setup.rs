@@ -8,11 +8,18 @@
 
 use tokio_postgres::Client;
 use walfold_config::Config;
+use walfold_store::Lsn;
 
 use crate::error::SourceError;
 
-/// Checks the source and creates what is missing.
-pub async fn prepare_source(source: &Client, config: &Config) -> Result<(), SourceError> {
+/// Checks the source and creates what is missing. `ingested_through` is the ingest
+/// position recorded for this slot in the target: a slot is created only when nothing
+/// was ingested through it yet, never silently re-created (that would hide lost events).
+pub async fn prepare_source(
+    source: &Client,
+    config: &Config,
+    ingested_through: Lsn,
+) -> Result<(), SourceError> {
     let db = |ctx: &str| {
         let ctx = ctx.to_owned();
         move |e| SourceError::Store {
@@ -103,6 +110,18 @@ pub async fn prepare_source(source: &Client, config: &Config) -> Result<(), Sour
         .await
         .map_err(db("reading the slot"))?;
     match existing {
+        None if ingested_through > Lsn::ZERO => {
+            return Err(SourceError::Slot {
+                slot: slot.clone(),
+                problem: format!(
+                    "is missing, but walfold had ingested through it up to {ingested_through}: \
+                     events committed since then may be lost (logical slots do not survive a \
+                     failover, or the slot was dropped). Check for and backfill missing events, \
+                     then create the slot with select pg_create_logical_replication_slot('{slot}', 'pgoutput') \
+                     and restart"
+                ),
+            });
+        }
         None => {
             source
                 .query_one(

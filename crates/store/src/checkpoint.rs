@@ -45,7 +45,8 @@ impl Checkpoints {
                  stale = c.stale + excluded.stale, \
                  dead_lettered = c.dead_lettered + excluded.dead_lettered, \
                  last_committed_at = coalesce(excluded.last_committed_at, c.last_committed_at), \
-                 updated_at = now()",
+                 updated_at = now() \
+                 where c.partitions = excluded.partitions",
                 s = q(schema)
             ))
             .await
@@ -126,25 +127,34 @@ impl Checkpoints {
         stats: PartitionStats,
         last_committed_at: Option<SystemTime>,
     ) -> Result<(), StoreError> {
-        tx.execute(
-            &self.save,
-            &[
-                &self.subscriber,
-                &(partition as i32),
-                &self.partitions,
-                &position,
-                &stats.applied,
-                &stats.duplicates,
-                &stats.stale,
-                &stats.dead_lettered,
-                &last_committed_at,
-            ],
-        )
-        .await
-        .map_err(StoreError::db(format!(
-            "saving checkpoint of {}",
-            self.subscriber
-        )))?;
+        let saved = tx
+            .execute(
+                &self.save,
+                &[
+                    &self.subscriber,
+                    &(partition as i32),
+                    &self.partitions,
+                    &position,
+                    &stats.applied,
+                    &stats.duplicates,
+                    &stats.stale,
+                    &stats.dead_lettered,
+                    &last_committed_at,
+                ],
+            )
+            .await
+            .map_err(StoreError::db(format!(
+                "saving checkpoint of {}",
+                self.subscriber
+            )))?;
+        if saved == 0 {
+            // Another instance runs this subscriber with another parallelism: positions
+            // of different partitionings must never mix. Retry; a reload reconciles.
+            return Err(StoreError::Busy(format!(
+                "checkpoint of {} was written with another partition count",
+                self.subscriber
+            )));
+        }
         Ok(())
     }
 }

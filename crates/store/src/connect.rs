@@ -77,6 +77,12 @@ impl ConnectOptions {
         if config.get_application_name().is_none() {
             config.application_name("walfold");
         }
+        // Notice a half-open connection in about a minute, not the OS default of hours.
+        config
+            .keepalives(true)
+            .keepalives_idle(std::time::Duration::from_secs(30))
+            .keepalives_interval(std::time::Duration::from_secs(10))
+            .keepalives_retries(3);
         Ok(config)
     }
 }

@@ -53,6 +53,25 @@ pub struct DeadLetter {
     pub source_lsn: Option<Lsn>,
 }
 
+impl DeadLetter {
+    /// An event the event log refused (a value PostgreSQL cannot store).
+    pub fn refused(event: &crate::event::NewEvent, error: &str) -> DeadLetter {
+        DeadLetter {
+            subscriber_id: None,
+            event_id: Some(event.id),
+            seq: None,
+            aggregate_type: Some(event.aggregate_type.clone()),
+            aggregate_id: Some(event.aggregate_id.clone()),
+            reason: Reason::Malformed,
+            error: format!("the event log refused the event: {error}"),
+            raw: Some(crate::event_log::event_json(event)),
+            existing: None,
+            attempts: 1,
+            source_lsn: Some(event.source_lsn),
+        }
+    }
+}
+
 /// Prepared statements for dead letters and parking.
 #[derive(Clone)]
 pub struct DeadLetters {

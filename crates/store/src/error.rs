@@ -24,6 +24,10 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// Another walfold holds what this one needs (the event log's appender lock, or a
+    /// checkpoint written with another partition count); retry later.
+    #[error("{0}")]
+    Busy(String),
     #[error("{context}: {}", describe(source))]
     Db {
         context: String,
@@ -54,6 +58,16 @@ impl StoreError {
     pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Self {
         let context = context.into();
         move |source| StoreError::Db { context, source }
+    }
+
+    /// Whether retrying later can help.
+    pub fn directive(&self) -> crate::Directive {
+        match self {
+            StoreError::Busy(_) => crate::Directive::Retry,
+            other => other
+                .pg()
+                .map_or(crate::Directive::Definite, crate::directive),
+        }
     }
 
     /// The PostgreSQL error behind this one, if any.

@@ -35,7 +35,10 @@ pub struct IngestCounts {
     pub ignored_changes: u64,
 }
 
-/// The appender's handle on the event log. Exactly one exists per slot at a time.
+/// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
+const APPENDER_LOCK: i32 = 0x7761_6c66;
+
+/// The appender's handle on the event log. Exactly one exists per schema at a time.
 pub struct EventLog {
     client: Client,
     slot: String,
@@ -52,6 +55,27 @@ impl EventLog {
     /// Opens the log for appending on its own connection.
     pub async fn open(client: Client, schema: &str, slot: &str) -> Result<Self, StoreError> {
         let s = q(schema);
+        // One appender per event log: sequence numbers come from this process's head.
+        // The lock is held by this session and released when it ends.
+        let locked: bool = client
+            .query_one(
+                "select pg_try_advisory_lock($1::int4, hashtext($2))",
+                &[&APPENDER_LOCK, &schema],
+            )
+            .await
+            .map_err(StoreError::db("taking the appender lock"))?
+            .get(0);
+        if !locked {
+            return Err(StoreError::Busy(format!(
+                "another walfold is appending to {schema}.event_log; waiting for it to stop"
+            )));
+        }
+        // The slot is acknowledged after this connection's commits: they must be durable
+        // whatever the server's or role's default.
+        client
+            .batch_execute("set synchronous_commit = on")
+            .await
+            .map_err(StoreError::db("setting synchronous_commit"))?;
         let head: i64 = client
             .query_one(
                 &format!("select coalesce(max(seq), 0) from {s}.event_log"),

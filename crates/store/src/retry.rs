@@ -1,6 +1,8 @@
 //! The one place that decides whether an error is worth retrying. Transient errors
 //! (connection lost, server shutting down, serialization failure, deadlock, a slot still
-//! held by a dying walsender) restart from the last durable point; everything else is
+//! held by a dying walsender, a target in read-only mode during failover) restart from
+//! the last durable point. A statement timeout is not on the list: on the same event it
+//! would time out again, so it is definite and the event is set aside. Everything else is
 //! definite: set the event aside, or stop with the error.
 
 /// What to do after an error.
@@ -26,7 +28,7 @@ pub fn directive_for_code(code: Option<&str>) -> Directive {
             | "40P01" // deadlock detected
             | "55P03" // lock not available
             | "55006" // object in use: the slot is still held by a walsender that is exiting
-            | "57014" // query canceled
+            | "25006" // read-only transaction: the target is a standby mid-failover
         );
     if retry {
         Directive::Retry
@@ -50,6 +52,7 @@ mod tests {
         assert_eq!(directive_for_code(Some("08006")), Directive::Retry);
         assert_eq!(directive_for_code(Some("57P01")), Directive::Retry);
         assert_eq!(directive_for_code(Some("40001")), Directive::Retry);
+        assert_eq!(directive_for_code(Some("57014")), Directive::Definite);
         assert_eq!(directive_for_code(Some("23505")), Directive::Definite);
         assert_eq!(directive_for_code(Some("42P01")), Directive::Definite);
         assert_eq!(directive_for_code(Some("22P02")), Directive::Definite);

@@ -1,0 +1,44 @@
+//! `walfold-bench`: runs each scenario against a throwaway PostgreSQL and prints one
+//! table with walfold's figure beside the limit measured in the same run.
+
+mod measure;
+mod scenarios;
+mod setup;
+
+use clap::Parser;
+
+/// Benchmark walfold against the machine's own limits.
+#[derive(Debug, Parser)]
+#[command(name = "walfold-bench")]
+pub struct Args {
+    /// Outbox rows in the decode/drain backlog (100-row transactions).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub events: u64,
+    /// Runs of the decode scenario per side (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Live-latency scenario: offered single-row transactions per second.
+    #[arg(long, default_value_t = 2000)]
+    pub rate: u64,
+    /// Live-latency scenario duration in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub latency_secs: u64,
+    /// Keep-up scenario duration in seconds (unthrottled pgbench).
+    #[arg(long, default_value_t = 30)]
+    pub keepup_secs: u64,
+    /// Rows in the single big transaction of the memory scenario (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub big_txn: u64,
+}
+
+fn main() {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Err(e) = runtime.block_on(scenarios::run_all(args)) {
+        eprintln!("walfold-bench: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,438 @@
+//! The scenarios. Each measures walfold and, in the same run, the limit it is judged
+//! against: pg_recvlogical draining an identical slot, pgbench driving the same claim +
+//! guarded upsert SQL, pgbench writing the outbox as fast as it can.
+
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use walfold_config::Config;
+use walfold_engine::Pipeline;
+use walfold_tempdb::Cluster;
+
+use crate::measure::{median, rss_mib, Span};
+use crate::setup::{self, BoxError};
+use crate::Args;
+
+struct Line {
+    scenario: String,
+    walfold: String,
+    limit: String,
+    ratio: String,
+    cpu: String,
+    rss: String,
+}
+
+pub async fn run_all(args: Args) -> Result<(), BoxError> {
+    let cluster = tokio::task::spawn_blocking(setup::start_cluster).await??;
+    let cluster: &'static Cluster = Box::leak(Box::new(cluster));
+    let mut lines = Vec::new();
+    eprintln!("cluster on port {}", cluster.port());
+
+    decode_and_drain(cluster, &args, &mut lines).await?;
+    live(cluster, &args, &mut lines).await?;
+    if args.big_txn > 0 {
+        big_transaction(cluster, &args, &mut lines).await?;
+    }
+
+    println!();
+    println!("| scenario | walfold | limit (same run) | ratio | walfold CPU s | peak RSS MiB |");
+    println!("|---|---|---|---|---|---|");
+    for l in &lines {
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            l.scenario, l.walfold, l.limit, l.ratio, l.cpu, l.rss
+        );
+    }
+    Ok(())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BoxError> + Send + 'static,
+) -> Result<T, BoxError> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+/// Resets the kernel's peak-RSS counter (VmHWM) for this process.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+async fn decode_and_drain(
+    cluster: &'static Cluster,
+    args: &Args,
+    lines: &mut Vec<Line>,
+) -> Result<(), BoxError> {
+    let db = "backlog";
+    let n = args.events;
+    let runs = args.runs.max(1);
+    blocking(move || {
+        setup::create_db(cluster, db)?;
+        for k in 0..runs {
+            setup::create_slot(cluster, db, &format!("walfold_{k}"))?;
+            setup::create_slot(cluster, db, &format!("baseline_{k}"))?;
+        }
+        Ok(())
+    })
+    .await?;
+    let write = Instant::now();
+    blocking(move || setup::write_backlog(cluster, db, n)).await?;
+    let write_s = write.elapsed().as_secs_f64();
+    let end = blocking(move || setup::end_marker(cluster, db)).await?;
+    eprintln!(
+        "wrote {n} outbox rows in 100-row transactions in {write_s:.1} s ({:.0} rows/s); end marker at {end}",
+        n as f64 / write_s
+    );
+
+    let (mut ours, mut theirs, mut our_cpu, mut their_cpu) = (vec![], vec![], vec![], vec![]);
+    reset_peak_rss();
+    for k in 0..runs {
+        let span = Span::start();
+        let slot = format!("baseline_{k}");
+        blocking(move || setup::recvlogical(cluster, db, &slot, end)).await?;
+        let (wall, _, child) = span.stop();
+        theirs.push(wall);
+        their_cpu.push(child);
+
+        let config = setup::config(cluster, db, &format!("walfold_{k}"), "")?;
+        let span = Span::start();
+        let stats = walfold_source::decode_only(&config, end).await?;
+        let (wall, own, _) = span.stop();
+        if stats.events != n {
+            return Err(format!("decode saw {} events, expected {n}", stats.events).into());
+        }
+        ours.push(wall);
+        our_cpu.push(own);
+        eprintln!(
+            "decode run {k}: pg_recvlogical {:.2} s, walfold {wall:.2} s ({} events)",
+            theirs[k], stats.events
+        );
+    }
+    let (ours_s, theirs_s) = (median(ours), median(theirs));
+    lines.push(Line {
+        scenario: format!("1. decode {n} events (median of {runs})"),
+        walfold: format!("{:.0} ev/s", n as f64 / ours_s),
+        limit: format!(
+            "{:.0} ev/s (pg_recvlogical, CPU {:.1} s)",
+            n as f64 / theirs_s,
+            median(their_cpu)
+        ),
+        ratio: format!("{:.2}×", theirs_s / ours_s),
+        cpu: format!("{:.1}", median(our_cpu)),
+        rss: format!("{:.0}", rss_mib().1),
+    });
+
+    // 2. Drain the same backlog through the whole pipeline.
+    reset_peak_rss();
+    let config = setup::config(cluster, db, "walfold_0", setup::DRAIN_PROJECTIONS)?;
+    let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
+    let span = Span::start();
+    let (cancel, task) = start(config);
+    wait_subscribers(&client, n as i64, 2, Duration::from_secs(3600)).await?;
+    let (drain_s, drain_cpu, _) = span.stop();
+    cancel.cancel();
+    task.await??;
+    let drain_rss = rss_mib().1;
+    eprintln!("drain: {n} events through the event log and 2 projections in {drain_s:.1} s");
+
+    // The server's raw apply limit: the same claim + guarded upsert, 1000 events per
+    // transaction, driven by pgbench over the events now in the log.
+    blocking(move || {
+        cluster.psql(
+            db,
+            "create table raw_state (like order_state including all); create sequence raw_batch;",
+        )?;
+        Ok(())
+    })
+    .await?;
+    let batches = n / 1000;
+    let script = "select nextval('raw_batch') - 1 as b \\gset\n\
+        begin;\n\
+        insert into walfold.processed_message (subscriber_id, message_id, processed_at) \
+          select 'raw', event_id, now() from walfold.event_log \
+          where seq > :b * 1000 and seq <= (:b + 1) * 1000 on conflict do nothing;\n\
+        insert into raw_state as c (order_id, status, amount, version) \
+          select aggregate_id, payload->>'status', (payload->>'amount')::numeric, version \
+          from walfold.event_log where seq > :b * 1000 and seq <= (:b + 1) * 1000 \
+          on conflict (order_id) do update set status = excluded.status, amount = excluded.amount, \
+          version = excluded.version where c.version < excluded.version;\n\
+        commit;\n";
+    let span = Span::start();
+    blocking(move || {
+        setup::pgbench(
+            cluster,
+            db,
+            script,
+            &["-c", "1", "-t", &batches.to_string()],
+        )?;
+        Ok(())
+    })
+    .await?;
+    let (raw_s, _, _) = span.stop();
+    let raw_rate = (batches * 1000) as f64 / raw_s;
+    let drain_rate = n as f64 / drain_s;
+    lines.push(Line {
+        scenario: format!("2. drain {n} events: event log + 2 projections"),
+        walfold: format!("{drain_rate:.0} ev/s"),
+        limit: format!(
+            "{raw_rate:.0} ev/s (pgbench: claim + guarded upsert, 1000/txn, 1 projection)"
+        ),
+        ratio: format!("{:.2}×", drain_rate / raw_rate),
+        cpu: format!("{drain_cpu:.1}"),
+        rss: format!("{drain_rss:.0}"),
+    });
+    Ok(())
+}
+
+fn start(
+    config: Config,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), walfold_engine::EngineError>>,
+) {
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(Pipeline::new(config).run(cancel.clone()));
+    (cancel, task)
+}
+
+/// Waits until `subscribers` subscribers have read the log up to at least `events`.
+async fn wait_subscribers(
+    client: &tokio_postgres::Client,
+    events: i64,
+    subscribers: i64,
+    timeout: Duration,
+) -> Result<(), BoxError> {
+    let start = Instant::now();
+    loop {
+        let row = client
+            .query_opt(
+                "select count(distinct subscriber_id), coalesce(min(position), 0) from walfold.checkpoint",
+                &[],
+            )
+            .await
+            .ok()
+            .flatten();
+        if let Some(r) = row {
+            if r.get::<_, i64>(0) >= subscribers && r.get::<_, i64>(1) >= events {
+                return Ok(());
+            }
+        }
+        if start.elapsed() > timeout {
+            return Err("timed out waiting for the projections".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client
+        .query_one(sql, &[])
+        .await
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0)
+}
+
+async fn live(
+    cluster: &'static Cluster,
+    args: &Args,
+    lines: &mut Vec<Line>,
+) -> Result<(), BoxError> {
+    let db = "live";
+    blocking(move || setup::create_db(cluster, db)).await?;
+    let config = setup::config(cluster, db, "walfold_live", setup::LATENCY_PROJECTION)?;
+    let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
+    reset_peak_rss();
+    let (cancel, task) = start(config);
+    // Wait for the slot to stream before offering load.
+    let t0 = Instant::now();
+    while count(
+        &client,
+        "select count(*) from pg_replication_slots where active",
+    )
+    .await
+        == 0
+    {
+        if t0.elapsed() > Duration::from_secs(30) {
+            return Err("slot did not become active".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // 3. Live latency at a steady offered rate of single-row transactions.
+    let (rate, secs) = (args.rate, args.latency_secs);
+    let script = "\\set aid random(1, 10000)\n\
+        insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+        values (gen_random_uuid(), 'order', 'o-' || :aid, 'OrderPaid', 1, \
+        '{\"status\": \"paid\", \"amount\": \"12.25\", \"currency\": \"EUR\", \"customer\": \"6512bd43d9caa6e02c990b0a82652dca\", \"sku\": \"c20ad4d76fe97759aa27a0c99bff6710\", \"note\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}');\n";
+    let sampler = tokio::spawn(async move {
+        let mut max_rss: f64 = 0.0;
+        let until = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < until {
+            max_rss = max_rss.max(rss_mib().0);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        max_rss
+    });
+    let span = Span::start();
+    blocking(move || {
+        setup::pgbench(
+            cluster,
+            db,
+            script,
+            &[
+                "-c",
+                "2",
+                "-j",
+                "2",
+                "-R",
+                &rate.to_string(),
+                "-T",
+                &secs.to_string(),
+            ],
+        )?;
+        Ok(())
+    })
+    .await?;
+    let written = count(&client, "select count(*) from outbox").await;
+    let t0 = Instant::now();
+    while count(&client, "select count(*) from applied").await < written {
+        if t0.elapsed() > Duration::from_secs(300) {
+            return Err("latency run did not catch up".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, live_cpu, _) = span.stop();
+    let steady_rss = sampler.await?;
+    let row = client
+        .query_one(
+            "select percentile_cont(0.5) within group (order by d), \
+                    percentile_cont(0.95) within group (order by d), \
+                    percentile_cont(0.99) within group (order by d), max(d) \
+             from (select extract(epoch from pg_xact_commit_timestamp(a.xmin) \
+                                            - pg_xact_commit_timestamp(o.xmin)) * 1000 as d \
+                   from outbox o join applied a on a.event_id = o.id) x",
+            &[],
+        )
+        .await?;
+    let (p50, p95, p99, max): (f64, f64, f64, f64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    lines.push(Line {
+        scenario: format!("3. live latency, {rate} ev/s offered for {secs} s ({written} events)"),
+        walfold: format!("p50 {p50:.1} ms, p95 {p95:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),
+        limit: "target: p50 ≤ 5 ms, p99 ≤ 20 ms".into(),
+        ratio: "—".into(),
+        cpu: format!("{live_cpu:.1}"),
+        rss: format!("{steady_rss:.0} (steady)"),
+    });
+
+    // 4. Keep-up: pgbench writes 100-row transactions as fast as it can.
+    let before = count(&client, "select count(*) from outbox").await;
+    let keep = args.keepup_secs;
+    let script = format!(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         select gen_random_uuid(), 'order', 'o-' || (random() * 10000)::int, 'OrderPaid', 1, {} \
+         from generate_series(1, 100) as i;\n",
+        setup::PAYLOAD_SQL
+    );
+    reset_peak_rss();
+    let span = Span::start();
+    blocking(move || {
+        setup::pgbench(
+            cluster,
+            db,
+            &script,
+            &["-c", "2", "-j", "2", "-T", &keep.to_string()],
+        )?;
+        Ok(())
+    })
+    .await?;
+    let (write_s, _, _) = span.stop();
+    let total = count(&client, "select count(*) from outbox").await;
+    let offered = (total - before) as f64 / write_s;
+    let lag_at_end = total - count(&client, "select count(*) from applied").await;
+    let t0 = Instant::now();
+    while count(&client, "select count(*) from applied").await < total {
+        if t0.elapsed() > Duration::from_secs(900) {
+            return Err("keep-up run did not catch up".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let catch_up = t0.elapsed().as_secs_f64();
+    let (all_s, keep_cpu, _) = span.stop();
+    let ours = (total - before) as f64 / all_s;
+    lines.push(Line {
+        scenario: format!("4. keep-up, 100-row txns, pgbench unthrottled for {keep} s"),
+        walfold: format!("{ours:.0} ev/s end to end; lag at end {lag_at_end} events, caught up {catch_up:.1} s later"),
+        limit: format!("{offered:.0} ev/s (pgbench writing the outbox)"),
+        ratio: format!("{:.2}×", ours / offered),
+        cpu: format!("{keep_cpu:.1}"),
+        rss: format!("{:.0}", rss_mib().1),
+    });
+    cancel.cancel();
+    task.await??;
+    Ok(())
+}
+
+async fn big_transaction(
+    cluster: &'static Cluster,
+    args: &Args,
+    lines: &mut Vec<Line>,
+) -> Result<(), BoxError> {
+    let db = "big";
+    let n = args.big_txn;
+    blocking(move || setup::create_db(cluster, db)).await?;
+    let config = setup::config(cluster, db, "walfold_big", setup::LATENCY_PROJECTION)?;
+    let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
+    let (cancel, task) = start(config);
+    let t0 = Instant::now();
+    while count(
+        &client,
+        "select count(*) from pg_replication_slots where active",
+    )
+    .await
+        == 0
+    {
+        if t0.elapsed() > Duration::from_secs(30) {
+            return Err("slot did not become active".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (before, _) = rss_mib();
+    reset_peak_rss();
+    let span = Span::start();
+    blocking(move || {
+        cluster.psql(
+            db,
+            &format!(
+                "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                 select gen_random_uuid(), 'order', 'o-' || (i % 10000), 'OrderPaid', i / 10000 + 1, {} \
+                 from generate_series(0, {}) as i",
+                setup::PAYLOAD_SQL,
+                n - 1
+            ),
+        )?;
+        Ok(())
+    })
+    .await?;
+    while count(&client, "select count(*) from applied").await < n as i64 {
+        if span.stop().0 > 1800.0 {
+            return Err("big transaction did not drain".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (wall, cpu, _) = span.stop();
+    let (_, peak) = rss_mib();
+    lines.push(Line {
+        scenario: format!("5. one transaction of {n} outbox rows"),
+        walfold: format!(
+            "{:.0} ev/s incl. the write; RSS {before:.0} → peak {peak:.0} MiB",
+            n as f64 / wall
+        ),
+        limit: "target: peak ≤ 128 MiB".into(),
+        ratio: "—".into(),
+        cpu: format!("{cpu:.1}"),
+        rss: format!("{peak:.0}"),
+    });
+    cancel.cancel();
+    task.await??;
+    Ok(())
+}

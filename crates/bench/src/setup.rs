@@ -1,0 +1,202 @@
+//! The benchmark's database: a throwaway cluster tuned for throughput, the outbox, and
+//! the external tools (pgbench, pg_recvlogical) that measure the limits.
+
+use std::process::Command;
+
+use walfold_config::Config;
+use walfold_store::Lsn;
+use walfold_tempdb::{Cluster, Options};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub fn start_cluster() -> Result<Cluster, BoxError> {
+    let settings = [
+        ("shared_buffers", "512MB"),
+        ("max_wal_size", "8GB"),
+        ("checkpoint_timeout", "30min"),
+        ("track_commit_timestamp", "on"),
+        ("logical_decoding_work_mem", "256MB"),
+        ("synchronous_commit", "on"),
+    ];
+    Ok(Cluster::start(Options {
+        tls: false,
+        extra_settings: settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    })?)
+}
+
+pub const OUTBOX: &str = "
+create table outbox (
+    id uuid not null, aggregate_type text not null, aggregate_id text not null,
+    event_type text not null, version bigint, payload jsonb not null,
+    occurred_at timestamptz not null default clock_timestamp());
+create table order_state (order_id text primary key, status text, amount numeric, version bigint not null);
+create table order_sum (order_id text primary key, total numeric not null);
+create table applied (event_id uuid primary key);
+create publication walfold_outbox for table outbox with (publish = 'insert, truncate');
+";
+
+/// A ~200-byte JSON payload built by the server, for row `i`.
+pub const PAYLOAD_SQL: &str = "jsonb_build_object('status', 'paid', 'amount', (i % 1000)::text || '.25', \
+    'currency', 'EUR', 'customer', md5(i::text), 'sku', md5((i * 7)::text), 'note', repeat('x', 40))";
+
+pub fn create_db(cluster: &Cluster, name: &str) -> Result<(), BoxError> {
+    cluster.psql("postgres", &format!("create database {name}"))?;
+    cluster.psql(name, OUTBOX)?;
+    Ok(())
+}
+
+pub fn create_slot(cluster: &Cluster, db: &str, slot: &str) -> Result<(), BoxError> {
+    cluster.psql(
+        db,
+        &format!("select pg_create_logical_replication_slot('{slot}', 'pgoutput')"),
+    )?;
+    Ok(())
+}
+
+/// Writes `rows` outbox rows in 100-row transactions (server-side, no walfold code),
+/// over 10 000 aggregates with rising versions.
+pub fn write_backlog(cluster: &Cluster, db: &str, rows: u64) -> Result<(), BoxError> {
+    let batches = rows.div_ceil(100);
+    cluster.psql(
+        db,
+        &format!(
+            "do $$ begin for b in 0..{last} loop \
+               insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+               select gen_random_uuid(), 'order', 'o-' || (i % 10000), 'OrderPaid', i / 10000 + 1, {PAYLOAD_SQL} \
+               from generate_series(b * 100, b * 100 + 99) as i; \
+               commit; end loop; end $$;",
+            last = batches - 1
+        ),
+    )?;
+    Ok(())
+}
+
+/// A marker transaction after everything written so far: streams stop there.
+pub fn end_marker(cluster: &Cluster, db: &str) -> Result<Lsn, BoxError> {
+    let lsn = cluster.psql(
+        db,
+        "select pg_logical_emit_message(true, 'walfold-bench', 'end')",
+    )?;
+    Ok(lsn.trim().parse()?)
+}
+
+pub fn config(
+    cluster: &Cluster,
+    db: &str,
+    slot: &str,
+    projections: &str,
+) -> Result<Config, BoxError> {
+    let text = format!(
+        r#"
+[source]
+url = "{url}?sslmode=disable"
+slot = "{slot}"
+
+[[outbox]]
+table = "public.outbox"
+
+[log]
+level = "warn"
+{projections}
+"#,
+        url = cluster.url(db)
+    );
+    Ok(Config::from_toml(&text, Vec::<(String, String)>::new())?)
+}
+
+/// The two projections of the drain scenario: a guarded state upsert and a running sum.
+pub const DRAIN_PROJECTIONS: &str = r#"
+[[projection]]
+name = "state"
+subscriber = "bench.state"
+table = "public.order_state"
+key = "order_id"
+version_column = "version"
+columns = { status = ":payload.status", amount = ":payload.amount::numeric" }
+batch_size = 1000
+
+[[projection]]
+name = "sum"
+subscriber = "bench.sum"
+batch_size = 1000
+sql = """
+insert into order_sum (order_id, total) values (:aggregate_id, :payload.amount::numeric)
+on conflict (order_id) do update set total = order_sum.total + excluded.total
+"""
+"#;
+
+/// The projection of the latency scenario: one marker row per event.
+pub const LATENCY_PROJECTION: &str = r#"
+[[projection]]
+name = "applied"
+subscriber = "bench.applied"
+sql = "insert into applied (event_id) values (:event_id)"
+"#;
+
+pub fn tool(cluster: &Cluster, name: &str) -> Command {
+    Command::new(cluster.bin_dir().join(name))
+}
+
+/// Runs pgbench with a script; returns its stdout.
+pub fn pgbench(
+    cluster: &Cluster,
+    db: &str,
+    script: &str,
+    args: &[&str],
+) -> Result<String, BoxError> {
+    let dir = std::env::temp_dir().join(format!("walfold-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("script.sql");
+    std::fs::write(&path, script)?;
+    let out = tool(cluster, "pgbench")
+        .args([
+            "-n",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.port().to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(args)
+        .arg("-f")
+        .arg(&path)
+        .arg(db)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("pgbench failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// pg_recvlogical draining `slot` up to `end` into /dev/null.
+pub fn recvlogical(cluster: &Cluster, db: &str, slot: &str, end: Lsn) -> Result<(), BoxError> {
+    let status = tool(cluster, "pg_recvlogical")
+        .args([
+            "-d",
+            &format!(
+                "host=127.0.0.1 port={} user=postgres dbname={db}",
+                cluster.port()
+            ),
+            "--slot",
+            slot,
+            "--start",
+            "-o",
+            "proto_version=1",
+            "-o",
+            "publication_names=walfold_outbox",
+            "-E",
+            &end.to_string(),
+            "-f",
+            "/dev/null",
+            "--no-loop",
+        ])
+        .status()?;
+    if !status.success() {
+        return Err("pg_recvlogical failed".into());
+    }
+    Ok(())
+}
