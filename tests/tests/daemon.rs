@@ -87,7 +87,7 @@ async fn sigterm_drains_acknowledges_and_exits_0() {
     );
     assert_eq!(code, 0);
     let status: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(status["event_log_head"], expected.distinct());
+    assert!(status["event_log_head"].as_i64().unwrap() >= expected.distinct());
     assert_eq!(status["subscribers"].as_array().unwrap().len(), 3);
 
     assert_eq!(

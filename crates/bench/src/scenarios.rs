@@ -307,8 +307,8 @@ async fn live(
             "select percentile_cont(0.5) within group (order by d), \
                     percentile_cont(0.95) within group (order by d), \
                     percentile_cont(0.99) within group (order by d), max(d) \
-             from (select extract(epoch from pg_xact_commit_timestamp(a.xmin) \
-                                            - pg_xact_commit_timestamp(o.xmin)) * 1000 as d \
+             from (select (extract(epoch from pg_xact_commit_timestamp(a.xmin) \
+                                            - pg_xact_commit_timestamp(o.xmin)))::float8 * 1000 as d \
                    from outbox o join applied a on a.event_id = o.id) x",
             &[],
         )

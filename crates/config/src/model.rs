@@ -130,7 +130,8 @@ pub struct PipelineConfig {
     /// is full the reader stops reading and back-pressure reaches the server.
     #[serde(default = "default_channel")]
     pub channel_capacity: usize,
-    /// Longest wait, in milliseconds, before a partial batch is appended.
+    /// Longest wait, in milliseconds, for more events before a partial batch is appended.
+    /// 0 appends whatever has arrived: batches then grow with the load by themselves.
     #[serde(default = "default_linger")]
     pub append_linger_ms: u64,
     /// Longest backoff, in milliseconds, between reconnect attempts.
@@ -575,7 +576,7 @@ fn default_channel() -> usize {
     10_000
 }
 fn default_linger() -> u64 {
-    5
+    0
 }
 fn default_max_backoff() -> u64 {
     30_000

@@ -162,7 +162,22 @@ impl Projection for SqlProjection {
                 .iter()
                 .map(|e| self.bind(e))
                 .collect::<Result<_, _>>()?;
-            try_join_all(bound.iter().map(|params| self.run(tx, params))).await
+            // Parsed and planned once per batch, not once per event.
+            let statement = tx.prepare_typed(&self.template.sql, &self.types).await?;
+            try_join_all(bound.iter().map(|params| {
+                let statement = &statement;
+                async move {
+                    let values: Vec<&(dyn ToSql + Sync)> =
+                        params.iter().map(Param::as_sql).collect();
+                    let rows = tx.execute(statement, &values).await?;
+                    Ok::<_, ProjectionError>(if rows > 0 {
+                        Applied::Changed
+                    } else {
+                        Applied::Stale
+                    })
+                }
+            }))
+            .await
         })
     }
 }

@@ -43,7 +43,6 @@ pub struct EventLog {
     client: Client,
     slot: String,
     head: i64,
-    existing: Statement,
     insert: Statement,
     compare: Statement,
     position: Statement,
@@ -103,11 +102,6 @@ impl EventLog {
                     .map_err(StoreError::db(format!("preparing {what}")))
             }
         };
-        let existing = prepare(
-            format!("select event_id from {s}.event_log where event_id = any($1)"),
-            "the duplicate lookup",
-        )
-        .await?;
         let insert = prepare(
             format!(
                 "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
@@ -115,7 +109,8 @@ impl EventLog {
                  source_lsn, committed_at) \
                  select * from unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], \
                  $5::text[], $6::int8[], $7::jsonb[], $8::jsonb[], $9::timestamptz[], \
-                 $10::int4[], $11::pg_lsn[], $12::timestamptz[])"
+                 $10::int4[], $11::pg_lsn[], $12::timestamptz[]) \
+                 on conflict (event_id) do nothing returning event_id"
             ),
             "the event insert",
         )
@@ -159,7 +154,6 @@ impl EventLog {
             client,
             slot: slot.to_owned(),
             head,
-            existing,
             insert,
             compare,
             position,
@@ -198,39 +192,27 @@ impl EventLog {
             .await
             .map_err(StoreError::db("starting an append"))?;
 
-        // A repeated ID inside the batch is compared against its first occurrence after
-        // that one is inserted, by the same query that compares against older events.
-        let mut seen = HashSet::with_capacity(events.len());
-        let (mut firsts, mut repeats) = (Vec::new(), Vec::new());
-        for e in events {
-            if seen.insert(e.id) {
-                firsts.push(e);
-            } else {
-                repeats.push(e);
-            }
-        }
-        let ids: Vec<Uuid> = firsts.iter().map(|e| e.id).collect();
-        let known: HashSet<Uuid> = if ids.is_empty() {
+        // One insert; an ID already in the log (or earlier in this batch) is not inserted
+        // and is compared below against what the log holds. Skipped rows leave gaps in
+        // `seq`, which only orders events.
+        let mut inserted: HashSet<Uuid> = if events.is_empty() {
             HashSet::new()
         } else {
-            tx.query(&self.existing, &[&ids])
-                .await
-                .map_err(StoreError::db("looking up event IDs"))?
+            insert_rows(&tx, &self.insert, self.head, events)
+                .await?
                 .iter()
                 .map(|r| r.get(0))
                 .collect()
         };
-        let (old, new): (Vec<&NewEvent>, Vec<&NewEvent>) =
-            firsts.into_iter().partition(|e| known.contains(&e.id));
-        if !new.is_empty() {
-            insert_rows(&tx, &self.insert, self.head, &new).await?;
+        let mut compare = Vec::new();
+        let mut outcome = AppendOutcome::default();
+        for e in events {
+            if inserted.remove(&e.id) {
+                outcome.appended += 1;
+            } else {
+                compare.push(e);
+            }
         }
-        let mut compare = old;
-        compare.append(&mut repeats);
-        let mut outcome = AppendOutcome {
-            appended: new.len() as u64,
-            ..AppendOutcome::default()
-        };
         let mut quarantined = Vec::new();
         if !compare.is_empty() {
             let rows = compare_rows(&tx, &self.compare, &compare).await?;
@@ -269,7 +251,7 @@ impl EventLog {
         tx.commit()
             .await
             .map_err(StoreError::db("committing an append"))?;
-        self.head += new.len() as i64;
+        self.head += events.len() as i64;
         Ok(outcome)
     }
 }
@@ -278,8 +260,8 @@ async fn insert_rows(
     tx: &tokio_postgres::Transaction<'_>,
     insert: &Statement,
     head: i64,
-    new: &[&NewEvent],
-) -> Result<(), StoreError> {
+    new: &[NewEvent],
+) -> Result<Vec<Row>, StoreError> {
     let n = new.len();
     let seqs: Vec<i64> = (1..=n as i64).map(|i| head + i).collect();
     let ids: Vec<Uuid> = new.iter().map(|e| e.id).collect();
@@ -296,7 +278,7 @@ async fn insert_rows(
         .collect();
     let lsns: Vec<PgLsn> = new.iter().map(|e| e.source_lsn.into()).collect();
     let committed: Vec<Option<SystemTime>> = new.iter().map(|e| e.committed_at).collect();
-    tx.execute(
+    tx.query(
         insert,
         &[
             &seqs, &ids, &agg_types, &agg_ids, &types, &versions, &payloads, &headers, &occurred,
@@ -304,8 +286,7 @@ async fn insert_rows(
         ],
     )
     .await
-    .map_err(StoreError::db("appending events"))?;
-    Ok(())
+    .map_err(StoreError::db("appending events"))
 }
 
 async fn compare_rows(

@@ -121,7 +121,7 @@ pub async fn demo() -> Result<(), Failure> {
         let Ok(s) = walfold_store::status(&client, &client, "walfold", "walfold_demo").await else {
             return false;
         };
-        s.event_log_head >= 6
+        s.ingest.as_ref().is_some_and(|i| i.appended >= 6)
             && s.subscribers.len() == 2
             && s.subscribers.iter().all(|sub| sub.lag_events == 0)
     })
