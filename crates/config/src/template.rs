@@ -82,6 +82,8 @@ impl Placeholder {
 /// A compiled template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
+    /// The statement as written, with named placeholders.
+    pub source: String,
     /// The statement with `$1…$n`.
     pub sql: String,
     /// `params[i]` is bound to `$(i+1)`.
@@ -116,6 +118,15 @@ impl Template {
     /// Replaces placeholders outside literals, quoted identifiers and comments with `$n`.
     /// `::type` casts are left alone; a repeated placeholder reuses its parameter.
     pub fn compile(src: &str) -> Result<Template, TemplateError> {
+        Self::compile_with(src, |n| format!("${n}"))
+    }
+
+    /// Like [`Template::compile`], with `render(n)` written for the n-th (1-based)
+    /// distinct placeholder instead of `$n` (e.g. a PL/pgSQL variable name).
+    pub fn compile_with(
+        src: &str,
+        render: impl Fn(usize) -> String,
+    ) -> Result<Template, TemplateError> {
         if src.trim().is_empty() {
             return Err(TemplateError::Empty);
         }
@@ -191,7 +202,7 @@ impl Template {
                             params.len() - 1
                         }
                     };
-                    out.push_str(&format!("${}", index + 1));
+                    out.push_str(&render(index + 1));
                     i = j;
                 }
                 _ => {
@@ -200,7 +211,11 @@ impl Template {
                 }
             }
         }
-        Ok(Template { sql: out, params })
+        Ok(Template {
+            source: src.to_owned(),
+            sql: out,
+            params,
+        })
     }
 }
 

@@ -58,9 +58,27 @@ impl Pipeline {
                     .collect::<Vec<_>>()
                     .join("; "),
             })?;
-            projections.push((p.clone(), Arc::new(SqlProjection::new(&kind))));
+            let projection =
+                SqlProjection::new(&kind, &schema).map_err(|e| EngineError::Projection {
+                    projection: p.name.clone(),
+                    message: e.to_string(),
+                })?;
+            projections.push((p.clone(), Arc::new(projection)));
         }
         projections.extend(self.custom);
+        let mut setup = walfold_store::connect(config.target_url())
+            .await
+            .map_err(EngineError::store("connecting to the target"))?;
+        for (options, projection) in &projections {
+            projection
+                .install(&mut setup)
+                .await
+                .map_err(|e| EngineError::Projection {
+                    projection: options.name.clone(),
+                    message: format!("installing: {e}"),
+                })?;
+        }
+        drop(setup);
 
         let (head_tx, head_rx) = watch::channel(0i64);
         // Projectors stop on their own token first, so that on shutdown they finish

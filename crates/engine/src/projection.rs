@@ -2,7 +2,7 @@
 //! (claims, version guards, checkpoints and dead letters are the engine's job).
 
 use futures::future::BoxFuture;
-use tokio_postgres::Transaction;
+use tokio_postgres::{Client, Transaction};
 use walfold_store::Event;
 
 use crate::error::ProjectionError;
@@ -20,6 +20,13 @@ pub enum Applied {
 /// The engine has already claimed each event for the subscriber in that transaction;
 /// `apply` must only change the read model, through `tx`, and should guard on versions.
 pub trait Projection: Send + Sync + 'static {
+    /// Called once when the pipeline starts, on a connection to the target (e.g. to
+    /// create what the projection needs). The default does nothing.
+    fn install<'a>(&'a self, client: &'a mut Client) -> BoxFuture<'a, Result<(), ProjectionError>> {
+        let _ = client;
+        Box::pin(async { Ok(()) })
+    }
+
     /// Applies one event.
     fn apply<'a>(
         &'a self,

@@ -1,13 +1,20 @@
 //! Declarative projections: a compiled template (a `sql` projection, or the generated
 //! guarded upsert of a `table` projection), its placeholders bound from the event.
+//!
+//! A batch runs in one round trip: the statement is installed once as a PL/pgSQL
+//! function in walfold's schema that loops over the batch's events (passed as arrays,
+//! so event data stays bound values) and executes the statement once per event, in
+//! order, with its plan cached. It returns each event's row count: 0 means the version
+//! guard (or the statement) found nothing to change.
 
 use std::time::SystemTime;
 
-use futures::future::{try_join_all, BoxFuture};
+use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Transaction;
-use walfold_config::{Placeholder, ProjectionKind, Template};
+use tokio_postgres::{Client, Transaction};
+use uuid::Uuid;
+use walfold_config::{ParamType, Placeholder, ProjectionKind, Template};
 use walfold_store::Event;
 
 use crate::error::ProjectionError;
@@ -16,87 +23,202 @@ use crate::projection::{Applied, Projection};
 /// A projection defined by a SQL statement.
 #[derive(Debug, Clone)]
 pub struct SqlProjection {
-    template: Template,
-    types: Vec<Type>,
+    params: Vec<Placeholder>,
+    /// `create or replace function …`
+    ddl: String,
+    /// `select "schema"."apply_…"($1, $2::uuid[], …)`
+    call: String,
+    call_types: Vec<Type>,
     /// `table` projections need a version for their guard.
     requires_version: bool,
 }
 
+const VAR: &str = "walfold_v";
+
 impl SqlProjection {
-    pub fn new(kind: &ProjectionKind) -> SqlProjection {
-        let (template, requires_version) = match kind {
-            ProjectionKind::Sql(t) => (t.clone(), false),
-            ProjectionKind::Table(t) => (t.template.clone(), true),
+    /// Compiles the projection's function for walfold's `schema`.
+    pub fn new(kind: &ProjectionKind, schema: &str) -> Result<SqlProjection, ProjectionError> {
+        let (source, requires_version) = match kind {
+            ProjectionKind::Sql(t) => (t.source.clone(), false),
+            ProjectionKind::Table(t) => (t.template.source.clone(), true),
         };
-        let types = template.params.iter().map(pg_type).collect();
-        SqlProjection {
-            template,
-            types,
-            requires_version,
+        let template = Template::compile_with(&source, |n| format!("{VAR}{n}"))
+            .map_err(|e| ProjectionError::Invalid(e.to_string()))?;
+        let types: Vec<ParamType> = template
+            .params
+            .iter()
+            .map(Placeholder::param_type)
+            .collect();
+        let mut statement = template.sql.trim().trim_end_matches(';').trim().to_owned();
+        // A bare SELECT in PL/pgSQL needs a destination; PERFORM discards the result.
+        if statement
+            .get(..6)
+            .is_some_and(|w| w.eq_ignore_ascii_case("select"))
+        {
+            statement = format!("perform{}", &statement[6..]);
         }
+        let args: Vec<String> = std::iter::once("walfold_n int".to_owned())
+            .chain(
+                types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| format!("walfold_a{} {}[]", i + 1, sql_type(*t))),
+            )
+            .collect();
+        let declare: String = types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("{VAR}{} {}; ", i + 1, sql_type(*t)))
+            .collect();
+        let assign: String = (1..=types.len())
+            .map(|i| format!("{VAR}{i} := walfold_a{i}[i]; "))
+            .collect();
+        let body = format!(
+            "#variable_conflict use_column\n\
+             declare {declare}walfold_rows int8; walfold_out int8[] := '{{}}';\n\
+             begin\n\
+               for i in 1 .. walfold_n loop\n\
+                 {assign}\n\
+                 {statement};\n\
+                 get diagnostics walfold_rows = row_count;\n\
+                 walfold_out := walfold_out || walfold_rows;\n\
+               end loop;\n\
+               return walfold_out;\n\
+             end"
+        );
+        let name = format!(
+            "apply_{:016x}",
+            fnv64(&format!("{}|{body}", args.join(",")))
+        );
+        let qualified = format!("{}.{}", walfold_config::quote_ident(schema), name);
+        let tag = format!("$walfold_{name}$");
+        if body.contains(&tag) {
+            return Err(ProjectionError::Invalid(
+                "the statement contains walfold's function quote tag".into(),
+            ));
+        }
+        let ddl = format!(
+            "create or replace function {qualified}({}) returns int8[] language plpgsql as {tag}{body}{tag}",
+            args.join(", ")
+        );
+        let call_args: Vec<String> = (1..=types.len() + 1).map(|i| format!("${i}")).collect();
+        let call = format!("select {qualified}({})", call_args.join(", "));
+        let call_types = std::iter::once(Type::INT4)
+            .chain(types.iter().map(|t| array_type(*t)))
+            .collect();
+        Ok(SqlProjection {
+            params: template.params,
+            ddl,
+            call,
+            call_types,
+            requires_version,
+        })
     }
 
-    fn bind(&self, event: &Event) -> Result<Vec<Param>, ProjectionError> {
-        if self.requires_version && event.version.is_none() {
+    async fn run(
+        &self,
+        tx: &Transaction<'_>,
+        events: &[&Event],
+    ) -> Result<Vec<Applied>, ProjectionError> {
+        if self.requires_version && events.iter().any(|e| e.version.is_none()) {
             return Err(ProjectionError::Invalid(
                 "event has no version; a table projection needs one for its guard".into(),
             ));
         }
-        Ok(self
-            .template
-            .params
-            .iter()
-            .map(|p| param(p, event))
+        let n = i32::try_from(events.len())
+            .map_err(|_| ProjectionError::Invalid("batch too large".into()))?;
+        let columns: Vec<Column> = self.params.iter().map(|p| column(p, events)).collect();
+        let mut values: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&n, self.call_types[0].clone())];
+        for (c, t) in columns.iter().zip(&self.call_types[1..]) {
+            values.push((c.as_sql(), t.clone()));
+        }
+        let row = tx.query_typed_one(&self.call, &values).await?;
+        let counts: Vec<i64> = row.get(0);
+        if counts.len() != events.len() {
+            return Err(ProjectionError::Invalid(format!(
+                "projection function returned {} results for {} events",
+                counts.len(),
+                events.len()
+            )));
+        }
+        Ok(counts
+            .into_iter()
+            .map(|c| {
+                if c > 0 {
+                    Applied::Changed
+                } else {
+                    Applied::Stale
+                }
+            })
             .collect())
     }
 }
 
-fn pg_type(p: &Placeholder) -> Type {
-    use walfold_config::ParamType as P;
-    match p.param_type() {
-        P::Uuid => Type::UUID,
-        P::Text => Type::TEXT,
-        P::Int8 => Type::INT8,
-        P::Jsonb => Type::JSONB,
-        P::Timestamptz => Type::TIMESTAMPTZ,
+fn sql_type(t: ParamType) -> &'static str {
+    match t {
+        ParamType::Uuid => "uuid",
+        ParamType::Text => "text",
+        ParamType::Int8 => "int8",
+        ParamType::Jsonb => "jsonb",
+        ParamType::Timestamptz => "timestamptz",
     }
 }
 
-/// One bound value.
-#[derive(Debug)]
-enum Param {
-    Uuid(uuid::Uuid),
-    Text(Option<String>),
-    Int(Option<i64>),
-    Json(Option<Value>),
-    Time(Option<SystemTime>),
+fn array_type(t: ParamType) -> Type {
+    match t {
+        ParamType::Uuid => Type::UUID_ARRAY,
+        ParamType::Text => Type::TEXT_ARRAY,
+        ParamType::Int8 => Type::INT8_ARRAY,
+        ParamType::Jsonb => Type::JSONB_ARRAY,
+        ParamType::Timestamptz => Type::TIMESTAMPTZ_ARRAY,
+    }
 }
 
-impl Param {
+/// FNV-1a, 64 bit: a stable name for a function body.
+fn fnv64(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// One placeholder's values over a batch.
+enum Column {
+    Uuid(Vec<Uuid>),
+    Text(Vec<Option<String>>),
+    Int(Vec<Option<i64>>),
+    Json(Vec<Option<Value>>),
+    Time(Vec<Option<SystemTime>>),
+}
+
+impl Column {
     fn as_sql(&self) -> &(dyn ToSql + Sync) {
         match self {
-            Param::Uuid(v) => v,
-            Param::Text(v) => v,
-            Param::Int(v) => v,
-            Param::Json(v) => v,
-            Param::Time(v) => v,
+            Column::Uuid(v) => v,
+            Column::Text(v) => v,
+            Column::Int(v) => v,
+            Column::Json(v) => v,
+            Column::Time(v) => v,
         }
     }
 }
 
-fn param(p: &Placeholder, e: &Event) -> Param {
+fn column(p: &Placeholder, events: &[&Event]) -> Column {
+    let text =
+        |f: &dyn Fn(&Event) -> Option<String>| Column::Text(events.iter().map(|e| f(e)).collect());
     match p {
-        Placeholder::EventId => Param::Uuid(e.id),
-        Placeholder::EventType => Param::Text(Some(e.event_type.clone())),
-        Placeholder::AggregateType => Param::Text(Some(e.aggregate_type.clone())),
-        Placeholder::AggregateId => Param::Text(Some(e.aggregate_id.clone())),
-        Placeholder::Version => Param::Int(e.version),
-        Placeholder::Sequence => Param::Int(Some(e.seq)),
-        Placeholder::Payload => Param::Json(Some(e.payload.clone())),
-        Placeholder::Headers => Param::Json(e.headers.clone()),
-        Placeholder::PayloadPath(path) => Param::Text(lookup(Some(&e.payload), path)),
-        Placeholder::HeadersPath(path) => Param::Text(lookup(e.headers.as_ref(), path)),
-        Placeholder::OccurredAt => Param::Time(e.occurred_at),
+        Placeholder::EventId => Column::Uuid(events.iter().map(|e| e.id).collect()),
+        Placeholder::EventType => text(&|e| Some(e.event_type.clone())),
+        Placeholder::AggregateType => text(&|e| Some(e.aggregate_type.clone())),
+        Placeholder::AggregateId => text(&|e| Some(e.aggregate_id.clone())),
+        Placeholder::Version => Column::Int(events.iter().map(|e| e.version).collect()),
+        Placeholder::Sequence => Column::Int(events.iter().map(|e| Some(e.seq)).collect()),
+        Placeholder::Payload => {
+            Column::Json(events.iter().map(|e| Some(e.payload.clone())).collect())
+        }
+        Placeholder::Headers => Column::Json(events.iter().map(|e| e.headers.clone()).collect()),
+        Placeholder::PayloadPath(path) => text(&|e| lookup(Some(&e.payload), path)),
+        Placeholder::HeadersPath(path) => text(&|e| lookup(e.headers.as_ref(), path)),
+        Placeholder::OccurredAt => Column::Time(events.iter().map(|e| e.occurred_at).collect()),
     }
 }
 
@@ -118,73 +240,43 @@ fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
     }
 }
 
-impl SqlProjection {
-    async fn run(
-        &self,
-        tx: &Transaction<'_>,
-        params: &[Param],
-    ) -> Result<Applied, ProjectionError> {
-        let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
-            .iter()
-            .zip(&self.types)
-            .map(|(p, t)| (p.as_sql(), t.clone()))
-            .collect();
-        let rows = tx.execute_typed(&self.template.sql, &typed).await?;
-        Ok(if rows > 0 {
-            Applied::Changed
-        } else {
-            Applied::Stale
+impl Projection for SqlProjection {
+    /// Creates (or replaces) the projection's function; concurrent installers of the
+    /// same function are serialized by an advisory lock.
+    fn install<'a>(&'a self, client: &'a mut Client) -> BoxFuture<'a, Result<(), ProjectionError>> {
+        Box::pin(async move {
+            let tx = client.transaction().await?;
+            tx.execute("select pg_advisory_xact_lock(2003133030)", &[])
+                .await?;
+            tx.batch_execute(&self.ddl).await?;
+            tx.commit().await?;
+            Ok(())
         })
     }
-}
 
-impl Projection for SqlProjection {
     fn apply<'a>(
         &'a self,
         tx: &'a Transaction<'a>,
         event: &'a Event,
     ) -> BoxFuture<'a, Result<Applied, ProjectionError>> {
         Box::pin(async move {
-            let params = self.bind(event)?;
-            self.run(tx, &params).await
+            let applied = self.run(tx, &[event]).await?;
+            Ok(applied[0])
         })
     }
 
-    /// One statement per event, pipelined on the connection: the server runs them in
-    /// order, so order per aggregate holds, without a round trip per event.
     fn apply_batch<'a>(
         &'a self,
         tx: &'a Transaction<'a>,
         events: &'a [&'a Event],
     ) -> BoxFuture<'a, Result<Vec<Applied>, ProjectionError>> {
-        Box::pin(async move {
-            let bound: Vec<Vec<Param>> = events
-                .iter()
-                .map(|e| self.bind(e))
-                .collect::<Result<_, _>>()?;
-            // Parsed and planned once per batch, not once per event.
-            let statement = tx.prepare_typed(&self.template.sql, &self.types).await?;
-            try_join_all(bound.iter().map(|params| {
-                let statement = &statement;
-                async move {
-                    let values: Vec<&(dyn ToSql + Sync)> =
-                        params.iter().map(Param::as_sql).collect();
-                    let rows = tx.execute(statement, &values).await?;
-                    Ok::<_, ProjectionError>(if rows > 0 {
-                        Applied::Changed
-                    } else {
-                        Applied::Stale
-                    })
-                }
-            }))
-            .await
-        })
+        Box::pin(self.run(tx, events))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::lookup;
+    use super::*;
     use serde_json::json;
 
     #[test]
@@ -197,5 +289,38 @@ mod tests {
         assert_eq!(lookup(Some(&v), &p("a.z")), None);
         assert_eq!(lookup(Some(&v), &p("a.missing")), None);
         assert_eq!(lookup(None, &p("a")), None);
+    }
+
+    #[test]
+    fn the_function_binds_event_data_as_arguments() {
+        let t = Template::compile(
+            "insert into t values (:aggregate_id, ':payload.x', :payload.amount::numeric)",
+        )
+        .unwrap();
+        let p = SqlProjection::new(&ProjectionKind::Sql(t), "walfold").unwrap();
+        assert!(
+            p.ddl
+                .contains("values (walfold_v1, ':payload.x', walfold_v2::numeric)"),
+            "{}",
+            p.ddl
+        );
+        assert!(
+            p.ddl.contains("walfold_a1 text[], walfold_a2 text[]"),
+            "{}",
+            p.ddl
+        );
+        assert!(
+            p.call.starts_with("select \"walfold\".apply_"),
+            "{}",
+            p.call
+        );
+        assert_eq!(p.call_types.len(), 3);
+        let select = Template::compile("select pg_notify('x', :event_type)").unwrap();
+        let p = SqlProjection::new(&ProjectionKind::Sql(select), "walfold").unwrap();
+        assert!(
+            p.ddl.contains("perform pg_notify('x', walfold_v1);"),
+            "{}",
+            p.ddl
+        );
     }
 }
