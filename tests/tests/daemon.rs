@@ -372,3 +372,87 @@ async fn a_lost_slot_is_never_silently_recreated() {
         "0"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_moves_when_only_other_tables_are_written() {
+    let db = TestDb::new("filtered");
+    // Heartbeats off: the reader acknowledges the server's keepalives between
+    // transactions, once everything before them is durable.
+    let config = db
+        .config("")
+        .replace("[[outbox]]", "heartbeat_interval_s = 0\n\n[[outbox]]");
+    let _d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql("create table busy (n int, pad text)");
+    for _ in 0..5 {
+        db.psql("insert into busy select i, repeat('x', 200) from generate_series(1, 20000) i");
+    }
+    let written: String = db.psql("select pg_current_wal_lsn()::text");
+    eventually(Duration::from_secs(20), "the slot to move past the filtered writes", || async {
+        client
+            .query_one(
+                "select confirmed_flush_lsn >= $1::text::pg_lsn from pg_replication_slots where slot_name = 'walfold'",
+                &[&written],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_move_the_slot_on_an_idle_database() {
+    let db = TestDb::new("heartbeat");
+    let config = db
+        .config("")
+        .replace("[[outbox]]", "heartbeat_interval_s = 1\n\n[[outbox]]");
+    let _d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_from: String = db.psql("select pg_current_wal_lsn()::text");
+    // Nothing is written; without heartbeats the server would stay silent for
+    // wal_sender_timeout / 2 (30 s).
+    eventually(
+        Duration::from_secs(10),
+        "a heartbeat to be acknowledged",
+        || async {
+            client
+                .query_one(
+                    "select lsn > $1::text::pg_lsn from walfold.ingest_position",
+                    &[&idle_from],
+                )
+                .await
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(false)
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_daemon_does_not_write() {
+    let db = TestDb::new("idle");
+    let config = db
+        .config("")
+        .replace("[[outbox]]", "heartbeat_interval_s = 0\n\n[[outbox]]");
+    let _d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes = || {
+        db.psql("select n_tup_upd + n_tup_ins from pg_stat_user_tables where relname = 'ingest_position'")
+    };
+    let before: i64 = writes().parse().unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after: i64 = writes().parse().unwrap();
+    // Acknowledging a keepalive must not write: the write would make WAL and the next
+    // keepalive, a loop of hundreds of writes a second.
+    assert!(
+        after - before <= 1,
+        "{} ingest_position writes in 3 idle seconds",
+        after - before
+    );
+}

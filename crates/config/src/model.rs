@@ -46,6 +46,10 @@ pub struct SourceConfig {
     /// Publication over the outbox tables, created if missing.
     #[serde(default = "default_publication")]
     pub publication: String,
+    /// Seconds between heartbeats (`pg_logical_emit_message`), so the slot advances and
+    /// WAL is released even when no outbox row is written; 0 turns them off.
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_interval_s: u64,
 }
 
 impl fmt::Debug for SourceConfig {
@@ -54,6 +58,7 @@ impl fmt::Debug for SourceConfig {
             .field("url", &redact_url(&self.url))
             .field("slot", &self.slot)
             .field("publication", &self.publication)
+            .field("heartbeat_interval_s", &self.heartbeat_interval_s)
             .finish()
     }
 }
@@ -538,6 +543,9 @@ fn is_slot_name(s: &str) -> bool {
 
 fn default_slot() -> String {
     "walfold".into()
+}
+fn default_heartbeat() -> u64 {
+    10
 }
 fn default_publication() -> String {
     "walfold_outbox".into()

@@ -29,7 +29,12 @@ pub(crate) struct Appender {
     pub head: watch::Sender<i64>,
     pub batch_size: usize,
     pub linger: Duration,
+    /// When the ingest position was last written.
+    pub position_written: tokio::time::Instant,
 }
+
+/// How often a position-only advance is written to `ingest_position`.
+const POSITION_REFRESH: Duration = Duration::from_secs(10);
 
 impl Appender {
     /// Runs until the reader closes the channel, then returns after the last commit.
@@ -87,6 +92,23 @@ impl Appender {
                 Item::Through(lsn) => through = Some(through.map_or(lsn, |t| t.max(lsn))),
             }
         }
+        if events.is_empty() && dead.is_empty() && counts == IngestCounts::default() {
+            // Only progress markers: everything before them is already committed, so the
+            // position can be acknowledged without a write. Writing it every time would
+            // feed back: the write makes WAL, the server sends a keepalive, which is a
+            // new marker. The recorded position is refreshed at most every 10 s.
+            if let Some(lsn) = through {
+                if self.position_written.elapsed() >= POSITION_REFRESH {
+                    self.log
+                        .append(&[], &[], Some(lsn), counts)
+                        .await
+                        .map_err(SourceError::store("recording the ingest position"))?;
+                    self.position_written = tokio::time::Instant::now();
+                }
+                self.durable.committed_through(lsn);
+            }
+            return Ok(());
+        }
         let outcome = match self.log.append(&events, &dead, through, counts).await {
             Ok(outcome) => outcome,
             Err(e) if is_definite(&e) => {
@@ -115,6 +137,7 @@ impl Appender {
             self.head.send_replace(self.log.head());
         }
         if let Some(lsn) = through {
+            self.position_written = tokio::time::Instant::now();
             self.durable.committed_through(lsn);
         }
         Ok(())

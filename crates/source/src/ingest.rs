@@ -70,7 +70,7 @@ async fn attempt(
         .await
         .map_err(SourceError::store("connecting to the source"))?;
     prepare_source(&source, config, ingested).await?;
-    drop(source);
+    let heartbeat = heartbeat(source, config.source.heartbeat_interval_s);
     head.send_replace(log.head());
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
@@ -80,11 +80,41 @@ async fn attempt(
         head: head.clone(),
         batch_size: config.pipeline.append_batch_size,
         linger: Duration::from_millis(config.pipeline.append_linger_ms),
+        position_written: tokio::time::Instant::now(),
     };
     let reader = Reader::new(config, items_tx);
     let cfg = replication_config(config)?;
     let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
+    heartbeat.abort();
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
     read
+}
+
+/// Writes a non-transactional logical message every `interval_s` seconds. It reaches the
+/// reader even when the publication filters out every change, so the slot keeps moving
+/// and the server can release WAL on an idle or busy-but-filtered database.
+fn heartbeat(source: tokio_postgres::Client, interval_s: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if interval_s == 0 {
+            return;
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(interval_s));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = source
+                .execute(
+                    "select pg_logical_emit_message(false, 'walfold.heartbeat', '')",
+                    &[],
+                )
+                .await
+            {
+                tracing::debug!(error = %walfold_store::describe(&e), "heartbeat failed");
+                if e.is_closed() {
+                    return;
+                }
+            }
+        }
+    })
 }

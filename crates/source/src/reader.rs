@@ -165,6 +165,15 @@ impl<'a> Reader<'a> {
                 }
             }
             ReplicationEvent::XLogData { data, .. } => self.data(&data).await?,
+            // A heartbeat (non-transactional message) between transactions: like a
+            // keepalive, everything before it has reached us.
+            ReplicationEvent::Message {
+                transactional: false,
+                lsn,
+                ..
+            } if self.tx.is_none() => {
+                self.send(Item::Through(Lsn(lsn.as_u64()))).await?;
+            }
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
