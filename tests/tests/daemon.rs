@@ -318,17 +318,28 @@ async fn scram_and_verified_tls_with_a_least_privilege_role() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_daemon_waits_for_the_appender_lock_and_takes_over() {
+async fn a_standby_daemon_takes_over_when_the_leader_is_killed() {
     let db = TestDb::new("two");
     let mut first = Daemon::start(&db.config(""), &[]);
     let client = db.client().await;
     slot_active(&client).await;
     let mut second = Daemon::start(&db.config(""), &[]);
-    eventually(Duration::from_secs(30), "the second daemon to wait", || {
-        let waiting = second.log_text().contains("another walfold is appending");
-        async move { waiting }
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the second daemon to stand by",
+        || {
+            let waiting = second
+                .log_text()
+                .contains("another walfold leads; standing by");
+            async move { waiting }
+        },
+    )
     .await;
+    // A standby neither streams nor projects: one walsender, no second set of workers.
+    assert_eq!(
+        db.psql("select count(*) from pg_stat_activity where application_name = 'walfold' and backend_type = 'walsender'"),
+        "1"
+    );
     let writer = tokio::spawn(write_events(
         db.url(),
         60,
@@ -343,6 +354,9 @@ async fn a_second_daemon_waits_for_the_appender_lock_and_takes_over() {
     caught_up(&client, expected.distinct(), 3).await;
     expected.check(&client).await;
     assert!(second.exited().is_none(), "{}", second.log_text());
+    assert!(second
+        .log_text()
+        .contains("leading: this instance reads the slot"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,112 @@
+//! Leadership: several `walfold run` with the same target may run; one leads (reads the
+//! slot, appends, projects), the others stand by. The leader holds a session-level
+//! advisory lock on a dedicated connection: when that session ends, for whatever
+//! reason, the server releases the lock and a standby takes it within a second.
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::connect::connect;
+use crate::error::StoreError;
+
+/// Advisory-lock class of the leader lock (`'walL'`); the key is the schema's hash.
+const LEADER_LOCK: i32 = 0x7761_6c4c;
+/// How often the leader checks its session, and a standby retries the lock.
+const PERIOD: Duration = Duration::from_secs(1);
+/// A check that takes longer than this counts as a lost session.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Held leadership. Dropping it ends the session, which releases the lock.
+pub struct Leadership {
+    watch: JoinHandle<()>,
+    lost: CancellationToken,
+}
+
+impl Leadership {
+    /// Waits until this process leads `schema` on the target at `url`; `None` when
+    /// `cancel` fires first.
+    pub async fn acquire(
+        url: &str,
+        schema: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Leadership>, StoreError> {
+        let mut announced = false;
+        loop {
+            match Self::try_once(url, schema).await {
+                Ok(Some(client)) => {
+                    tracing::info!(schema, "leading: this instance reads the slot and projects");
+                    return Ok(Some(Self::watch(client)));
+                }
+                Ok(None) if !announced => {
+                    tracing::info!(schema, "another walfold leads; standing by");
+                    announced = true;
+                }
+                Ok(None) => {}
+                // The target is unreachable (restarting, failing over): keep trying.
+                Err(e) if e.directive() == crate::Directive::Retry => {
+                    tracing::warn!(error = %e, "cannot reach the target to take the leader lock; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(PERIOD) => {}
+            }
+        }
+    }
+
+    /// One attempt: a new session that holds the lock, or `None` if another does.
+    async fn try_once(url: &str, schema: &str) -> Result<Option<Client>, StoreError> {
+        let client = connect(url).await?;
+        let locked: bool = client
+            .query_one(
+                "select pg_try_advisory_lock($1::int4, hashtext($2))",
+                &[&LEADER_LOCK, &schema],
+            )
+            .await
+            .map_err(StoreError::db("taking the leader lock"))?
+            .get(0);
+        Ok(locked.then_some(client))
+    }
+
+    /// Checks the session every second; a failed or slow check means the lock may be
+    /// gone, so leadership counts as lost at once.
+    fn watch(client: Client) -> Leadership {
+        let lost = CancellationToken::new();
+        let signal = lost.clone();
+        let watch = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(PERIOD).await;
+                let check = tokio::time::timeout(CHECK_TIMEOUT, client.simple_query("select 1"));
+                match check.await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %crate::describe(&e), "leader session lost");
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::warn!("leader session did not answer in time");
+                        break;
+                    }
+                }
+            }
+            signal.cancel();
+        });
+        Leadership { watch, lost }
+    }
+
+    /// Fires when leadership is lost.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        // Ends the watch task and with it the session and the lock.
+        self.watch.abort();
+    }
+}
