@@ -427,3 +427,42 @@ async fn large_numbers_keep_every_digit() {
     );
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_return_rows_or_end_in_a_comment_apply() {
+    let db = TestDb::new("shapes");
+    db.psql("create table audit (event_id uuid primary key, kind text)");
+    let config = db.config(
+        r#"
+[[projection]]
+name = "audit"
+subscriber = "audit.v1"
+sql = """
+insert into audit (event_id, kind) values (:event_id, :event_type)
+on conflict do nothing
+returning event_id -- the row count comes from the returned rows
+"""
+
+[[projection]]
+name = "notify"
+subscriber = "notify.v1"
+sql = "select pg_notify('walfold_test', :event_type)"
+"#,
+    );
+    let p = InProcess::start(&config);
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&format!(
+        "begin; {} {} commit;",
+        insert_event(A, "o-1", "OrderPaid", 1, r#"{"status": "paid"}"#),
+        insert_event(B, "o-2", "OrderPaid", 1, r#"{"status": "paid"}"#),
+    ));
+    caught_up(&client, 2, 5).await;
+    assert_eq!(db.psql("select count(*) from audit"), "2");
+    let s = status(&client).await.unwrap();
+    for name in ["audit.v1", "notify.v1"] {
+        let sub = s.subscribers.iter().find(|x| x.subscriber == name).unwrap();
+        assert_eq!((sub.applied, sub.dead_lettered), (2, 0), "{name}");
+    }
+    p.stop().await;
+}

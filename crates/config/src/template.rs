@@ -95,6 +95,7 @@ pub enum TemplateError {
     Unknown(String),
     Unterminated(&'static str),
     Empty,
+    MultipleStatements,
 }
 
 impl fmt::Display for TemplateError {
@@ -108,6 +109,9 @@ impl fmt::Display for TemplateError {
             ),
             TemplateError::Unterminated(what) => write!(f, "unterminated {what}"),
             TemplateError::Empty => write!(f, "the statement is empty"),
+            TemplateError::MultipleStatements => {
+                write!(f, "write one statement (use a CTE to do several things)")
+            }
         }
     }
 }
@@ -134,10 +138,20 @@ impl Template {
         let mut out = String::with_capacity(src.len());
         let mut params: Vec<Placeholder> = Vec::new();
         let mut i = 0;
+        let mut ended = false;
         while i < chars.len() {
             let c = chars[i];
             let next = chars.get(i + 1).copied();
+            let comment = (c == '-' && next == Some('-')) || (c == '/' && next == Some('*'));
+            if ended && !c.is_whitespace() && c != ';' && !comment {
+                return Err(TemplateError::MultipleStatements);
+            }
             match c {
+                ';' => {
+                    ended = true;
+                    out.push(c);
+                    i += 1;
+                }
                 '\'' | '"' => {
                     let end = find_quote_end(&chars, i + 1, c).ok_or(
                         TemplateError::Unterminated(if c == '\'' {
@@ -323,6 +337,11 @@ mod tests {
             Err(TemplateError::Unterminated(_))
         ));
         assert_eq!(Template::compile("  "), Err(TemplateError::Empty));
+        assert_eq!(
+            Template::compile("insert into a values (1); delete from b"),
+            Err(TemplateError::MultipleStatements)
+        );
+        assert!(Template::compile("insert into a values (';'); -- done\n").is_ok());
     }
 
     #[test]

@@ -49,6 +49,9 @@ impl Pipeline {
         migrate(config.target_url(), &schema)
             .await
             .map_err(EngineError::store("creating walfold's schema"))?;
+        let probe = walfold_store::connect(config.target_url())
+            .await
+            .map_err(EngineError::store("connecting to the target"))?;
         let mut projections: Vec<(ProjectionConfig, Arc<dyn Projection>)> = Vec::new();
         for (i, p) in config.projection.iter().enumerate() {
             let kind = p.kind(i).map_err(|problems| EngineError::Projection {
@@ -59,13 +62,16 @@ impl Pipeline {
                     .collect::<Vec<_>>()
                     .join("; "),
             })?;
-            let projection =
-                SqlProjection::new(&kind, &schema).map_err(|e| EngineError::Projection {
+            let returns_rows = SqlProjection::returns_rows(&probe, &kind).await;
+            let projection = SqlProjection::new(&kind, &schema, returns_rows).map_err(|e| {
+                EngineError::Projection {
                     projection: p.name.clone(),
                     message: e.to_string(),
-                })?;
+                }
+            })?;
             projections.push((p.clone(), Arc::new(projection)));
         }
+        drop(probe);
         projections.extend(self.custom);
         loop {
             let Some(leader) = Leadership::acquire(config.target_url(), &schema, &cancel)

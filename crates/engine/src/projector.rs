@@ -53,9 +53,13 @@ impl Partition {
     ) -> Result<(), EngineError> {
         let mut delay = Duration::from_millis(100);
         loop {
+            let started = tokio::time::Instant::now();
             match self.run_once(&cancel, head.clone()).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.directive() == Directive::Retry && !cancel.is_cancelled() => {
+                    if started.elapsed() > Duration::from_secs(30) {
+                        delay = Duration::from_millis(100);
+                    }
                     tracing::warn!(subscriber = %self.subscriber(), partition = self.partition, error = %e, "projector failed, retrying");
                     tokio::select! {
                         _ = cancel.cancelled() => return Ok(()),

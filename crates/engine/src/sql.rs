@@ -23,6 +23,9 @@ use crate::projection::{Applied, Projection};
 /// A projection defined by a SQL statement.
 #[derive(Debug, Clone)]
 pub struct SqlProjection {
+    schema: String,
+    /// The function's name: `apply_` + a hash of its signature and body.
+    name: String,
     params: Vec<Placeholder>,
     /// `create or replace function …`
     ddl: String,
@@ -36,8 +39,13 @@ pub struct SqlProjection {
 const VAR: &str = "walfold_v";
 
 impl SqlProjection {
-    /// Compiles the projection's function for walfold's `schema`.
-    pub fn new(kind: &ProjectionKind, schema: &str) -> Result<SqlProjection, ProjectionError> {
+    /// Compiles the projection's function for walfold's `schema`. `returns_rows`: the
+    /// statement yields rows (see [`SqlProjection::returns_rows`]).
+    pub fn new(
+        kind: &ProjectionKind,
+        schema: &str,
+        returns_rows: bool,
+    ) -> Result<SqlProjection, ProjectionError> {
         let (source, requires_version) = match kind {
             ProjectionKind::Sql(t) => (t.source.clone(), false),
             ProjectionKind::Table(t) => (t.template.source.clone(), true),
@@ -49,14 +57,7 @@ impl SqlProjection {
             .iter()
             .map(Placeholder::param_type)
             .collect();
-        let mut statement = template.sql.trim().trim_end_matches(';').trim().to_owned();
-        // A bare SELECT in PL/pgSQL needs a destination; PERFORM discards the result.
-        if statement
-            .get(..6)
-            .is_some_and(|w| w.eq_ignore_ascii_case("select"))
-        {
-            statement = format!("perform{}", &statement[6..]);
-        }
+        let statement = template.sql.trim().trim_end_matches(';').trim().to_owned();
         let args: Vec<String> = std::iter::once("walfold_n int".to_owned())
             .chain(
                 types
@@ -71,16 +72,22 @@ impl SqlProjection {
             .map(|(i, t)| format!("{VAR}{} {}; ", i + 1, sql_type(*t)))
             .collect();
         let assign: String = (1..=types.len())
-            .map(|i| format!("{VAR}{i} := walfold_a{i}[i]; "))
+            .map(|i| format!("{VAR}{i} := walfold_a{i}[walfold_i]; "))
             .collect();
+        // A statement that returns rows (RETURNING, SELECT) needs a destination in
+        // PL/pgSQL; counting its rows gives the same count `execute` would.
+        let run = if returns_rows {
+            format!("with walfold_q as (\n{statement}\n) select count(*) into walfold_rows from walfold_q;")
+        } else {
+            format!("{statement}\n;\nget diagnostics walfold_rows = row_count;")
+        };
         let body = format!(
             "#variable_conflict use_column\n\
              declare {declare}walfold_rows int8; walfold_out int8[] := '{{}}';\n\
              begin\n\
-               for i in 1 .. walfold_n loop\n\
+               for walfold_i in 1 .. walfold_n loop\n\
                  {assign}\n\
-                 {statement};\n\
-                 get diagnostics walfold_rows = row_count;\n\
+                 {run}\n\
                  walfold_out := walfold_out || walfold_rows;\n\
                end loop;\n\
                return walfold_out;\n\
@@ -98,7 +105,7 @@ impl SqlProjection {
             ));
         }
         let ddl = format!(
-            "create or replace function {qualified}({}) returns int8[] language plpgsql as {tag}{body}{tag}",
+            "create function {qualified}({}) returns int8[] language plpgsql as {tag}{body}{tag}",
             args.join(", ")
         );
         let call_args: Vec<String> = (1..=types.len() + 1).map(|i| format!("${i}")).collect();
@@ -107,12 +114,33 @@ impl SqlProjection {
             .chain(types.iter().map(|t| array_type(*t)))
             .collect();
         Ok(SqlProjection {
+            schema: schema.to_owned(),
+            name,
             params: template.params,
             ddl,
             call,
             call_types,
             requires_version,
         })
+    }
+
+    /// Whether the statement yields rows, asked of the server. A statement that cannot
+    /// be described yet (e.g. its table does not exist) is taken as returning none; it
+    /// then fails per event and is dead-lettered, as any failing statement is.
+    pub async fn returns_rows(client: &Client, kind: &ProjectionKind) -> bool {
+        let template = match kind {
+            ProjectionKind::Sql(t) => t,
+            ProjectionKind::Table(t) => &t.template,
+        };
+        let types: Vec<Type> = template
+            .params
+            .iter()
+            .map(|p| scalar_type(p.param_type()))
+            .collect();
+        client
+            .prepare_typed(&template.sql, &types)
+            .await
+            .is_ok_and(|s| !s.columns().is_empty())
     }
 
     async fn run(
@@ -161,6 +189,16 @@ fn sql_type(t: ParamType) -> &'static str {
         ParamType::Int8 => "int8",
         ParamType::Jsonb => "jsonb",
         ParamType::Timestamptz => "timestamptz",
+    }
+}
+
+fn scalar_type(t: ParamType) -> Type {
+    match t {
+        ParamType::Uuid => Type::UUID,
+        ParamType::Text => Type::TEXT,
+        ParamType::Int8 => Type::INT8,
+        ParamType::Jsonb => Type::JSONB,
+        ParamType::Timestamptz => Type::TIMESTAMPTZ,
     }
 }
 
@@ -241,14 +279,26 @@ fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
 }
 
 impl Projection for SqlProjection {
-    /// Creates (or replaces) the projection's function; concurrent installers of the
-    /// same function are serialized by an advisory lock.
+    /// Creates the projection's function unless it exists. Its name is a hash of its
+    /// body, so an existing one is the same function: nothing is replaced (which would
+    /// need the creating role and invalidate other sessions' plans). Concurrent
+    /// installers are serialized by an advisory lock.
     fn install<'a>(&'a self, client: &'a mut Client) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
             let tx = client.transaction().await?;
             tx.execute("select pg_advisory_xact_lock(2003133030)", &[])
                 .await?;
-            tx.batch_execute(&self.ddl).await?;
+            let exists: bool = tx
+                .query_one(
+                    "select exists (select 1 from pg_proc p join pg_namespace n on n.oid = p.pronamespace \
+                     where n.nspname = $1 and p.proname = $2)",
+                    &[&self.schema, &self.name],
+                )
+                .await?
+                .get(0);
+            if !exists {
+                tx.batch_execute(&self.ddl).await?;
+            }
             tx.commit().await?;
             Ok(())
         })
@@ -297,7 +347,7 @@ mod tests {
             "insert into t values (:aggregate_id, ':payload.x', :payload.amount::numeric)",
         )
         .unwrap();
-        let p = SqlProjection::new(&ProjectionKind::Sql(t), "walfold").unwrap();
+        let p = SqlProjection::new(&ProjectionKind::Sql(t), "walfold", false).unwrap();
         assert!(
             p.ddl
                 .contains("values (walfold_v1, ':payload.x', walfold_v2::numeric)"),
@@ -315,10 +365,12 @@ mod tests {
             p.call
         );
         assert_eq!(p.call_types.len(), 3);
-        let select = Template::compile("select pg_notify('x', :event_type)").unwrap();
-        let p = SqlProjection::new(&ProjectionKind::Sql(select), "walfold").unwrap();
+        let select = Template::compile("select pg_notify('x', :event_type) -- trailing").unwrap();
+        let p = SqlProjection::new(&ProjectionKind::Sql(select), "walfold", true).unwrap();
         assert!(
-            p.ddl.contains("perform pg_notify('x', walfold_v1);"),
+            p.ddl.contains(
+                "with walfold_q as (\nselect pg_notify('x', walfold_v1) -- trailing\n) select count(*) into walfold_rows"
+            ),
             "{}",
             p.ddl
         );

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use walfold_store::{
-    failpoint, AppendOutcome, DeadLetter, Directive, EventLog, IngestCounts, Lsn, NewEvent,
-    StoreError,
+    failpoint, AppendOutcome, DeadLetter, EventLog, IngestCounts, Lsn, NewEvent, StoreError,
 };
 
 use crate::error::SourceError;
@@ -111,7 +110,7 @@ impl Appender {
         }
         let outcome = match self.log.append(&events, &dead, through, counts).await {
             Ok(outcome) => outcome,
-            Err(e) if is_definite(&e) => {
+            Err(e) if is_data_error(&e) => {
                 tracing::warn!(error = %e, "the event log refused a batch; appending its events one by one");
                 self.isolate(events, dead, through, counts).await?
             }
@@ -170,7 +169,7 @@ impl Appender {
                     total.duplicates += o.duplicates;
                     total.id_conflicts += o.id_conflicts;
                 }
-                Err(e) if is_definite(&e) => {
+                Err(e) if is_data_error(&e) => {
                     tracing::warn!(event_id = %event.id, error = %e, "event refused by the event log, dead-lettered");
                     counts.malformed += 1;
                     dead.push(DeadLetter::refused(&event, &e.to_string()));
@@ -186,6 +185,12 @@ impl Appender {
     }
 }
 
-fn is_definite(e: &StoreError) -> bool {
-    e.pg().is_some() && e.directive() == Directive::Definite
+/// An error caused by an event's own values (a value PostgreSQL cannot store, too large,
+/// violating a check). Anything else (privileges, schema drift, timeouts) is not the
+/// event's fault: it stops the stream unacknowledged instead of dead-lettering events.
+fn is_data_error(e: &StoreError) -> bool {
+    e.pg()
+        .and_then(|pg| pg.code())
+        .map(|c| c.code())
+        .is_some_and(|c| c.starts_with("22") || matches!(c, "23502" | "23514" | "54000"))
 }

@@ -70,7 +70,7 @@ async fn attempt(
         .await
         .map_err(SourceError::store("connecting to the source"))?;
     prepare_source(&source, config, ingested).await?;
-    let heartbeat = heartbeat(source, config.source.heartbeat_interval_s);
+    drop(source);
     head.send_replace(log.head());
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
@@ -84,8 +84,11 @@ async fn attempt(
     };
     let reader = Reader::new(config, items_tx);
     let cfg = replication_config(config)?;
+    let _heartbeat = heartbeat(
+        config.source.url.clone(),
+        config.source.heartbeat_interval_s,
+    );
     let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
-    heartbeat.abort();
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
     read
@@ -93,28 +96,49 @@ async fn attempt(
 
 /// Writes a non-transactional logical message every `interval_s` seconds. It reaches the
 /// reader even when the publication filters out every change, so the slot keeps moving
-/// and the server can release WAL on an idle or busy-but-filtered database.
-fn heartbeat(source: tokio_postgres::Client, interval_s: u64) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+/// and the server can release WAL on an idle or busy-but-filtered database. The task
+/// ends with the streaming attempt that owns the guard.
+fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
         if interval_s == 0 {
             return;
         }
         let mut tick = tokio::time::interval(Duration::from_secs(interval_s));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut client = None;
         loop {
             tick.tick().await;
-            if let Err(e) = source
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client = match connect(&url).await {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "heartbeat cannot connect to the source");
+                        None
+                    }
+                };
+            }
+            let Some(c) = &client else { continue };
+            if let Err(e) = c
                 .execute(
                     "select pg_logical_emit_message(false, 'walfold.heartbeat', '')",
                     &[],
                 )
                 .await
             {
-                tracing::debug!(error = %walfold_store::describe(&e), "heartbeat failed");
-                if e.is_closed() {
-                    return;
-                }
+                tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
             }
         }
-    })
+    }))
+}
+
+/// Aborts its task when dropped, however the owner ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -35,6 +35,12 @@ pub struct IngestCounts {
     pub ignored_changes: u64,
 }
 
+/// The server notices a vanished client within about a minute (its default is the
+/// kernel's two hours), so a lock held by a dead session does not stall ingest for long;
+/// and no statement timeout cuts an append short.
+pub(crate) const SERVER_KEEPALIVES: &str = "set tcp_keepalives_idle = 30; \
+    set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; set statement_timeout = 0;";
+
 /// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
 const APPENDER_LOCK: i32 = 0x7761_6c66;
 
@@ -72,9 +78,9 @@ impl EventLog {
         // The slot is acknowledged after this connection's commits: they must be durable
         // whatever the server's or role's default.
         client
-            .batch_execute("set synchronous_commit = on")
+            .batch_execute(&format!("set synchronous_commit = on; {SERVER_KEEPALIVES}"))
             .await
-            .map_err(StoreError::db("setting synchronous_commit"))?;
+            .map_err(StoreError::db("configuring the appender session"))?;
         let head: i64 = client
             .query_one(
                 &format!("select coalesce(max(seq), 0) from {s}.event_log"),

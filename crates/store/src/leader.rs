@@ -61,6 +61,10 @@ impl Leadership {
     /// One attempt: a new session that holds the lock, or `None` if another does.
     async fn try_once(url: &str, schema: &str) -> Result<Option<Client>, StoreError> {
         let client = connect(url).await?;
+        client
+            .batch_execute(crate::event_log::SERVER_KEEPALIVES)
+            .await
+            .map_err(StoreError::db("configuring the leader session"))?;
         let locked: bool = client
             .query_one(
                 "select pg_try_advisory_lock($1::int4, hashtext($2))",
