@@ -470,3 +470,50 @@ async fn an_idle_daemon_does_not_write() {
         after - before
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_malformed_row_is_dead_lettered_once() {
+    let db = TestDb::new("dl_once");
+    let mut d = Daemon::start(
+        &db.config(""),
+        &[("WALFOLD_FAILPOINTS", "after_append_commit=1")],
+    );
+    d.assert_failpoints_compiled();
+    let client = db.client().await;
+    slot_active(&client).await;
+    // The malformed row first, so it is in the batch that commits just before the crash.
+    let good: String = (1..=5)
+        .map(|i| {
+            walfold_tests::insert_event(
+                &format!("00000000-0000-4000-8000-{i:012}"),
+                "o-1",
+                "OrderPaid",
+                i,
+                r#"{"status": "paid", "amount": "1"}"#,
+            )
+        })
+        .collect();
+    db.psql(&format!(
+        "begin; insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values (null, 'order', 'o-9', 'OrderPaid', 1, '{{}}'); {good} commit;"
+    ));
+    eventually(
+        Duration::from_secs(30),
+        "the failpoint to abort the daemon",
+        || {
+            let exited = d.exited().is_some();
+            async move { exited }
+        },
+    )
+    .await;
+    d.kill_and_restart(Some(&[]));
+    caught_up(&client, 5, 3).await;
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "1");
+    assert!(
+        db.psql("select malformed from walfold.ingest_position")
+            .parse::<i64>()
+            .unwrap()
+            >= 2,
+        "the replay did see the row again"
+    );
+}

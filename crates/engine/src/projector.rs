@@ -373,7 +373,11 @@ impl Partition {
             .dead_letters
             .record(&tx, &letter)
             .await
-            .map_err(EngineError::store("dead-lettering"))?;
+            .map_err(EngineError::store("dead-lettering"))?
+            .ok_or_else(|| EngineError::Projection {
+                projection: self.options.name.clone(),
+                message: "a subscriber's dead letter was not recorded".into(),
+            })?;
         conn.dead_letters
             .park(
                 &tx,
@@ -471,5 +475,6 @@ fn waiting_letter(subscriber: &str, e: &Event) -> DeadLetter {
         existing: None,
         attempts: 0,
         source_lsn: Some(e.source_lsn),
+        source_ordinal: None,
     }
 }

@@ -30,6 +30,8 @@ pub struct Mapping {
 pub struct TxContext {
     pub commit_lsn: Lsn,
     pub commit_time: Option<SystemTime>,
+    /// Outbox inserts before this one in the transaction: the row's ordinal.
+    pub ordinal: i32,
 }
 
 impl Mapping {
@@ -82,6 +84,7 @@ impl Mapping {
                 existing: None,
                 attempts: 1,
                 source_lsn: Some(tx.commit_lsn),
+                source_ordinal: Some(tx.ordinal),
             })
         })
     }
@@ -144,6 +147,7 @@ impl Mapping {
             headers,
             occurred_at,
             source_lsn: tx.commit_lsn,
+            source_ordinal: tx.ordinal,
             committed_at: tx.commit_time,
         })
     }
@@ -277,6 +281,7 @@ mod tests {
         TxContext {
             commit_lsn: Lsn(42),
             commit_time: None,
+            ordinal: 0,
         }
     }
 

@@ -18,6 +18,8 @@ use crate::feedback::Acknowledger;
 use crate::outbox::{pg_time, Mapping, TxContext};
 
 /// What the reader hands the appender, in stream order.
+// Events are nearly every item: boxing them would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Item {
     Event(NewEvent),
@@ -150,6 +152,7 @@ impl<'a> Reader<'a> {
                 self.tx = Some(TxContext {
                     commit_lsn: Lsn(final_lsn.as_u64()),
                     commit_time: pg_time(commit_time_micros),
+                    ordinal: 0,
                 });
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
@@ -209,6 +212,9 @@ impl<'a> Reader<'a> {
                         Item::Rejected(dead)
                     }
                 };
+                if let Some(t) = &mut self.tx {
+                    t.ordinal += 1;
+                }
                 self.send(item).await?;
             }
             Message::Update(u) if self.mapping(u.relation_id)?.is_some() => {

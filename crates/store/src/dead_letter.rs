@@ -51,6 +51,8 @@ pub struct DeadLetter {
     pub existing: Option<Value>,
     pub attempts: i32,
     pub source_lsn: Option<Lsn>,
+    /// With `source_lsn`, identifies a row rejected at ingest across replays.
+    pub source_ordinal: Option<i32>,
 }
 
 impl DeadLetter {
@@ -68,6 +70,7 @@ impl DeadLetter {
             existing: None,
             attempts: 1,
             source_lsn: Some(event.source_lsn),
+            source_ordinal: Some(event.source_ordinal),
         }
     }
 }
@@ -85,8 +88,11 @@ impl DeadLetters {
         let insert = client
             .prepare(&format!(
                 "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
-                 aggregate_id, reason, error, raw, existing, attempts, source_lsn) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) returning id"
+                 aggregate_id, reason, error, raw, existing, attempts, source_lsn, source_ordinal) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                 on conflict (source_lsn, source_ordinal) \
+                 where subscriber_id is null and source_ordinal is not null do nothing \
+                 returning id"
             ))
             .await
             .map_err(StoreError::db("preparing dead-letter insert"))?;
@@ -100,15 +106,16 @@ impl DeadLetters {
         Ok(DeadLetters { insert, park })
     }
 
-    /// Records `dl` (in the caller's transaction) and returns its ID.
+    /// Records `dl` (in the caller's transaction) and returns its ID; `None` when this
+    /// ingest rejection was already recorded (a replay of the same WAL).
     pub async fn record(
         &self,
         tx: &impl GenericClient,
         dl: &DeadLetter,
-    ) -> Result<i64, StoreError> {
+    ) -> Result<Option<i64>, StoreError> {
         let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
         let row = tx
-            .query_one(
+            .query_opt(
                 &self.insert,
                 &[
                     &dl.subscriber_id,
@@ -122,11 +129,12 @@ impl DeadLetters {
                     &dl.existing,
                     &dl.attempts,
                     &lsn,
+                    &dl.source_ordinal,
                 ],
             )
             .await
             .map_err(StoreError::db("recording a dead letter"))?;
-        Ok(row.get(0))
+        Ok(row.map(|r| r.get(0)))
     }
 
     /// Parks an aggregate for a subscriber (in the caller's transaction).

@@ -21,6 +21,9 @@ pub struct NewEvent {
     pub occurred_at: Option<SystemTime>,
     /// Commit LSN of the source transaction.
     pub source_lsn: Lsn,
+    /// Position among the outbox inserts of the source transaction (with `source_lsn`,
+    /// the same on every replay of the WAL).
+    pub source_ordinal: i32,
     /// Commit time of the source transaction.
     pub committed_at: Option<SystemTime>,
 }

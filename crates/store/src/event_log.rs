@@ -341,6 +341,7 @@ fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
         existing: Some(existing),
         attempts: 1,
         source_lsn: Some(event.source_lsn),
+        source_ordinal: Some(event.source_ordinal),
     }
 }
 

@@ -13,11 +13,18 @@ use crate::error::StoreError;
 use crate::q;
 
 /// `(version, description, sql)`, in order. A test checks every file in `migrations/` is here.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    20261130000001,
-    "walfold schema",
-    include_str!("../../../migrations/20261130000001_walfold_schema.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        20261130000001,
+        "walfold schema",
+        include_str!("../../../migrations/20261130000001_walfold_schema.sql"),
+    ),
+    (
+        20261130000002,
+        "dead letter once",
+        include_str!("../../../migrations/20261130000002_dead_letter_once.sql"),
+    ),
+];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
 pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
