@@ -387,17 +387,24 @@ async fn a_lost_slot_is_never_silently_recreated() {
     );
 }
 
+/// Starts the daemon with heartbeats every `secs` seconds (0: off) and waits for it to stream.
+async fn start_with_heartbeat(db: &TestDb, secs: u64) -> (Daemon, tokio_postgres::Client) {
+    let config = db.config("").replace(
+        "[[outbox]]",
+        &format!("heartbeat_interval_s = {secs}\n\n[[outbox]]"),
+    );
+    let d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    (d, client)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_moves_when_only_other_tables_are_written() {
     let db = TestDb::new("filtered");
     // Heartbeats off: the reader acknowledges the server's keepalives between
     // transactions, once everything before them is durable.
-    let config = db
-        .config("")
-        .replace("[[outbox]]", "heartbeat_interval_s = 0\n\n[[outbox]]");
-    let _d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, client) = start_with_heartbeat(&db, 0).await;
     db.psql("create table busy (n int, pad text)");
     for _ in 0..5 {
         db.psql("insert into busy select i, repeat('x', 200) from generate_series(1, 20000) i");
@@ -419,12 +426,7 @@ async fn the_slot_moves_when_only_other_tables_are_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_move_the_slot_on_an_idle_database() {
     let db = TestDb::new("heartbeat");
-    let config = db
-        .config("")
-        .replace("[[outbox]]", "heartbeat_interval_s = 1\n\n[[outbox]]");
-    let _d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, client) = start_with_heartbeat(&db, 1).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_from: String = db.psql("select pg_current_wal_lsn()::text");
     // Nothing is written; without heartbeats the server would stay silent for
@@ -435,7 +437,8 @@ async fn heartbeats_move_the_slot_on_an_idle_database() {
         || async {
             client
                 .query_one(
-                    "select lsn > $1::text::pg_lsn from walfold.ingest_position",
+                    "select confirmed_flush_lsn > $1::text::pg_lsn from pg_replication_slots \
+                     where slot_name = 'walfold'",
                     &[&idle_from],
                 )
                 .await
@@ -449,12 +452,7 @@ async fn heartbeats_move_the_slot_on_an_idle_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_daemon_does_not_write() {
     let db = TestDb::new("idle");
-    let config = db
-        .config("")
-        .replace("[[outbox]]", "heartbeat_interval_s = 0\n\n[[outbox]]");
-    let _d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, _client) = start_with_heartbeat(&db, 0).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let writes = || {
         db.psql("select n_tup_upd + n_tup_ins from pg_stat_user_tables where relname = 'ingest_position'")

@@ -223,6 +223,24 @@ async fn wait_subscribers(
     }
 }
 
+/// Waits until the pipeline's slot streams, before load is offered.
+async fn slot_active(client: &tokio_postgres::Client) -> Result<(), BoxError> {
+    let t0 = Instant::now();
+    while count(
+        client,
+        "select count(*) from pg_replication_slots where active",
+    )
+    .await
+        == 0
+    {
+        if t0.elapsed() > Duration::from_secs(30) {
+            return Err("slot did not become active".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client
         .query_one(sql, &[])
@@ -242,20 +260,7 @@ async fn live(
     let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
     reset_peak_rss();
     let (cancel, task) = start(config);
-    // Wait for the slot to stream before offering load.
-    let t0 = Instant::now();
-    while count(
-        &client,
-        "select count(*) from pg_replication_slots where active",
-    )
-    .await
-        == 0
-    {
-        if t0.elapsed() > Duration::from_secs(30) {
-            return Err("slot did not become active".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    slot_active(&client).await?;
 
     // 3. Live latency at a steady offered rate of single-row transactions.
     let (rate, secs) = (args.rate, args.latency_secs);
@@ -383,19 +388,7 @@ async fn big_transaction(
     let config = setup::config(cluster, db, "walfold_big", setup::LATENCY_PROJECTION)?;
     let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
     let (cancel, task) = start(config);
-    let t0 = Instant::now();
-    while count(
-        &client,
-        "select count(*) from pg_replication_slots where active",
-    )
-    .await
-        == 0
-    {
-        if t0.elapsed() > Duration::from_secs(30) {
-            return Err("slot did not become active".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    slot_active(&client).await?;
     let (before, _) = rss_mib();
     reset_peak_rss();
     let span = Span::start();

@@ -56,22 +56,31 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// An event the event log refused (a value PostgreSQL cannot store).
-    pub fn refused(event: &crate::event::NewEvent, error: &str) -> DeadLetter {
+    /// An event set aside at ingest, identified by its place in the source WAL.
+    pub(crate) fn ingest(event: &crate::event::NewEvent, reason: Reason, error: String) -> Self {
         DeadLetter {
             subscriber_id: None,
             event_id: Some(event.id),
             seq: None,
             aggregate_type: Some(event.aggregate_type.clone()),
             aggregate_id: Some(event.aggregate_id.clone()),
-            reason: Reason::Malformed,
-            error: format!("the event log refused the event: {error}"),
+            reason,
+            error,
             raw: Some(crate::event_log::event_json(event)),
             existing: None,
             attempts: 1,
             source_lsn: Some(event.source_lsn),
             source_ordinal: Some(event.source_ordinal),
         }
+    }
+
+    /// An event the event log refused (a value PostgreSQL cannot store).
+    pub fn refused(event: &crate::event::NewEvent, error: &str) -> DeadLetter {
+        Self::ingest(
+            event,
+            Reason::Malformed,
+            format!("the event log refused the event: {error}"),
+        )
     }
 }
 

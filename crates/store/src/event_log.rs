@@ -330,18 +330,12 @@ pub(crate) fn event_json(e: &NewEvent) -> Value {
 
 fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
     DeadLetter {
-        subscriber_id: None,
-        event_id: Some(event.id),
-        seq: None,
-        aggregate_type: Some(event.aggregate_type.clone()),
-        aggregate_id: Some(event.aggregate_id.clone()),
-        reason: Reason::IdConflict,
-        error: "event ID already in the log with different content".into(),
-        raw: Some(event_json(event)),
         existing: Some(existing),
-        attempts: 1,
-        source_lsn: Some(event.source_lsn),
-        source_ordinal: Some(event.source_ordinal),
+        ..DeadLetter::ingest(
+            event,
+            Reason::IdConflict,
+            "event ID already in the log with different content".into(),
+        )
     }
 }
 
