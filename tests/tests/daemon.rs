@@ -515,3 +515,72 @@ async fn a_replayed_malformed_row_is_dead_lettered_once() {
         "the replay did see the row again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_can_be_listed_and_discarded() {
+    let db = TestDb::new("dlcli");
+    let config = db.config("");
+    let _d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values (null, 'order', 'o-1', 'OrderPaid', 1, '{\"a\": 1}')",
+    );
+    eventually(Duration::from_secs(30), "the dead letter", || async {
+        db.psql("select count(*) from walfold.dead_letter") == "1"
+    })
+    .await;
+    let path = write_config(&config);
+    let cfg = path.to_str().unwrap();
+    let (code, out, err) = walfold(&["dead-letters", "list", "--json", "-c", cfg], &[]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = &list[0];
+    assert_eq!(entry["reason"], "malformed");
+    assert_eq!(entry["raw"]["aggregate_id"], "o-1");
+    let id = entry["id"].as_i64().unwrap().to_string();
+    let (code, out, _) = walfold(
+        &["dead-letters", "list", "--subscriber", "ingest", "-c", cfg],
+        &[],
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("column `id` is null"), "{out}");
+
+    let (code, _, err) = walfold(
+        &[
+            "dead-letters",
+            "discard",
+            &id,
+            "--reason",
+            "test row",
+            "-c",
+            cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = walfold(&["dead-letters", "list", "--json", "-c", cfg], &[]);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        serde_json::json!([])
+    );
+    let (_, out, _) = walfold(&["dead-letters", "list", "--all", "--json", "-c", cfg], &[]);
+    let all: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(all[0]["status"], "discarded");
+    assert_eq!(all[0]["resolution"], "test row");
+    let (code, _, err) = walfold(
+        &[
+            "dead-letters",
+            "discard",
+            &id,
+            "--reason",
+            "again",
+            "-c",
+            cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no open dead letter"), "{err}");
+}

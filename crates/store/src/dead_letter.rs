@@ -184,3 +184,95 @@ impl DeadLetters {
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 }
+
+/// A dead letter as operators see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadLetterEntry {
+    pub id: i64,
+    pub subscriber_id: Option<String>,
+    pub event_id: Option<Uuid>,
+    pub seq: Option<i64>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub reason: String,
+    pub error: String,
+    pub attempts: i32,
+    pub status: String,
+    pub first_failed_at_unix: f64,
+    pub last_failed_at_unix: f64,
+    pub raw: Option<Value>,
+    pub existing: Option<Value>,
+    pub resolution: Option<String>,
+}
+
+impl DeadLetters {
+    /// Dead letters, newest first: open ones unless `all`; of one subscriber when given
+    /// (`ingest` selects rows rejected before any subscriber).
+    pub async fn list(
+        client: &Client,
+        schema: &str,
+        subscriber: Option<&str>,
+        all: bool,
+        limit: i64,
+    ) -> Result<Vec<DeadLetterEntry>, StoreError> {
+        let rows = client
+            .query(
+                &format!(
+                    "select id, subscriber_id, event_id, seq, aggregate_type, aggregate_id, reason, \
+                     error, attempts, status, extract(epoch from first_failed_at)::float8, \
+                     extract(epoch from last_failed_at)::float8, raw, existing, resolution \
+                     from {}.dead_letter \
+                     where ($1 or status = 'open') \
+                       and ($2::text is null or subscriber_id = $2 \
+                            or ($2 = 'ingest' and subscriber_id is null)) \
+                     order by id desc limit $3",
+                    q(schema)
+                ),
+                &[&all, &subscriber, &limit],
+            )
+            .await
+            .map_err(StoreError::db("listing dead letters"))?;
+        Ok(rows
+            .iter()
+            .map(|r| DeadLetterEntry {
+                id: r.get(0),
+                subscriber_id: r.get(1),
+                event_id: r.get(2),
+                seq: r.get(3),
+                aggregate_type: r.get(4),
+                aggregate_id: r.get(5),
+                reason: r.get(6),
+                error: r.get(7),
+                attempts: r.get(8),
+                status: r.get(9),
+                first_failed_at_unix: r.get(10),
+                last_failed_at_unix: r.get(11),
+                raw: r.get(12),
+                existing: r.get(13),
+                resolution: r.get(14),
+            })
+            .collect())
+    }
+
+    /// Marks an open dead letter discarded with the operator's reason. Returns false when
+    /// there is no open dead letter with that ID. A parked aggregate stays parked.
+    pub async fn discard(
+        client: &Client,
+        schema: &str,
+        id: i64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let n = client
+            .execute(
+                &format!(
+                    "update {}.dead_letter set status = 'discarded', resolution = $2, \
+                     resolved_at = now() where id = $1 and status = 'open'",
+                    q(schema)
+                ),
+                &[&id, &reason],
+            )
+            .await
+            .map_err(StoreError::db("discarding a dead letter"))?;
+        Ok(n == 1)
+    }
+}

@@ -19,7 +19,7 @@ mod tls;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql};
 pub use connect::{connect, ConnectOptions, SslMode};
-pub use dead_letter::{DeadLetter, DeadLetters, Reason};
+pub use dead_letter::{DeadLetter, DeadLetterEntry, DeadLetters, Reason};
 pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};
 pub use event_log::{read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page};

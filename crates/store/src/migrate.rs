@@ -24,6 +24,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dead letter once",
         include_str!("../../../migrations/20261130000002_dead_letter_once.sql"),
     ),
+    (
+        20261130000003,
+        "dead letter resolution",
+        include_str!("../../../migrations/20261130000003_dead_letter_resolution.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

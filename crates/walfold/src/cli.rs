@@ -38,4 +38,35 @@ pub enum Command {
         #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
         config: PathBuf,
     },
+    /// Inspect and resolve dead letters.
+    #[command(name = "dead-letters", subcommand)]
+    DeadLetters(DeadLetterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCommand {
+    /// List dead letters, newest first (open ones unless --all).
+    List {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// Only this subscriber's (`ingest` for rows rejected at ingest).
+        #[arg(long)]
+        subscriber: Option<String>,
+        /// Include retried and discarded ones.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON (with the raw rows) instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Mark a dead letter discarded, with the reason recorded.
+    Discard {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        id: i64,
+        #[arg(long)]
+        reason: String,
+    },
 }

@@ -3,6 +3,7 @@
 //! (0 ok, 2 bad configuration or usage, 1 anything else).
 
 mod cli;
+mod dead_letters;
 mod demo;
 mod run;
 mod shutdown;
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
             Command::Demo => demo::demo().await,
             Command::Status { config, json } => status::status(&config, json).await,
             Command::Migrate { config } => run::migrate_only(&config).await,
+            Command::DeadLetters(command) => dead_letters::run(command).await,
         }
     });
     // Connection tasks may still be parked; don't wait for them.
