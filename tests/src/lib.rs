@@ -320,6 +320,14 @@ impl InProcess {
         InProcess { cancel, task }
     }
 
+    /// Starts the pipeline on `config` and waits until it streams from the slot.
+    pub async fn streaming(db: &TestDb, config: &str) -> (InProcess, tokio_postgres::Client) {
+        let p = InProcess::start(config);
+        let client = db.client().await;
+        slot_active(&client).await;
+        (p, client)
+    }
+
     pub async fn stop(self) {
         self.cancel.cancel();
         self.task

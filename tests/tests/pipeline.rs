@@ -1,7 +1,7 @@
 //! The pipeline in-process against a real PostgreSQL: flow, subscribers, duplicates,
 //! conflicts, reordering, malformed rows, parking, and data that looks like SQL.
 
-use walfold_tests::{caught_up, insert_event, slot_active, status, InProcess, TestDb};
+use walfold_tests::{caught_up, insert_event, status, InProcess, TestDb};
 
 const A: &str = "00000000-0000-4000-8000-00000000000a";
 const B: &str = "00000000-0000-4000-8000-00000000000b";
@@ -23,9 +23,7 @@ retry_backoff_ms = 10
 sql = "insert into no_such_table values (:aggregate_id)"
 "#,
     );
-    let p = InProcess::start(&config);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &config).await;
     let mut sql = String::new();
     for i in 0..200 {
         let id = format!("00000000-0000-4000-8000-{:012}", i + 1);
@@ -84,9 +82,7 @@ sql = "insert into no_such_table values (:aggregate_id)"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_event_id_changes_projections_once() {
     let db = TestDb::new("dupes");
-    let p = InProcess::start(&db.config(""));
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &db.config("")).await;
     let paid = insert_event(
         A,
         "o-1",
@@ -143,9 +139,7 @@ async fn a_repeated_event_id_changes_projections_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_id_with_different_content_is_quarantined() {
     let db = TestDb::new("conflict");
-    let p = InProcess::start(&db.config(""));
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &db.config("")).await;
     db.psql(&insert_event(
         A,
         "o-1",
@@ -187,9 +181,7 @@ async fn the_same_id_with_different_content_is_quarantined() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_version_is_skipped_and_counted() {
     let db = TestDb::new("stale");
-    let p = InProcess::start(&db.config(""));
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &db.config("")).await;
     db.psql(&insert_event(
         A,
         "o-1",
@@ -231,9 +223,7 @@ async fn malformed_rows_are_dead_lettered_and_later_rows_still_apply() {
         "[pipeline]",
         "[[outbox]]\ntable = \"public.loose_outbox\"\n\n[pipeline]",
     );
-    let p = InProcess::start(&config);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &config).await;
     let bad = [
         (
             "null",
@@ -306,9 +296,7 @@ async fn malformed_rows_are_dead_lettered_and_later_rows_still_apply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payload_that_looks_like_sql_is_stored_as_data() {
     let db = TestDb::new("inject");
-    let p = InProcess::start(&db.config(""));
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &db.config("")).await;
     let evil = r#"'); drop table order_state; --"#;
     let payload =
         serde_json::json!({"status": evil, "note": "x'; delete from ledger; --", "amount": "1"});
@@ -344,9 +332,7 @@ async fn a_failing_event_parks_its_aggregate_and_other_aggregates_go_on() {
         "version_column = \"version\"",
         "version_column = \"version\"\nmax_attempts = 3\nretry_backoff_ms = 10",
     );
-    let p = InProcess::start(&config);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &config).await;
     db.psql(&format!(
         "begin; {} {} {} commit;",
         insert_event(
@@ -406,9 +392,7 @@ async fn a_failing_event_parks_its_aggregate_and_other_aggregates_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_numbers_keep_every_digit() {
     let db = TestDb::new("precision");
-    let p = InProcess::start(&db.config(""));
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &db.config("")).await;
     db.psql(&insert_event(
         A,
         "o-1",
@@ -449,9 +433,7 @@ subscriber = "notify.v1"
 sql = "select pg_notify('walfold_test', :event_type)"
 "#,
     );
-    let p = InProcess::start(&config);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (p, client) = InProcess::streaming(&db, &config).await;
     db.psql(&format!(
         "begin; {} {} commit;",
         insert_event(A, "o-1", "OrderPaid", 1, r#"{"status": "paid"}"#),
