@@ -387,6 +387,23 @@ async fn a_lost_slot_is_never_silently_recreated() {
     );
 }
 
+/// Waits until the slot's confirmed position reaches `lsn` (passes it when `past`).
+async fn slot_reaches(client: &tokio_postgres::Client, lsn: &str, past: bool, timeout: Duration) {
+    let sql = format!(
+        "select confirmed_flush_lsn {} $1::text::pg_lsn from pg_replication_slots \
+         where slot_name = 'walfold'",
+        if past { ">" } else { ">=" }
+    );
+    eventually(timeout, &format!("the slot to reach {lsn}"), || async {
+        client
+            .query_one(&sql, &[&lsn])
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+    })
+    .await;
+}
+
 /// Starts the daemon with heartbeats every `secs` seconds (0: off) and waits for it to stream.
 async fn start_with_heartbeat(db: &TestDb, secs: u64) -> (Daemon, tokio_postgres::Client) {
     let config = db.config("").replace(
@@ -410,17 +427,7 @@ async fn the_slot_moves_when_only_other_tables_are_written() {
         db.psql("insert into busy select i, repeat('x', 200) from generate_series(1, 20000) i");
     }
     let written: String = db.psql("select pg_current_wal_lsn()::text");
-    eventually(Duration::from_secs(20), "the slot to move past the filtered writes", || async {
-        client
-            .query_one(
-                "select confirmed_flush_lsn >= $1::text::pg_lsn from pg_replication_slots where slot_name = 'walfold'",
-                &[&written],
-            )
-            .await
-            .map(|r| r.get::<_, bool>(0))
-            .unwrap_or(false)
-    })
-    .await;
+    slot_reaches(&client, &written, false, Duration::from_secs(20)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,22 +438,7 @@ async fn heartbeats_move_the_slot_on_an_idle_database() {
     let idle_from: String = db.psql("select pg_current_wal_lsn()::text");
     // Nothing is written; without heartbeats the server would stay silent for
     // wal_sender_timeout / 2 (30 s).
-    eventually(
-        Duration::from_secs(10),
-        "a heartbeat to be acknowledged",
-        || async {
-            client
-                .query_one(
-                    "select confirmed_flush_lsn > $1::text::pg_lsn from pg_replication_slots \
-                     where slot_name = 'walfold'",
-                    &[&idle_from],
-                )
-                .await
-                .map(|r| r.get::<_, bool>(0))
-                .unwrap_or(false)
-        },
-    )
-    .await;
+    slot_reaches(&client, &idle_from, true, Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,7 +124,7 @@ async fn decode_and_drain(
     // 2. Drain the same backlog through the whole pipeline.
     reset_peak_rss();
     let config = setup::config(cluster, db, "walfold_0", setup::DRAIN_PROJECTIONS)?;
-    let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
+    let client = connect(cluster, db).await?;
     let span = Span::start();
     let (cancel, task) = start(config);
     wait_subscribers(&client, n as i64, 2, Duration::from_secs(3600)).await?;
@@ -223,6 +223,11 @@ async fn wait_subscribers(
     }
 }
 
+/// A client on one of the benchmark's databases.
+async fn connect(cluster: &Cluster, db: &str) -> Result<tokio_postgres::Client, BoxError> {
+    Ok(walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?)
+}
+
 /// Waits until the pipeline's slot streams, before load is offered.
 async fn slot_active(client: &tokio_postgres::Client) -> Result<(), BoxError> {
     let t0 = Instant::now();
@@ -257,7 +262,7 @@ async fn live(
     let db = "live";
     blocking(move || setup::create_db(cluster, db)).await?;
     let config = setup::config(cluster, db, "walfold_live", setup::LATENCY_PROJECTION)?;
-    let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
+    let client = connect(cluster, db).await?;
     reset_peak_rss();
     let (cancel, task) = start(config);
     slot_active(&client).await?;
@@ -386,7 +391,7 @@ async fn big_transaction(
     let n = args.big_txn;
     blocking(move || setup::create_db(cluster, db)).await?;
     let config = setup::config(cluster, db, "walfold_big", setup::LATENCY_PROJECTION)?;
-    let client = walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?;
+    let client = connect(cluster, db).await?;
     let (cancel, task) = start(config);
     slot_active(&client).await?;
     let (before, _) = rss_mib();
