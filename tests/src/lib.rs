@@ -176,6 +176,11 @@ impl Daemon {
         d
     }
 
+    /// The config file it runs on (for CLI commands beside it).
+    pub fn config_path(&self) -> &str {
+        self.config.to_str().expect("utf-8 path")
+    }
+
     /// SIGKILL, then start again on the same config (and environment).
     pub fn kill_and_restart(&mut self, envs: Option<&[(&str, &str)]>) {
         self.kill();
@@ -257,6 +262,19 @@ fn spawn(config: &Path, log: &Path, envs: &[(&str, &str)]) -> Child {
         cmd.env(k, v);
     }
     cmd.spawn().expect("spawn walfold")
+}
+
+/// Writes a config to a fresh temp file.
+pub fn write_config(text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "walfold-cfg-{}-{}",
+        std::process::id(),
+        Rng::from_time().next_u64()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("walfold.toml");
+    std::fs::write(&path, text).unwrap();
+    path
 }
 
 /// Runs `walfold` with `args`, returning (exit code, stdout, stderr).

@@ -5,20 +5,9 @@ use std::time::{Duration, Instant};
 
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
-    caught_up, config_for, eventually, slot_active, walfold, write_events, Daemon, Rng, TestDb,
+    caught_up, config_for, eventually, slot_active, walfold, write_config, write_events, Daemon,
+    Rng, TestDb,
 };
-
-fn write_config(text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "walfold-cfg-{}-{}",
-        std::process::id(),
-        Rng::from_time().next_u64()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("walfold.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 #[test]
 fn bad_configuration_exits_2_and_names_the_key() {

@@ -1,6 +1,7 @@
 //! walfold's configuration: one TOML file, every value overridable from `WALFOLD_…`
 //! environment variables, validated as a whole so every problem is reported at once.
 
+mod duration;
 mod env;
 mod error;
 mod ident;
@@ -8,11 +9,12 @@ mod model;
 mod redact;
 mod template;
 
+pub use duration::parse_retention;
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
     Config, LogConfig, LogFormat, OutboxConfig, PipelineConfig, ProjectionConfig, ProjectionKind,
-    SourceConfig, TableProjection, TargetConfig,
+    RetentionConfig, SourceConfig, TableProjection, TargetConfig,
 };
 pub use redact::redact_url;
 pub use template::{ParamType, Placeholder, Template, TemplateError};

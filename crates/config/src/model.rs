@@ -31,6 +31,43 @@ pub struct Config {
     /// The projections: each one is a logical subscriber with its own dedup claims.
     #[serde(default)]
     pub projection: Vec<ProjectionConfig>,
+    /// How long the event log keeps events, and how pruning runs.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+}
+
+/// `[retention]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// How long events stay in the event log (`"forever"`, or e.g. `"90d"`). Rebuilds
+    /// replay only what the log still holds. An event is never pruned before every
+    /// active subscriber and running rebuild has passed it.
+    #[serde(default = "default_forever")]
+    pub event_log: String,
+    /// Seconds between the daemon's prune passes (0: only `walfold prune`).
+    #[serde(default = "default_prune_interval")]
+    pub prune_interval_s: u64,
+    /// Rows deleted per prune transaction (short transactions, no long locks).
+    #[serde(default = "default_prune_batch")]
+    pub prune_batch_size: i64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            event_log: default_forever(),
+            prune_interval_s: default_prune_interval(),
+            prune_batch_size: default_prune_batch(),
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The event log's retention (`None`: forever); valid after [`Config::validate`].
+    pub fn event_log(&self) -> Option<std::time::Duration> {
+        crate::duration::parse_retention(&self.event_log).unwrap_or(None)
+    }
 }
 
 /// `[source]`
@@ -160,7 +197,7 @@ impl Default for PipelineConfig {
 }
 
 /// `[log]`
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogConfig {
     /// `text` (default) or `json`.
@@ -169,6 +206,15 @@ pub struct LogConfig {
     /// A `tracing` filter, e.g. `info` or `walfold=debug`; `RUST_LOG` wins when set.
     #[serde(default = "default_level")]
     pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::default(),
+            level: default_level(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -204,6 +250,20 @@ pub struct ProjectionConfig {
     pub version_column: Option<String>,
     /// `table` projections: column → placeholder expression, e.g. `status = ":payload.status"`.
     pub columns: Option<BTreeMap<String, String>>,
+    /// `sql` projections: the table the statement writes, named `{table}` in `sql`.
+    /// walfold substitutes it (quoted), so a rebuild can write to a shadow table.
+    pub target: Option<String>,
+    /// How long dedup claims are kept (`"forever"`, the default, or e.g. `"30d"`): a
+    /// redelivery older than this is applied again.
+    #[serde(default = "default_forever")]
+    pub dedup_retention: String,
+    /// Events per transaction while a rebuild replays history.
+    #[serde(default = "default_rebuild_batch")]
+    pub rebuild_batch_size: usize,
+    /// After a rebuild switches over, drop the retired table after this long (e.g.
+    /// `"7d"`); by default it is kept until `walfold rebuild --finish`.
+    #[serde(default = "default_forever")]
+    pub drop_retired_after: String,
     /// Workers, each owning a hash partition of aggregates (order per aggregate is kept).
     #[serde(default = "default_parallelism")]
     pub parallelism: u32,
@@ -249,6 +309,10 @@ impl ProjectionConfig {
             key: None,
             version_column: None,
             columns: None,
+            target: None,
+            dedup_retention: default_forever(),
+            rebuild_batch_size: default_rebuild_batch(),
+            drop_retired_after: default_forever(),
             parallelism: default_parallelism(),
             batch_size: default_projection_batch(),
             max_attempts: default_max_attempts(),
@@ -258,6 +322,34 @@ impl ProjectionConfig {
 
     /// Compiles the projection's statement; `index` is its position, for error keys.
     pub fn kind(&self, index: usize) -> Result<ProjectionKind, Vec<Problem>> {
+        self.kind_for(index, None)
+    }
+
+    /// The table this projection writes: `table`, or `target` of a `sql` projection.
+    pub fn storage(&self) -> Option<QualifiedName> {
+        self.table
+            .as_deref()
+            .or(self.target.as_deref())
+            .and_then(|t| QualifiedName::parse(t).ok())
+    }
+
+    /// The dedup claims' retention (`None`: forever); valid after [`Config::validate`].
+    pub fn dedup_retention(&self) -> Option<std::time::Duration> {
+        crate::duration::parse_retention(&self.dedup_retention).unwrap_or(None)
+    }
+
+    /// How long a retired table is kept after a switch-over (`None`: until `--finish`).
+    pub fn drop_retired_after(&self) -> Option<std::time::Duration> {
+        crate::duration::parse_retention(&self.drop_retired_after).unwrap_or(None)
+    }
+
+    /// Compiles the projection's statement writing to `storage` instead of its own table
+    /// (a rebuild's shadow table) when given.
+    pub fn kind_for(
+        &self,
+        index: usize,
+        storage: Option<&QualifiedName>,
+    ) -> Result<ProjectionKind, Vec<Problem>> {
         let key = |k: &str| format!("projection[{index}].{k}");
         let problem = |k: &str, m: String| Problem {
             key: key(k),
@@ -274,6 +366,27 @@ impl ProjectionConfig {
             )]),
             (Some(sql), None) => {
                 let mut problems = Vec::new();
+                let sql = match (&self.target, sql.contains("{table}")) {
+                    (Some(t), true) => match (storage, QualifiedName::parse(t)) {
+                        (Some(s), _) => sql.replace("{table}", &s.quoted()),
+                        (None, Ok(t)) => sql.replace("{table}", &t.quoted()),
+                        (None, Err(m)) => return Err(vec![problem("target", m)]),
+                    },
+                    (Some(_), false) => {
+                        return Err(vec![problem(
+                            "sql",
+                            "write `{table}` where the statement names its `target` table".into(),
+                        )])
+                    }
+                    (None, true) => {
+                        return Err(vec![problem(
+                            "target",
+                            "missing: `sql` names `{table}`; set `target` to that table".into(),
+                        )])
+                    }
+                    (None, false) => sql.clone(),
+                };
+                let sql = &sql;
                 for k in ["key", "version_column", "columns"] {
                     let set = match k {
                         "key" => self.key.is_some(),
@@ -293,7 +406,14 @@ impl ProjectionConfig {
                     }
                 }
             }
-            (None, Some(table)) => self.table_kind(table, index),
+            (None, Some(_)) if self.target.is_some() => Err(vec![problem(
+                "target",
+                "only used with `sql` projections (a `table` projection writes `table`)".into(),
+            )]),
+            (None, Some(table)) => {
+                let table = storage.map_or_else(|| table.clone(), ToString::to_string);
+                self.table_kind(&table, index)
+            }
         }
     }
 
@@ -474,11 +594,34 @@ impl Config {
             if proj.max_attempts == 0 {
                 push(&key("max_attempts"), "must be at least 1".into());
             }
+            if !(1..=100_000).contains(&proj.rebuild_batch_size) {
+                push(
+                    &key("rebuild_batch_size"),
+                    "must be between 1 and 100000".into(),
+                );
+            }
+            for (k, v) in [
+                ("dedup_retention", &proj.dedup_retention),
+                ("drop_retired_after", &proj.drop_retired_after),
+            ] {
+                if let Err(m) = crate::duration::parse_retention(v) {
+                    push(&key(k), m);
+                }
+            }
             if let Err(ps) = proj.kind(i) {
                 for p in ps {
                     push(&p.key, p.message);
                 }
             }
+        }
+        if let Err(m) = crate::duration::parse_retention(&self.retention.event_log) {
+            push("retention.event_log", m);
+        }
+        if !(1..=1_000_000).contains(&self.retention.prune_batch_size) {
+            push(
+                "retention.prune_batch_size",
+                "must be between 1 and 1000000".into(),
+            );
         }
         if problems.is_empty() {
             Ok(())
@@ -594,6 +737,18 @@ fn default_shutdown() -> u64 {
 }
 fn default_level() -> String {
     "info".into()
+}
+fn default_forever() -> String {
+    "forever".into()
+}
+fn default_prune_interval() -> u64 {
+    300
+}
+fn default_prune_batch() -> i64 {
+    5_000
+}
+fn default_rebuild_batch() -> usize {
+    5_000
 }
 fn default_parallelism() -> u32 {
     1

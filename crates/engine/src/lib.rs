@@ -3,6 +3,7 @@
 //! checkpoint in one transaction. [`Pipeline`] runs ingest and projectors together.
 
 mod error;
+pub mod ops;
 mod pipeline;
 mod projection;
 mod projector;
@@ -13,4 +14,4 @@ pub use pipeline::Pipeline;
 pub use projection::{Applied, Projection};
 pub use sql::SqlProjection;
 pub use walfold_config::{Config, ProjectionConfig};
-pub use walfold_store::{connect, Event};
+pub use walfold_store::{connect, Event, Pruned, Rebuild};

@@ -1,24 +1,86 @@
 //! The pipeline: migrates walfold's schema, waits to lead (one instance per target
-//! schema leads; the others stand by), then runs ingest (slot → event log) and one
-//! projector per subscriber partition until cancelled or leadership is lost.
+//! schema leads; the others stand by), then runs ingest (slot → event log) and, in
+//! generations, one projector per subscriber partition: each live projection under its
+//! active subscriber, plus each rebuild in progress. A generation ends when the set of
+//! rebuilds changes or a rebuild has caught up; its projectors finish their batch and
+//! stop, and only then is a rebuild switched over or aborted, so no projector ever
+//! writes a table while it is renamed or dropped.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
-use walfold_config::{Config, ProjectionConfig};
-use walfold_store::{migrate, Leadership};
+use walfold_config::{Config, ProjectionConfig, QualifiedName};
+use walfold_store::{migrate, rebuild, Directive, Leadership, Rebuild};
 
 use crate::error::EngineError;
 use crate::projection::Projection;
 use crate::projector::Partition;
 use crate::sql::SqlProjection;
 
+/// How often the leader looks at rebuilds (new, aborted, caught up, due to finish).
+const CONTROL_PERIOD: Duration = Duration::from_secs(1);
+
 /// The whole path from the slot to the read models.
 pub struct Pipeline {
     config: Arc<Config>,
     custom: Vec<(ProjectionConfig, Arc<dyn Projection>)>,
+}
+
+/// A projection the pipeline runs, and how to build it for another table.
+#[derive(Clone)]
+pub(crate) struct Defined {
+    pub options: ProjectionConfig,
+    pub live: Arc<dyn Projection>,
+    /// Its position in `config.projection` (`None`: written in Rust).
+    index: Option<usize>,
+}
+
+impl Defined {
+    /// The projection writing to `table` (a rebuild's shadow); `None` if it cannot.
+    async fn for_table(
+        &self,
+        probe: &Client,
+        schema: &str,
+        table: &QualifiedName,
+    ) -> Result<Option<Arc<dyn Projection>>, EngineError> {
+        match self.index {
+            Some(i) => build(&self.options, i, probe, schema, Some(table))
+                .await
+                .map(Some),
+            None => Ok(self.live.for_table(table)),
+        }
+    }
+}
+
+/// Compiles a `sql`/`table` projection, for its own table or for `table`.
+async fn build(
+    options: &ProjectionConfig,
+    index: usize,
+    probe: &Client,
+    schema: &str,
+    table: Option<&QualifiedName>,
+) -> Result<Arc<dyn Projection>, EngineError> {
+    let invalid = |message: String| EngineError::Projection {
+        projection: options.name.clone(),
+        message,
+    };
+    let kind = options.kind_for(index, table).map_err(|problems| {
+        invalid(
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
+    let returns_rows = SqlProjection::returns_rows(probe, &kind).await;
+    let projection =
+        SqlProjection::new(&kind, schema, returns_rows).map_err(|e| invalid(e.to_string()))?;
+    Ok(Arc::new(projection))
 }
 
 impl Pipeline {
@@ -31,7 +93,8 @@ impl Pipeline {
     }
 
     /// Adds a projection written in Rust. `options` gives its name, subscriber, filters,
-    /// parallelism and batching (its `sql`/`table` are ignored).
+    /// parallelism and batching (its `sql`/`table` are ignored; `target` names its table
+    /// for rebuilds, see [`Projection::for_table`]).
     pub fn with_projection(
         mut self,
         options: ProjectionConfig,
@@ -52,27 +115,20 @@ impl Pipeline {
         let probe = walfold_store::connect(config.target_url())
             .await
             .map_err(EngineError::store("connecting to the target"))?;
-        let mut projections: Vec<(ProjectionConfig, Arc<dyn Projection>)> = Vec::new();
+        let mut defined = Vec::new();
         for (i, p) in config.projection.iter().enumerate() {
-            let kind = p.kind(i).map_err(|problems| EngineError::Projection {
-                projection: p.name.clone(),
-                message: problems
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            })?;
-            let returns_rows = SqlProjection::returns_rows(&probe, &kind).await;
-            let projection = SqlProjection::new(&kind, &schema, returns_rows).map_err(|e| {
-                EngineError::Projection {
-                    projection: p.name.clone(),
-                    message: e.to_string(),
-                }
-            })?;
-            projections.push((p.clone(), Arc::new(projection)));
+            defined.push(Defined {
+                options: p.clone(),
+                live: build(p, i, &probe, &schema, None).await?,
+                index: Some(i),
+            });
         }
         drop(probe);
-        projections.extend(self.custom);
+        defined.extend(self.custom.into_iter().map(|(options, live)| Defined {
+            options,
+            live,
+            index: None,
+        }));
         loop {
             let Some(leader) = Leadership::acquire(config.target_url(), &schema, &cancel)
                 .await
@@ -81,7 +137,7 @@ impl Pipeline {
                 return Ok(());
             };
             let lost = leader.lost();
-            let result = lead(&config, &schema, &projections, &cancel, &lost).await;
+            let result = lead(&config, &schema, &defined, &cancel, &lost).await;
             drop(leader);
             if cancel.is_cancelled() || !lost.is_cancelled() {
                 return result;
@@ -91,86 +147,395 @@ impl Pipeline {
     }
 }
 
+/// One projector set: what runs until the rebuilds change.
+struct Generation {
+    workers: Vec<(String, Partition)>,
+    /// Rebuilds replaying now, with how close to the head counts as caught up.
+    replaying: Vec<(Rebuild, u32, i64)>,
+    /// The open rebuilds this generation was planned for.
+    planned: Vec<(String, String)>,
+    /// `drop_retired_after` per projection that has one.
+    retire_after: Vec<(String, Duration)>,
+}
+
+/// Whether `r`'s retired table has been kept as long as its projection wants.
+fn retired_due(retire_after: &[(String, Duration)], r: &Rebuild, now_unix: f64) -> bool {
+    retire_after
+        .iter()
+        .any(|(p, after)| *p == r.projection && r.retired_longer_than(*after, now_unix))
+}
+
+/// What ends a generation.
+enum Next {
+    Stop,
+    Replan,
+    Switch(Rebuild),
+    Failed(EngineError),
+}
+
 /// Runs ingest and every projector while this instance leads.
 async fn lead(
     config: &Arc<Config>,
     schema: &str,
-    projections: &[(ProjectionConfig, Arc<dyn Projection>)],
+    defined: &[Defined],
     cancel: &CancellationToken,
     lost: &CancellationToken,
 ) -> Result<(), EngineError> {
-    let mut setup = walfold_store::connect(config.target_url())
-        .await
-        .map_err(EngineError::store("connecting to the target"))?;
-    for (options, projection) in projections {
-        projection
-            .install(&mut setup)
-            .await
-            .map_err(|e| EngineError::Projection {
-                projection: options.name.clone(),
-                message: format!("installing: {e}"),
-            })?;
-    }
-    drop(setup);
-
     let (head_tx, head_rx) = watch::channel(0i64);
-    // Every task stops on `stop`: shutdown, lost leadership, or another task's error.
-    // On shutdown projectors finish their batch while ingest drains.
+    // Every task stops on `stop`: shutdown, lost leadership, or a task's error. On
+    // shutdown projectors finish their batch while ingest drains.
     let stop = cancel.child_token();
-    let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
-    {
-        let config = config.clone();
-        let stop = stop.clone();
-        tasks.spawn(async move {
+    let ingest_done = CancellationToken::new();
+    let ingest = {
+        let (config, stop, done) = (config.clone(), stop.clone(), ingest_done.clone());
+        tokio::spawn(async move {
             let r = walfold_source::run_ingest(config, stop, head_tx)
                 .await
                 .map_err(EngineError::from);
-            ("ingest".to_owned(), r)
-        });
-    }
-    for (options, projection) in projections {
-        for partition in 0..options.parallelism {
-            let worker = Partition {
-                url: config.target_url().to_owned(),
-                schema: schema.to_owned(),
-                options: options.clone(),
-                projection: projection.clone(),
-                partition,
-            };
-            let name = format!("{}[{partition}]", options.name);
-            let stop = stop.clone();
-            let head = head_rx.clone();
-            tasks.spawn(async move { (name, worker.run(stop, head).await) });
-        }
-    }
+            done.cancel();
+            r
+        })
+    };
+    let pruner = tokio::spawn(prune_periodically(
+        config.clone(),
+        defined.iter().map(|d| d.options.clone()).collect(),
+        stop.clone(),
+    ));
     let mut first_error = None;
-    loop {
-        let joined = tokio::select! {
-            joined = tasks.join_next() => joined,
-            _ = lost.cancelled(), if !stop.is_cancelled() => {
-                stop.cancel();
+    let mut delay = Duration::from_millis(200);
+    while !stop.is_cancelled() && !lost.is_cancelled() && !ingest_done.is_cancelled() {
+        let control = match plan(config, schema, defined).await {
+            Ok(planned) => planned,
+            Err(e) if e.directive() == Directive::Retry => {
+                tracing::warn!(error = %e, "cannot plan the projectors; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = lost.cancelled() => {}
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
                 continue;
             }
+            Err(e) => {
+                first_error = Some(e);
+                break;
+            }
         };
-        let Some(joined) = joined else { break };
-        match joined {
-            Ok((_, Ok(()))) => {}
-            Ok((task, Err(e))) => {
-                tracing::error!(task = %task, error = %e, "pipeline task failed; stopping");
-                stop.cancel();
+        delay = Duration::from_millis(200);
+        let (mut client, generation) = control;
+        let this = stop.child_token();
+        let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
+        for (name, worker) in generation.workers.iter().cloned() {
+            let (this, head) = (this.clone(), head_rx.clone());
+            tasks.spawn(async move { (name, worker.run(this, head).await) });
+        }
+        let next = watch_generation(
+            &mut client,
+            schema,
+            &generation,
+            &mut tasks,
+            &stop,
+            lost,
+            &ingest_done,
+        )
+        .await;
+        this.cancel();
+        while let Some(joined) = tasks.join_next().await {
+            if let Some(e) = failure(joined) {
                 first_error.get_or_insert(e);
             }
-            Err(join) => {
-                stop.cancel();
-                first_error.get_or_insert(EngineError::Projection {
-                    projection: "pipeline".into(),
-                    message: format!("task panicked: {join}"),
-                });
-            }
         }
+        match next {
+            Next::Stop => break,
+            Next::Failed(e) => {
+                first_error.get_or_insert(e);
+                break;
+            }
+            Next::Replan => {}
+            Next::Switch(r) => match rebuild::switch(&mut client, schema, &r).await {
+                Ok(true) => {
+                    tracing::info!(projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(projection = %r.projection, error = %e, "switch-over failed; trying again")
+                }
+            },
+        }
+        if first_error.is_some() {
+            break;
+        }
+    }
+    stop.cancel();
+    pruner.abort();
+    let ingest_result = ingest.await.unwrap_or_else(|join| {
+        Err(EngineError::Projection {
+            projection: "ingest".into(),
+            message: format!("task panicked: {join}"),
+        })
+    });
+    if let Err(e) = ingest_result {
+        tracing::error!(error = %e, "ingest failed; stopping");
+        first_error.get_or_insert(e);
     }
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// A finished projector task's error, if it failed.
+fn failure(
+    joined: Result<(String, Result<(), EngineError>), tokio::task::JoinError>,
+) -> Option<EngineError> {
+    match joined {
+        Ok((_, Ok(()))) => None,
+        Ok((task, Err(e))) => {
+            tracing::error!(task = %task, error = %e, "projector failed; stopping");
+            Some(e)
+        }
+        Err(join) => Some(EngineError::Projection {
+            projection: "pipeline".into(),
+            message: format!("task panicked: {join}"),
+        }),
+    }
+}
+
+/// Decides what runs: ends rebuilds asked to abort (no projector runs now), drops
+/// retired tables that are due, resolves each projection's active subscriber and
+/// installs every projection. Returns the control connection with the plan.
+async fn plan(
+    config: &Config,
+    schema: &str,
+    defined: &[Defined],
+) -> Result<(Client, Generation), EngineError> {
+    let mut client = walfold_store::connect(config.target_url())
+        .await
+        .map_err(EngineError::store("connecting to the target"))?;
+    let open = rebuild::open(&client, schema)
+        .await
+        .map_err(EngineError::store("reading rebuilds"))?;
+    let now = unix_now();
+    let retire_after: Vec<(String, Duration)> = defined
+        .iter()
+        .filter_map(|d| Some((d.options.name.clone(), d.options.drop_retired_after()?)))
+        .collect();
+    for r in &open {
+        if r.state == "aborting" {
+            end_abort(&mut client, schema, r).await?;
+        } else if retired_due(&retire_after, r, now) {
+            let finished = rebuild::finish(&mut client, schema, &r.projection)
+                .await
+                .map_err(EngineError::store("finishing a rebuild"))?;
+            tracing::info!(projection = %r.projection, retired = %finished.retired, "retired table dropped (drop_retired_after)");
+            forget(&client, schema, &finished.previous).await;
+        }
+    }
+    let open = rebuild::open(&client, schema)
+        .await
+        .map_err(EngineError::store("reading rebuilds"))?;
+    let mut generation = Generation {
+        workers: Vec::new(),
+        replaying: Vec::new(),
+        planned: open
+            .iter()
+            .map(|r| (r.subscriber.clone(), r.state.clone()))
+            .collect(),
+        retire_after,
+    };
+    for d in defined {
+        let mut options = d.options.clone();
+        options.subscriber = walfold_store::active_subscriber(
+            &mut client,
+            schema,
+            &options.name,
+            &options.subscriber,
+        )
+        .await
+        .map_err(EngineError::store("resolving the active subscriber"))?;
+        install(&mut client, &options, &d.live).await?;
+        push_workers(&mut generation, config, &options, &d.live, &options.name);
+        let Some(r) = open
+            .iter()
+            .find(|r| r.projection == options.name && r.state == "running")
+        else {
+            continue;
+        };
+        let Some(shadow) = d.for_table(&client, schema, &r.shadow_table()).await? else {
+            tracing::error!(projection = %options.name, "this projection cannot write to another table (no `target`, or a Rust projection without for_table); abort its rebuild");
+            continue;
+        };
+        let mut replay = options.clone();
+        replay.subscriber = r.subscriber.clone();
+        replay.batch_size = options.rebuild_batch_size;
+        install(&mut client, &replay, &shadow).await?;
+        push_workers(
+            &mut generation,
+            config,
+            &replay,
+            &shadow,
+            &format!("{}~rebuild", options.name),
+        );
+        generation
+            .replaying
+            .push((r.clone(), replay.parallelism, replay.batch_size as i64));
+    }
+    for r in open.iter().filter(|r| r.state == "running") {
+        if !defined.iter().any(|d| d.options.name == r.projection) {
+            tracing::warn!(projection = %r.projection, "a rebuild is recorded for a projection this config does not have; not running it");
+        }
+    }
+    Ok((client, generation))
+}
+
+async fn install(
+    client: &mut Client,
+    options: &ProjectionConfig,
+    projection: &Arc<dyn Projection>,
+) -> Result<(), EngineError> {
+    projection
+        .install(client)
+        .await
+        .map_err(|e| EngineError::Projection {
+            projection: options.name.clone(),
+            message: format!("installing: {e}"),
+        })
+}
+
+fn push_workers(
+    generation: &mut Generation,
+    config: &Config,
+    options: &ProjectionConfig,
+    projection: &Arc<dyn Projection>,
+    name: &str,
+) {
+    for partition in 0..options.parallelism {
+        generation.workers.push((
+            format!("{name}[{partition}]"),
+            Partition {
+                url: config.target_url().to_owned(),
+                schema: config.target.schema.clone(),
+                options: options.clone(),
+                projection: projection.clone(),
+                partition,
+            },
+        ));
+    }
+}
+
+/// Ends an aborted rebuild while none of its projectors runs.
+pub(crate) async fn end_abort(
+    client: &mut Client,
+    schema: &str,
+    r: &Rebuild,
+) -> Result<(), EngineError> {
+    rebuild::abort(client, schema, r)
+        .await
+        .map_err(EngineError::store("aborting a rebuild"))?;
+    tracing::info!(projection = %r.projection, subscriber = %r.subscriber, "rebuild aborted; shadow table dropped");
+    forget(client, schema, &r.subscriber).await;
+    Ok(())
+}
+
+/// Deletes a retired subscriber's claims; what is left is deleted next time.
+pub(crate) async fn forget(client: &Client, schema: &str, subscriber: &str) {
+    if let Err(e) = rebuild::forget_claims(client, schema, subscriber, 10_000).await {
+        tracing::warn!(subscriber, error = %e, "could not delete a retired subscriber's claims");
+    }
+}
+
+/// Waits until the generation must end.
+async fn watch_generation(
+    client: &mut Client,
+    schema: &str,
+    generation: &Generation,
+    tasks: &mut JoinSet<(String, Result<(), EngineError>)>,
+    stop: &CancellationToken,
+    lost: &CancellationToken,
+    ingest_done: &CancellationToken,
+) -> Next {
+    let mut tick = tokio::time::interval(CONTROL_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Next::Stop,
+            _ = lost.cancelled() => return Next::Stop,
+            _ = ingest_done.cancelled() => return Next::Stop,
+            Some(joined) = tasks.join_next() => {
+                if let Some(e) = failure(joined) {
+                    return Next::Failed(e);
+                }
+            }
+            _ = tick.tick() => match control_check(client, schema, generation).await {
+                Ok(Some(next)) => return next,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot check rebuilds; planning again");
+                    return Next::Replan;
+                }
+            },
+        }
+    }
+}
+
+/// A change of rebuilds since the plan, or a rebuild that has caught up.
+async fn control_check(
+    client: &Client,
+    schema: &str,
+    generation: &Generation,
+) -> Result<Option<Next>, EngineError> {
+    let open = rebuild::open(client, schema)
+        .await
+        .map_err(EngineError::store("reading rebuilds"))?;
+    let now: Vec<(String, String)> = open
+        .iter()
+        .map(|r| (r.subscriber.clone(), r.state.clone()))
+        .collect();
+    if now != generation.planned {
+        return Ok(Some(Next::Replan));
+    }
+    for (r, partitions, slack) in &generation.replaying {
+        if rebuild::caught_up(client, schema, &r.subscriber, *partitions, *slack)
+            .await
+            .map_err(EngineError::store("reading a rebuild's progress"))?
+        {
+            return Ok(Some(Next::Switch(r.clone())));
+        }
+    }
+    let now_unix = unix_now();
+    Ok(open
+        .iter()
+        .any(|r| retired_due(&generation.retire_after, r, now_unix))
+        .then_some(Next::Replan))
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The daemon's prune pass, every `retention.prune_interval_s`.
+async fn prune_periodically(
+    config: Arc<Config>,
+    projections: Vec<ProjectionConfig>,
+    stop: CancellationToken,
+) {
+    let every = Duration::from_secs(config.retention.prune_interval_s);
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match crate::ops::prune(&config, &projections).await {
+            Ok(p) if p.claims + p.events > 0 => {
+                tracing::info!(claims = p.claims, events = p.events, "pruned")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "prune failed; trying again next time"),
+        }
     }
 }

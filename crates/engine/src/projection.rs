@@ -1,8 +1,11 @@
 //! The projection trait: write a projection in Rust and run it on the same engine
 //! (claims, version guards, checkpoints and dead letters are the engine's job).
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
 use tokio_postgres::{Client, Transaction};
+use walfold_config::QualifiedName;
 use walfold_store::Event;
 
 use crate::error::ProjectionError;
@@ -25,6 +28,14 @@ pub trait Projection: Send + Sync + 'static {
     fn install<'a>(&'a self, client: &'a mut Client) -> BoxFuture<'a, Result<(), ProjectionError>> {
         let _ = client;
         Box::pin(async { Ok(()) })
+    }
+
+    /// The same projection writing to `table` instead of its own storage: what a rebuild
+    /// replays into (a shadow table created like the live one). `None`, the default,
+    /// means the projection cannot be rebuilt.
+    fn for_table(&self, table: &QualifiedName) -> Option<Arc<dyn Projection>> {
+        let _ = table;
+        None
     }
 
     /// Applies one event.

@@ -13,8 +13,9 @@ use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 use walfold_config::ProjectionConfig;
 use walfold_store::{
-    claim, claim_sql, connect, failpoint, read_page, read_sql, Checkpoints, DeadLetter,
-    DeadLetters, Directive, Event, Filter, PartitionStats, Reason,
+    claim, claim_sql, connect, failpoint, partition_hash, read_events, read_page, read_sql,
+    Checkpoints, DeadLetter, DeadLetters, Directive, Event, Filter, PartitionStats, Reason,
+    RetryItem,
 };
 
 use crate::error::{EngineError, ProjectionError};
@@ -39,6 +40,9 @@ struct Conn {
 }
 
 type AggregateKey = (String, String);
+
+/// How often a projector looks for dead letters an operator asked to retry.
+const RETRY_CHECK: Duration = Duration::from_secs(1);
 
 impl Partition {
     fn subscriber(&self) -> &str {
@@ -157,19 +161,28 @@ impl Partition {
         };
         let limit = self.options.batch_size as i64;
         tracing::info!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
+        let mut retries_checked = tokio::time::Instant::now() - RETRY_CHECK;
+        let mut idle_saved = false;
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
+            }
+            if retries_checked.elapsed() >= RETRY_CHECK {
+                self.retries(&mut conn, &mut parked).await?;
+                retries_checked = tokio::time::Instant::now();
             }
             head.borrow_and_update();
             let page = read_page(&conn.client, &conn.read, position, &filter, limit)
                 .await
                 .map_err(EngineError::store("reading the event log"))?;
             if page.events.is_empty() {
-                if page.position > position {
+                // The first idle read is saved too: a checkpoint row says this partition
+                // has read the log once (a rebuild switches over only then).
+                if page.position > position || !idle_saved {
                     self.save_position(&mut conn, page.position, PartitionStats::default(), None)
                         .await?;
                     position = page.position;
+                    idle_saved = true;
                 }
                 // Caught up: wait for the appender's signal (or poll, for appends made
                 // by another process).
@@ -200,6 +213,140 @@ impl Partition {
             }
             position = page.position;
         }
+    }
+
+    /// Applies the dead letters an operator asked to retry (`walfold dead-letters retry`)
+    /// for this partition's aggregates, between batches: per aggregate in log order, each
+    /// event through the normal claim and guard in its own transaction. The transaction
+    /// of the last one releases the parked aggregate, so its later events follow in order.
+    async fn retries(
+        &self,
+        conn: &mut Conn,
+        parked: &mut HashSet<AggregateKey>,
+    ) -> Result<(), EngineError> {
+        let items = DeadLetters::retries(&conn.client, &self.schema, self.subscriber())
+            .await
+            .map_err(EngineError::store("reading retry requests"))?;
+        let partitions = self.options.parallelism as i32;
+        let mine: Vec<RetryItem> = items
+            .into_iter()
+            .filter(|i| {
+                partition_hash(&i.aggregate_type, &i.aggregate_id) % partitions
+                    == self.partition as i32
+            })
+            .collect();
+        for chain in mine.chunk_by(|a, b| {
+            (&a.aggregate_type, &a.aggregate_id) == (&b.aggregate_type, &b.aggregate_id)
+        }) {
+            let seqs: Vec<i64> = chain.iter().map(|i| i.seq).collect();
+            let events = read_events(&conn.client, &self.schema, &seqs)
+                .await
+                .map_err(EngineError::store("reading events to retry"))?;
+            let mut failure = None;
+            for (k, item) in chain.iter().enumerate() {
+                let Some(event) = events.iter().find(|e| e.seq == item.seq) else {
+                    failure = Some((k, "the event is no longer in the event log".to_owned()));
+                    break;
+                };
+                match self
+                    .retry_one(conn, item, event, k + 1 == chain.len())
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(SingleError::Transient(e)) => return Err(e),
+                    Err(SingleError::Failed(message)) => {
+                        failure = Some((k, message));
+                        break;
+                    }
+                }
+            }
+            let (kind, id) = (&chain[0].aggregate_type, &chain[0].aggregate_id);
+            match failure {
+                None => {
+                    tracing::info!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, events = chain.len(), "dead letters retried; aggregate released");
+                    parked.remove(&(kind.clone(), id.clone()));
+                }
+                Some((k, message)) => {
+                    tracing::error!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, dead_letter = chain[k].id, error = %message, "retry failed again; the aggregate stays parked");
+                    let rest: Vec<i64> = chain[k..].iter().map(|i| i.id).collect();
+                    DeadLetters::retry_failed(
+                        &conn.client,
+                        &self.schema,
+                        chain[k].id,
+                        &rest,
+                        &message,
+                    )
+                    .await
+                    .map_err(EngineError::store("recording a failed retry"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One retried event: claim, apply, resolve its dead letter (and release the
+    /// aggregate after its last one), in one transaction.
+    async fn retry_one(
+        &self,
+        conn: &mut Conn,
+        item: &RetryItem,
+        event: &Event,
+        last: bool,
+    ) -> Result<(), SingleError> {
+        let transient = |e: walfold_store::StoreError| {
+            SingleError::Transient(EngineError::store("retrying a dead letter")(e))
+        };
+        let tx = conn
+            .client
+            .transaction()
+            .await
+            .map_err(|e| SingleError::Transient(db_err(e)))?;
+        let claimed = claim(&tx, &conn.claim, self.subscriber(), &[event.id])
+            .await
+            .map_err(transient)?;
+        let mut stats = PartitionStats::default();
+        let outcome = if claimed.contains(&event.id) {
+            match self.projection.apply(&tx, event).await {
+                Ok(Applied::Changed) => {
+                    stats.applied = 1;
+                    "retried: applied"
+                }
+                Ok(Applied::Stale) => {
+                    stats.stale = 1;
+                    "retried: stale (a newer version was already applied)"
+                }
+                Err(e) if e.directive() == Directive::Retry => {
+                    return Err(SingleError::Transient(self.transient(e)))
+                }
+                Err(e) => return Err(SingleError::Failed(e.to_string())),
+            }
+        } else {
+            stats.duplicates = 1;
+            "retried: already applied (duplicate)"
+        };
+        DeadLetters::retried(&tx, &self.schema, item.id, outcome)
+            .await
+            .map_err(transient)?;
+        if last {
+            DeadLetters::unpark(
+                &tx,
+                &self.schema,
+                self.subscriber(),
+                &event.aggregate_type,
+                &event.aggregate_id,
+            )
+            .await
+            .map_err(transient)?;
+        }
+        // Position 0 keeps the partition's position (the checkpoint keeps the greatest).
+        conn.checkpoints
+            .save(&tx, self.partition, 0, stats, None)
+            .await
+            .map_err(transient)?;
+        tx.commit()
+            .await
+            .map_err(|e| SingleError::Transient(db_err(e)))?;
+        Ok(())
     }
 
     /// The fast path: the whole batch in one transaction.

@@ -3,6 +3,7 @@
 //! slot only up to what is durable.
 
 mod appender;
+mod backfill;
 mod decode_only;
 mod error;
 mod feedback;
@@ -11,6 +12,7 @@ mod outbox;
 mod reader;
 mod setup;
 
+pub use backfill::{backfill, BackfillReport};
 pub use decode_only::{decode_only, DecodeStats};
 pub use error::SourceError;
 pub use ingest::run_ingest;

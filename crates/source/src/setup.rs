@@ -116,9 +116,10 @@ pub async fn prepare_source(
                 problem: format!(
                     "is missing, but walfold had ingested through it up to {ingested_through}: \
                      events committed since then may be lost (logical slots do not survive a \
-                     failover, or the slot was dropped). Check for and backfill missing events, \
-                     then create the slot with select pg_create_logical_replication_slot('{slot}', 'pgoutput') \
-                     and restart"
+                     failover, or the slot was dropped). Create the slot with \
+                     select pg_create_logical_replication_slot('{slot}', 'pgoutput'), run \
+                     `walfold backfill --outbox <table>` for each outbox (events already in the \
+                     log are recognised) if the outbox still holds the rows, and restart"
                 ),
             });
         }

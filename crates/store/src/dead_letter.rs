@@ -276,3 +276,191 @@ impl DeadLetters {
         Ok(n == 1)
     }
 }
+
+/// Which dead letters to send through their subscriber again.
+#[derive(Debug, Clone)]
+pub enum RetryRequest<'a> {
+    /// This one, with the rest of its aggregate's chain (the events parked behind it).
+    One(i64),
+    /// Every open one of subscribers (of this one when given).
+    All(Option<&'a str>),
+}
+
+/// An event waiting to be retried by its subscriber's projector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryItem {
+    pub id: i64,
+    pub seq: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+}
+
+impl DeadLetters {
+    /// Marks dead letters `retrying`; the running projector of their subscriber applies
+    /// them through the normal claim and guard, in order per aggregate, and un-parks the
+    /// aggregate when all succeeded. Returns how many were marked.
+    pub async fn request_retry(
+        client: &Client,
+        schema: &str,
+        request: RetryRequest<'_>,
+    ) -> Result<u64, StoreError> {
+        let s = q(schema);
+        match request {
+            RetryRequest::One(id) => {
+                let row = client
+                    .query_opt(
+                        &format!(
+                            "select subscriber_id, aggregate_type, aggregate_id, status, seq \
+                             from {s}.dead_letter where id = $1"
+                        ),
+                        &[&id],
+                    )
+                    .await
+                    .map_err(StoreError::db("reading a dead letter"))?
+                    .ok_or_else(|| StoreError::Refused(format!("no dead letter with id {id}")))?;
+                let (subscriber, kind, aggregate, status, seq): (
+                    Option<String>,
+                    Option<String>,
+                    Option<String>,
+                    String,
+                    Option<i64>,
+                ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+                let (Some(subscriber), Some(kind), Some(aggregate), Some(_)) =
+                    (subscriber, kind, aggregate, seq)
+                else {
+                    return Err(StoreError::Refused(format!(
+                        "dead letter {id} was rejected at ingest and never became an event: \
+                         fix the producer and write a new outbox row, then discard this one"
+                    )));
+                };
+                if status != "open" {
+                    return Err(StoreError::Refused(format!(
+                        "dead letter {id} is {status}, not open"
+                    )));
+                }
+                client
+                    .execute(
+                        &format!(
+                            "update {s}.dead_letter set status = 'retrying' \
+                             where subscriber_id = $1 and aggregate_type = $2 \
+                             and aggregate_id = $3 and status = 'open' and seq is not null"
+                        ),
+                        &[&subscriber, &kind, &aggregate],
+                    )
+                    .await
+                    .map_err(StoreError::db("requesting a retry"))
+            }
+            RetryRequest::All(subscriber) => client
+                .execute(
+                    &format!(
+                        "update {s}.dead_letter set status = 'retrying' \
+                         where subscriber_id is not null and seq is not null \
+                         and ($1::text is null or subscriber_id = $1) and status = 'open'"
+                    ),
+                    &[&subscriber],
+                )
+                .await
+                .map_err(StoreError::db("requesting retries")),
+        }
+    }
+
+    /// The dead letters `subscriber` should retry now: every open or retrying one of an
+    /// aggregate with a retry requested, by aggregate, in log order.
+    pub async fn retries(
+        client: &Client,
+        schema: &str,
+        subscriber: &str,
+    ) -> Result<Vec<RetryItem>, StoreError> {
+        let s = q(schema);
+        let rows = client
+            .query(
+                &format!(
+                    "select d.id, d.seq, d.aggregate_type, d.aggregate_id from {s}.dead_letter d \
+                     where d.subscriber_id = $1 and d.status in ('open', 'retrying') \
+                       and d.seq is not null \
+                       and exists (select 1 from {s}.dead_letter r where r.subscriber_id = $1 \
+                                   and r.status = 'retrying' and r.aggregate_type = d.aggregate_type \
+                                   and r.aggregate_id = d.aggregate_id) \
+                     order by d.aggregate_type, d.aggregate_id, d.seq, d.id"
+                ),
+                &[&subscriber],
+            )
+            .await
+            .map_err(StoreError::db("reading retry requests"))?;
+        Ok(rows
+            .iter()
+            .map(|r| RetryItem {
+                id: r.get(0),
+                seq: r.get(1),
+                aggregate_type: r.get(2),
+                aggregate_id: r.get(3),
+            })
+            .collect())
+    }
+
+    /// Records that a retried dead letter went through (in the transaction that applied it).
+    pub async fn retried(
+        tx: &impl GenericClient,
+        schema: &str,
+        id: i64,
+        outcome: &str,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &format!(
+                "update {}.dead_letter set status = 'retried', resolution = $2, \
+                 resolved_at = now(), attempts = attempts + 1 where id = $1",
+                q(schema)
+            ),
+            &[&id, &outcome],
+        )
+        .await
+        .map_err(StoreError::db("resolving a retried dead letter"))?;
+        Ok(())
+    }
+
+    /// A retry failed again: the head gets the new error, the chain is open again.
+    pub async fn retry_failed(
+        client: &impl GenericClient,
+        schema: &str,
+        head: i64,
+        chain: &[i64],
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let s = q(schema);
+        client
+            .execute(
+                &format!(
+                    "update {s}.dead_letter set status = 'open', \
+                     error = case when id = $2 then $3 else error end, \
+                     attempts = attempts + (id = $2)::int, \
+                     last_failed_at = case when id = $2 then now() else last_failed_at end \
+                     where id = any($1) and status = 'retrying'"
+                ),
+                &[&chain, &head, &error],
+            )
+            .await
+            .map_err(StoreError::db("recording a failed retry"))?;
+        Ok(())
+    }
+
+    /// Releases a parked aggregate (in the transaction that applied its last waiting event).
+    pub async fn unpark(
+        tx: &impl GenericClient,
+        schema: &str,
+        subscriber: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &format!(
+                "delete from {}.parked_aggregate where subscriber_id = $1 \
+                 and aggregate_type = $2 and aggregate_id = $3",
+                q(schema)
+            ),
+            &[&subscriber, &aggregate_type, &aggregate_id],
+        )
+        .await
+        .map_err(StoreError::db("releasing a parked aggregate"))?;
+        Ok(())
+    }
+}

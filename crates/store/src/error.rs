@@ -28,6 +28,10 @@ pub enum StoreError {
     /// checkpoint written with another partition count); retry later.
     #[error("{0}")]
     Busy(String),
+    /// The operator asked for something the current state does not allow; the message
+    /// says why and what to do instead.
+    #[error("{0}")]
+    Refused(String),
     #[error("{context}: {}", describe(source))]
     Db {
         context: String,

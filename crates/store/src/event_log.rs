@@ -399,22 +399,9 @@ pub async fn read_page(
     let head: i64 = rows.first().map_or(after, |r| r.get(0));
     let mut events = Vec::with_capacity(rows.len());
     for r in &rows {
-        let Some(seq) = r.get::<_, Option<i64>>(1) else {
-            continue;
-        };
-        events.push(Event {
-            seq,
-            id: r.get(2),
-            aggregate_type: r.get(3),
-            aggregate_id: r.get(4),
-            event_type: r.get(5),
-            version: r.get(6),
-            payload: r.get(7),
-            headers: r.get(8),
-            occurred_at: r.get(9),
-            source_lsn: r.get::<_, PgLsn>(10).into(),
-            committed_at: r.get(11),
-        });
+        if r.get::<_, Option<i64>>(1).is_some() {
+            events.push(event_from_row(r, 1));
+        }
     }
     let position = if events.len() as i64 >= limit {
         events.last().map_or(after, |e| e.seq)
@@ -422,4 +409,57 @@ pub async fn read_page(
         head.max(after)
     };
     Ok(Page { events, position })
+}
+
+/// An event from a row holding the event columns from `at` on, in [`read_sql`]'s order.
+fn event_from_row(r: &Row, at: usize) -> Event {
+    Event {
+        seq: r.get(at),
+        id: r.get(at + 1),
+        aggregate_type: r.get(at + 2),
+        aggregate_id: r.get(at + 3),
+        event_type: r.get(at + 4),
+        version: r.get(at + 5),
+        payload: r.get(at + 6),
+        headers: r.get(at + 7),
+        occurred_at: r.get(at + 8),
+        source_lsn: r.get::<_, PgLsn>(at + 9).into(),
+        committed_at: r.get(at + 10),
+    }
+}
+
+/// The events with these seqs, in seq order (those still in the log).
+pub async fn read_events(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &str,
+    seqs: &[i64],
+) -> Result<Vec<Event>, StoreError> {
+    let rows = client
+        .query(
+            &format!(
+                "select seq, event_id, aggregate_type, aggregate_id, event_type, version, \
+                 payload, headers, occurred_at, source_lsn, committed_at \
+                 from {}.event_log where seq = any($1) order by seq",
+                q(schema)
+            ),
+            &[&seqs],
+        )
+        .await
+        .map_err(StoreError::db("reading events"))?;
+    Ok(rows.iter().map(|r| event_from_row(r, 0)).collect())
+}
+
+/// The log's head: the highest seq (0 when empty).
+pub async fn head(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &str,
+) -> Result<i64, StoreError> {
+    Ok(client
+        .query_one(
+            &format!("select coalesce(max(seq), 0) from {}.event_log", q(schema)),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading the event log head"))?
+        .get(0))
 }

@@ -58,6 +58,12 @@ impl Leadership {
         }
     }
 
+    /// Leads now if no other instance does (for one-shot commands that change what the
+    /// leader runs, e.g. aborting a rebuild while no daemon is up).
+    pub async fn try_acquire(url: &str, schema: &str) -> Result<Option<Leadership>, StoreError> {
+        Ok(Self::try_once(url, schema).await?.map(Self::watch))
+    }
+
     /// One attempt: a new session that holds the lock, or `None` if another does.
     async fn try_once(url: &str, schema: &str) -> Result<Option<Client>, StoreError> {
         let client = connect(url).await?;

@@ -12,6 +12,9 @@ pub mod failpoint;
 mod leader;
 mod lsn;
 mod migrate;
+mod prune;
+pub mod rebuild;
+mod registry;
 mod retry;
 mod status;
 mod tls;
@@ -19,15 +22,20 @@ mod tls;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql};
 pub use connect::{connect, ConnectOptions, SslMode};
-pub use dead_letter::{DeadLetter, DeadLetterEntry, DeadLetters, Reason};
+pub use dead_letter::{DeadLetter, DeadLetterEntry, DeadLetters, Reason, RetryItem, RetryRequest};
 pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};
-pub use event_log::{read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page};
+pub use event_log::{
+    head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
+};
 pub use leader::Leadership;
 pub use lsn::Lsn;
 pub use migrate::migrate;
+pub use prune::{prune, PrunePolicy, Pruned};
+pub use rebuild::Rebuild;
+pub use registry::active_subscriber;
 pub use retry::{directive, directive_for_code, Directive};
-pub use status::{status, IngestStatus, SlotStatus, Status, SubscriberStatus};
+pub use status::{status, IngestStatus, RebuildStatus, SlotStatus, Status, SubscriberStatus};
 
 /// Quotes an identifier (the configured schema) for SQL.
 pub(crate) fn q(ident: &str) -> String {

@@ -29,6 +29,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dead letter resolution",
         include_str!("../../../migrations/20261130000003_dead_letter_resolution.sql"),
     ),
+    (
+        20261130000004,
+        "rebuild and retention",
+        include_str!("../../../migrations/20261130000004_rebuild_retention.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

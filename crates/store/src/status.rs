@@ -19,6 +19,24 @@ pub struct Status {
     pub subscribers: Vec<SubscriberStatus>,
     pub dead_letters_open: i64,
     pub processed_message_rows: i64,
+    pub rebuilds: Vec<RebuildStatus>,
+}
+
+/// A rebuild in progress (or switched, with its retired table kept).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RebuildStatus {
+    pub projection: String,
+    pub subscriber: String,
+    pub state: String,
+    /// Events the new subscriber has gone through (applied, stale, duplicates, dead).
+    pub replayed: i64,
+    /// Events between its slowest partition and the head.
+    pub remaining: i64,
+    /// Replayed events per second since the rebuild started.
+    pub rate_per_s: f64,
+    /// `remaining / rate`, while replaying.
+    pub eta_s: Option<f64>,
+    pub retired_table: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -131,7 +149,7 @@ pub async fn status(
         .await
         .map_err(StoreError::db("reading checkpoints"))?;
     let now = SystemTime::now();
-    let subscribers = rows
+    let subscribers: Vec<SubscriberStatus> = rows
         .iter()
         .map(|r| {
             let position: i64 = r.get(2);
@@ -170,7 +188,39 @@ pub async fn status(
         .await
         .map_err(StoreError::db("estimating processed_message"))?
         .get(0);
+    let mut rebuilds = Vec::new();
+    let now_unix = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    for r in crate::rebuild::open(target, schema).await? {
+        let (replayed, remaining) = match subscribers.iter().find(|s| s.subscriber == r.subscriber)
+        {
+            Some(sub) => (
+                sub.applied + sub.duplicates + sub.stale + sub.dead_lettered,
+                sub.lag_events,
+            ),
+            None => (0, head),
+        };
+        let elapsed = r.switched_at_unix.unwrap_or(now_unix) - r.requested_at_unix;
+        let rate_per_s = if elapsed > 0.0 {
+            replayed as f64 / elapsed
+        } else {
+            0.0
+        };
+        rebuilds.push(RebuildStatus {
+            eta_s: (r.state == "running" && rate_per_s > 0.0)
+                .then(|| remaining as f64 / rate_per_s),
+            projection: r.projection,
+            subscriber: r.subscriber,
+            state: r.state,
+            replayed,
+            remaining,
+            rate_per_s,
+            retired_table: r.retired,
+        });
+    }
     Ok(Status {
+        rebuilds,
         slot: slot_status,
         ingest,
         event_log_head: head,

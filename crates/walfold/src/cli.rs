@@ -41,6 +41,43 @@ pub enum Command {
     /// Inspect and resolve dead letters.
     #[command(name = "dead-letters", subcommand)]
     DeadLetters(DeadLetterCommand),
+    /// Rebuild a projection under a new subscriber ID into a shadow table while the live
+    /// one keeps serving; the running daemon replays, then swaps them when caught up.
+    Rebuild {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// The projection's name.
+        projection: String,
+        /// The new subscriber ID to replay under (never used before).
+        #[arg(long, required_unless_present_any = ["finish", "abort"])]
+        subscriber: Option<String>,
+        /// Drop the table a switched rebuild retired.
+        #[arg(long, conflicts_with_all = ["abort", "subscriber"])]
+        finish: bool,
+        /// Stop a rebuild that has not switched: drop its shadow table, change nothing live.
+        #[arg(long, conflicts_with = "subscriber")]
+        abort: bool,
+    },
+    /// Import rows an outbox table already holds into the event log (the daemon must be
+    /// stopped); the slot carries on from there without a gap.
+    Backfill {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// The outbox table, as in [[outbox]] table.
+        #[arg(long)]
+        outbox: String,
+        /// Page (and append) in this column's order, then the ID's (default: the ID).
+        #[arg(long)]
+        order_by: Option<String>,
+        #[arg(long, default_value_t = 5000)]
+        batch: i64,
+    },
+    /// Delete claims and events past their retention (the daemon also does this
+    /// every retention.prune_interval_s).
+    Prune {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,6 +97,20 @@ pub enum DeadLetterCommand {
         json: bool,
         #[arg(long, default_value_t = 100)]
         limit: i64,
+    },
+    /// Send dead letters through their subscriber again (claim and version guard as
+    /// usual); a parked aggregate is released when its chain succeeds.
+    Retry {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// The dead letter (its aggregate's whole chain is retried, in order).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<i64>,
+        /// Every open dead letter of every subscriber (or of --subscriber).
+        #[arg(long)]
+        all: bool,
+        #[arg(long, requires = "all")]
+        subscriber: Option<String>,
     },
     /// Mark a dead letter discarded, with the reason recorded.
     Discard {

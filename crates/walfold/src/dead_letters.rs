@@ -1,6 +1,6 @@
 //! `walfold dead-letters list|discard`.
 
-use walfold_store::DeadLetters;
+use walfold_store::{DeadLetters, RetryRequest};
 
 use crate::cli::DeadLetterCommand;
 use crate::{run::load, Failure};
@@ -50,6 +50,26 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
                     e.error
                 );
             }
+            Ok(())
+        }
+        DeadLetterCommand::Retry {
+            config,
+            id,
+            all,
+            subscriber,
+        } => {
+            let config = load(&config)?;
+            let client = walfold_store::connect(config.target_url())
+                .await
+                .map_err(Failure::runtime)?;
+            let request = match (id, all) {
+                (Some(id), false) => RetryRequest::One(id),
+                _ => RetryRequest::All(subscriber.as_deref()),
+            };
+            let n = DeadLetters::request_retry(&client, &config.target.schema, request)
+                .await
+                .map_err(crate::store_failure)?;
+            println!("{n} dead letter(s) queued for retry; the leading daemon applies them within a second (`walfold dead-letters list --all` shows the outcome)");
             Ok(())
         }
         DeadLetterCommand::Discard { config, id, reason } => {

@@ -5,6 +5,7 @@
 mod cli;
 mod dead_letters;
 mod demo;
+mod ops;
 mod run;
 mod shutdown;
 mod status;
@@ -37,6 +38,26 @@ impl Failure {
     }
 }
 
+/// A store error as a failure: an operator request the state refuses is a usage error.
+pub(crate) fn store_failure(e: walfold_store::StoreError) -> Failure {
+    match e {
+        walfold_store::StoreError::Refused(m) => Failure::config(m),
+        other => Failure::runtime(other),
+    }
+}
+
+/// An engine error as a failure (see [`store_failure`]).
+pub(crate) fn engine_failure(e: walfold_engine::EngineError) -> Failure {
+    match e {
+        walfold_engine::EngineError::Store { source, .. }
+            if matches!(source, walfold_store::StoreError::Refused(_)) =>
+        {
+            store_failure(source)
+        }
+        other => Failure::runtime(other),
+    }
+}
+
 fn main() -> ExitCode {
     #[cfg(not(feature = "failpoints"))]
     if std::env::var_os("WALFOLD_FAILPOINTS").is_some() {
@@ -66,6 +87,20 @@ fn main() -> ExitCode {
             Command::Status { config, json } => status::status(&config, json).await,
             Command::Migrate { config } => run::migrate_only(&config).await,
             Command::DeadLetters(command) => dead_letters::run(command).await,
+            Command::Rebuild {
+                config,
+                projection,
+                subscriber,
+                finish,
+                abort,
+            } => ops::rebuild(&config, &projection, subscriber.as_deref(), finish, abort).await,
+            Command::Backfill {
+                config,
+                outbox,
+                order_by,
+                batch,
+            } => ops::backfill(&config, &outbox, order_by.as_deref(), batch).await,
+            Command::Prune { config } => ops::prune(&config).await,
         }
     });
     // Connection tasks may still be parked; don't wait for them.

@@ -58,6 +58,19 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
             sub.parked_aggregates
         );
     }
+    for r in &s.rebuilds {
+        println!(
+            "rebuild {} → {}: {} replayed={} remaining={} rate={:.0}/s eta={} retired_table={}",
+            r.projection,
+            r.subscriber,
+            r.state,
+            r.replayed,
+            r.remaining,
+            r.rate_per_s,
+            r.eta_s.map_or_else(|| "-".into(), |s| format!("{s:.0}s")),
+            r.retired_table
+        );
+    }
     println!("dead letters open: {}", s.dead_letters_open);
     println!(
         "processed_message rows (estimate): {}",

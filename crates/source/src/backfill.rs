@@ -1,0 +1,254 @@
+//! Backfill: imports the rows an outbox table already holds into the event log, in
+//! keyset-paged batches, then leaves the rest to the slot.
+//!
+//! No gap: the slot is created (or found) before the first page is read. A row
+//! committed before the slot's start is visible to every page's snapshot, so paging
+//! finds it; a row committed after is in the slot's stream. A row that is both (inserted
+//! while the backfill runs) is appended once: the event log's ID check makes the second
+//! copy a duplicate. Backfilled events keep their producer IDs and enter the log in the
+//! page order (`order_by`, then the ID column).
+
+use tokio_postgres::Client;
+use walfold_config::{quote_ident, Config, OutboxConfig};
+use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
+use walfold_store::{connect, EventLog, IngestCounts, Lsn, StoreError};
+
+use crate::error::SourceError;
+use crate::outbox::{Mapping, TxContext};
+use crate::setup::prepare_source;
+
+/// What a backfill did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackfillReport {
+    pub rows: u64,
+    pub appended: u64,
+    pub duplicates: u64,
+    pub id_conflicts: u64,
+    pub malformed: u64,
+    pub pages: u64,
+}
+
+/// Imports `table`'s rows (one of the configured outboxes) in pages of `batch`,
+/// ordered by `order_by` (default: the ID column) and then the ID column.
+pub async fn backfill(
+    config: &Config,
+    table: &str,
+    order_by: Option<&str>,
+    batch: i64,
+) -> Result<BackfillReport, SourceError> {
+    let outbox = config
+        .outbox
+        .iter()
+        .find(|o| o.table_name().to_string() == table || o.table == table)
+        .ok_or_else(|| {
+            SourceError::MissingTable(format!("{table} (not an [[outbox]] in the config)"))
+        })?;
+    let target = connect(config.target_url())
+        .await
+        .map_err(SourceError::store("connecting to the target"))?;
+    let mut log = EventLog::open(target, &config.target.schema, &config.source.slot)
+        .await
+        .map_err(|e| match e {
+            StoreError::Busy(_) => SourceError::Store {
+                context: "backfill".into(),
+                source: StoreError::Refused(
+                    "a walfold daemon is appending to the event log; stop it for the backfill \
+                     (its slot keeps every change meanwhile) and start it again afterwards"
+                        .into(),
+                ),
+            },
+            other => SourceError::store("opening the event log")(other),
+        })?;
+    let ingested = log
+        .durable_lsn()
+        .await
+        .map_err(SourceError::store("reading the ingest position"))?;
+    let source = connect(&config.source.url)
+        .await
+        .map_err(SourceError::store("connecting to the source"))?;
+    // The slot exists from here on: whatever commits later is in its stream.
+    prepare_source(&source, config, ingested).await?;
+    let pager = Pager::new(&source, outbox, order_by).await?;
+    let mut report = BackfillReport::default();
+    let mut cursor: Option<(Option<String>, String)> = None;
+    loop {
+        let rows = pager.page(&source, cursor.as_ref(), batch).await?;
+        if rows.is_empty() {
+            return Ok(report);
+        }
+        report.pages += 1;
+        report.rows += rows.len() as u64;
+        let mut events = Vec::with_capacity(rows.len());
+        let mut dead = Vec::new();
+        for (i, values) in rows.iter().enumerate() {
+            let tuple = Tuple {
+                columns: values
+                    .iter()
+                    .map(|v| {
+                        v.as_deref()
+                            .map_or(Column::Null, |s| Column::Text(s.as_bytes()))
+                    })
+                    .collect(),
+            };
+            let tx = TxContext {
+                commit_lsn: Lsn::ZERO,
+                commit_time: None,
+                ordinal: i as i32,
+            };
+            match pager.mapping.map(&tuple, tx) {
+                Ok(e) => events.push(e),
+                Err(letter) => {
+                    // Not keyed by WAL position: a backfill is not a replay of the WAL.
+                    let mut letter = *letter;
+                    letter.source_lsn = None;
+                    letter.source_ordinal = None;
+                    dead.push(letter);
+                }
+            }
+        }
+        let counts = IngestCounts {
+            malformed: dead.len() as u64,
+            ignored_changes: 0,
+        };
+        let outcome = log
+            .append(&events, &dead, None, counts)
+            .await
+            .map_err(SourceError::store("appending backfilled events"))?;
+        report.appended += outcome.appended;
+        report.duplicates += outcome.duplicates;
+        report.id_conflicts += outcome.id_conflicts;
+        report.malformed += dead.len() as u64;
+        let last = rows.last().expect("a non-empty page");
+        cursor = Some((
+            pager.order.map(|i| last[i].clone()).unwrap_or_default(),
+            last[pager.id].clone().unwrap_or_default(),
+        ));
+        if pager.order.is_some() && cursor.as_ref().is_some_and(|(o, _)| o.is_none()) {
+            return Err(SourceError::Decode(format!(
+                "the backfill's order column of {table} holds nulls; order by a non-null column"
+            )));
+        }
+    }
+}
+
+/// The keyset query over one outbox table; every column comes back as text, as in the
+/// replication stream, so the same mapping applies.
+struct Pager {
+    mapping: Mapping,
+    sql: String,
+    /// The ID column's position in the row.
+    id: usize,
+    /// The order column's position, when it is not the ID column.
+    order: Option<usize>,
+}
+
+impl Pager {
+    async fn new(
+        source: &Client,
+        outbox: &OutboxConfig,
+        order_by: Option<&str>,
+    ) -> Result<Pager, SourceError> {
+        let table = outbox.table_name();
+        let rows = source
+            .query(
+                "select a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod) \
+                 from pg_attribute a where a.attrelid = $1::text::regclass \
+                 and a.attnum > 0 and not a.attisdropped order by a.attnum",
+                &[&table.quoted()],
+            )
+            .await
+            .map_err(|e| SourceError::store("reading the outbox's columns")(db(e)))?;
+        let columns: Vec<(String, u32, String)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, i64>(1) as u32, r.get(2)))
+            .collect();
+        let position = |name: &str| columns.iter().position(|c| c.0 == name);
+        let id = position(&outbox.id)
+            .ok_or_else(|| SourceError::MissingTable(format!("{table}.{}", outbox.id)))?;
+        let order = match order_by {
+            None => None,
+            Some(o) if o == outbox.id => None,
+            Some(o) => {
+                Some(position(o).ok_or_else(|| SourceError::MissingTable(format!("{table}.{o}")))?)
+            }
+        };
+        let relation = Relation {
+            xid: None,
+            id: 0,
+            namespace: table.schema.clone(),
+            name: table.name.clone(),
+            replica_identity: b'd',
+            columns: columns
+                .iter()
+                .map(|(name, type_oid, _)| RelationColumn {
+                    flags: 0,
+                    name: name.clone(),
+                    type_oid: *type_oid,
+                    type_modifier: -1,
+                })
+                .collect(),
+        };
+        let select: Vec<String> = columns
+            .iter()
+            .map(|(n, _, _)| format!("{}::text", quote_ident(n)))
+            .collect();
+        let (id_col, id_type) = (quote_ident(&columns[id].0), &columns[id].2);
+        let (keys, after) = match order {
+            // $1 (the order value) is always null here; naming it keeps one parameter list.
+            None => (
+                id_col.clone(),
+                format!("$1::text is null and {id_col} > $2::text::{id_type}"),
+            ),
+            Some(o) => {
+                let (o_col, o_type) = (quote_ident(&columns[o].0), &columns[o].2);
+                (
+                    format!("{o_col}, {id_col}"),
+                    format!("({o_col}, {id_col}) > ($1::text::{o_type}, $2::text::{id_type})"),
+                )
+            }
+        };
+        let sql = format!(
+            "select {} from {} where ($2::text is null or {after}) order by {keys} limit $3",
+            select.join(", "),
+            table.quoted()
+        );
+        Ok(Pager {
+            mapping: Mapping::new(outbox, &relation),
+            sql,
+            id,
+            order,
+        })
+    }
+
+    async fn page(
+        &self,
+        source: &Client,
+        cursor: Option<&(Option<String>, String)>,
+        batch: i64,
+    ) -> Result<Vec<Vec<Option<String>>>, SourceError> {
+        // No cursor (the first page): both null, every row qualifies.
+        let (order, id): (Option<String>, Option<String>) = match cursor {
+            Some((o, id)) => (o.clone(), Some(id.clone())),
+            None => (None, None),
+        };
+        let rows = source
+            .query(&self.sql, &[&order, &id, &batch])
+            .await
+            .map_err(|e| SourceError::store("reading an outbox page")(db(e)))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| r.get::<_, Option<String>>(i))
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+fn db(source: tokio_postgres::Error) -> StoreError {
+    StoreError::Db {
+        context: "backfill".into(),
+        source,
+    }
+}

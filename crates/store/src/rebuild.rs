@@ -1,0 +1,470 @@
+//! Rebuilds: a new subscriber ID replays the event log into a shadow table beside the
+//! live one; when it has caught up, one transaction swaps the tables and makes the new
+//! subscriber the projection's active one. The old table stays, retired, until
+//! `finish`. Every change of state is one transaction, so a crash leaves either the old
+//! state or the new one.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, GenericClient};
+use walfold_config::QualifiedName;
+
+use crate::error::StoreError;
+use crate::q;
+
+/// A rebuild as stored.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Rebuild {
+    /// The new subscriber ID (the rebuild's identity).
+    pub subscriber: String,
+    pub projection: String,
+    /// The subscriber that served the live table when the rebuild started.
+    pub previous: String,
+    pub live: String,
+    pub shadow: String,
+    pub retired: String,
+    /// `running`, `aborting`, `switched`, `finished` or `aborted`.
+    pub state: String,
+    pub requested_at_unix: f64,
+    pub switched_at_unix: Option<f64>,
+}
+
+impl Rebuild {
+    pub fn live_table(&self) -> QualifiedName {
+        parse(&self.live)
+    }
+    pub fn shadow_table(&self) -> QualifiedName {
+        parse(&self.shadow)
+    }
+    pub fn retired_table(&self) -> QualifiedName {
+        parse(&self.retired)
+    }
+    /// Switched over, with the retired table kept longer than `after`.
+    pub fn retired_longer_than(&self, after: Duration, now_unix: f64) -> bool {
+        self.state == "switched"
+            && self
+                .switched_at_unix
+                .is_some_and(|t| now_unix - t >= after.as_secs_f64())
+    }
+}
+
+fn parse(s: &str) -> QualifiedName {
+    QualifiedName::parse(s).unwrap_or_else(|_| QualifiedName {
+        schema: "public".into(),
+        name: s.to_owned(),
+    })
+}
+
+/// A sibling table name, `live` + `suffix`, refused when it would not fit in 63 bytes.
+fn sibling(live: &QualifiedName, suffix: &str) -> Result<QualifiedName, StoreError> {
+    let name = format!("{}{suffix}", live.name);
+    if name.len() > 63 {
+        return Err(StoreError::Refused(format!(
+            "table name {name} would be longer than PostgreSQL's 63 bytes; rename {live} first"
+        )));
+    }
+    Ok(QualifiedName {
+        schema: live.schema.clone(),
+        name,
+    })
+}
+
+const COLUMNS: &str = "subscriber_id, projection, previous_subscriber, live_table, shadow_table, \
+     retired_table, state, extract(epoch from requested_at)::float8, \
+     extract(epoch from switched_at)::float8";
+
+fn from_row(r: &tokio_postgres::Row) -> Rebuild {
+    Rebuild {
+        subscriber: r.get(0),
+        projection: r.get(1),
+        previous: r.get(2),
+        live: r.get(3),
+        shadow: r.get(4),
+        retired: r.get(5),
+        state: r.get(6),
+        requested_at_unix: r.get(7),
+        switched_at_unix: r.get(8),
+    }
+}
+
+/// Rebuilds not ended yet (running, aborting, or switched with a retired table kept).
+pub async fn open(client: &impl GenericClient, schema: &str) -> Result<Vec<Rebuild>, StoreError> {
+    let rows = client
+        .query(
+            &format!(
+                "select {COLUMNS} from {}.rebuild \
+                 where state in ('running', 'aborting', 'switched') order by requested_at",
+                q(schema)
+            ),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading rebuilds"))?;
+    Ok(rows.iter().map(from_row).collect())
+}
+
+/// Starts a rebuild of `projection` (whose live table is `live`, served by `previous`)
+/// under the unused subscriber ID `subscriber`: creates the shadow table from the live
+/// table's definition and records the rebuild, in one transaction.
+pub async fn start(
+    client: &mut Client,
+    schema: &str,
+    projection: &str,
+    live: &QualifiedName,
+    previous: &str,
+    subscriber: &str,
+) -> Result<Rebuild, StoreError> {
+    let s = q(schema);
+    let shadow = sibling(live, "__rebuild")?;
+    let retired = sibling(live, "__retired")?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("starting a rebuild"))?;
+    if let Some(open) = open(&tx, schema)
+        .await?
+        .into_iter()
+        .find(|r| r.projection == projection)
+    {
+        return Err(StoreError::Refused(format!(
+            "projection {projection} already has a rebuild ({}, state {}); \
+             wait for it to switch and run `walfold rebuild {projection} --finish`, or `--abort` it",
+            open.subscriber, open.state
+        )));
+    }
+    let used: bool = tx
+        .query_one(
+            &format!(
+                "select exists (select 1 from {s}.checkpoint where subscriber_id = $1) \
+                 or exists (select 1 from {s}.processed_message where subscriber_id = $1) \
+                 or exists (select 1 from {s}.rebuild where subscriber_id = $1) \
+                 or exists (select 1 from {s}.projection where subscriber_id = $1)"
+            ),
+            &[&subscriber],
+        )
+        .await
+        .map_err(StoreError::db("checking the subscriber ID"))?
+        .get(0);
+    if used {
+        return Err(StoreError::Refused(format!(
+            "subscriber ID {subscriber} has been used before; a rebuild needs a new one \
+             (its claims must start empty), e.g. {subscriber}.2"
+        )));
+    }
+    let exists = |t: &QualifiedName| {
+        let name = t.quoted();
+        let tx = &tx;
+        async move {
+            tx.query_one("select to_regclass($1) is not null", &[&name])
+                .await
+                .map(|r| r.get::<_, bool>(0))
+                .map_err(StoreError::db("looking up a table"))
+        }
+    };
+    if !exists(live).await? {
+        return Err(StoreError::Refused(format!(
+            "the live table {live} does not exist"
+        )));
+    }
+    for t in [&shadow, &retired] {
+        if exists(t).await? {
+            return Err(StoreError::Refused(format!(
+                "table {t} exists already; walfold needs that name for the rebuild: drop or rename it"
+            )));
+        }
+    }
+    tx.batch_execute(&format!(
+        "create table {} (like {} including all)",
+        shadow.quoted(),
+        live.quoted()
+    ))
+    .await
+    .map_err(StoreError::db("creating the shadow table"))?;
+    let row = tx
+        .query_one(
+            &format!(
+                "insert into {s}.rebuild (subscriber_id, projection, previous_subscriber, \
+                 live_table, shadow_table, retired_table, state) \
+                 values ($1, $2, $3, $4, $5, $6, 'running') returning {COLUMNS}"
+            ),
+            &[
+                &subscriber,
+                &projection,
+                &previous,
+                &live.to_string(),
+                &shadow.to_string(),
+                &retired.to_string(),
+            ],
+        )
+        .await
+        .map_err(StoreError::db("recording the rebuild"))?;
+    let rebuild = from_row(&row);
+    tx.commit()
+        .await
+        .map_err(StoreError::db("starting a rebuild"))?;
+    Ok(rebuild)
+}
+
+/// Whether every partition of the rebuild's subscriber has read to within `slack` events
+/// of the log's head.
+pub async fn caught_up(
+    client: &Client,
+    schema: &str,
+    subscriber: &str,
+    partitions: u32,
+    slack: i64,
+) -> Result<bool, StoreError> {
+    let s = q(schema);
+    let row = client
+        .query_one(
+            &format!(
+                "select count(*), coalesce(min(position), 0), \
+                 (select coalesce(max(seq), 0) from {s}.event_log) \
+                 from {s}.checkpoint where subscriber_id = $1"
+            ),
+            &[&subscriber],
+        )
+        .await
+        .map_err(StoreError::db("reading a rebuild's progress"))?;
+    let (n, min, head): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    Ok(n == i64::from(partitions) && head - min <= slack)
+}
+
+/// The switch-over, in one transaction: the live table is retired, the shadow table takes
+/// its name, and the rebuild's subscriber becomes the projection's active one. The
+/// caller has stopped every projector writing either table. Returns false when the
+/// rebuild is no longer running (aborted meanwhile).
+pub async fn switch(
+    client: &mut Client,
+    schema: &str,
+    rebuild: &Rebuild,
+) -> Result<bool, StoreError> {
+    let s = q(schema);
+    let (live, shadow, retired) = (
+        rebuild.live_table(),
+        rebuild.shadow_table(),
+        rebuild.retired_table(),
+    );
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("switching over"))?;
+    let moved = tx
+        .execute(
+            &format!(
+                "update {s}.rebuild set state = 'switched', switched_at = now() \
+                 where subscriber_id = $1 and state = 'running'"
+            ),
+            &[&rebuild.subscriber],
+        )
+        .await
+        .map_err(StoreError::db("switching over"))?;
+    if moved == 0 {
+        return Ok(false);
+    }
+    // Readers of the live table wait for this transaction only; a reader that holds the
+    // table for longer makes the switch time out and be tried again.
+    tx.batch_execute(&format!(
+        "set local lock_timeout = '5s'; \
+         lock table {l}, {sh} in access exclusive mode; \
+         alter table {l} rename to {r}; \
+         alter table {sh} rename to {ln};",
+        l = live.quoted(),
+        sh = shadow.quoted(),
+        r = walfold_config::quote_ident(&retired.name),
+        ln = walfold_config::quote_ident(&live.name),
+    ))
+    .await
+    .map_err(StoreError::db("swapping the live and shadow tables"))?;
+    tx.execute(
+        &format!(
+            "update {s}.projection set subscriber_id = $2, updated_at = now() where name = $1"
+        ),
+        &[&rebuild.projection, &rebuild.subscriber],
+    )
+    .await
+    .map_err(StoreError::db("recording the new active subscriber"))?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("switching over"))?;
+    Ok(true)
+}
+
+/// Asks the leader to abort the running rebuild of `projection` (it stops the rebuild's
+/// projectors first, then calls [`abort`]).
+pub async fn request_abort(
+    client: &Client,
+    schema: &str,
+    projection: &str,
+) -> Result<Rebuild, StoreError> {
+    let s = q(schema);
+    let row = client
+        .query_opt(
+            &format!(
+                "update {s}.rebuild set state = 'aborting' \
+                 where projection = $1 and state in ('running', 'aborting') returning {COLUMNS}"
+            ),
+            &[&projection],
+        )
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    match row {
+        Some(r) => Ok(from_row(&r)),
+        None => Err(StoreError::Refused(
+            not_open(client, schema, projection, "abort").await?,
+        )),
+    }
+}
+
+async fn not_open(
+    client: &Client,
+    schema: &str,
+    projection: &str,
+    action: &str,
+) -> Result<String, StoreError> {
+    let open = open(client, schema).await?;
+    Ok(match open.iter().find(|r| r.projection == projection) {
+        Some(r) if r.state == "switched" => format!(
+            "the rebuild of {projection} has switched over already; nothing to {action} \
+             (run `walfold rebuild {projection} --finish` to drop the retired table)"
+        ),
+        Some(r) => format!(
+            "the rebuild of {projection} is still {}; it switches over once it has caught up",
+            r.state
+        ),
+        None => format!("projection {projection} has no rebuild to {action}"),
+    })
+}
+
+/// Ends an aborting or running rebuild: drops the shadow table and the new subscriber's
+/// checkpoints and parked aggregates, in one transaction; nothing live is touched. The
+/// caller leads and runs no projector of this rebuild. Claims are removed afterwards by
+/// [`forget_claims`].
+pub async fn abort(client: &mut Client, schema: &str, rebuild: &Rebuild) -> Result<(), StoreError> {
+    let s = q(schema);
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    let n = tx
+        .execute(
+            &format!(
+                "update {s}.rebuild set state = 'aborted', ended_at = now() \
+                 where subscriber_id = $1 and state in ('running', 'aborting')"
+            ),
+            &[&rebuild.subscriber],
+        )
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    if n == 1 {
+        tx.batch_execute(&format!(
+            "drop table if exists {}",
+            rebuild.shadow_table().quoted()
+        ))
+        .await
+        .map_err(StoreError::db("dropping the shadow table"))?;
+        retire_subscriber(&tx, schema, &rebuild.subscriber, "rebuild aborted").await?;
+    }
+    tx.commit()
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    Ok(())
+}
+
+/// Ends a switched rebuild: drops the retired table and the previous subscriber's
+/// checkpoints and parked aggregates, in one transaction. Returns the rebuild.
+pub async fn finish(
+    client: &mut Client,
+    schema: &str,
+    projection: &str,
+) -> Result<Rebuild, StoreError> {
+    let s = q(schema);
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("finishing a rebuild"))?;
+    let row = tx
+        .query_opt(
+            &format!(
+                "update {s}.rebuild set state = 'finished', ended_at = now() \
+                 where projection = $1 and state = 'switched' returning {COLUMNS}"
+            ),
+            &[&projection],
+        )
+        .await
+        .map_err(StoreError::db("finishing a rebuild"))?;
+    let Some(row) = row else {
+        drop(tx);
+        return Err(StoreError::Refused(
+            not_open(client, schema, projection, "finish").await?,
+        ));
+    };
+    let rebuild = from_row(&row);
+    tx.batch_execute(&format!(
+        "drop table if exists {}",
+        rebuild.retired_table().quoted()
+    ))
+    .await
+    .map_err(StoreError::db("dropping the retired table"))?;
+    retire_subscriber(
+        &tx,
+        schema,
+        &rebuild.previous,
+        "subscriber retired by a rebuild",
+    )
+    .await?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("finishing a rebuild"))?;
+    Ok(rebuild)
+}
+
+async fn retire_subscriber(
+    tx: &impl GenericClient,
+    schema: &str,
+    subscriber: &str,
+    why: &str,
+) -> Result<(), StoreError> {
+    let s = q(schema);
+    for sql in [
+        format!("delete from {s}.checkpoint where subscriber_id = $1 and $2::text is not null"),
+        format!(
+            "delete from {s}.parked_aggregate where subscriber_id = $1 and $2::text is not null"
+        ),
+        format!(
+            "update {s}.dead_letter set status = 'discarded', resolution = $2, resolved_at = now() \
+             where subscriber_id = $1 and status in ('open', 'retrying')"
+        ),
+    ] {
+        tx.execute(&sql, &[&subscriber, &why])
+            .await
+            .map_err(StoreError::db("retiring a subscriber"))?;
+    }
+    Ok(())
+}
+
+/// Deletes a retired subscriber's claims in batches of `batch` rows (short transactions,
+/// no long locks); returns how many.
+pub async fn forget_claims(
+    client: &Client,
+    schema: &str,
+    subscriber: &str,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let sql = format!(
+        "delete from {s}.processed_message where ctid = any(array( \
+         select ctid from {s}.processed_message where subscriber_id = $1 limit $2))",
+        s = q(schema)
+    );
+    let mut total = 0;
+    loop {
+        let n = client
+            .execute(&sql, &[&subscriber, &batch])
+            .await
+            .map_err(StoreError::db("deleting a retired subscriber's claims"))?;
+        total += n;
+        if n < batch as u64 {
+            return Ok(total);
+        }
+    }
+}

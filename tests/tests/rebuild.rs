@@ -1,0 +1,717 @@
+//! Rebuilds, backfill, retention and dead-letter retries, with the real `walfold` binary
+//! against a throwaway PostgreSQL. Expected read models are computed in SQL straight
+//! from the event log or the outbox, never by walfold's own projection code.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use walfold_tests::{eventually, slot_active, walfold, Daemon, TestDb};
+
+/// A config with a state projection and a running total whose `sql` names `{table}`.
+fn config(db: &TestDb, extra: &str) -> String {
+    format!(
+        r#"
+[source]
+url = "{url}"
+
+[[outbox]]
+table = "public.outbox"
+
+[pipeline]
+max_backoff_ms = 1000
+shutdown_timeout_s = 20
+
+[retention]
+prune_interval_s = 0
+
+[[projection]]
+name = "order_state"
+subscriber = "orders.state.v1"
+table = "public.order_state"
+key = "order_id"
+version_column = "version"
+columns = {{ status = ":payload.status", amount = ":payload.amount::numeric" }}
+
+[[projection]]
+name = "order_total"
+subscriber = "orders.total.v1"
+target = "public.order_total"
+parallelism = 2
+sql = """
+insert into {{table}} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+{extra}
+"#,
+        url = db.url()
+    )
+}
+
+/// `n` events over `orders` aggregates in transactions of 10k rows, versions 1.. per order.
+fn preload(db: &TestDb, n: i64, orders: i64) {
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(10_000);
+        db.psql(&format!(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             select gen_random_uuid(), 'order', 'o-' || (i % {orders}), 'OrderChanged', \
+                    i / {orders} + 1, \
+                    jsonb_build_object('status', 's' || i, 'amount', (i % 97)::text) \
+             from generate_series({from}, {to}) as i",
+            from = done,
+            to = done + k - 1
+        ));
+        done += k;
+    }
+}
+
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client
+        .query_one(sql, &[])
+        .await
+        .map_or(-1, |r| r.get::<_, i64>(0))
+}
+
+/// Waits until every outbox row is in the log and `subscriber` has read all of it (every
+/// partition). The outbox rows in these tests have distinct IDs.
+async fn subscriber_caught_up(client: &tokio_postgres::Client, subscriber: &str, timeout: u64) {
+    let sql = format!(
+        "select (select count(*) from outbox) - (select count(*) from walfold.event_log) \
+         + (select count(*) from walfold.checkpoint where subscriber_id = '{subscriber}' \
+            and position < (select max(seq) from walfold.event_log)) \
+         + (select count(*) from (select 1 where not exists \
+            (select 1 from walfold.checkpoint where subscriber_id = '{subscriber}')) x)"
+    );
+    eventually(
+        Duration::from_secs(timeout),
+        &format!("{subscriber} to catch up"),
+        || async { count(client, &sql).await == 0 },
+    )
+    .await;
+}
+
+async fn rebuild_state(client: &tokio_postgres::Client, subscriber: &str) -> String {
+    client
+        .query_opt(
+            "select state from walfold.rebuild where subscriber_id = $1",
+            &[&subscriber],
+        )
+        .await
+        .ok()
+        .flatten()
+        .map_or_else(|| "-".into(), |r| r.get(0))
+}
+
+/// Rows of `a` not in `b` plus rows of `b` not in `a`.
+async fn difference(client: &tokio_postgres::Client, a: &str, b: &str) -> i64 {
+    count(
+        client,
+        &format!("select count(*) from ((({a}) except ({b})) union all (({b}) except ({a}))) d"),
+    )
+    .await
+}
+
+const TOTALS_FROM_LOG: &str = "select aggregate_id, sum((payload->>'amount')::numeric) \
+     from walfold.event_log group by aggregate_id";
+const STATE_FROM_LOG: &str = "select distinct on (aggregate_id) aggregate_id, \
+     payload->>'status', (payload->>'amount')::numeric, version \
+     from walfold.event_log order by aggregate_id, version desc";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_replays_100k_events_beside_the_live_table_and_switches_over() {
+    let db = TestDb::new("rebuild");
+    let d = Daemon::start(&config(&db, ""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    preload(&db, 100_000, 2_000);
+    subscriber_caught_up(&client, "orders.total.v1", 180).await;
+    // The bug the rebuild fixes: a corrupted live row.
+    db.psql("update order_total set total = -1 where order_id = 'o-7'");
+    let live_rows = count(&client, "select count(*) from order_total").await;
+    assert_eq!(live_rows, 2_000);
+
+    // Readers and writers keep going during the rebuild.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicI64::new(0));
+    let reader = {
+        let (stop, reads, url) = (stop.clone(), reads.clone(), db.url());
+        tokio::spawn(async move {
+            let c = walfold_store::connect(&url).await.unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let n = count(&c, "select count(*) from order_total").await;
+                assert!(n >= live_rows, "a reader saw {n} rows: a half-built table");
+                reads.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let writer = {
+        let (stop, url) = (stop.clone(), db.url());
+        tokio::spawn(async move {
+            let c = walfold_store::connect(&url).await.unwrap();
+            let mut written = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                c.batch_execute(
+                    "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                     select gen_random_uuid(), 'order', 'n-' || (i % 50), 'OrderChanged', 1000000 + i, \
+                            jsonb_build_object('status', 'new', 'amount', '1') \
+                     from generate_series(1, 20) as i",
+                )
+                .await
+                .unwrap();
+                written += 20;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            written
+        })
+    };
+
+    let cfg = d.config_path().to_owned();
+    let (code, out, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("public.order_total__rebuild"), "{out}");
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v3",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(
+        code, 2,
+        "a second rebuild of the same projection is refused"
+    );
+    assert!(err.contains("already has a rebuild"), "{err}");
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_state",
+            "--subscriber",
+            "orders.total.v1",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "a used subscriber ID is refused");
+    assert!(err.contains("has been used before"), "{err}");
+
+    // Progress is visible while it replays.
+    let (code, out, _) = walfold(&["status", "--json", "-c", &cfg], &[]);
+    assert_eq!(code, 0);
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status["rebuilds"][0]["subscriber"], "orders.total.v2");
+
+    eventually(Duration::from_secs(180), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await == "switched"
+    })
+    .await;
+    // New events keep arriving after the switch, then stop.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    reader.await.unwrap();
+    let written = writer.await.unwrap();
+    assert!(written > 0 && reads.load(Ordering::Relaxed) > 10);
+    subscriber_caught_up(&client, "orders.total.v2", 60).await;
+
+    assert_eq!(
+        difference(
+            &client,
+            "select order_id, total from order_total",
+            TOTALS_FROM_LOG
+        )
+        .await,
+        0,
+        "the rebuilt table equals the sums computed from the log, each event once"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from order_total__retired where order_id = 'o-7' and total = -1"
+        )
+        .await,
+        1,
+        "the old table is kept, retired, untouched"
+    );
+    assert_eq!(
+        db.psql("select subscriber_id from walfold.projection where name = 'order_total'"),
+        "orders.total.v2"
+    );
+    // The old subscriber stopped at the switch; nothing else writes the retired table.
+    let (code, out, err) = walfold(&["rebuild", "order_total", "--finish", "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("subscriber = \"orders.total.v2\""), "{out}");
+    assert_eq!(
+        db.psql("select to_regclass('order_total__retired') is null"),
+        "t"
+    );
+    assert_eq!(
+        db.psql("select count(*) from walfold.processed_message where subscriber_id = 'orders.total.v1'"),
+        "0"
+    );
+    assert_eq!(db.psql("select state from walfold.rebuild"), "finished");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_killed_midway_resumes_after_a_restart() {
+    let db = TestDb::new("rebuildkill");
+    let text = config(&db, "").replace(
+        "version_column = \"version\"",
+        "version_column = \"version\"\nrebuild_batch_size = 200",
+    );
+    let mut d = Daemon::start(&text, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    preload(&db, 30_000, 500);
+    subscriber_caught_up(&client, "orders.state.v1", 120).await;
+    db.psql("update order_state set status = 'corrupt' where order_id in ('o-1', 'o-2')");
+    let (code, out, err) = walfold(
+        &[
+            "rebuild",
+            "order_state",
+            "--subscriber",
+            "orders.state.v2",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    eventually(Duration::from_secs(60), "the replay to start", || async {
+        count(
+            &client,
+            "select coalesce(max(position), 0) from walfold.checkpoint where subscriber_id = 'orders.state.v2'",
+        )
+        .await
+            > 2_000
+    })
+    .await;
+    assert_eq!(rebuild_state(&client, "orders.state.v2").await, "running");
+    d.kill();
+    let at_kill = count(
+        &client,
+        "select coalesce(max(position), 0) from walfold.checkpoint where subscriber_id = 'orders.state.v2'",
+    )
+    .await;
+    assert!(at_kill < 30_000, "killed mid-rebuild (position {at_kill})");
+    d.kill_and_restart(None);
+    eventually(Duration::from_secs(120), "the switch-over", || async {
+        rebuild_state(&client, "orders.state.v2").await == "switched"
+    })
+    .await;
+    subscriber_caught_up(&client, "orders.state.v2", 60).await;
+    assert_eq!(
+        difference(
+            &client,
+            "select order_id, status, amount, version from order_state",
+            STATE_FROM_LOG
+        )
+        .await,
+        0,
+        "the rebuilt table equals the latest version per order in the log"
+    );
+    assert_eq!(
+        db.psql("select count(*) from order_state__retired where status = 'corrupt'"),
+        "2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_leaves_everything_live_untouched() {
+    let db = TestDb::new("rebuildabort");
+    let text = config(&db, "").replace(
+        "parallelism = 2",
+        "parallelism = 2\nrebuild_batch_size = 100",
+    );
+    let mut d = Daemon::start(&text, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    preload(&db, 20_000, 300);
+    subscriber_caught_up(&client, "orders.total.v1", 120).await;
+    let snapshot = "select order_id, total from order_total";
+    db.psql(&format!("create table before as {snapshot}"));
+    let cfg = d.config_path().to_owned();
+
+    // Aborted by the running daemon, mid-replay.
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually(Duration::from_secs(60), "the replay to start", || async {
+        count(&client, "select count(*) from walfold.processed_message where subscriber_id = 'orders.total.v2'").await > 0
+    })
+    .await;
+    let (code, out, err) = walfold(&["rebuild", "order_total", "--abort", "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let check_untouched = |subscriber: &'static str| {
+        let (client, db) = (&client, &db);
+        async move {
+            assert_eq!(rebuild_state(client, subscriber).await, "aborted");
+            assert_eq!(
+                db.psql("select to_regclass('order_total__rebuild') is null"),
+                "t"
+            );
+            assert_eq!(
+                difference(client, snapshot, "select * from before").await,
+                0
+            );
+            assert_eq!(
+                db.psql("select subscriber_id from walfold.projection where name = 'order_total'"),
+                "orders.total.v1"
+            );
+            let left = format!(
+                "select (select count(*) from walfold.checkpoint where subscriber_id = '{subscriber}') \
+                 + (select count(*) from walfold.processed_message where subscriber_id = '{subscriber}')"
+            );
+            assert_eq!(
+                count(client, &left).await,
+                0,
+                "the new subscriber's state is gone"
+            );
+        }
+    };
+    check_untouched("orders.total.v2").await;
+
+    // Aborted by the command itself while no daemon runs.
+    d.kill();
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v3",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = walfold(&["rebuild", "order_total", "--abort", "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    check_untouched("orders.total.v3").await;
+    let (code, _, err) = walfold(&["rebuild", "order_total", "--finish", "-c", &cfg], &[]);
+    assert_eq!(code, 2, "nothing to finish");
+    assert!(err.contains("no rebuild to finish"), "{err}");
+
+    // The live projection still follows new events.
+    d.kill_and_restart(None);
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values (gen_random_uuid(), 'order', 'o-1', 'OrderChanged', 999, '{\"amount\": \"1000\"}')",
+    );
+    eventually(
+        Duration::from_secs(60),
+        "the live table to move",
+        || async { difference(&client, snapshot, "select * from before").await == 2 },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_with_concurrent_inserts_puts_every_row_in_the_log_once() {
+    let db = TestDb::new("backfill");
+    preload(&db, 20_000, 1_000);
+    let text = config(&db, "");
+    let path = walfold_tests::write_config(&text);
+    let cfg = path.to_str().unwrap().to_owned();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, url) = (stop.clone(), db.url());
+        tokio::spawn(async move {
+            let c = walfold_store::connect(&url).await.unwrap();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                c.batch_execute(
+                    "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                     select gen_random_uuid(), 'order', 'w-' || i, 'OrderChanged', 1, '{\"amount\": \"1\"}' \
+                     from generate_series(1, 5) as i",
+                )
+                .await
+                .unwrap();
+                n += 5;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            n
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        walfold(
+            &[
+                "backfill",
+                "--outbox",
+                "public.outbox",
+                "--batch",
+                "500",
+                "-c",
+                &cfg,
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    assert!(written > 0);
+    let client = db.client().await;
+    let during = count(&client, "select count(*) from walfold.event_log").await;
+    assert!(
+        during >= 20_000,
+        "the backfill imported the history ({during})"
+    );
+
+    let _d = Daemon::start(&text, &[]);
+    let total = 20_000 + written;
+    eventually(
+        Duration::from_secs(120),
+        "the slot to hand over",
+        || async { count(&client, "select count(*) from walfold.event_log").await >= total },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(count(&client, "select count(*) from outbox").await, total);
+    assert_eq!(
+        count(&client, "select count(*) from walfold.event_log").await,
+        total,
+        "every outbox row once, no duplicates"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from outbox o where not exists \
+             (select 1 from walfold.event_log e where e.event_id = o.id)"
+        )
+        .await,
+        0,
+        "no gap"
+    );
+    // A second backfill while the daemon appends is refused with the reason.
+    let (code, _, err) = walfold(
+        &[
+            "backfill",
+            "--outbox",
+            "public.outbox",
+            "-c",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("stop it for the backfill"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_keeps_what_a_subscriber_needs_and_the_window_decides_replays() {
+    let db = TestDb::new("prune");
+    let retention = "dedup_retention = \"3s\"\n";
+    let text = config(&db, "")
+        .replace(
+            "prune_interval_s = 0",
+            "prune_interval_s = 0\nevent_log = \"3s\"",
+        )
+        .replace("parallelism = 2", &format!("parallelism = 2\n{retention}"));
+    let d = Daemon::start(&text, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let insert = |id: &str, amount: &str| {
+        db.psql(&format!(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             values ('{id}', 'order', 'o-1', 'OrderChanged', 1, '{{\"amount\": \"{amount}\"}}')"
+        ))
+    };
+    let total = || async {
+        count(
+            &client,
+            "select coalesce(sum(total), 0)::int8 from order_total",
+        )
+        .await
+    };
+    let old = "00000000-0000-4000-8000-000000000001";
+    let recent = "00000000-0000-4000-8000-000000000002";
+    insert(old, "10");
+    eventually(Duration::from_secs(30), "the old event", || async {
+        total().await == 10
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    insert(recent, "5");
+    eventually(Duration::from_secs(30), "the recent event", || async {
+        total().await == 15
+    })
+    .await;
+
+    // A projection that has not run yet holds every event.
+    let late = format!(
+        "{text}\n[[projection]]\nname = \"late\"\nsubscriber = \"late.v1\"\n\
+         sql = \"select :event_id\"\n"
+    );
+    let late_path = walfold_tests::write_config(&late);
+    let (code, out, err) = walfold(&["prune", "-c", late_path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("and 0 events"), "{out}");
+    db.psql("delete from walfold.projection where name = 'late'");
+
+    let (code, out, err) = walfold(&["prune", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("and 1 events"),
+        "only the old event goes: {out}"
+    );
+    let in_log =
+        |id: &str| format!("select count(*) from walfold.event_log where event_id = '{id}'");
+    assert_eq!(count(&client, &in_log(old)).await, 0);
+    assert_eq!(
+        count(&client, &in_log(recent)).await,
+        1,
+        "the head and the window stay"
+    );
+    assert_eq!(
+        count(
+            &client,
+            &format!(
+                "select count(*) filter (where subscriber_id = 'orders.total.v1') * 10 + count(*) \
+                 from walfold.processed_message where message_id = '{old}'"
+            )
+        )
+        .await,
+        1,
+        "order_total's old claim went (3s window); order_state keeps its claims forever"
+    );
+
+    // The producer redelivers both: the old one is outside the window and applies again,
+    // the recent one is recognised.
+    insert(old, "10");
+    insert(recent, "5");
+    eventually(Duration::from_secs(30), "the replay", || async {
+        count(&client, &in_log(old)).await == 1 && total().await == 25
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(total().await, 25, "old applied again, recent not");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_dead_letter_applies_once_and_releases_its_aggregate_in_order() {
+    let db = TestDb::new("retry");
+    db.psql(
+        "create table trail (order_id text primary key, steps text not null, \
+         constraint no_bad check (steps not like '%bad%'))",
+    );
+    let extra = r#"
+[[projection]]
+name = "trail"
+subscriber = "trail.v1"
+max_attempts = 2
+retry_backoff_ms = 10
+sql = """
+insert into trail as t (order_id, steps) values (:aggregate_id, :payload.step)
+on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
+"""
+"#;
+    let d = Daemon::start(&config(&db, extra), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let step = |order: &str, version: i64, step: &str| {
+        db.psql(&format!(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             values (gen_random_uuid(), 'order', '{order}', 'Step', {version}, '{{\"step\": \"{step}\"}}')"
+        ))
+    };
+    let steps = |order: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_opt("select steps from trail where order_id = $1", &[&order])
+                .await
+                .unwrap()
+                .map(|r| r.get::<_, String>(0))
+        }
+    };
+    step("o-1", 1, "a");
+    step("o-1", 2, "bad");
+    step("o-1", 3, "c");
+    step("o-2", 1, "x");
+    eventually(
+        Duration::from_secs(30),
+        "the failure to park o-1",
+        || async {
+            db.psql(
+                "select count(*) from walfold.parked_aggregate where subscriber_id = 'trail.v1'",
+            ) == "1"
+                && steps("o-2").await.as_deref() == Some("x")
+                && db.psql(
+                    "select count(*) from walfold.dead_letter where subscriber_id = 'trail.v1'",
+                ) == "2"
+        },
+    )
+    .await;
+    assert_eq!(steps("o-1").await.as_deref(), Some("a"));
+    let head = db.psql(
+        "select id from walfold.dead_letter where subscriber_id = 'trail.v1' and reason = 'projection_failed'",
+    );
+    let cfg = d.config_path().to_owned();
+
+    // Retried before the cause is fixed: it fails again and stays parked, nothing applied.
+    let (code, _, err) = walfold(&["dead-letters", "retry", &head, "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{err}");
+    eventually(Duration::from_secs(30), "the retry to fail", || async {
+        db.psql(&format!(
+            "select status || attempts from walfold.dead_letter where id = {head}"
+        )) == "open3"
+    })
+    .await;
+    assert_eq!(steps("o-1").await.as_deref(), Some("a"));
+
+    // Fixed, retried: the chain applies once, in order, and o-1 is released.
+    db.psql("alter table trail drop constraint no_bad");
+    let (code, out, err) = walfold(&["dead-letters", "retry", &head, "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2 dead letter(s) queued"), "{out}");
+    eventually(Duration::from_secs(30), "the retried chain", || async {
+        steps("o-1").await.as_deref() == Some("a,bad,c")
+    })
+    .await;
+    assert_eq!(
+        db.psql("select count(*) from walfold.parked_aggregate"),
+        "0",
+        "o-1 is released"
+    );
+    assert_eq!(
+        db.psql("select string_agg(status, ',' order by id) from walfold.dead_letter where subscriber_id = 'trail.v1'"),
+        "retried,retried"
+    );
+    step("o-1", 4, "d");
+    eventually(Duration::from_secs(30), "o-1's next event", || async {
+        steps("o-1").await.as_deref() == Some("a,bad,c,d")
+    })
+    .await;
+    let (code, _, err) = walfold(&["dead-letters", "retry", &head, "-c", &cfg], &[]);
+    assert_eq!(code, 2, "a retried dead letter is not open any more");
+    assert!(err.contains("not open"), "{err}");
+}
