@@ -180,6 +180,34 @@ async fn decode_and_drain(
         cpu: format!("{drain_cpu:.1}"),
         rss: format!("{drain_rss:.0}"),
     });
+
+    // 6. Rebuild: replay the whole log into a shadow of the state projection under a new
+    // subscriber, until the switch-over.
+    reset_peak_rss();
+    let config = setup::config(cluster, db, "walfold_0", setup::DRAIN_PROJECTIONS)?;
+    walfold_engine::ops::start_rebuild(&config, "state", "bench.state.rebuilt").await?;
+    let span = Span::start();
+    let (cancel, task) = start(config);
+    wait_for(
+        &client,
+        "select count(*) from walfold.rebuild where state = 'switched'",
+        Duration::from_secs(3600),
+        "the rebuild to switch over",
+    )
+    .await?;
+    let (rebuild_s, rebuild_cpu, _) = span.stop();
+    cancel.cancel();
+    task.await??;
+    let rebuild_rate = n as f64 / rebuild_s;
+    eprintln!("rebuild: {n} events replayed into a shadow table in {rebuild_s:.1} s");
+    lines.push(Line {
+        scenario: format!("6. rebuild replay of {n} events (state projection, 5000/txn)"),
+        walfold: format!("{rebuild_rate:.0} ev/s"),
+        limit: format!("{raw_rate:.0} ev/s (scenario 2's raw apply limit)"),
+        ratio: format!("{:.2}×", rebuild_rate / raw_rate),
+        cpu: format!("{rebuild_cpu:.1}"),
+        rss: format!("{:.0}", rss_mib().1),
+    });
     Ok(())
 }
 
@@ -230,18 +258,28 @@ async fn connect(cluster: &Cluster, db: &str) -> Result<tokio_postgres::Client, 
 
 /// Waits until the pipeline's slot streams, before load is offered.
 async fn slot_active(client: &tokio_postgres::Client) -> Result<(), BoxError> {
-    let t0 = Instant::now();
-    while count(
+    wait_for(
         client,
         "select count(*) from pg_replication_slots where active",
+        Duration::from_secs(30),
+        "the slot to become active",
     )
     .await
-        == 0
-    {
-        if t0.elapsed() > Duration::from_secs(30) {
-            return Err("slot did not become active".into());
+}
+
+/// Polls the count `sql` every 20 ms until it is not 0.
+async fn wait_for(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    timeout: Duration,
+    what: &str,
+) -> Result<(), BoxError> {
+    let t0 = Instant::now();
+    while count(client, sql).await == 0 {
+        if t0.elapsed() > timeout {
+            return Err(format!("timed out waiting for {what}").into());
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }

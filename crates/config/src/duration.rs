@@ -14,9 +14,11 @@ pub fn parse_retention(s: &str) -> Result<Option<Duration>, String> {
         "m" => 60,
         "h" => 3_600,
         "d" => 86_400,
-        _ => return Err(format!(
+        _ => {
+            return Err(format!(
             "`{s}` is not a duration: use \"forever\" or e.g. \"30d\", \"12h\", \"15m\", \"90s\""
-        )),
+        ))
+        }
     };
     match number.parse::<u64>() {
         Ok(n) if n > 0 => Ok(Some(Duration::from_secs(n.saturating_mul(seconds_per)))),

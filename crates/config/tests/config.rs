@@ -146,3 +146,66 @@ parallelism = 0
         );
     }
 }
+
+#[test]
+fn defaults_for_log_and_retention_are_usable() {
+    let c = Config::from_toml(MINIMAL, vec![]).unwrap();
+    assert_eq!(c.log.level, "info", "no [log] section still logs");
+    assert_eq!(c.retention.event_log(), None);
+    assert_eq!(c.projection[0].dedup_retention(), None);
+    assert_eq!(c.projection[0].rebuild_batch_size, 5000);
+    let c = Config::from_toml(
+        &MINIMAL.replace(
+            "[[projection]]",
+            "[retention]\nevent_log = \"90d\"\n\n[[projection]]\ndedup_retention = \"12h\"",
+        ),
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(
+        c.retention.event_log(),
+        Some(std::time::Duration::from_secs(90 * 86_400))
+    );
+    assert_eq!(
+        c.projection[0].dedup_retention(),
+        Some(std::time::Duration::from_secs(12 * 3_600))
+    );
+}
+
+#[test]
+fn a_sql_projection_names_its_target_as_table() {
+    let sql = "insert into {table} values (:aggregate_id)";
+    let with = |extra: &str| {
+        MINIMAL.replace(
+            "sql = \"insert into order_status values (:aggregate_id, :payload.status, :version)\"",
+            &format!("sql = \"{sql}\"\n{extra}"),
+        )
+    };
+    let c = Config::from_toml(&with("target = \"app.status\""), vec![]).unwrap();
+    let shadow = walfold_config::QualifiedName::parse("app.status__rebuild").unwrap();
+    let sql_of = |k: ProjectionKind| match k {
+        ProjectionKind::Sql(t) => t.sql,
+        ProjectionKind::Table(t) => t.template.sql,
+    };
+    assert!(
+        sql_of(c.projection[0].kind(0).unwrap()).contains("insert into \"app\".\"status\" values")
+    );
+    assert!(sql_of(c.projection[0].kind_for(0, Some(&shadow)).unwrap())
+        .contains("insert into \"app\".\"status__rebuild\" values"));
+    assert_eq!(
+        c.projection[0].storage().map(|t| t.to_string()).as_deref(),
+        Some("app.status")
+    );
+    let p = problems(&with("")).join("\n");
+    assert!(p.contains("projection[0].target: missing"), "{p}");
+    let p = problems(&with("target = \"x;y\"")).join("\n");
+    assert!(p.contains("projection[0].target"), "{p}");
+    let p = problems(&with("dedup_retention = \"soon\"")).join("\n");
+    assert!(p.contains("projection[0].dedup_retention"), "{p}");
+    let p = problems(&MINIMAL.replace(
+        "[[projection]]",
+        "[retention]\nevent_log = \"1w\"\n\n[[projection]]",
+    ))
+    .join("\n");
+    assert!(p.contains("retention.event_log"), "{p}");
+}

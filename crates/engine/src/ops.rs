@@ -36,14 +36,26 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, EngineError>
         .map_err(EngineError::store("connecting to the target"))
 }
 
-/// Starts rebuilding `name` under the new subscriber ID `subscriber`: a shadow table is
-/// created like the live one; the leader replays the log into it, then switches over.
+/// Starts rebuilding the configured projection `name` under the new subscriber ID
+/// `subscriber`: a shadow table is created like the live one; the leader replays the
+/// log into it, then switches over.
 pub async fn start_rebuild(
     config: &Config,
     name: &str,
     subscriber: &str,
 ) -> Result<Rebuild, EngineError> {
-    let options = projection(config, name)?;
+    start_rebuild_with(config, projection(config, name)?, subscriber).await
+}
+
+/// [`start_rebuild`] for any projection's options, e.g. a Rust projection added with
+/// `Pipeline::with_projection` (its `target` names the table; it must implement
+/// [`crate::Projection::for_table`]).
+pub async fn start_rebuild_with(
+    config: &Config,
+    options: &ProjectionConfig,
+    subscriber: &str,
+) -> Result<Rebuild, EngineError> {
+    let name = options.name.as_str();
     let live = options.storage().ok_or_else(|| {
         refused(format!(
             "projection {name} names no table to rebuild: set `target` and write `{{table}}` in its sql"
@@ -79,7 +91,7 @@ pub async fn abort_rebuild(
         .await
         .map_err(EngineError::store("taking the leader lock"))?
     {
-        crate::pipeline::end_abort(&mut client, schema, &r).await?;
+        crate::pipeline::end_abort(&mut client, schema, &r, leader.pid()).await?;
         drop(leader);
         return Ok(r);
     }

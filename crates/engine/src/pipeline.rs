@@ -6,6 +6,7 @@
 //! stop, and only then is a rebuild switched over or aborted, so no projector ever
 //! writes a table while it is renamed or dropped.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use tokio::task::JoinSet;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walfold_config::{Config, ProjectionConfig, QualifiedName};
+use walfold_store::rebuild::Readiness;
 use walfold_store::{migrate, rebuild, Directive, Leadership, Rebuild};
 
 use crate::error::EngineError;
@@ -23,6 +25,12 @@ use crate::sql::SqlProjection;
 
 /// How often the leader looks at rebuilds (new, aborted, caught up, due to finish).
 const CONTROL_PERIOD: Duration = Duration::from_secs(1);
+/// How long after a failed switch-over it is tried again.
+const SWITCH_BACKOFF: Duration = Duration::from_secs(30);
+/// How close to the log's head every partition of a rebuild must be to switch over: the
+/// live table steps back by at most this many events until the new subscriber, now
+/// live, catches up (within a batch).
+const SWITCH_SLACK: i64 = 100;
 
 /// The whole path from the slot to the read models.
 pub struct Pipeline {
@@ -137,7 +145,7 @@ impl Pipeline {
                 return Ok(());
             };
             let lost = leader.lost();
-            let result = lead(&config, &schema, &defined, &cancel, &lost).await;
+            let result = lead(&config, &schema, &defined, &cancel, &lost, leader.pid()).await;
             drop(leader);
             if cancel.is_cancelled() || !lost.is_cancelled() {
                 return result;
@@ -156,6 +164,8 @@ struct Generation {
     planned: Vec<(String, String)>,
     /// `drop_retired_after` per projection that has one.
     retire_after: Vec<(String, Duration)>,
+    /// Whether a blocked rebuild was reported in this generation.
+    warned: AtomicBool,
 }
 
 /// Whether `r`'s retired table has been kept as long as its projection wants.
@@ -180,6 +190,7 @@ async fn lead(
     defined: &[Defined],
     cancel: &CancellationToken,
     lost: &CancellationToken,
+    leader_pid: i32,
 ) -> Result<(), EngineError> {
     let (head_tx, head_rx) = watch::channel(0i64);
     // Every task stops on `stop`: shutdown, lost leadership, or a task's error. On
@@ -203,8 +214,10 @@ async fn lead(
     ));
     let mut first_error = None;
     let mut delay = Duration::from_millis(200);
+    // Rebuilds whose switch-over failed, and when: tried again after SWITCH_BACKOFF.
+    let mut failed_switches: Vec<(String, tokio::time::Instant)> = Vec::new();
     while !stop.is_cancelled() && !lost.is_cancelled() && !ingest_done.is_cancelled() {
-        let control = match plan(config, schema, defined).await {
+        let control = match plan(config, schema, defined, leader_pid).await {
             Ok(planned) => planned,
             Err(e) if e.directive() == Directive::Retry => {
                 tracing::warn!(error = %e, "cannot plan the projectors; retrying");
@@ -222,7 +235,11 @@ async fn lead(
             }
         };
         delay = Duration::from_millis(200);
-        let (mut client, generation) = control;
+        let (mut client, mut generation) = control;
+        failed_switches.retain(|(_, at)| at.elapsed() < SWITCH_BACKOFF);
+        generation
+            .replaying
+            .retain(|(r, _, _)| !failed_switches.iter().any(|(s, _)| *s == r.subscriber));
         let this = stop.child_token();
         let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
         for (name, worker) in generation.workers.iter().cloned() {
@@ -252,15 +269,19 @@ async fn lead(
                 break;
             }
             Next::Replan => {}
-            Next::Switch(r) => match rebuild::switch(&mut client, schema, &r).await {
-                Ok(true) => {
-                    tracing::info!(projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
+            Next::Switch(r) if !lost.is_cancelled() => {
+                match rebuild::switch(&mut client, schema, &r, leader_pid).await {
+                    Ok(true) => {
+                        tracing::info!(projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(projection = %r.projection, error = %e, "switch-over failed; trying again in {}s", SWITCH_BACKOFF.as_secs());
+                        failed_switches.push((r.subscriber.clone(), tokio::time::Instant::now()));
+                    }
                 }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(projection = %r.projection, error = %e, "switch-over failed; trying again")
-                }
-            },
+            }
+            Next::Switch(_) => break,
         }
         if first_error.is_some() {
             break;
@@ -308,11 +329,12 @@ async fn plan(
     config: &Config,
     schema: &str,
     defined: &[Defined],
+    leader_pid: i32,
 ) -> Result<(Client, Generation), EngineError> {
     let mut client = walfold_store::connect(config.target_url())
         .await
         .map_err(EngineError::store("connecting to the target"))?;
-    let open = rebuild::open(&client, schema)
+    let open = rebuild::open_settled(&client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let now = unix_now();
@@ -322,16 +344,21 @@ async fn plan(
         .collect();
     for r in &open {
         if r.state == "aborting" {
-            end_abort(&mut client, schema, r).await?;
+            end_abort(&mut client, schema, r, leader_pid).await?;
         } else if retired_due(&retire_after, r, now) {
-            let finished = rebuild::finish(&mut client, schema, &r.projection)
-                .await
-                .map_err(EngineError::store("finishing a rebuild"))?;
-            tracing::info!(projection = %r.projection, retired = %finished.retired, "retired table dropped (drop_retired_after)");
-            forget(&client, schema, &finished.previous).await;
+            // Not fatal: e.g. `--finish` came first, or something still depends on the
+            // retired table (then it stays until an operator acts).
+            match rebuild::finish(&mut client, schema, &r.projection).await {
+                Ok(finished) => {
+                    tracing::info!(projection = %r.projection, retired = %finished.retired, "retired table dropped (drop_retired_after)")
+                }
+                Err(e) => {
+                    tracing::warn!(projection = %r.projection, error = %e, "could not drop the retired table")
+                }
+            }
         }
     }
-    let open = rebuild::open(&client, schema)
+    let open = rebuild::open_settled(&client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut generation = Generation {
@@ -342,6 +369,7 @@ async fn plan(
             .map(|r| (r.subscriber.clone(), r.state.clone()))
             .collect(),
         retire_after,
+        warned: AtomicBool::new(false),
     };
     for d in defined {
         let mut options = d.options.clone();
@@ -376,9 +404,11 @@ async fn plan(
             &shadow,
             &format!("{}~rebuild", options.name),
         );
-        generation
-            .replaying
-            .push((r.clone(), replay.parallelism, replay.batch_size as i64));
+        generation.replaying.push((
+            r.clone(),
+            replay.parallelism,
+            SWITCH_SLACK.min(replay.batch_size as i64),
+        ));
     }
     for r in open.iter().filter(|r| r.state == "running") {
         if !defined.iter().any(|d| d.options.name == r.projection) {
@@ -423,17 +453,18 @@ fn push_workers(
     }
 }
 
-/// Ends an aborted rebuild while none of its projectors runs.
+/// Ends an aborted rebuild while none of its projectors runs. Its claims go with the
+/// next prune.
 pub(crate) async fn end_abort(
     client: &mut Client,
     schema: &str,
     r: &Rebuild,
+    leader_pid: i32,
 ) -> Result<(), EngineError> {
-    rebuild::abort(client, schema, r)
+    rebuild::abort(client, schema, r, leader_pid)
         .await
         .map_err(EngineError::store("aborting a rebuild"))?;
     tracing::info!(projection = %r.projection, subscriber = %r.subscriber, "rebuild aborted; shadow table dropped");
-    forget(client, schema, &r.subscriber).await;
     Ok(())
 }
 
@@ -495,11 +526,15 @@ async fn control_check(
         return Ok(Some(Next::Replan));
     }
     for (r, partitions, slack) in &generation.replaying {
-        if rebuild::caught_up(client, schema, &r.subscriber, *partitions, *slack)
+        match rebuild::readiness(client, schema, &r.subscriber, *partitions, *slack)
             .await
             .map_err(EngineError::store("reading a rebuild's progress"))?
         {
-            return Ok(Some(Next::Switch(r.clone())));
+            Readiness::Ready => return Ok(Some(Next::Switch(r.clone()))),
+            Readiness::Blocked(n) if !generation.warned.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(projection = %r.projection, subscriber = %r.subscriber, dead_letters = n, "the rebuild has caught up but waits: it has open dead letters (retry or discard them)");
+            }
+            _ => {}
         }
     }
     let now_unix = unix_now();

@@ -26,6 +26,8 @@ pub struct BackfillReport {
     pub id_conflicts: u64,
     pub malformed: u64,
     pub pages: u64,
+    /// Rows not imported: a null ID (never an event) or a null order value.
+    pub skipped: u64,
 }
 
 /// Imports `table`'s rows (one of the configured outboxes) in pages of `batch`,
@@ -74,6 +76,11 @@ pub async fn backfill(
     loop {
         let rows = pager.page(&source, cursor.as_ref(), batch).await?;
         if rows.is_empty() {
+            report.skipped = source
+                .query_one(&pager.skipped, &[])
+                .await
+                .map_err(|e| SourceError::store("counting skipped rows")(db(e)))?
+                .get::<_, i64>(0) as u64;
             return Ok(report);
         }
         report.pages += 1;
@@ -118,16 +125,10 @@ pub async fn backfill(
         report.duplicates += outcome.duplicates;
         report.id_conflicts += outcome.id_conflicts;
         report.malformed += dead.len() as u64;
+        // Rows with a null ID or order value are not paged (a keyset cannot pass them).
         let last = rows.last().expect("a non-empty page");
-        cursor = Some((
-            pager.order.map(|i| last[i].clone()).unwrap_or_default(),
-            last[pager.id].clone().unwrap_or_default(),
-        ));
-        if pager.order.is_some() && cursor.as_ref().is_some_and(|(o, _)| o.is_none()) {
-            return Err(SourceError::Decode(format!(
-                "the backfill's order column of {table} holds nulls; order by a non-null column"
-            )));
-        }
+        let order = pager.order.and_then(|i| last[i].clone());
+        cursor = Some((order, last[pager.id].clone().unwrap_or_default()));
     }
 }
 
@@ -136,6 +137,8 @@ pub async fn backfill(
 struct Pager {
     mapping: Mapping,
     sql: String,
+    /// Counts the rows paging cannot reach (null ID or order value).
+    skipped: String,
     /// The ID column's position in the row.
     id: usize,
     /// The order column's position, when it is not the ID column.
@@ -193,6 +196,13 @@ impl Pager {
             .map(|(n, _, _)| format!("{}::text", quote_ident(n)))
             .collect();
         let (id_col, id_type) = (quote_ident(&columns[id].0), &columns[id].2);
+        let not_null = match order {
+            None => format!("{id_col} is not null"),
+            Some(o) => format!(
+                "{id_col} is not null and {} is not null",
+                quote_ident(&columns[o].0)
+            ),
+        };
         let (keys, after) = match order {
             // $1 (the order value) is always null here; naming it keeps one parameter list.
             None => (
@@ -208,13 +218,19 @@ impl Pager {
             }
         };
         let sql = format!(
-            "select {} from {} where ($2::text is null or {after}) order by {keys} limit $3",
+            "select {} from {} where {not_null} and ($2::text is null or {after}) \
+             order by {keys} limit $3",
             select.join(", "),
+            table.quoted()
+        );
+        let skipped = format!(
+            "select count(*) from {} where not ({not_null})",
             table.quoted()
         );
         Ok(Pager {
             mapping: Mapping::new(outbox, &relation),
             sql,
+            skipped,
             id,
             order,
         })

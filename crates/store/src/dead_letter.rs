@@ -355,7 +355,9 @@ impl DeadLetters {
                     &format!(
                         "update {s}.dead_letter set status = 'retrying' \
                          where subscriber_id is not null and seq is not null \
-                         and ($1::text is null or subscriber_id = $1) and status = 'open'"
+                         and ($1::text is null or subscriber_id = $1) and status = 'open' \
+                         and subscriber_id in (select subscriber_id from {s}.projection union \
+                           select subscriber_id from {s}.rebuild where state = 'running')"
                     ),
                     &[&subscriber],
                 )

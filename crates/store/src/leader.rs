@@ -23,6 +23,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Leadership {
     watch: JoinHandle<()>,
     lost: CancellationToken,
+    pid: i32,
 }
 
 impl Leadership {
@@ -36,9 +37,9 @@ impl Leadership {
         let mut announced = false;
         loop {
             match Self::try_once(url, schema).await {
-                Ok(Some(client)) => {
+                Ok(Some((client, pid))) => {
                     tracing::info!(schema, "leading: this instance reads the slot and projects");
-                    return Ok(Some(Self::watch(client)));
+                    return Ok(Some(Self::watch(client, pid)));
                 }
                 Ok(None) if !announced => {
                     tracing::info!(schema, "another walfold leads; standing by");
@@ -61,30 +62,32 @@ impl Leadership {
     /// Leads now if no other instance does (for one-shot commands that change what the
     /// leader runs, e.g. aborting a rebuild while no daemon is up).
     pub async fn try_acquire(url: &str, schema: &str) -> Result<Option<Leadership>, StoreError> {
-        Ok(Self::try_once(url, schema).await?.map(Self::watch))
+        Ok(Self::try_once(url, schema)
+            .await?
+            .map(|(client, pid)| Self::watch(client, pid)))
     }
 
     /// One attempt: a new session that holds the lock, or `None` if another does.
-    async fn try_once(url: &str, schema: &str) -> Result<Option<Client>, StoreError> {
+    async fn try_once(url: &str, schema: &str) -> Result<Option<(Client, i32)>, StoreError> {
         let client = connect(url).await?;
         client
             .batch_execute(crate::event_log::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the leader session"))?;
-        let locked: bool = client
+        let row = client
             .query_one(
-                "select pg_try_advisory_lock($1::int4, hashtext($2))",
+                "select pg_try_advisory_lock($1::int4, hashtext($2)), pg_backend_pid()",
                 &[&LEADER_LOCK, &schema],
             )
             .await
-            .map_err(StoreError::db("taking the leader lock"))?
-            .get(0);
-        Ok(locked.then_some(client))
+            .map_err(StoreError::db("taking the leader lock"))?;
+        let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
+        Ok(locked.then_some((client, pid)))
     }
 
     /// Checks the session every second; a failed or slow check means the lock may be
     /// gone, so leadership counts as lost at once.
-    fn watch(client: Client) -> Leadership {
+    fn watch(client: Client, pid: i32) -> Leadership {
         let lost = CancellationToken::new();
         let signal = lost.clone();
         let watch = tokio::spawn(async move {
@@ -105,7 +108,13 @@ impl Leadership {
             }
             signal.cancel();
         });
-        Leadership { watch, lost }
+        Leadership { watch, lost, pid }
+    }
+
+    /// The backend PID of the session holding the lock: a fence for changes only the
+    /// leader may make (see [`still_leads`]).
+    pub fn pid(&self) -> i32 {
+        self.pid
     }
 
     /// Fires when leadership is lost.
@@ -119,4 +128,25 @@ impl Drop for Leadership {
         // Ends the watch task and with it the session and the lock.
         self.watch.abort();
     }
+}
+
+/// Whether the session `pid` still holds the leader lock of `schema`. Checked inside a
+/// transaction that changes what the leader runs (a rebuild's switch-over or abort), so
+/// an instance that lost its session without noticing yet cannot make that change
+/// under a new leader.
+pub async fn still_leads(
+    tx: &impl tokio_postgres::GenericClient,
+    pid: i32,
+    schema: &str,
+) -> Result<bool, StoreError> {
+    Ok(tx
+        .query_one(
+            "select exists (select 1 from pg_locks where locktype = 'advisory' and granted \
+             and pid = $1 and classid = $2::int4::oid and objid = hashtext($3)::oid \
+             and objsubid = 2)",
+            &[&pid, &LEADER_LOCK, &schema],
+        )
+        .await
+        .map_err(StoreError::db("checking leadership"))?
+        .get(0))
 }

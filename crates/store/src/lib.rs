@@ -28,7 +28,7 @@ pub use event::{partition_hash, Event, NewEvent};
 pub use event_log::{
     head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
 };
-pub use leader::Leadership;
+pub use leader::{still_leads, Leadership};
 pub use lsn::Lsn;
 pub use migrate::migrate;
 pub use prune::{prune, PrunePolicy, Pruned};

@@ -52,6 +52,17 @@ pub async fn prune(
         )
         .await?;
     }
+    // Claims of subscribers a rebuild retired (aborted, or replaced and finished).
+    let retired = format!(
+        "delete from {s}.processed_message where ctid = any(array( \
+         select ctid from {s}.processed_message where subscriber_id = any(array( \
+           select subscriber_id from {s}.rebuild where state = 'aborted' union \
+           select previous_subscriber from {s}.rebuild where state = 'finished' \
+           except select subscriber_id from {s}.projection \
+           except select subscriber_id from {s}.rebuild where state in ('running', 'aborting'))) \
+         limit $1))"
+    );
+    pruned.claims += delete_batches(client, &retired, &[&policy.batch], policy.batch).await?;
     let Some(retention) = policy.event_log else {
         return Ok(pruned);
     };

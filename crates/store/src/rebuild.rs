@@ -89,11 +89,28 @@ fn from_row(r: &tokio_postgres::Row) -> Rebuild {
 
 /// Rebuilds not ended yet (running, aborting, or switched with a retired table kept).
 pub async fn open(client: &impl GenericClient, schema: &str) -> Result<Vec<Rebuild>, StoreError> {
+    read_open(client, schema, "").await
+}
+
+/// [`open`], waiting for a switch-over or abort in progress to commit: what a new leader
+/// plans from, so it never starts projectors on tables about to be renamed or dropped.
+pub async fn open_settled(
+    client: &impl GenericClient,
+    schema: &str,
+) -> Result<Vec<Rebuild>, StoreError> {
+    read_open(client, schema, " for share").await
+}
+
+async fn read_open(
+    client: &impl GenericClient,
+    schema: &str,
+    lock: &str,
+) -> Result<Vec<Rebuild>, StoreError> {
     let rows = client
         .query(
             &format!(
                 "select {COLUMNS} from {}.rebuild \
-                 where state in ('running', 'aborting', 'switched') order by requested_at",
+                 where state in ('running', 'aborting', 'switched') order by requested_at{lock}",
                 q(schema)
             ),
             &[],
@@ -173,6 +190,7 @@ pub async fn start(
             )));
         }
     }
+    refuse_dependents(&tx, live).await?;
     tx.batch_execute(&format!(
         "create table {} (like {} including all)",
         shadow.quoted(),
@@ -180,6 +198,7 @@ pub async fn start(
     ))
     .await
     .map_err(StoreError::db("creating the shadow table"))?;
+    copy_grants(&tx, live, &shadow).await?;
     let row = tx
         .query_one(
             &format!(
@@ -205,39 +224,63 @@ pub async fn start(
     Ok(rebuild)
 }
 
+/// Whether a rebuild may switch over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Still replaying.
+    Behind,
+    /// Every partition is within the slack of the head.
+    Ready,
+    /// Caught up, but this many of its dead letters are open: the rebuilt table would
+    /// lack those events. Retry or discard them first.
+    Blocked(i64),
+}
+
 /// Whether every partition of the rebuild's subscriber has read to within `slack` events
-/// of the log's head.
-pub async fn caught_up(
+/// of the log's head, with no open dead letter.
+pub async fn readiness(
     client: &Client,
     schema: &str,
     subscriber: &str,
     partitions: u32,
     slack: i64,
-) -> Result<bool, StoreError> {
+) -> Result<Readiness, StoreError> {
     let s = q(schema);
     let row = client
         .query_one(
             &format!(
                 "select count(*), coalesce(min(position), 0), \
-                 (select coalesce(max(seq), 0) from {s}.event_log) \
+                 (select coalesce(max(seq), 0) from {s}.event_log), \
+                 (select count(*) from {s}.dead_letter where subscriber_id = $1 \
+                  and status in ('open', 'retrying')) \
                  from {s}.checkpoint where subscriber_id = $1"
             ),
             &[&subscriber],
         )
         .await
         .map_err(StoreError::db("reading a rebuild's progress"))?;
-    let (n, min, head): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-    Ok(n == i64::from(partitions) && head - min <= slack)
+    let (n, min, head, dead): (i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    Ok(if n < i64::from(partitions) || head - min > slack {
+        Readiness::Behind
+    } else if dead > 0 {
+        Readiness::Blocked(dead)
+    } else {
+        Readiness::Ready
+    })
 }
 
 /// The switch-over, in one transaction: the live table is retired, the shadow table takes
-/// its name, and the rebuild's subscriber becomes the projection's active one. The
-/// caller has stopped every projector writing either table. Returns false when the
-/// rebuild is no longer running (aborted meanwhile).
+/// its name, and the rebuild's subscriber becomes the projection's active one (the old
+/// one's open dead letters are discarded and its aggregates released: nothing runs it
+/// any more). The caller leads (`leader_pid`, checked inside the transaction) and has
+/// stopped every projector writing either table. Returns false when the rebuild is no
+/// longer running (aborted meanwhile).
 pub async fn switch(
     client: &mut Client,
     schema: &str,
     rebuild: &Rebuild,
+    leader_pid: i32,
 ) -> Result<bool, StoreError> {
     let s = q(schema);
     let (live, shadow, retired) = (
@@ -265,10 +308,15 @@ pub async fn switch(
     // Readers of the live table wait for this transaction only; a reader that holds the
     // table for longer makes the switch time out and be tried again.
     tx.batch_execute(&format!(
-        "set local lock_timeout = '5s'; \
-         lock table {l}, {sh} in access exclusive mode; \
-         alter table {l} rename to {r}; \
-         alter table {sh} rename to {ln};",
+        "set local lock_timeout = '5s'; lock table {}, {} in access exclusive mode;",
+        live.quoted(),
+        shadow.quoted(),
+    ))
+    .await
+    .map_err(StoreError::db("locking the live and shadow tables"))?;
+    fence(&tx, leader_pid, schema).await?;
+    tx.batch_execute(&format!(
+        "alter table {l} rename to {r}; alter table {sh} rename to {ln};",
         l = live.quoted(),
         sh = shadow.quoted(),
         r = walfold_config::quote_ident(&retired.name),
@@ -276,6 +324,22 @@ pub async fn switch(
     ))
     .await
     .map_err(StoreError::db("swapping the live and shadow tables"))?;
+    for sql in [
+        format!(
+            "delete from {s}.parked_aggregate where subscriber_id = $1 and $2::text is not null"
+        ),
+        format!(
+            "update {s}.dead_letter set status = 'discarded', resolution = $2, resolved_at = now() \
+             where subscriber_id = $1 and status in ('open', 'retrying')"
+        ),
+    ] {
+        tx.execute(
+            &sql,
+            &[&rebuild.previous, &"subscriber replaced by a rebuild"],
+        )
+        .await
+        .map_err(StoreError::db("retiring the previous subscriber"))?;
+    }
     tx.execute(
         &format!(
             "update {s}.projection set subscriber_id = $2, updated_at = now() where name = $1"
@@ -338,9 +402,14 @@ async fn not_open(
 
 /// Ends an aborting or running rebuild: drops the shadow table and the new subscriber's
 /// checkpoints and parked aggregates, in one transaction; nothing live is touched. The
-/// caller leads and runs no projector of this rebuild. Claims are removed afterwards by
-/// [`forget_claims`].
-pub async fn abort(client: &mut Client, schema: &str, rebuild: &Rebuild) -> Result<(), StoreError> {
+/// caller leads (`leader_pid`, checked inside the transaction) and runs no projector of
+/// this rebuild. Claims are removed afterwards by [`forget_claims`] (or `prune`).
+pub async fn abort(
+    client: &mut Client,
+    schema: &str,
+    rebuild: &Rebuild,
+    leader_pid: i32,
+) -> Result<(), StoreError> {
     let s = q(schema);
     let tx = client
         .transaction()
@@ -357,6 +426,7 @@ pub async fn abort(client: &mut Client, schema: &str, rebuild: &Rebuild) -> Resu
         .await
         .map_err(StoreError::db("aborting a rebuild"))?;
     if n == 1 {
+        fence(&tx, leader_pid, schema).await?;
         tx.batch_execute(&format!(
             "drop table if exists {}",
             rebuild.shadow_table().quoted()
@@ -467,4 +537,87 @@ pub async fn forget_claims(
             return Ok(total);
         }
     }
+}
+
+/// Fails the transaction unless `leader_pid` still leads.
+async fn fence(tx: &impl GenericClient, leader_pid: i32, schema: &str) -> Result<(), StoreError> {
+    if crate::leader::still_leads(tx, leader_pid, schema).await? {
+        Ok(())
+    } else {
+        Err(StoreError::Busy(
+            "leadership was lost; the new leader carries on".into(),
+        ))
+    }
+}
+
+/// Refuses a live table that a rename would leave behind: views and rules read it by
+/// OID, foreign keys point at it, triggers would not be copied to the shadow table.
+async fn refuse_dependents(
+    tx: &impl GenericClient,
+    live: &QualifiedName,
+) -> Result<(), StoreError> {
+    let row = tx
+        .query_one(
+            "select \
+               (select string_agg(distinct r.ev_class::regclass::text, ', ') from pg_depend d \
+                join pg_rewrite r on r.oid = d.objid \
+                where d.refobjid = $1::text::regclass and r.ev_class <> $1::text::regclass), \
+               (select string_agg(conname || ' on ' || conrelid::regclass::text, ', ') \
+                from pg_constraint where contype = 'f' and confrelid = $1::text::regclass), \
+               (select string_agg(tgname, ', ') from pg_trigger \
+                where tgrelid = $1::text::regclass and not tgisinternal)",
+            &[&live.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("looking for the live table's dependents"))?;
+    let found: Vec<String> = [("views", 0), ("foreign keys", 1), ("triggers", 2)]
+        .iter()
+        .filter_map(|(what, i)| {
+            row.get::<_, Option<String>>(*i)
+                .map(|names| format!("{what} {names}"))
+        })
+        .collect();
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Refused(format!(
+        "{live} has {}: a rebuild swaps tables by renaming, which would leave them on the \
+         retired table; drop them and recreate them after the switch-over",
+        found.join("; ")
+    )))
+}
+
+/// Gives the shadow table the live table's grants (`like` does not copy them).
+async fn copy_grants(
+    tx: &impl GenericClient,
+    live: &QualifiedName,
+    shadow: &QualifiedName,
+) -> Result<(), StoreError> {
+    let rows = tx
+        .query(
+            "select a.privilege_type, \
+             case when a.grantee = 0 then 'public' else a.grantee::regrole::text end \
+             from pg_class c, aclexplode(c.relacl) a \
+             where c.oid = $1::text::regclass and a.grantee <> c.relowner",
+            &[&live.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("reading the live table's grants"))?;
+    for r in rows {
+        // Both come from the catalog: a privilege keyword, and a role name that
+        // `regrole` output already quotes where needed.
+        let (privilege, grantee): (String, String) = (r.get(0), r.get(1));
+        if privilege
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b == b' ')
+        {
+            tx.batch_execute(&format!(
+                "grant {privilege} on {} to {grantee}",
+                shadow.quoted()
+            ))
+            .await
+            .map_err(StoreError::db("copying the live table's grants"))?;
+        }
+    }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! The one place that decides which subscriber ID serves a projection's live storage.
-//! It is the config's `subscriber` until a rebuild switches over to its new ID; an
-//! edited `subscriber` in the config is the operator's new choice and wins.
+//! It is the config's `subscriber` until a rebuild switches over to its new ID. An
+//! edited `subscriber` in the config is the operator's new choice and wins, unless it
+//! names the subscriber a rebuild replaced (a stale config) or one still rebuilding.
 
 use tokio_postgres::Client;
 
@@ -39,8 +40,29 @@ pub async fn active_subscriber(
         .await
         .map_err(StoreError::db("reading the projection registry"))?;
     let (active, recorded): (String, String) = (row.get(0), row.get(1));
-    let active = if recorded == configured {
+    // What a rebuild of this projection did with the configured ID, if anything.
+    let role: Option<String> = tx
+        .query_opt(
+            &format!(
+                "select case when subscriber_id = $2 and state in ('running', 'aborting') then 'rebuilding' \
+                 when previous_subscriber = $2 and state in ('switched', 'finished') then 'replaced' end \
+                 from {s}.rebuild where projection = $1 \
+                 and (subscriber_id = $2 or previous_subscriber = $2) \
+                 order by requested_at desc limit 1"
+            ),
+            &[&projection, &configured],
+        )
+        .await
+        .map_err(StoreError::db("reading rebuilds"))?
+        .and_then(|r| r.get(0));
+    let active = if recorded == configured || role.as_deref() == Some("replaced") {
+        // The config still names the subscriber a rebuild replaced: stale, not a choice.
         active
+    } else if role.as_deref() == Some("rebuilding") {
+        return Err(StoreError::Refused(format!(
+            "the config names {configured} for {projection}, but a rebuild is replaying under \
+             that ID; keep {active} until the rebuild has switched over"
+        )));
     } else {
         tx.execute(
             &format!(

@@ -201,8 +201,9 @@ pub async fn status(
             ),
             None => (0, head),
         };
-        let elapsed = r.switched_at_unix.unwrap_or(now_unix) - r.requested_at_unix;
-        let rate_per_s = if elapsed > 0.0 {
+        // While replaying; after the switch the subscriber is the live one.
+        let elapsed = now_unix - r.requested_at_unix;
+        let rate_per_s = if r.state == "running" && elapsed > 0.0 {
             replayed as f64 / elapsed
         } else {
             0.0

@@ -77,9 +77,12 @@ pub async fn backfill(
             ops::SourceError::Store { source, .. } => crate::store_failure(source),
             other => Failure::runtime(other),
         })?;
+    if order_by.is_none() {
+        eprintln!("walfold: paging in ID order, so each aggregate's events enter the log in ID order; pass --order-by <column> (e.g. created_at) to keep their order");
+    }
     println!(
-        "backfill of {outbox}: {} rows in {} pages; {} appended, {} already in the log, {} ID conflicts, {} malformed (dead letters)",
-        r.rows, r.pages, r.appended, r.duplicates, r.id_conflicts, r.malformed
+        "backfill of {outbox}: {} rows in {} pages; {} appended, {} already in the log, {} ID conflicts, {} malformed (dead letters), {} skipped (null ID or order value)",
+        r.rows, r.pages, r.appended, r.duplicates, r.id_conflicts, r.malformed, r.skipped
     );
     Ok(())
 }
