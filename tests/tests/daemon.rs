@@ -349,7 +349,7 @@ async fn a_standby_daemon_takes_over_when_the_leader_is_killed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_slot_is_never_silently_recreated() {
+async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     let db = TestDb::new("lostslot");
     let mut d = Daemon::start(&db.config(""), &[]);
     let client = db.client().await;
@@ -374,6 +374,88 @@ async fn a_lost_slot_is_never_silently_recreated() {
         db.psql("select count(*) from pg_replication_slots where slot_name = 'walfold'"),
         "0"
     );
+    let cfg = write_config(&db.config(""));
+    let (code, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "doctor fails on a lost slot:\n{out}");
+    assert!(out.contains("FAIL  slot walfold is missing"), "{out}");
+
+    // Opted in: recreated, with the skipped range recorded and exported, and new events flow.
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let envs = [
+        ("WALFOLD_SOURCE__ON_SLOT_LOST", "recreate"),
+        ("WALFOLD_METRICS__LISTEN", listen.as_str()),
+    ];
+    let _d = Daemon::start(&db.config(""), &envs);
+    slot_active(&client).await;
+    assert_eq!(
+        db.psql("select count(*) from walfold.slot_gap where reason = 'missing'"),
+        "1"
+    );
+    let before = expected.distinct();
+    let more = write_events(db.url(), 2, 5, 2, Duration::from_millis(5), 31).await;
+    caught_up(&client, before + more.distinct(), 3).await;
+    let (status, body) = http_get(port, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    for line in [
+        "walfold_slot_gaps_total 1",
+        "walfold_leader 1",
+        "walfold_slot_active 1",
+        "walfold_applied_total{subscriber=\"orders.ledger.v1\"}",
+        "walfold_subscriber_lag_events{subscriber=\"orders.ledger.v1\"} 0",
+        "walfold_apply_seconds_bucket{",
+    ] {
+        assert!(body.contains(line), "no `{line}` in:\n{body}");
+    }
+    assert!(
+        !body.contains("walfold_events_appended_total 0"),
+        "appends are counted:\n{body}"
+    );
+    assert_eq!(http_get(port, "/healthz").0, 200);
+    eventually(Duration::from_secs(30), "/readyz", || async {
+        http_get(port, "/readyz").0 == 200
+    })
+    .await;
+    let (code, out, _) = walfold(&["status", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("slot gaps: 1"), "{out}");
+    let (code, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("warn  max_slot_wal_keep_size = -1"), "{out}");
+    assert!(out.contains("ok    slot walfold active = true"), "{out}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.1 GET: (status, body).
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
 }
 
 /// Waits until the slot's confirmed position reaches `lsn` (passes it when `past`).

@@ -13,8 +13,8 @@ pub use duration::parse_retention;
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
-    Config, LogConfig, LogFormat, OutboxConfig, PipelineConfig, ProjectionConfig, ProjectionKind,
-    RetentionConfig, SourceConfig, TableProjection, TargetConfig,
+    Config, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig, PipelineConfig,
+    ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, TableProjection, TargetConfig,
 };
 pub use redact::redact_url;
 pub use template::{ParamType, Placeholder, Template, TemplateError};

@@ -34,6 +34,29 @@ pub struct Config {
     /// How long the event log keeps events, and how pruning runs.
     #[serde(default)]
     pub retention: RetentionConfig,
+    /// The HTTP listener for Prometheus metrics and health checks.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` serving `/metrics`, `/healthz` and `/readyz`; off when absent.
+    pub listen: Option<String>,
+    /// `/readyz` fails when a subscriber's oldest unapplied event is older than this.
+    #[serde(default = "default_ready_lag")]
+    pub ready_max_lag_s: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: None,
+            ready_max_lag_s: default_ready_lag(),
+        }
+    }
 }
 
 /// `[retention]`
@@ -87,6 +110,20 @@ pub struct SourceConfig {
     /// WAL is released even when no outbox row is written; 0 turns them off.
     #[serde(default = "default_heartbeat")]
     pub heartbeat_interval_s: u64,
+    /// What to do when the slot is missing or invalidated after walfold has ingested
+    /// through it: `stop` (default: exit with the fix) or `recreate` (create a new slot,
+    /// record the skipped WAL range in `slot_gap`, and go on).
+    #[serde(default)]
+    pub on_slot_lost: OnSlotLost,
+}
+
+/// `source.on_slot_lost`
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnSlotLost {
+    #[default]
+    Stop,
+    Recreate,
 }
 
 impl fmt::Debug for SourceConfig {
@@ -96,6 +133,7 @@ impl fmt::Debug for SourceConfig {
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .field("heartbeat_interval_s", &self.heartbeat_interval_s)
+            .field("on_slot_lost", &self.on_slot_lost)
             .finish()
     }
 }
@@ -614,6 +652,14 @@ impl Config {
                 }
             }
         }
+        if let Some(listen) = &self.metrics.listen {
+            if listen.parse::<std::net::SocketAddr>().is_err() {
+                push(
+                    "metrics.listen",
+                    format!("`{listen}` is not an address like 127.0.0.1:9187"),
+                );
+            }
+        }
         if let Err(m) = crate::duration::parse_retention(&self.retention.event_log) {
             push("retention.event_log", m);
         }
@@ -737,6 +783,9 @@ fn default_shutdown() -> u64 {
 }
 fn default_level() -> String {
     "info".into()
+}
+fn default_ready_lag() -> u64 {
+    60
 }
 fn default_forever() -> String {
     "forever".into()

@@ -145,7 +145,9 @@ impl Pipeline {
                 return Ok(());
             };
             let lost = leader.lost();
+            walfold_store::metrics::metrics().set_leader(true);
             let result = lead(&config, &schema, &defined, &cancel, &lost, leader.pid()).await;
+            walfold_store::metrics::metrics().set_leader(false);
             drop(leader);
             if cancel.is_cancelled() || !lost.is_cancelled() {
                 return result;

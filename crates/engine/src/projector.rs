@@ -18,6 +18,8 @@ use walfold_store::{
     RetryItem,
 };
 
+use walfold_store::metrics::{metrics, Metrics};
+
 use crate::error::{EngineError, ProjectionError};
 use crate::projection::{Applied, Projection};
 
@@ -346,6 +348,7 @@ impl Partition {
         tx.commit()
             .await
             .map_err(|e| SingleError::Transient(db_err(e)))?;
+        self.count(stats);
         Ok(())
     }
 
@@ -360,6 +363,7 @@ impl Partition {
         let (waiting, live): (Vec<&Event>, Vec<&Event>) = events
             .iter()
             .partition(|e| parked.contains(&(e.aggregate_type.clone(), e.aggregate_id.clone())));
+        let started = std::time::Instant::now();
         let tx = conn.client.transaction().await.map_err(BatchError::db)?;
         let ids: Vec<uuid::Uuid> = live.iter().map(|e| e.id).collect();
         let claimed = claim(&tx, &conn.claim, self.subscriber(), &ids)
@@ -397,6 +401,8 @@ impl Partition {
             .map_err(BatchError::store)?;
         tx.commit().await.map_err(BatchError::db)?;
         failpoint::hit("after_projection_commit");
+        self.count(stats);
+        metrics().batch(self.subscriber(), events.len(), started.elapsed());
         if stats.stale > 0 {
             tracing::debug!(subscriber = %self.subscriber(), stale = stats.stale, "stale events skipped by version guard");
         }
@@ -441,6 +447,7 @@ impl Partition {
                     .await
                     .map_err(EngineError::store("saving a checkpoint"))?;
                 tx.commit().await.map_err(db_err)?;
+                self.count(stats);
                 continue;
             }
             let mut attempt = 0u32;
@@ -450,6 +457,9 @@ impl Partition {
                     Ok(()) => break,
                     Err(SingleError::Transient(e)) => return Err(e),
                     Err(SingleError::Failed(message)) if attempt < self.options.max_attempts => {
+                        let label = Metrics::subscriber(self.subscriber());
+                        metrics().failures.get_or_create(&label).inc();
+                        metrics().retries.get_or_create(&label).inc();
                         let wait = Duration::from_millis(self.options.retry_backoff_ms)
                             * 2u32.saturating_pow(attempt - 1).min(64);
                         tracing::warn!(subscriber = %self.subscriber(), event_id = %event.id, attempt, error = %message, "projection failed, retrying");
@@ -459,6 +469,10 @@ impl Partition {
                         }
                     }
                     Err(SingleError::Failed(message)) => {
+                        metrics()
+                            .failures
+                            .get_or_create(&Metrics::subscriber(self.subscriber()))
+                            .inc();
                         tracing::error!(subscriber = %self.subscriber(), event_id = %event.id, aggregate_id = %event.aggregate_id, attempts = attempt, error = %message, "projection failed for good: event dead-lettered, aggregate parked");
                         self.dead_letter_and_park(conn, event, &message, attempt)
                             .await?;
@@ -501,6 +515,7 @@ impl Partition {
             .await
             .map_err(|e| SingleError::Transient(db_err(e)))?;
         failpoint::hit("after_projection_commit");
+        self.count(stats);
         Ok(())
     }
 
@@ -544,7 +559,22 @@ impl Partition {
             .await
             .map_err(EngineError::store("saving a checkpoint"))?;
         tx.commit().await.map_err(db_err)?;
+        self.count(stats);
         Ok(())
+    }
+
+    /// Adds a committed transaction's outcome to the process's metrics.
+    fn count(&self, stats: PartitionStats) {
+        let m = metrics();
+        let label = Metrics::subscriber(self.subscriber());
+        m.applied.get_or_create(&label).inc_by(stats.applied as u64);
+        m.stale.get_or_create(&label).inc_by(stats.stale as u64);
+        m.claim_duplicates
+            .get_or_create(&label)
+            .inc_by(stats.duplicates as u64);
+        m.dead_letters
+            .get_or_create(&label)
+            .inc_by(stats.dead_lettered as u64);
     }
 
     async fn save_position(

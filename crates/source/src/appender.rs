@@ -108,6 +108,7 @@ impl Appender {
             }
             return Ok(());
         }
+        let events_len = events.len() as u64;
         let outcome = match self.log.append(&events, &dead, through, counts).await {
             Ok(outcome) => outcome,
             Err(e) if is_data_error(&e) => {
@@ -127,6 +128,12 @@ impl Appender {
                 "repeated event IDs at the event log"
             );
         }
+        let m = walfold_store::metrics::metrics();
+        m.events_read.inc_by(events_len + counts.malformed);
+        m.events_appended.inc_by(outcome.appended);
+        m.log_duplicates.inc_by(outcome.duplicates);
+        m.id_conflicts.inc_by(outcome.id_conflicts);
+        m.malformed.inc_by(counts.malformed);
         totals.appended += outcome.appended;
         totals.duplicates += outcome.duplicates;
         totals.id_conflicts += outcome.id_conflicts;

@@ -69,7 +69,11 @@ pub async fn backfill(
         .await
         .map_err(SourceError::store("connecting to the source"))?;
     // The slot exists from here on: whatever commits later is in its stream.
-    prepare_source(&source, config, ingested).await?;
+    if let Some(gap) = prepare_source(&source, config, ingested).await? {
+        log.record_gap(gap)
+            .await
+            .map_err(SourceError::store("recording a slot gap"))?;
+    }
     let pager = Pager::new(&source, outbox, order_by).await?;
     let mut report = BackfillReport::default();
     let mut cursor: Option<(Option<String>, String)> = None;

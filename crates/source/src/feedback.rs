@@ -66,6 +66,7 @@ impl Acknowledger {
         let sent = self.sent.clone();
         pgwire_replication::FeedbackObserver::new(move |_| {
             sent.fetch_add(1, Ordering::Relaxed);
+            walfold_store::metrics::metrics().feedback_sent();
         })
     }
 

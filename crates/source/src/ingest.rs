@@ -69,7 +69,11 @@ async fn attempt(
     let source = connect(&config.source.url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
-    prepare_source(&source, config, ingested).await?;
+    if let Some(gap) = prepare_source(&source, config, ingested).await? {
+        log.record_gap(gap)
+            .await
+            .map_err(SourceError::store("recording a slot gap"))?;
+    }
     drop(source);
     head.send_replace(log.head());
     let (durable, ack) = feedback::channel();

@@ -107,6 +107,8 @@ impl<'a> Reader<'a> {
         let cfg = cfg.with_feedback_observer(ack.observer());
         let mut client = ReplicationClient::connect(cfg).await?;
         tracing::info!(slot = %self.config.source.slot, "streaming from slot");
+        let metrics = walfold_store::metrics::metrics();
+        metrics.set_streaming(true);
         let result = loop {
             tokio::select! {
                 biased;
@@ -129,6 +131,7 @@ impl<'a> Reader<'a> {
                 },
             }
         };
+        metrics.set_streaming(false);
         // Let the appender finish what it has, then report its final position.
         drop(self.items);
         if result.is_ok() {

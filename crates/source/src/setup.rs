@@ -7,19 +7,21 @@
 //! are events anyway.
 
 use tokio_postgres::Client;
-use walfold_config::Config;
-use walfold_store::Lsn;
+use walfold_config::{Config, OnSlotLost};
+use walfold_store::{Lsn, SlotGap};
 
 use crate::error::SourceError;
 
 /// Checks the source and creates what is missing. `ingested_through` is the ingest
 /// position recorded for this slot in the target: a slot is created only when nothing
 /// was ingested through it yet, never silently re-created (that would hide lost events).
+/// Returns the WAL range skipped when a lost slot was recreated (`on_slot_lost =
+/// "recreate"`); the caller records it.
 pub async fn prepare_source(
     source: &Client,
     config: &Config,
     ingested_through: Lsn,
-) -> Result<(), SourceError> {
+) -> Result<Option<SlotGap>, SourceError> {
     let db = |ctx: &str| {
         let ctx = ctx.to_owned();
         move |e| SourceError::Store {
@@ -109,7 +111,33 @@ pub async fn prepare_source(
         )
         .await
         .map_err(db("reading the slot"))?;
+    let recreate = config.source.on_slot_lost == OnSlotLost::Recreate;
+    let create = || async {
+        let lsn: String = source
+            .query_one(
+                "select lsn::text from pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[slot],
+            )
+            .await
+            .map_err(db("creating the replication slot"))?
+            .get(0);
+        tracing::info!(slot = %slot, lsn = %lsn, "created replication slot");
+        lsn.parse::<Lsn>()
+            .map_err(|_| SourceError::Decode(format!("the server returned LSN {lsn}")))
+    };
+    let gap = |to: Lsn, reason: &'static str| {
+        tracing::error!(slot = %slot, from = %ingested_through, to = %to, reason, "the slot was lost and recreated (on_slot_lost = recreate): outbox rows committed in this WAL range may be missing; recorded in slot_gap");
+        Some(SlotGap {
+            from: ingested_through,
+            to,
+            reason,
+        })
+    };
     match existing {
+        None if ingested_through > Lsn::ZERO && recreate => {
+            let to = create().await?;
+            return Ok(gap(to, "missing"));
+        }
         None if ingested_through > Lsn::ZERO => {
             return Err(SourceError::Slot {
                 slot: slot.clone(),
@@ -124,14 +152,7 @@ pub async fn prepare_source(
             });
         }
         None => {
-            source
-                .query_one(
-                    "select lsn::text from pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[slot],
-                )
-                .await
-                .map_err(db("creating the replication slot"))?;
-            tracing::info!(slot = %slot, "created replication slot");
+            create().await?;
         }
         Some(row) => {
             let plugin: Option<String> = row.get(0);
@@ -143,6 +164,14 @@ pub async fn prepare_source(
                     problem: "exists but is not a pgoutput slot of this database; choose another source.slot or drop it".into(),
                 });
             }
+            if wal_status.as_deref() == Some("lost") && recreate {
+                source
+                    .execute("select pg_drop_replication_slot($1)", &[slot])
+                    .await
+                    .map_err(db("dropping the invalidated slot"))?;
+                let to = create().await?;
+                return Ok(gap(to, "invalidated"));
+            }
             if wal_status.as_deref() == Some("lost") {
                 return Err(SourceError::Slot {
                     slot: slot.clone(),
@@ -151,5 +180,5 @@ pub async fn prepare_source(
             }
         }
     }
-    Ok(())
+    Ok(None)
 }

@@ -47,6 +47,7 @@ const APPENDER_LOCK: i32 = 0x7761_6c66;
 /// The appender's handle on the event log. Exactly one exists per schema at a time.
 pub struct EventLog {
     client: Client,
+    schema: String,
     slot: String,
     head: i64,
     insert: Statement,
@@ -158,6 +159,7 @@ impl EventLog {
         Ok(EventLog {
             read_position,
             client,
+            schema: schema.to_owned(),
             slot: slot.to_owned(),
             head,
             insert,
@@ -336,6 +338,36 @@ fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
             Reason::IdConflict,
             "event ID already in the log with different content".into(),
         )
+    }
+}
+
+/// A WAL range a recreated slot skipped (`on_slot_lost = "recreate"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotGap {
+    /// The ingest position: everything up to here is in the log.
+    pub from: Lsn,
+    /// The new slot's start: everything after is streamed.
+    pub to: Lsn,
+    /// `missing` or `invalidated`.
+    pub reason: &'static str,
+}
+
+impl EventLog {
+    /// Records a skipped WAL range (and counts it in the metrics).
+    pub async fn record_gap(&self, gap: SlotGap) -> Result<(), StoreError> {
+        let (from, to): (PgLsn, PgLsn) = (gap.from.into(), gap.to.into());
+        self.client
+            .execute(
+                &format!(
+                    "insert into {}.slot_gap (slot, reason, from_lsn, to_lsn) values ($1, $2, $3, $4)",
+                    q(&self.schema)
+                ),
+                &[&self.slot, &gap.reason, &from, &to],
+            )
+            .await
+            .map_err(StoreError::db("recording a slot gap"))?;
+        crate::metrics::metrics().slot_gaps.inc();
+        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@ mod event_log;
 pub mod failpoint;
 mod leader;
 mod lsn;
+pub mod metrics;
 mod migrate;
 mod prune;
 pub mod rebuild;
@@ -27,13 +28,14 @@ pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};
 pub use event_log::{
     head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
+    SlotGap,
 };
 pub use leader::{still_leads, Leadership};
 pub use lsn::Lsn;
 pub use migrate::migrate;
 pub use prune::{prune, PrunePolicy, Pruned};
 pub use rebuild::Rebuild;
-pub use registry::active_subscriber;
+pub use registry::{active_subscriber, active_subscribers};
 pub use retry::{directive, directive_for_code, Directive};
 pub use status::{status, IngestStatus, RebuildStatus, SlotStatus, Status, SubscriberStatus};
 

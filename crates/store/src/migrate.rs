@@ -34,6 +34,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "rebuild and retention",
         include_str!("../../../migrations/20261130000004_rebuild_retention.sql"),
     ),
+    (
+        20261130000005,
+        "slot gap",
+        include_str!("../../../migrations/20261130000005_slot_gap.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

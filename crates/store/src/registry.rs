@@ -83,3 +83,17 @@ pub async fn active_subscriber(
     }
     Ok(active)
 }
+
+/// The subscriber IDs serving projections now.
+pub async fn active_subscribers(client: &Client, schema: &str) -> Result<Vec<String>, StoreError> {
+    Ok(client
+        .query(
+            &format!("select subscriber_id from {}.projection", q(schema)),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading the projection registry"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}

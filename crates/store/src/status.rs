@@ -20,6 +20,8 @@ pub struct Status {
     pub dead_letters_open: i64,
     pub processed_message_rows: i64,
     pub rebuilds: Vec<RebuildStatus>,
+    /// WAL ranges skipped by recreating a lost slot (`on_slot_lost = "recreate"`).
+    pub slot_gaps: i64,
 }
 
 /// A rebuild in progress (or switched, with its retired table kept).
@@ -220,7 +222,13 @@ pub async fn status(
             retired_table: r.retired,
         });
     }
+    let slot_gaps: i64 = target
+        .query_one(&format!("select count(*) from {s}.slot_gap"), &[])
+        .await
+        .map_err(StoreError::db("counting slot gaps"))?
+        .get(0);
     Ok(Status {
+        slot_gaps,
         rebuilds,
         slot: slot_status,
         ingest,

@@ -72,6 +72,15 @@ pub enum Command {
         #[arg(long, default_value_t = 5000)]
         batch: i64,
     },
+    /// Check the source and target for what walfold needs (wal_level, slots, WAL limits,
+    /// publication, replica identity, the slot's health, privileges); exit 1 on a failure.
+    Doctor {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// Warn when the slot retains more WAL than this many MB.
+        #[arg(long, default_value_t = 1024)]
+        max_retained_mb: i64,
+    },
     /// Delete claims and events past their retention (the daemon also does this
     /// every retention.prune_interval_s).
     Prune {

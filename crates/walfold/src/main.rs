@@ -5,6 +5,8 @@
 mod cli;
 mod dead_letters;
 mod demo;
+mod doctor;
+mod http;
 mod ops;
 mod run;
 mod shutdown;
@@ -101,6 +103,10 @@ fn main() -> ExitCode {
                 batch,
             } => ops::backfill(&config, &outbox, order_by.as_deref(), batch).await,
             Command::Prune { config } => ops::prune(&config).await,
+            Command::Doctor {
+                config,
+                max_retained_mb,
+            } => doctor::doctor(&config, max_retained_mb).await,
         }
     });
     // Connection tasks may still be parked; don't wait for them.

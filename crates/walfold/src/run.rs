@@ -18,6 +18,14 @@ pub async fn run(path: &Path) -> Result<(), Failure> {
     telemetry::init(&config.log);
     tracing::info!(source = %walfold_config::redact_url(&config.source.url), slot = %config.source.slot, projections = config.projection.len(), "walfold starting");
     let cancel = CancellationToken::new();
+    if let Some(listen) = &config.metrics.listen {
+        let addr = listen.parse().map_err(Failure::config)?;
+        crate::http::start(config.clone(), addr, cancel.clone())
+            .await
+            .map_err(|e| {
+                Failure::runtime(format!("cannot listen on {listen} (metrics.listen): {e}"))
+            })?;
+    }
     shutdown::install(
         cancel.clone(),
         Duration::from_secs(config.pipeline.shutdown_timeout_s),

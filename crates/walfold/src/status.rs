@@ -71,6 +71,12 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
             r.retired_table
         );
     }
+    if s.slot_gaps > 0 {
+        println!(
+            "slot gaps: {} (WAL ranges skipped by recreating a lost slot; see {}.slot_gap)",
+            s.slot_gaps, config.target.schema
+        );
+    }
     println!("dead letters open: {}", s.dead_letters_open);
     println!(
         "processed_message rows (estimate): {}",

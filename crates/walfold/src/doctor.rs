@@ -1,0 +1,318 @@
+//! `walfold doctor`: checks the source and target for what walfold needs and what makes
+//! CDC hurt a database (a slot holding WAL without limit, a lost slot, missing rights),
+//! printing each check with ok/warn/fail and the fix. Exits 1 when a check fails.
+
+use std::path::Path;
+
+use tokio_postgres::Client;
+use walfold_config::Config;
+
+use crate::run::load;
+use crate::Failure;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+struct Report {
+    worst: Level,
+}
+
+impl Report {
+    fn check(&mut self, level: Level, what: impl AsRef<str>, fix: impl AsRef<str>) {
+        let tag = match level {
+            Level::Ok => "ok  ",
+            Level::Warn => "warn",
+            Level::Fail => "FAIL",
+        };
+        println!("{tag}  {}", what.as_ref());
+        if level != Level::Ok && !fix.as_ref().is_empty() {
+            println!("      fix: {}", fix.as_ref());
+        }
+        self.worst = self.worst.max(level);
+    }
+}
+
+pub async fn doctor(path: &Path, max_retained_mb: i64) -> Result<(), Failure> {
+    let config = load(path)?;
+    let mut r = Report { worst: Level::Ok };
+    let source = match walfold_store::connect(&config.source.url).await {
+        Ok(c) => {
+            r.check(Level::Ok, "source reachable", "");
+            c
+        }
+        Err(e) => {
+            r.check(
+                Level::Fail,
+                format!("source unreachable: {e}"),
+                "check source.url, the network and pg_hba.conf",
+            );
+            return finish(&r);
+        }
+    };
+    let target = walfold_store::connect(config.target_url()).await.ok();
+    source_checks(&mut r, &config, &source, target.as_ref(), max_retained_mb)
+        .await
+        .map_err(Failure::runtime)?;
+    match &target {
+        Some(t) => target_checks(&mut r, &config, t)
+            .await
+            .map_err(Failure::runtime)?,
+        None => r.check(Level::Fail, "target unreachable", "check target.url"),
+    }
+    finish(&r)
+}
+
+fn finish(r: &Report) -> Result<(), Failure> {
+    match r.worst {
+        Level::Fail => Err(Failure::runtime("doctor found failing checks")),
+        _ => Ok(()),
+    }
+}
+
+async fn setting(c: &Client, name: &str) -> Result<String, tokio_postgres::Error> {
+    Ok(c.query_one("select current_setting($1)", &[&name])
+        .await?
+        .get(0))
+}
+
+async fn source_checks(
+    r: &mut Report,
+    config: &Config,
+    source: &Client,
+    target: Option<&Client>,
+    max_retained_mb: i64,
+) -> Result<(), tokio_postgres::Error> {
+    let wal_level = setting(source, "wal_level").await?;
+    if wal_level == "logical" {
+        r.check(Level::Ok, "wal_level = logical", "");
+    } else {
+        r.check(
+            Level::Fail,
+            format!("wal_level = {wal_level}"),
+            "set wal_level = logical in postgresql.conf and restart the server",
+        );
+    }
+    let row = source
+        .query_one(
+            "select current_setting('max_replication_slots')::int, \
+             (select count(*) from pg_replication_slots)::int, \
+             current_setting('max_wal_senders')::int, \
+             (select count(*) from pg_stat_replication)::int",
+            &[],
+        )
+        .await?;
+    let (slots, used, senders, sending): (i32, i32, i32, i32) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let slot_row = source
+        .query_opt(
+            "select active, wal_status, (pg_current_wal_lsn() - restart_lsn)::int8, plugin \
+             from pg_replication_slots where slot_name = $1",
+            &[&config.source.slot],
+        )
+        .await?;
+    let free_slot = slot_row.is_some() || used < slots;
+    r.check(
+        if free_slot { Level::Ok } else { Level::Fail },
+        format!("max_replication_slots = {slots} ({used} used)"),
+        "raise max_replication_slots (restart needed)",
+    );
+    r.check(
+        if sending < senders {
+            Level::Ok
+        } else {
+            Level::Warn
+        },
+        format!("max_wal_senders = {senders} ({sending} streaming)"),
+        "raise max_wal_senders (restart needed)",
+    );
+    let keep = setting(source, "max_slot_wal_keep_size").await?;
+    if keep == "-1" {
+        r.check(Level::Warn, "max_slot_wal_keep_size = -1 (unlimited)", "set max_slot_wal_keep_size (e.g. '50GB') so a stopped consumer cannot fill the disk; a slot that exceeds it is invalidated and walfold stops loudly");
+    } else {
+        r.check(Level::Ok, format!("max_slot_wal_keep_size = {keep}"), "");
+    }
+    let replication: bool = source
+        .query_one(
+            "select rolreplication or rolsuper from pg_roles where rolname = current_user",
+            &[],
+        )
+        .await?
+        .get(0);
+    r.check(
+        if replication { Level::Ok } else { Level::Fail },
+        "the source role may replicate",
+        "alter role <walfold role> replication",
+    );
+
+    // Outbox tables, the publication and replica identity.
+    let publication = &config.source.publication;
+    let published: Option<(Vec<String>, bool, bool)> = source
+        .query_opt(
+            "select coalesce((select array_agg(schemaname || '.' || tablename) \
+               from pg_publication_tables t where t.pubname = p.pubname), '{}'), \
+             p.pubupdate, p.pubdelete from pg_publication p where p.pubname = $1",
+            &[publication],
+        )
+        .await?
+        .map(|row| (row.get(0), row.get(1), row.get(2)));
+    let mut wanted = Vec::new();
+    for o in &config.outbox {
+        let t = o.table_name();
+        let exists: bool = source
+            .query_one("select to_regclass($1) is not null", &[&t.quoted()])
+            .await?
+            .get(0);
+        r.check(
+            if exists { Level::Ok } else { Level::Fail },
+            format!("outbox table {t} exists"),
+            "create it, or fix [[outbox]] table",
+        );
+        if !exists {
+            continue;
+        }
+        let select: bool = source
+            .query_one("select has_table_privilege($1, 'select')", &[&t.quoted()])
+            .await?
+            .get(0);
+        r.check(
+            if select { Level::Ok } else { Level::Fail },
+            format!("the source role may read {t}"),
+            format!("grant select on {t} to <walfold role>"),
+        );
+        if let Some((_, update, delete)) = &published {
+            if *update || *delete {
+                let identity: String = source
+                    .query_one(
+                        "select relreplident::text from pg_class where oid = $1::text::regclass",
+                        &[&t.quoted()],
+                    )
+                    .await?
+                    .get(0);
+                r.check(
+                    if identity == "n" { Level::Fail } else { Level::Ok },
+                    format!("{t}: replica identity {identity} (the publication publishes updates/deletes)"),
+                    format!("publish only inserts (alter publication {publication} set (publish = 'insert, truncate')), or give {t} a primary key"),
+                );
+            }
+        }
+        wanted.push(t.to_string());
+    }
+    match &published {
+        None => r.check(
+            Level::Warn,
+            format!("publication {publication} does not exist"),
+            "walfold creates it on start (needs ownership of the outbox tables), or create it as their owner",
+        ),
+        Some((tables, _, _)) => {
+            let missing: Vec<&String> = wanted.iter().filter(|t| !tables.contains(t)).collect();
+            let extra: Vec<&String> = tables.iter().filter(|t| !wanted.contains(t)).collect();
+            if missing.is_empty() && extra.is_empty() {
+                r.check(Level::Ok, format!("publication {publication} covers exactly the outbox tables"), "");
+            } else {
+                r.check(
+                    Level::Warn,
+                    format!("publication {publication}: missing {missing:?}, extra {extra:?}"),
+                    "walfold adds missing tables on start; drop extra ones (their changes are decoded and ignored, costing CPU)",
+                );
+            }
+        }
+    }
+
+    // The slot.
+    let ingested: Option<String> = match target {
+        Some(t) => t
+            .query_opt(
+                &format!(
+                    "select lsn::text from {}.ingest_position where slot = $1 and lsn > '0/0'",
+                    walfold_config::quote_ident(&config.target.schema)
+                ),
+                &[&config.source.slot],
+            )
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.get(0)),
+        None => None,
+    };
+    let slot = &config.source.slot;
+    match slot_row {
+        None if ingested.is_some() => r.check(
+            Level::Fail,
+            format!("slot {slot} is missing, but walfold had ingested through it up to {}", ingested.unwrap_or_default()),
+            "events committed since may be lost: recreate the slot, `walfold backfill` the outbox, or set on_slot_lost = \"recreate\" to record the gap and go on",
+        ),
+        None => r.check(Level::Ok, format!("slot {slot} does not exist yet (created on first start)"), ""),
+        Some(row) => {
+            let (active, wal_status, retained, plugin): (bool, Option<String>, Option<i64>, Option<String>) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            if plugin.as_deref() != Some("pgoutput") {
+                r.check(Level::Fail, format!("slot {slot} uses plugin {plugin:?}"), "choose another source.slot, or drop this slot");
+            }
+            match wal_status.as_deref() {
+                Some("lost") => r.check(
+                    Level::Fail,
+                    format!("slot {slot} is invalidated (wal_status = lost)"),
+                    "WAL it needed was removed: events may be missing; see README, Operations: a lost slot",
+                ),
+                Some("unreserved") => r.check(Level::Warn, format!("slot {slot}: wal_status = unreserved"), "the slot is about to lose WAL: make sure walfold runs and keeps up"),
+                other => r.check(Level::Ok, format!("slot {slot}: wal_status = {}", other.unwrap_or("-")), ""),
+            }
+            r.check(
+                if active { Level::Ok } else { Level::Warn },
+                format!("slot {slot} active = {active}"),
+                "no walfold is streaming it: start `walfold run`; an inactive slot keeps WAL",
+            );
+            let mb = retained.unwrap_or(0) / (1024 * 1024);
+            r.check(
+                if mb > max_retained_mb { Level::Warn } else { Level::Ok },
+                format!("slot {slot} retains {mb} MB of WAL (threshold {max_retained_mb} MB)"),
+                "walfold is behind or stopped: check `walfold status` and the daemon's log",
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn target_checks(
+    r: &mut Report,
+    config: &Config,
+    target: &Client,
+) -> Result<(), tokio_postgres::Error> {
+    let schema = &config.target.schema;
+    let row = target
+        .query_one(
+            "select exists (select 1 from pg_namespace where nspname = $1), \
+             has_database_privilege(current_database(), 'create'), \
+             coalesce((select has_schema_privilege(oid, 'create') from pg_namespace where nspname = $1), false)",
+            &[schema],
+        )
+        .await?;
+    let (exists, db_create, schema_create): (bool, bool, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    r.check(
+        if (exists && schema_create) || (!exists && db_create) { Level::Ok } else { Level::Fail },
+        format!("the target role may create walfold's schema {schema} and its tables"),
+        format!("grant create on database <target db> to <walfold role> (or create schema {schema} authorization <walfold role>)"),
+    );
+    for p in &config.projection {
+        let Some(t) = p.storage() else { continue };
+        let row = target
+            .query_one(
+                "select to_regclass($1) is not null and has_table_privilege($1, 'select') \
+                 and has_table_privilege($1, 'insert') and has_table_privilege($1, 'update')",
+                &[&t.quoted()],
+            )
+            .await;
+        let ok = row.map(|r| r.get::<_, bool>(0)).unwrap_or(false);
+        r.check(
+            if ok { Level::Ok } else { Level::Fail },
+            format!("projection {}: table {t} exists and is writable", p.name),
+            format!("create {t}, or grant select, insert, update (and delete if the projection deletes) on {t} to <walfold role>"),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! The fault-injection soak: 200k outbox events from concurrent writers (with repeated
+//! IDs, out-of-order versions and malformed rows) while the daemon is SIGKILLed, the
+//! server restarted (fast and immediate) and the walsender terminated, at random. The
+//! read models must equal an independent fold of the distinct events, and the dead
+//! letters exactly the malformed rows. Prints its figures (nextest shows them: see
+//! `.config/nextest.toml`).
+
+use std::time::{Duration, Instant};
+
+use walfold_tempdb::{Cluster, Options};
+use walfold_tests::{caught_up, slot_active, write_events, Daemon, Expected, Rng, TestDb};
+
+const WRITERS: usize = 4;
+const TXNS: usize = 500;
+const PER_TXN: usize = 100;
+
+/// The daemon's peak RSS so far (VmHWM), in KiB.
+fn peak_rss_kib(d: &Daemon) -> u64 {
+    std::fs::read_to_string(format!("/proc/{}/status", d.child.id()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_200k_events_through_kills_restarts_and_cut_connections() {
+    let cluster: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options::default()).expect("private cluster"),
+    ));
+    let db = TestDb::on(cluster, "soak");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    slot_active(&db.client().await).await;
+    let started = Instant::now();
+    let mut rng = Rng::from_time();
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(write_events(
+                db.url(),
+                TXNS,
+                PER_TXN,
+                2_000,
+                Duration::from_millis(15),
+                rng.next_u64() ^ w as u64,
+            ))
+        })
+        .collect();
+    let bad = {
+        let url = db.url();
+        tokio::spawn(async move {
+            for i in 0..40 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if let Ok(c) = walfold_store::connect(&url).await {
+                    let _ = c
+                        .execute(
+                            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                             values (null, 'order', 'bad', 'Broken', 1, jsonb_build_object('n', $1::int))",
+                            &[&i],
+                        )
+                        .await;
+                }
+            }
+        })
+    };
+
+    let (mut kills, mut fast, mut immediate, mut cuts, mut peak) = (0, 0, 0, 0, 0u64);
+    while writers.iter().any(|w| !w.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(300 + rng.below(700))).await;
+        match rng.below(4) {
+            0 => {
+                peak = peak.max(peak_rss_kib(&d));
+                d.kill_and_restart(None);
+                kills += 1;
+            }
+            1 | 2 => {
+                let mode = if rng.below(2) == 0 {
+                    "fast"
+                } else {
+                    "immediate"
+                };
+                let m = mode.to_owned();
+                tokio::task::spawn_blocking(move || cluster.restart(&m).expect("restart"))
+                    .await
+                    .unwrap();
+                if mode == "fast" {
+                    fast += 1;
+                } else {
+                    immediate += 1;
+                }
+            }
+            _ => {
+                if let Ok(c) = walfold_store::connect(&db.url()).await {
+                    let n = c
+                        .execute(
+                            "select pg_terminate_backend(pid) from pg_stat_replication",
+                            &[],
+                        )
+                        .await
+                        .unwrap_or(0);
+                    cuts += n;
+                }
+            }
+        }
+    }
+    let mut expected = Expected::default();
+    for w in writers {
+        let e = w.await.unwrap();
+        expected.rows_written += e.rows_written;
+        expected.events.extend(e.events);
+    }
+    bad.await.unwrap();
+    let written_s = started.elapsed().as_secs_f64();
+
+    let client = db.client().await;
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+    let malformed = db.psql("select count(*) from outbox where id is null");
+    assert_eq!(
+        db.psql(
+            "select count(*) from walfold.dead_letter where subscriber_id is null and reason = 'malformed'"
+        ),
+        malformed,
+        "exactly the injected bad rows are dead letters"
+    );
+    assert_eq!(
+        db.psql("select count(*) from walfold.dead_letter where subscriber_id is not null"),
+        "0"
+    );
+    assert!(d.exited().is_none(), "{}", d.log_text());
+    peak = peak.max(peak_rss_kib(&d));
+    println!(
+        "soak: {} outbox rows ({} distinct events, {} malformed) from {WRITERS} writers in {written_s:.1} s; \
+         {kills} daemon SIGKILLs, {fast} fast and {immediate} immediate server restarts, {cuts} walsenders terminated; \
+         caught up and checked after {:.1} s; peak daemon RSS {} MiB",
+        expected.rows_written,
+        expected.distinct(),
+        malformed,
+        started.elapsed().as_secs_f64(),
+        peak / 1024
+    );
+}
