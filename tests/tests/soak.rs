@@ -143,3 +143,55 @@ async fn soak_200k_events_through_kills_restarts_and_cut_connections() {
         peak / 1024
     );
 }
+
+/// One transaction writing 1 GB to a table outside the publication, with a few outbox
+/// rows in it: the server decodes and spills it (pgoutput sends only the outbox rows),
+/// and walfold's memory stays where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1gb_non_outbox_transaction_passes_without_growing_memory() {
+    let db = TestDb::new("bigtxn");
+    db.psql("create table bulk (id bigint, filler text)");
+    let d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let before_kib = peak_rss_kib(&d);
+    let started = Instant::now();
+    db.psql(
+        "begin; \
+         insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+           values (gen_random_uuid(), 'order', 'big-1', 'OrderChanged', 1, '{\"amount\": \"1\"}'); \
+         insert into bulk select g, repeat(md5(g::text), 32) from generate_series(1, 1000000) g; \
+         insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+           values (gen_random_uuid(), 'order', 'big-2', 'OrderChanged', 1, '{\"amount\": \"2\"}'); \
+         commit;",
+    );
+    let bytes: i64 = db
+        .psql("select pg_total_relation_size('bulk')")
+        .parse()
+        .unwrap();
+    assert!(bytes > 1_000_000_000, "the transaction wrote {bytes} bytes");
+    caught_up(&client, 2, 3).await;
+    let lsn = db.psql("select pg_current_wal_lsn()");
+    walfold_tests::eventually(Duration::from_secs(60), "the slot to pass the transaction", || async {
+        client
+            .query_one(
+                "select confirmed_flush_lsn >= $1::text::pg_lsn from pg_replication_slots where slot_name = 'walfold'",
+                &[&lsn],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+    })
+    .await;
+    assert_eq!(db.psql("select count(*) from ledger"), "2");
+    let peak_kib = peak_rss_kib(&d);
+    println!(
+        "1 GB transaction ({} MB in bulk, 2 outbox rows): through in {:.1} s; daemon peak RSS {} MiB before, {} MiB after",
+        bytes / 1_000_000,
+        started.elapsed().as_secs_f64(),
+        before_kib / 1024,
+        peak_kib / 1024
+    );
+    assert!(peak_kib < 128 * 1024, "peak RSS {peak_kib} KiB");
+    db.psql("drop table bulk");
+}
