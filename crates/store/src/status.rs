@@ -137,10 +137,14 @@ pub async fn status(
         .await
         .map_err(StoreError::db("reading the event log head"))?
         .get(0);
+    // A partition without a checkpoint row has read nothing (it may still be
+    // connecting): its subscriber's position is 0, never the others' minimum.
     let rows = target
         .query(
             &format!(
-                "select c.subscriber_id, max(c.partitions), min(c.position), sum(c.applied)::int8, \
+                "select c.subscriber_id, max(c.partitions), \
+                 case when count(*) < max(c.partitions) then 0 else min(c.position) end, \
+                 sum(c.applied)::int8, \
                  sum(c.duplicates)::int8, sum(c.stale)::int8, sum(c.dead_lettered)::int8, \
                  max(c.last_committed_at), \
                  (select count(*) from {s}.parked_aggregate p where p.subscriber_id = c.subscriber_id) \
