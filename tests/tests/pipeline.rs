@@ -211,6 +211,53 @@ async fn a_stale_version_is_skipped_and_counted() {
     p.stop().await;
 }
 
+/// One transaction, so one batch applied in log order with the guard: the newest
+/// version wins, the first of equal versions stays, a stored newer row is kept, and
+/// every event that did not change the row counts as stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_applies_its_events_in_order_behind_the_version_guard() {
+    let db = TestDb::new("setbased");
+    db.psql("insert into order_state (order_id, status, version) values ('o-3', 'kept', 9)");
+    let (p, client) = InProcess::streaming(&db, &db.config("")).await;
+    let rows = [
+        ("o-1", 2, "b"),
+        ("o-1", 1, "a"),
+        ("o-1", 3, "c"),
+        ("o-1", 3, "c-again"),
+        ("o-2", 1, "x"),
+        ("o-3", 4, "older"),
+        ("o-1", 2, "b-late"),
+    ];
+    let sql: String = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (order, version, status))| {
+            insert_event(
+                &format!("00000000-0000-4000-8000-{:012}", i + 100),
+                order,
+                "OrderChanged",
+                *version,
+                &format!(r#"{{"status": "{status}"}}"#),
+            )
+        })
+        .collect();
+    db.psql(&format!("begin; {sql} commit;"));
+    caught_up(&client, rows.len() as i64, 3).await;
+    assert_eq!(
+        db.psql("select string_agg(order_id || '=' || status || ':' || version, ' ' order by order_id) from order_state"),
+        "o-1=c:3 o-2=x:1 o-3=kept:9"
+    );
+    let s = status(&client).await.unwrap();
+    let state = s
+        .subscribers
+        .iter()
+        .find(|x| x.subscriber == "orders.state.v1")
+        .unwrap();
+    // Changed the row: o-1 v2 then v3, o-2 v1.
+    assert_eq!((state.applied, state.stale), (3, 4));
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_rows_are_dead_lettered_and_later_rows_still_apply() {
     let db = TestDb::new("malformed");
