@@ -648,3 +648,59 @@ async fn dead_letters_can_be_listed_and_discarded() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("no open dead letter"), "{err}");
 }
+
+/// A slot invalidated because it held more WAL than `max_slot_wal_keep_size` while the
+/// daemon was down: refused by default, recreated with the gap on record when asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidated_slot_is_refused_or_recreated_with_the_gap_recorded() {
+    let cluster: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options {
+            extra_settings: vec![
+                ("max_slot_wal_keep_size".into(), "32MB".into()),
+                ("max_wal_size".into(), "64MB".into()),
+                ("min_wal_size".into(), "32MB".into()),
+            ],
+            ..Options::default()
+        })
+        .expect("private cluster"),
+    ));
+    let db = TestDb::on(cluster, "invalidated");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let expected = write_events(db.url(), 3, 5, 2, Duration::from_millis(5), 37).await;
+    caught_up(&client, expected.distinct(), 3).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    db.psql("create table filler (x text)");
+    for _ in 0..6 {
+        db.psql("insert into filler select repeat('x', 1000) from generate_series(1, 20000); checkpoint;");
+    }
+    assert_eq!(
+        db.psql("select wal_status from pg_replication_slots where slot_name = 'walfold'"),
+        "lost"
+    );
+    let mut d = Daemon::start(&db.config(""), &[]);
+    eventually(Duration::from_secs(30), "the daemon to refuse", || {
+        let exited = d.exited().is_some();
+        async move { exited }
+    })
+    .await;
+    assert_eq!(d.exited().unwrap().code(), Some(1));
+    assert!(
+        d.log_text().contains("was invalidated (wal_status=lost)"),
+        "{}",
+        d.log_text()
+    );
+
+    let _d = Daemon::start(
+        &db.config(""),
+        &[("WALFOLD_SOURCE__ON_SLOT_LOST", "recreate")],
+    );
+    slot_active(&client).await;
+    assert_eq!(
+        db.psql("select count(*) from walfold.slot_gap where reason = 'invalidated' and to_lsn > from_lsn"),
+        "1"
+    );
+    let more = write_events(db.url(), 2, 5, 2, Duration::from_millis(5), 41).await;
+    caught_up(&client, expected.distinct() + more.distinct(), 3).await;
+}

@@ -740,3 +740,52 @@ on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
     assert_eq!(code, 2, "a retried dead letter is not open any more");
     assert!(err.contains("not open"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_retired_after_finishes_a_switched_rebuild_by_itself() {
+    let db = TestDb::new("retire");
+    let text = config(&db, "").replace(
+        "parallelism = 2",
+        "parallelism = 2\ndrop_retired_after = \"2s\"",
+    );
+    let d = Daemon::start(&text, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    preload(&db, 2_000, 50);
+    subscriber_caught_up(&client, "orders.total.v1", 60).await;
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually(Duration::from_secs(60), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await != "running"
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "the retired table to be dropped",
+        || async { rebuild_state(&client, "orders.total.v2").await == "finished" },
+    )
+    .await;
+    assert_eq!(
+        db.psql("select to_regclass('order_total__retired') is null"),
+        "t"
+    );
+    assert_eq!(
+        difference(
+            &client,
+            "select order_id, total from order_total",
+            TOTALS_FROM_LOG
+        )
+        .await,
+        0
+    );
+}
