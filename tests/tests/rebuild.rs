@@ -779,6 +779,7 @@ async fn drop_retired_after_finishes_a_switched_rebuild_by_itself() {
         db.psql("select to_regclass('order_total__retired') is null"),
         "t"
     );
+    subscriber_caught_up(&client, "orders.total.v2", 60).await;
     assert_eq!(
         difference(
             &client,
