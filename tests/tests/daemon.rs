@@ -387,11 +387,32 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
         ("WALFOLD_SOURCE__ON_SLOT_LOST", "recreate"),
         ("WALFOLD_METRICS__LISTEN", listen.as_str()),
     ];
-    let _d = Daemon::start(&db.config(""), &envs);
+    // Killed right after creating the new slot: the gap was recorded before it.
+    let mut armed = envs.to_vec();
+    armed.push(("WALFOLD_FAILPOINTS", "after_slot_recreated=1"));
+    let mut d = Daemon::start(&db.config(""), &armed);
+    d.assert_failpoints_compiled();
+    eventually(Duration::from_secs(30), "the failpoint", || {
+        let exited = d.exited().is_some();
+        async move { exited }
+    })
+    .await;
+    assert_eq!(
+        db.psql("select count(*) from pg_replication_slots where slot_name = 'walfold'"),
+        "1"
+    );
+    assert_eq!(
+        db.psql("select reason || ':' || (to_lsn is null) from walfold.slot_gap"),
+        "missing:true"
+    );
+    d.kill_and_restart(Some(&envs));
     slot_active(&client).await;
     assert_eq!(
-        db.psql("select count(*) from walfold.slot_gap where reason = 'missing'"),
-        "1"
+        db.psql(
+            "select count(*) from walfold.slot_gap where reason = 'missing' and to_lsn >= from_lsn"
+        ),
+        "1",
+        "the restart closed the gap at the new slot's start"
     );
     let before = expected.distinct();
     let more = write_events(db.url(), 2, 5, 2, Duration::from_millis(5), 31).await;
@@ -399,7 +420,8 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     let (status, body) = http_get(port, "/metrics");
     assert_eq!(status, 200, "{body}");
     for line in [
-        "walfold_slot_gaps_total 1",
+        "walfold_slot_gaps 1",
+        "walfold_database_up 1",
         "walfold_leader 1",
         "walfold_slot_active 1",
         "walfold_applied_total{subscriber=\"orders.ledger.v1\"}",

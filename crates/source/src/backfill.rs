@@ -61,19 +61,11 @@ pub async fn backfill(
             },
             other => SourceError::store("opening the event log")(other),
         })?;
-    let ingested = log
-        .durable_lsn()
-        .await
-        .map_err(SourceError::store("reading the ingest position"))?;
     let source = connect(&config.source.url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
     // The slot exists from here on: whatever commits later is in its stream.
-    if let Some(gap) = prepare_source(&source, config, ingested).await? {
-        log.record_gap(gap)
-            .await
-            .map_err(SourceError::store("recording a slot gap"))?;
-    }
+    prepare_source(&source, config, &mut log).await?;
     let pager = Pager::new(&source, outbox, order_by).await?;
     let mut report = BackfillReport::default();
     let mut cursor: Option<(Option<String>, String)> = None;

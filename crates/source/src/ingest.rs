@@ -59,21 +59,13 @@ async fn attempt(
     let target = connect(config.target_url())
         .await
         .map_err(SourceError::store("connecting to the target"))?;
-    let log = EventLog::open(target, &config.target.schema, &config.source.slot)
+    let mut log = EventLog::open(target, &config.target.schema, &config.source.slot)
         .await
         .map_err(SourceError::store("opening the event log"))?;
-    let ingested = log
-        .durable_lsn()
-        .await
-        .map_err(SourceError::store("reading the ingest position"))?;
     let source = connect(&config.source.url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
-    if let Some(gap) = prepare_source(&source, config, ingested).await? {
-        log.record_gap(gap)
-            .await
-            .map_err(SourceError::store("recording a slot gap"))?;
-    }
+    prepare_source(&source, config, &mut log).await?;
     drop(source);
     head.send_replace(log.head());
     let (durable, ack) = feedback::channel();

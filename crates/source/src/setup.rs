@@ -8,20 +8,24 @@
 
 use tokio_postgres::Client;
 use walfold_config::{Config, OnSlotLost};
-use walfold_store::{Lsn, SlotGap};
+use walfold_store::{EventLog, Lsn};
 
 use crate::error::SourceError;
 
 /// Checks the source and creates what is missing. `ingested_through` is the ingest
 /// position recorded for this slot in the target: a slot is created only when nothing
 /// was ingested through it yet, never silently re-created (that would hide lost events).
-/// Returns the WAL range skipped when a lost slot was recreated (`on_slot_lost =
-/// "recreate"`); the caller records it.
+/// A lost slot is recreated only with `on_slot_lost = "recreate"`, and then the skipped
+/// WAL range is recorded in `log` (opened before the slot is created, closed after).
 pub async fn prepare_source(
     source: &Client,
     config: &Config,
-    ingested_through: Lsn,
-) -> Result<Option<SlotGap>, SourceError> {
+    log: &mut EventLog,
+) -> Result<(), SourceError> {
+    let ingested_through = log
+        .durable_lsn()
+        .await
+        .map_err(SourceError::store("reading the ingest position"))?;
     let db = |ctx: &str| {
         let ctx = ctx.to_owned();
         move |e| SourceError::Store {
@@ -105,8 +109,8 @@ pub async fn prepare_source(
     let slot = &config.source.slot;
     let existing = source
         .query_opt(
-            "select plugin, slot_type, database = current_database(), wal_status \
-             from pg_replication_slots where slot_name = $1",
+            "select plugin, slot_type, database = current_database(), wal_status, \
+             confirmed_flush_lsn::text from pg_replication_slots where slot_name = $1",
             &[slot],
         )
         .await
@@ -125,18 +129,14 @@ pub async fn prepare_source(
         lsn.parse::<Lsn>()
             .map_err(|_| SourceError::Decode(format!("the server returned LSN {lsn}")))
     };
-    let gap = |to: Lsn, reason: &'static str| {
-        tracing::error!(slot = %slot, from = %ingested_through, to = %to, reason, "the slot was lost and recreated (on_slot_lost = recreate): outbox rows committed in this WAL range may be missing; recorded in slot_gap");
-        Some(SlotGap {
-            from: ingested_through,
-            to,
-            reason,
-        })
-    };
     match existing {
         None if ingested_through > Lsn::ZERO && recreate => {
+            open_gap(log, slot, ingested_through, "missing").await?;
             let to = create().await?;
-            return Ok(gap(to, "missing"));
+            // Crash window: the slot exists, the gap is open; the next start closes it.
+            walfold_store::failpoint::hit("after_slot_recreated");
+            close_gap(log, slot, to).await?;
+            return Ok(());
         }
         None if ingested_through > Lsn::ZERO => {
             return Err(SourceError::Slot {
@@ -158,6 +158,7 @@ pub async fn prepare_source(
             let plugin: Option<String> = row.get(0);
             let same_db: Option<bool> = row.get(2);
             let wal_status: Option<String> = row.get(3);
+            let confirmed: Option<String> = row.get(4);
             if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
                 return Err(SourceError::Slot {
                     slot: slot.clone(),
@@ -165,12 +166,14 @@ pub async fn prepare_source(
                 });
             }
             if wal_status.as_deref() == Some("lost") && recreate {
+                open_gap(log, slot, ingested_through, "invalidated").await?;
                 source
                     .execute("select pg_drop_replication_slot($1)", &[slot])
                     .await
                     .map_err(db("dropping the invalidated slot"))?;
                 let to = create().await?;
-                return Ok(gap(to, "invalidated"));
+                close_gap(log, slot, to).await?;
+                return Ok(());
             }
             if wal_status.as_deref() == Some("lost") {
                 return Err(SourceError::Slot {
@@ -178,7 +181,34 @@ pub async fn prepare_source(
                     problem: "was invalidated (wal_status=lost): WAL it needed was removed, so events may be missing; investigate, then drop the slot and backfill".into(),
                 });
             }
+            // A gap opened by a run that died before closing it: the slot was created
+            // and nothing has been read from it, so its position is its start.
+            if let Some(start) = confirmed.and_then(|l| l.parse::<Lsn>().ok()) {
+                close_gap(log, slot, start).await?;
+            }
         }
     }
-    Ok(None)
+    Ok(())
+}
+
+fn log_gap<T>(r: Result<T, walfold_store::StoreError>) -> Result<T, SourceError> {
+    r.map_err(SourceError::store("recording a slot gap"))
+}
+
+/// Records the start of a slot gap before the new slot is created.
+async fn open_gap(log: &EventLog, slot: &str, from: Lsn, reason: &str) -> Result<(), SourceError> {
+    tracing::error!(slot, from = %from, reason, "the slot was lost; recreating it (on_slot_lost = recreate): outbox rows committed after this LSN, until the new slot's start, may be missing; recorded in slot_gap");
+    log_gap(log.open_gap(from, reason).await)
+}
+
+/// Closes an open slot gap at the new slot's start, saying what it covers.
+async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<(), SourceError> {
+    if let Some(from) = log_gap(log.close_gap(to).await)? {
+        if to < from {
+            tracing::error!(slot, from = %from, to = %to, "the new slot starts before walfold's ingest position (a failover to a server that was behind?): the ingest position moved back; events after it are streamed again and recognised as duplicates");
+        } else {
+            tracing::error!(slot, from = %from, to = %to, "slot gap recorded: outbox rows committed in this WAL range may be missing from the event log");
+        }
+    }
+    Ok(())
 }

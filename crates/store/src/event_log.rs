@@ -341,33 +341,63 @@ fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
     }
 }
 
-/// A WAL range a recreated slot skipped (`on_slot_lost = "recreate"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotGap {
-    /// The ingest position: everything up to here is in the log.
-    pub from: Lsn,
-    /// The new slot's start: everything after is streamed.
-    pub to: Lsn,
-    /// `missing` or `invalidated`.
-    pub reason: &'static str,
-}
-
+/// Slot gaps: WAL ranges a recreated slot skipped (`on_slot_lost = "recreate"`). A gap
+/// is opened (its start recorded) before the new slot is created and closed with the
+/// slot's start once it exists, so a crash in between leaves an open gap that the next
+/// start closes: never a loss without a record.
 impl EventLog {
-    /// Records a skipped WAL range (and counts it in the metrics).
-    pub async fn record_gap(&self, gap: SlotGap) -> Result<(), StoreError> {
-        let (from, to): (PgLsn, PgLsn) = (gap.from.into(), gap.to.into());
+    /// Records that the WAL after `from` is being skipped, unless a gap is open already
+    /// (a retry after a crash).
+    pub async fn open_gap(&self, from: Lsn, reason: &str) -> Result<(), StoreError> {
+        let from: PgLsn = from.into();
         self.client
             .execute(
                 &format!(
-                    "insert into {}.slot_gap (slot, reason, from_lsn, to_lsn) values ($1, $2, $3, $4)",
+                    "insert into {}.slot_gap (slot, reason, from_lsn) values ($1, $2, $3) \
+                     on conflict (slot) where to_lsn is null do nothing",
                     q(&self.schema)
                 ),
-                &[&self.slot, &gap.reason, &from, &to],
+                &[&self.slot, &reason, &from],
             )
             .await
             .map_err(StoreError::db("recording a slot gap"))?;
-        crate::metrics::metrics().slot_gaps.inc();
         Ok(())
+    }
+
+    /// Closes the open gap, if any, at the new slot's start `to`. When `to` is before the
+    /// gap's start (a failover to a server that was behind), the ingest position moves
+    /// back to `to` as well. Returns the closed gap's start.
+    pub async fn close_gap(&mut self, to: Lsn) -> Result<Option<Lsn>, StoreError> {
+        let s = q(&self.schema);
+        let to_pg: PgLsn = to.into();
+        let tx = self
+            .client
+            .transaction()
+            .await
+            .map_err(StoreError::db("closing a slot gap"))?;
+        let from = tx
+            .query_opt(
+                &format!(
+                    "update {s}.slot_gap set to_lsn = $2 where slot = $1 and to_lsn is null \
+                     returning from_lsn"
+                ),
+                &[&self.slot, &to_pg],
+            )
+            .await
+            .map_err(StoreError::db("closing a slot gap"))?
+            .map(|r| Lsn::from(r.get::<_, PgLsn>(0)));
+        if from.is_some_and(|f| to < f) {
+            tx.execute(
+                &format!("update {s}.ingest_position set lsn = $2 where slot = $1"),
+                &[&self.slot, &to_pg],
+            )
+            .await
+            .map_err(StoreError::db("moving the ingest position back"))?;
+        }
+        tx.commit()
+            .await
+            .map_err(StoreError::db("closing a slot gap"))?;
+        Ok(from)
     }
 }
 

@@ -28,7 +28,6 @@ pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};
 pub use event_log::{
     head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
-    SlotGap,
 };
 pub use leader::{still_leads, Leadership};
 pub use lsn::Lsn;

@@ -35,7 +35,6 @@ pub struct Metrics {
     pub log_duplicates: Counter,
     pub id_conflicts: Counter,
     pub malformed: Counter,
-    pub slot_gaps: Counter,
     // Projectors, per subscriber.
     pub applied: Family<SubscriberLabel, Counter>,
     pub claim_duplicates: Family<SubscriberLabel, Counter>,
@@ -58,6 +57,8 @@ pub struct Metrics {
     processed_message_rows: Gauge,
     event_log_rows: Gauge,
     leader: Gauge,
+    slot_gaps: Gauge,
+    database_up: Gauge,
     /// Set by the reader while it streams from the slot.
     streaming: AtomicBool,
     /// Unix milliseconds of the last standby status update sent (0: none yet).
@@ -88,7 +89,6 @@ impl Metrics {
             log_duplicates: reg!("event_log_duplicates", "Events already in the log with the same content (replays, producer retries)", Counter::default()),
             id_conflicts: reg!("id_conflicts", "Event IDs already in the log with different content (dead-lettered)", Counter::default()),
             malformed: reg!("malformed", "Outbox rows that could not become events (dead-lettered)", Counter::default()),
-            slot_gaps: reg!("slot_gaps", "Lost slots recreated by on_slot_lost = recreate (a WAL range was skipped)", Counter::default()),
             applied: reg!("applied", "Events that changed a read model", Family::default()),
             claim_duplicates: reg!("claim_duplicates", "Events skipped because the subscriber had claimed them", Family::default()),
             stale: reg!("stale", "Events skipped by a version guard", Family::default()),
@@ -109,6 +109,8 @@ impl Metrics {
             processed_message_rows: reg!("processed_message_rows", "Dedup claims (planner estimate)", Gauge::default()),
             event_log_rows: reg!("event_log_rows", "Events in the log (planner estimate)", Gauge::default()),
             leader: reg!("leader", "1 while this instance leads", Gauge::default()),
+            slot_gaps: reg!("slot_gaps", "WAL ranges skipped by recreating a lost slot (walfold.slot_gap rows; page on any increase)", Gauge::default()),
+            database_up: reg!("database_up", "1 when the last scrape could read the database gauges (0: they hold older values)", Gauge::default()),
             registry: r,
             streaming: AtomicBool::new(false),
             last_feedback_ms: AtomicU64::new(0),
@@ -150,15 +152,30 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Reads the database gauges, then renders everything.
-    pub async fn render(
+    /// Renders everything; `database` is the outcome of [`Metrics::refresh`] (on an error
+    /// the database gauges keep their last values and `database_up` is 0).
+    pub fn render(&self, database: Result<(), StoreError>) -> String {
+        if let Err(e) = &database {
+            tracing::warn!(error = %e, "metrics: cannot read the database gauges");
+        }
+        self.database_up.set(i64::from(database.is_ok()));
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Reads the gauges that describe the database.
+    pub async fn refresh(
         &self,
         source: &Client,
         target: &Client,
         schema: &str,
         slot: &str,
-    ) -> Result<String, StoreError> {
+    ) -> Result<(), StoreError> {
         let s = crate::status::status(source, target, schema, slot).await?;
+        self.slot_gaps.set(s.slot_gaps);
         self.lag_events.clear();
         self.lag_seconds.clear();
         self.parked.clear();
@@ -203,10 +220,7 @@ impl Metrics {
             .map_err(StoreError::db("estimating event_log"))?
             .get(0);
         self.event_log_rows.set(rows);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .map_err(|_| StoreError::Refused("encoding metrics".into()))?;
-        Ok(out)
+        Ok(())
     }
 }
 

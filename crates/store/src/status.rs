@@ -72,7 +72,8 @@ pub struct SubscriberStatus {
     pub position: i64,
     /// Events in the log after the lowest position (an upper bound: filtered events count).
     pub lag_events: i64,
-    /// Seconds between now and the source commit of the last applied event.
+    /// While behind: the age of the oldest event after the lowest position (its source
+    /// commit time, or when it was appended). An upper bound, like `lag_events`.
     pub lag_seconds: Option<f64>,
     pub applied: i64,
     pub duplicates: i64,
@@ -155,28 +156,36 @@ pub async fn status(
         .await
         .map_err(StoreError::db("reading checkpoints"))?;
     let now = SystemTime::now();
-    let subscribers: Vec<SubscriberStatus> = rows
-        .iter()
-        .map(|r| {
-            let position: i64 = r.get(2);
-            let last: Option<SystemTime> = r.get(7);
-            SubscriberStatus {
-                subscriber: r.get(0),
-                partitions: r.get(1),
-                position,
-                lag_events: (head - position).max(0),
-                lag_seconds: last
-                    .and_then(|t| now.duration_since(t).ok())
-                    .map(|d| d.as_secs_f64())
-                    .filter(|_| head > position),
-                applied: r.get(3),
-                duplicates: r.get(4),
-                stale: r.get(5),
-                dead_lettered: r.get(6),
-                parked_aggregates: r.get(8),
-            }
-        })
-        .collect();
+    let oldest_after = format!(
+        "select coalesce(committed_at, appended_at) from {s}.event_log \
+         where seq > $1 order by seq limit 1"
+    );
+    let mut subscribers: Vec<SubscriberStatus> = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let position: i64 = r.get(2);
+        let lag_seconds = if head > position {
+            target
+                .query_opt(&oldest_after, &[&position])
+                .await
+                .map_err(StoreError::db("reading the oldest unapplied event"))?
+                .and_then(|row| row.get::<_, Option<SystemTime>>(0))
+                .map(|t| now.duration_since(t).map_or(0.0, |d| d.as_secs_f64()))
+        } else {
+            None
+        };
+        subscribers.push(SubscriberStatus {
+            subscriber: r.get(0),
+            partitions: r.get(1),
+            position,
+            lag_events: (head - position).max(0),
+            lag_seconds,
+            applied: r.get(3),
+            duplicates: r.get(4),
+            stale: r.get(5),
+            dead_lettered: r.get(6),
+            parked_aggregates: r.get(8),
+        });
+    }
     let dead_letters_open: i64 = target
         .query_one(
             &format!("select count(*) from {s}.dead_letter where status = 'open'"),

@@ -137,7 +137,9 @@ async fn source_checks(
     }
     let replication: bool = source
         .query_one(
-            "select rolreplication or rolsuper from pg_roles where rolname = current_user",
+            "select rolreplication or rolsuper or exists (select 1 from pg_roles m \
+             where m.rolname = 'rds_replication' and pg_has_role(current_user, m.oid, 'member')) \
+             from pg_roles where rolname = current_user",
             &[],
         )
         .await?
@@ -145,7 +147,7 @@ async fn source_checks(
     r.check(
         if replication { Level::Ok } else { Level::Fail },
         "the source role may replicate",
-        "alter role <walfold role> replication",
+        "alter role <walfold role> replication (on RDS/Aurora: grant rds_replication to <walfold role>)",
     );
 
     // Outbox tables, the publication and replica identity.
@@ -179,8 +181,8 @@ async fn source_checks(
             .await?
             .get(0);
         r.check(
-            if select { Level::Ok } else { Level::Fail },
-            format!("the source role may read {t}"),
+            if select { Level::Ok } else { Level::Warn },
+            format!("the source role may read {t} (needed by `walfold backfill` only)"),
             format!("grant select on {t} to <walfold role>"),
         );
         if let Some((_, update, delete)) = &published {
@@ -205,7 +207,7 @@ async fn source_checks(
         None => r.check(
             Level::Warn,
             format!("publication {publication} does not exist"),
-            "walfold creates it on start (needs ownership of the outbox tables), or create it as their owner",
+            "walfold creates it on start (needs create on the database and ownership of the outbox tables), or create it as their owner",
         ),
         Some((tables, _, _)) => {
             let missing: Vec<&String> = wanted.iter().filter(|t| !tables.contains(t)).collect();

@@ -119,13 +119,24 @@ async fn with_clients<T>(
     result
 }
 
+/// Process metrics always; the database gauges when the database answers in time.
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let (schema, slot) = (&state.config.target.schema, &state.config.source.slot);
-    with_clients(state, async |source, target| {
-        metrics().render(source, target, schema, slot).await
-    })
-    .await
+    let refresh = with_clients(state, async |source, target| {
+        metrics().refresh(source, target, schema, slot).await
+    });
+    let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
+        .await
+        .unwrap_or_else(|_| {
+            Err(walfold_store::StoreError::Busy(
+                "the database did not answer within 5 s".into(),
+            ))
+        });
+    Ok(metrics().render(database))
 }
+
+/// How long a scrape or readiness check waits for the database.
+const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 async fn ready(state: &State) -> Result<(), String> {
     let m = metrics();
@@ -136,13 +147,15 @@ async fn ready(state: &State) -> Result<(), String> {
         return Err("not streaming from the slot".into());
     }
     let (schema, slot) = (&state.config.target.schema, &state.config.source.slot);
-    let (status, active) = with_clients(state, async |source, target| {
+    let check = with_clients(state, async |source, target| {
         let status = walfold_store::status(source, target, schema, slot).await?;
         let active = walfold_store::active_subscribers(target, schema).await?;
         Ok((status, active))
-    })
-    .await
-    .map_err(|e| format!("cannot read status: {e}"))?;
+    });
+    let (status, active) = tokio::time::timeout(DATABASE_TIMEOUT, check)
+        .await
+        .map_err(|_| "the database did not answer within 5 s".to_owned())?
+        .map_err(|e| format!("cannot read status: {e}"))?;
     let limit = state.config.metrics.ready_max_lag_s as f64;
     // Only subscribers serving a projection now (not a replaced or replaying one).
     match status
