@@ -100,6 +100,20 @@ impl Partition {
         let client = connect(&self.url)
             .await
             .map_err(EngineError::store("connecting to the target"))?;
+        // The page read's best plan depends on its parameters (an index range scan that
+        // stops at the limit); a generic plan scans and sorts everything after the
+        // position, which made each read cost ~50 ms on a 300k-event backlog.
+        client
+            .batch_execute("set plan_cache_mode = force_custom_plan")
+            .await
+            .map_err(|e| {
+                EngineError::store("configuring the projector session")(
+                    walfold_store::StoreError::Db {
+                        context: "set plan_cache_mode".into(),
+                        source: e,
+                    },
+                )
+            })?;
         let prep = |sql: String| {
             let client = &client;
             async move {
