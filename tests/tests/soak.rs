@@ -195,3 +195,40 @@ async fn a_1gb_non_outbox_transaction_passes_without_growing_memory() {
     assert!(peak_kib < 128 * 1024, "peak RSS {peak_kib} KiB");
     db.psql("drop table bulk");
 }
+
+/// One source transaction of 1M outbox rows: appended in bounded batches, with the
+/// daemon's memory bounded (no projections here: the bound is about ingest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1m_row_outbox_transaction_streams_through_in_bounded_memory() {
+    let db = TestDb::new("millionrows");
+    let config = walfold_tests::config_for(&db.url(), "")
+        .split("[[projection]]")
+        .next()
+        .unwrap()
+        .to_owned();
+    let d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let started = Instant::now();
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         select gen_random_uuid(), 'order', 'o-' || (g % 10000), 'OrderChanged', g, \
+                jsonb_build_object('status', 'paid', 'amount', (g % 1000)::text, \
+                                   'note', repeat('n', 120)) \
+         from generate_series(1, 1000000) g",
+    );
+    walfold_tests::eventually(Duration::from_secs(300), "1M events in the log", || async {
+        client
+            .query_one("select count(*) from walfold.event_log", &[])
+            .await
+            .is_ok_and(|r| r.get::<_, i64>(0) == 1_000_000)
+    })
+    .await;
+    let peak_kib = peak_rss_kib(&d);
+    println!(
+        "1M-row transaction: in the event log {:.1} s after the insert started; daemon peak RSS {} MiB",
+        started.elapsed().as_secs_f64(),
+        peak_kib / 1024
+    );
+    assert!(peak_kib < 128 * 1024, "peak RSS {peak_kib} KiB");
+}
