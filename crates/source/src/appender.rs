@@ -179,6 +179,7 @@ impl Appender {
                 Err(e) if is_data_error(&e) => {
                     tracing::warn!(event_id = %event.id, error = %e, "event refused by the event log, dead-lettered");
                     counts.malformed += 1;
+                    walfold_store::metrics::metrics().malformed.inc();
                     dead.push(DeadLetter::refused(&event, &e.to_string()));
                 }
                 Err(e) => return Err(SourceError::store("appending to the event log")(e)),

@@ -18,9 +18,12 @@ pub async fn run(path: &Path) -> Result<(), Failure> {
     telemetry::init(&config.log);
     tracing::info!(source = %walfold_config::redact_url(&config.source.url), slot = %config.source.slot, projections = config.projection.len(), "walfold starting");
     let cancel = CancellationToken::new();
+    // The listener outlives the pipeline's drain, so /healthz answers until the end.
+    let listener = CancellationToken::new();
+    let _stop_listener = listener.clone().drop_guard();
     if let Some(listen) = &config.metrics.listen {
         let addr = listen.parse().map_err(Failure::config)?;
-        crate::http::start(config.clone(), addr, cancel.clone())
+        crate::http::start(config.clone(), addr, listener.clone())
             .await
             .map_err(|e| {
                 Failure::runtime(format!("cannot listen on {listen} (metrics.listen): {e}"))
