@@ -790,3 +790,52 @@ async fn drop_retired_after_finishes_a_switched_rebuild_by_itself() {
         0
     );
 }
+
+/// A switch-over that fails (the retired name was taken meanwhile) is tried again after
+/// its backoff, and nothing live changes until it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_switch_over_is_tried_again() {
+    let db = TestDb::new("switchretry");
+    let d = Daemon::start(&config(&db, ""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    preload(&db, 2_000, 50);
+    subscriber_caught_up(&client, "orders.total.v1", 60).await;
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    db.psql("create table order_total__retired (x int)");
+    eventually(Duration::from_secs(60), "a failed switch-over", || async {
+        d.log_text().contains("switch-over failed")
+    })
+    .await;
+    assert_eq!(rebuild_state(&client, "orders.total.v2").await, "running");
+    assert_eq!(
+        db.psql("select subscriber_id from walfold.projection where name = 'order_total'"),
+        "orders.total.v1"
+    );
+    db.psql("drop table order_total__retired");
+    eventually(Duration::from_secs(60), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await == "switched"
+    })
+    .await;
+    subscriber_caught_up(&client, "orders.total.v2", 60).await;
+    assert_eq!(
+        difference(
+            &client,
+            "select order_id, total from order_total",
+            TOTALS_FROM_LOG
+        )
+        .await,
+        0
+    );
+}

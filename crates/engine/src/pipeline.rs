@@ -168,6 +168,8 @@ struct Generation {
     retire_after: Vec<(String, Duration)>,
     /// Whether a blocked rebuild was reported in this generation.
     warned: AtomicBool,
+    /// Rebuilds whose switch-over failed, and when: not tried again before SWITCH_BACKOFF.
+    failed_switches: Vec<(String, tokio::time::Instant)>,
 }
 
 /// Whether `r`'s retired table has been kept as long as its projection wants.
@@ -239,9 +241,7 @@ async fn lead(
         delay = Duration::from_millis(200);
         let (mut client, mut generation) = control;
         failed_switches.retain(|(_, at)| at.elapsed() < SWITCH_BACKOFF);
-        generation
-            .replaying
-            .retain(|(r, _, _)| !failed_switches.iter().any(|(s, _)| *s == r.subscriber));
+        generation.failed_switches = failed_switches.clone();
         let this = stop.child_token();
         let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
         for (name, worker) in generation.workers.iter().cloned() {
@@ -372,6 +372,7 @@ async fn plan(
             .collect(),
         retire_after,
         warned: AtomicBool::new(false),
+        failed_switches: Vec::new(),
     };
     for d in defined {
         let mut options = d.options.clone();
@@ -528,6 +529,13 @@ async fn control_check(
         return Ok(Some(Next::Replan));
     }
     for (r, partitions, slack) in &generation.replaying {
+        let backing_off = generation
+            .failed_switches
+            .iter()
+            .any(|(s, at)| *s == r.subscriber && at.elapsed() < SWITCH_BACKOFF);
+        if backing_off {
+            continue;
+        }
         match rebuild::readiness(client, schema, &r.subscriber, *partitions, *slack)
             .await
             .map_err(EngineError::store("reading a rebuild's progress"))?
