@@ -223,6 +223,21 @@ impl Daemon {
         self.child.try_wait().ok().flatten()
     }
 
+    /// Waits (up to 30 s) for the process to exit by itself; its exit code.
+    pub async fn wait_exit(&mut self, what: &str) -> Option<i32> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.exited() {
+                return status.code();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

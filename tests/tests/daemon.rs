@@ -157,15 +157,7 @@ async fn crash_at(
     let client = db.client().await;
     slot_active(&client).await;
     let expected = write_events(db.url(), 20, 10, 5, Duration::from_millis(20), seed).await;
-    eventually(
-        Duration::from_secs(30),
-        "the failpoint to abort the daemon",
-        || {
-            let exited = d.exited().is_some();
-            async move { exited }
-        },
-    )
-    .await;
+    d.wait_exit("the failpoint to abort the daemon").await;
     assert!(d.log_text().contains(&format!("failpoint {failpoint} hit")));
     d.kill_and_restart(Some(&[]));
     caught_up(&client, expected.distinct(), 3).await;
@@ -236,11 +228,7 @@ async fn wal_level_replica_is_refused_with_the_fix() {
     ));
     let db = TestDb::on(cluster, "replica");
     let mut d = Daemon::start(&db.config(""), &[]);
-    eventually(Duration::from_secs(30), "the daemon to exit", || {
-        let exited = d.exited().is_some();
-        async move { exited }
-    })
-    .await;
+    d.wait_exit("the daemon to exit").await;
     assert_eq!(d.exited().unwrap().code(), Some(1));
     assert!(
         d.log_text().contains("set wal_level=logical"),
@@ -254,11 +242,7 @@ async fn a_missing_outbox_table_is_refused_with_the_fix() {
     let db = TestDb::new("nooutbox");
     db.psql("drop table outbox");
     let mut d = Daemon::start(&db.config(""), &[]);
-    eventually(Duration::from_secs(30), "the daemon to exit", || {
-        let exited = d.exited().is_some();
-        async move { exited }
-    })
-    .await;
+    d.wait_exit("the daemon to exit").await;
     assert_eq!(d.exited().unwrap().code(), Some(1));
     let log = d.log_text();
     assert!(
@@ -360,11 +344,7 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
     db.psql("select pg_drop_replication_slot('walfold')");
     let mut d = Daemon::start(&db.config(""), &[]);
-    eventually(Duration::from_secs(30), "the daemon to refuse", || {
-        let exited = d.exited().is_some();
-        async move { exited }
-    })
-    .await;
+    d.wait_exit("the daemon to refuse").await;
     assert_eq!(d.exited().unwrap().code(), Some(1));
     let log = d.log_text();
     assert!(
@@ -392,11 +372,7 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     armed.push(("WALFOLD_FAILPOINTS", "after_slot_recreated=1"));
     let mut d = Daemon::start(&db.config(""), &armed);
     d.assert_failpoints_compiled();
-    eventually(Duration::from_secs(30), "the failpoint", || {
-        let exited = d.exited().is_some();
-        async move { exited }
-    })
-    .await;
+    d.wait_exit("the failpoint").await;
     assert_eq!(
         db.psql("select count(*) from pg_replication_slots where slot_name = 'walfold'"),
         "1"
@@ -581,15 +557,7 @@ async fn a_replayed_malformed_row_is_dead_lettered_once() {
         "begin; insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
          values (null, 'order', 'o-9', 'OrderPaid', 1, '{{}}'); {good} commit;"
     ));
-    eventually(
-        Duration::from_secs(30),
-        "the failpoint to abort the daemon",
-        || {
-            let exited = d.exited().is_some();
-            async move { exited }
-        },
-    )
-    .await;
+    d.wait_exit("the failpoint to abort the daemon").await;
     d.kill_and_restart(Some(&[]));
     caught_up(&client, 5, 3).await;
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "1");
@@ -702,11 +670,7 @@ async fn an_invalidated_slot_is_refused_or_recreated_with_the_gap_recorded() {
         "lost"
     );
     let mut d = Daemon::start(&db.config(""), &[]);
-    eventually(Duration::from_secs(30), "the daemon to refuse", || {
-        let exited = d.exited().is_some();
-        async move { exited }
-    })
-    .await;
+    d.wait_exit("the daemon to refuse").await;
     assert_eq!(d.exited().unwrap().code(), Some(1));
     assert!(
         d.log_text().contains("was invalidated (wal_status=lost)"),

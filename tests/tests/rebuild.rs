@@ -741,17 +741,13 @@ on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
     assert!(err.contains("not open"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drop_retired_after_finishes_a_switched_rebuild_by_itself() {
-    let db = TestDb::new("retire");
-    let text = config(&db, "").replace(
-        "parallelism = 2",
-        "parallelism = 2\ndrop_retired_after = \"2s\"",
-    );
-    let d = Daemon::start(&text, &[]);
+/// A daemon on `text` with 2 000 events projected, and a rebuild of order_total under
+/// orders.total.v2 started.
+async fn small_rebuild(db: &TestDb, text: &str) -> (Daemon, tokio_postgres::Client) {
+    let d = Daemon::start(text, &[]);
     let client = db.client().await;
     slot_active(&client).await;
-    preload(&db, 2_000, 50);
+    preload(db, 2_000, 50);
     subscriber_caught_up(&client, "orders.total.v1", 60).await;
     let (code, _, err) = walfold(
         &[
@@ -765,6 +761,17 @@ async fn drop_retired_after_finishes_a_switched_rebuild_by_itself() {
         &[],
     );
     assert_eq!(code, 0, "{err}");
+    (d, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_retired_after_finishes_a_switched_rebuild_by_itself() {
+    let db = TestDb::new("retire");
+    let text = config(&db, "").replace(
+        "parallelism = 2",
+        "parallelism = 2\ndrop_retired_after = \"2s\"",
+    );
+    let (_d, client) = small_rebuild(&db, &text).await;
     eventually(Duration::from_secs(60), "the switch-over", || async {
         rebuild_state(&client, "orders.total.v2").await != "running"
     })
@@ -796,23 +803,7 @@ async fn drop_retired_after_finishes_a_switched_rebuild_by_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_switch_over_is_tried_again() {
     let db = TestDb::new("switchretry");
-    let d = Daemon::start(&config(&db, ""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
-    preload(&db, 2_000, 50);
-    subscriber_caught_up(&client, "orders.total.v1", 60).await;
-    let (code, _, err) = walfold(
-        &[
-            "rebuild",
-            "order_total",
-            "--subscriber",
-            "orders.total.v2",
-            "-c",
-            d.config_path(),
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{err}");
+    let (d, client) = small_rebuild(&db, &config(&db, "")).await;
     db.psql("create table order_total__retired (x int)");
     eventually(Duration::from_secs(60), "a failed switch-over", || async {
         d.log_text().contains("switch-over failed")

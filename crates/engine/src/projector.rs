@@ -317,27 +317,12 @@ impl Partition {
             .transaction()
             .await
             .map_err(|e| SingleError::Transient(db_err(e)))?;
-        let claimed = claim(&tx, &conn.claim, self.subscriber(), &[event.id])
-            .await
-            .map_err(transient)?;
-        let mut stats = PartitionStats::default();
-        let outcome = if claimed.contains(&event.id) {
-            match self.projection.apply(&tx, event).await {
-                Ok(Applied::Changed) => {
-                    stats.applied = 1;
-                    "retried: applied"
-                }
-                Ok(Applied::Stale) => {
-                    stats.stale = 1;
-                    "retried: stale (a newer version was already applied)"
-                }
-                Err(e) if e.directive() == Directive::Retry => {
-                    return Err(SingleError::Transient(self.transient(e)))
-                }
-                Err(e) => return Err(SingleError::Failed(e.to_string())),
-            }
+        let stats = self.claim_and_apply(&tx, &conn.claim, event).await?;
+        let outcome = if stats.applied == 1 {
+            "retried: applied"
+        } else if stats.stale == 1 {
+            "retried: stale (a newer version was already applied)"
         } else {
-            stats.duplicates = 1;
             "retried: already applied (duplicate)"
         };
         DeadLetters::retried(&tx, &self.schema, item.id, outcome)
@@ -499,28 +484,40 @@ impl Partition {
         Ok(true)
     }
 
+    /// Claims one event in `tx` and applies it if the claim is new; what happened, as
+    /// counters (exactly one of applied, stale, duplicates is 1).
+    async fn claim_and_apply(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        statement: &Statement,
+        event: &Event,
+    ) -> Result<PartitionStats, SingleError> {
+        let claimed = claim(tx, statement, self.subscriber(), &[event.id])
+            .await
+            .map_err(|e| SingleError::Transient(EngineError::store("claiming")(e)))?;
+        let mut stats = PartitionStats::default();
+        if !claimed.contains(&event.id) {
+            stats.duplicates = 1;
+            return Ok(stats);
+        }
+        match self.projection.apply(tx, event).await {
+            Ok(Applied::Changed) => stats.applied = 1,
+            Ok(Applied::Stale) => stats.stale = 1,
+            Err(e) if e.directive() == Directive::Retry => {
+                return Err(SingleError::Transient(self.transient(e)))
+            }
+            Err(e) => return Err(SingleError::Failed(e.to_string())),
+        }
+        Ok(stats)
+    }
+
     async fn single(&self, conn: &mut Conn, event: &Event) -> Result<(), SingleError> {
         let tx = conn
             .client
             .transaction()
             .await
             .map_err(|e| SingleError::Transient(db_err(e)))?;
-        let claimed = claim(&tx, &conn.claim, self.subscriber(), &[event.id])
-            .await
-            .map_err(|e| SingleError::Transient(EngineError::store("claiming")(e)))?;
-        let mut stats = PartitionStats::default();
-        if claimed.contains(&event.id) {
-            match self.projection.apply(&tx, event).await {
-                Ok(Applied::Changed) => stats.applied = 1,
-                Ok(Applied::Stale) => stats.stale = 1,
-                Err(e) if e.directive() == Directive::Retry => {
-                    return Err(SingleError::Transient(self.transient(e)))
-                }
-                Err(e) => return Err(SingleError::Failed(e.to_string())),
-            }
-        } else {
-            stats.duplicates = 1;
-        }
+        let stats = self.claim_and_apply(&tx, &conn.claim, event).await?;
         conn.checkpoints
             .save(&tx, self.partition, event.seq, stats, event.committed_at)
             .await
