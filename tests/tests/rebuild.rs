@@ -121,11 +121,7 @@ const STATE_FROM_LOG: &str = "select distinct on (aggregate_id) aggregate_id, \
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_replays_100k_events_beside_the_live_table_and_switches_over() {
     let db = TestDb::new("rebuild");
-    let d = Daemon::start(&config(&db, ""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
-    preload(&db, 100_000, 2_000);
-    subscriber_caught_up(&client, "orders.total.v1", 180).await;
+    let (d, client) = projected(&db, &config(&db, ""), 100_000, 2_000, "orders.total.v1").await;
     // The bug the rebuild fixes: a corrupted live row.
     db.psql("update order_total set total = -1 where order_id = 'o-7'");
     let live_rows = count(&client, "select count(*) from order_total").await;
@@ -274,11 +270,7 @@ async fn a_rebuild_killed_midway_resumes_after_a_restart() {
         "version_column = \"version\"",
         "version_column = \"version\"\nrebuild_batch_size = 200",
     );
-    let mut d = Daemon::start(&text, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
-    preload(&db, 30_000, 500);
-    subscriber_caught_up(&client, "orders.state.v1", 120).await;
+    let (mut d, client) = projected(&db, &text, 30_000, 500, "orders.state.v1").await;
     db.psql("update order_state set status = 'corrupt' where order_id in ('o-1', 'o-2')");
     let (code, out, err) = walfold(
         &[
@@ -338,11 +330,7 @@ async fn an_abort_leaves_everything_live_untouched() {
         "parallelism = 2",
         "parallelism = 2\nrebuild_batch_size = 100",
     );
-    let mut d = Daemon::start(&text, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
-    preload(&db, 20_000, 300);
-    subscriber_caught_up(&client, "orders.total.v1", 120).await;
+    let (mut d, client) = projected(&db, &text, 20_000, 300, "orders.total.v1").await;
     let snapshot = "select order_id, total from order_total";
     db.psql(&format!("create table before as {snapshot}"));
     let cfg = d.config_path().to_owned();
@@ -741,14 +729,27 @@ on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
     assert!(err.contains("not open"), "{err}");
 }
 
-/// A daemon on `text` with 2 000 events projected, and a rebuild of order_total under
-/// orders.total.v2 started.
-async fn small_rebuild(db: &TestDb, text: &str) -> (Daemon, tokio_postgres::Client) {
+/// A daemon on `text` with `events` preloaded over `orders` aggregates, once
+/// `subscriber` has projected all of them.
+async fn projected(
+    db: &TestDb,
+    text: &str,
+    events: i64,
+    orders: i64,
+    subscriber: &str,
+) -> (Daemon, tokio_postgres::Client) {
     let d = Daemon::start(text, &[]);
     let client = db.client().await;
     slot_active(&client).await;
-    preload(db, 2_000, 50);
-    subscriber_caught_up(&client, "orders.total.v1", 60).await;
+    preload(db, events, orders);
+    subscriber_caught_up(&client, subscriber, 180).await;
+    (d, client)
+}
+
+/// A daemon on `text` with 2 000 events projected, and a rebuild of order_total under
+/// orders.total.v2 started.
+async fn small_rebuild(db: &TestDb, text: &str) -> (Daemon, tokio_postgres::Client) {
+    let (d, client) = projected(db, text, 2_000, 50, "orders.total.v1").await;
     let (code, _, err) = walfold(
         &[
             "rebuild",
