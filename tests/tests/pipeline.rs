@@ -427,6 +427,14 @@ async fn a_failing_event_parks_its_aggregate_and_other_aggregates_go_on() {
     assert!(db
         .psql("select error from walfold.dead_letter where reason = 'projection_failed'")
         .contains("amount_not_negative"));
+    // The projector's pages carry no payloads; the dead letters hold the whole event.
+    assert_eq!(
+        db.psql(
+            "select string_agg(raw->'payload'->>'status', ',' order by id) \
+             from walfold.dead_letter where subscriber_id = 'orders.state.v1'"
+        ),
+        "bad,later,even later"
+    );
     assert_eq!(
         db.psql("select subscriber_id || ':' || aggregate_id from walfold.parked_aggregate"),
         "orders.state.v1:o-1"
@@ -493,5 +501,42 @@ sql = "select pg_notify('walfold_test', :event_type)"
         let sub = s.subscribers.iter().find(|x| x.subscriber == name).unwrap();
         assert_eq!((sub.applied, sub.dead_lettered), (2, 0), "{name}");
     }
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_paths_resolve_to_text_or_null() {
+    let db = TestDb::new("paths");
+    db.psql(
+        "create table paths (event_id uuid primary key, s text, n text, nested text, \
+         obj text, nul text, missing text, first text, seq bigint)",
+    );
+    let config = db.config(
+        r#"
+[[projection]]
+name = "paths"
+subscriber = "paths.v1"
+sql = """
+insert into paths values (:event_id, :payload.a.s, :payload.a.n, :payload.a.arr.1.c,
+  :payload.a.o, :payload.a.z, :payload.a.missing, :payload.a.arr.0, :sequence)
+"""
+"#,
+    );
+    let (p, client) = InProcess::streaming(&db, &config).await;
+    db.psql(&insert_event(
+        A,
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"a": {"s": "it''s", "n": 12.50, "arr": [1, {"c": true}], "o": {"k": [1]}, "z": null}}"#,
+    ));
+    caught_up(&client, 1, 4).await;
+    assert_eq!(
+        db.psql(
+            "select concat_ws('|', s, n, nested, obj, coalesce(nul, 'NULL'), \
+             coalesce(missing, 'NULL'), first, seq) from paths"
+        ),
+        r#"it's|12.50|true|{"k": [1]}|NULL|NULL|1|1"#
+    );
     p.stop().await;
 }

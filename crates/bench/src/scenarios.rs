@@ -133,6 +133,12 @@ async fn decode_and_drain(
     task.await??;
     let drain_rss = rss_mib().1;
     eprintln!("drain: {n} events through the event log and 2 projections in {drain_s:.1} s");
+    if setup::statements_enabled() {
+        eprintln!(
+            "busiest statements during decode and drain:\n{}",
+            blocking(move || setup::top_statements(cluster, db)).await?
+        );
+    }
 
     // The server's raw apply limit: the same claim + guarded upsert, 1000 events per
     // transaction, driven by pgbench over the events now in the log.

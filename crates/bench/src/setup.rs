@@ -18,13 +18,40 @@ pub fn start_cluster() -> Result<Cluster, BoxError> {
         ("logical_decoding_work_mem", "256MB"),
         ("synchronous_commit", "on"),
     ];
+    let mut extra: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    if statements_enabled() {
+        extra.push((
+            "shared_preload_libraries".into(),
+            "pg_stat_statements".into(),
+        ));
+        extra.push(("pg_stat_statements.track".into(), "all".into()));
+    }
     Ok(Cluster::start(Options {
         tls: false,
-        extra_settings: settings
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        extra_settings: extra,
     })?)
+}
+
+/// `WALFOLD_BENCH_STATEMENTS=1`: load `pg_stat_statements` and print the busiest
+/// statements after the drain (a profiling aid; it slows every scenario a little).
+pub fn statements_enabled() -> bool {
+    std::env::var_os("WALFOLD_BENCH_STATEMENTS").is_some_and(|v| v == "1")
+}
+
+/// The statements that took the most execution time in `db` so far, as a table.
+pub fn top_statements(cluster: &Cluster, db: &str) -> Result<String, BoxError> {
+    cluster.psql(db, "create extension if not exists pg_stat_statements")?;
+    Ok(cluster.psql(
+        db,
+        "select round(total_exec_time::numeric / 1000, 1) as total_s, calls, \
+           round((total_exec_time / calls)::numeric, 2) as ms_per_call, rows, \
+           left(regexp_replace(query, '\\s+', ' ', 'g'), 110) as query \
+         from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database()) \
+         order by total_exec_time desc limit 15",
+    )?)
 }
 
 pub const OUTBOX: &str = "

@@ -35,7 +35,8 @@ pub(crate) struct Partition {
 
 struct Conn {
     client: Client,
-    read: Statement,
+    /// The page read; sent unnamed each time (see [`read_page`]).
+    read: String,
     claim: Statement,
     checkpoints: Checkpoints,
     dead_letters: DeadLetters,
@@ -100,20 +101,6 @@ impl Partition {
         let client = connect(&self.url)
             .await
             .map_err(EngineError::store("connecting to the target"))?;
-        // The page read's best plan depends on its parameters (an index range scan that
-        // stops at the limit); a generic plan scans and sorts everything after the
-        // position, which made each read cost ~50 ms on a 300k-event backlog.
-        client
-            .batch_execute("set plan_cache_mode = force_custom_plan")
-            .await
-            .map_err(|e| {
-                EngineError::store("configuring the projector session")(
-                    walfold_store::StoreError::Db {
-                        context: "set plan_cache_mode".into(),
-                        source: e,
-                    },
-                )
-            })?;
         let prep = |sql: String| {
             let client = &client;
             async move {
@@ -126,7 +113,7 @@ impl Partition {
                 })
             }
         };
-        let read = prep(read_sql(&self.schema)).await?;
+        let read = read_sql(&self.schema, self.projection.reads_event_data());
         let claim = prep(claim_sql(&self.schema)).await?;
         let checkpoints = Checkpoints::prepare(
             &client,
@@ -382,11 +369,18 @@ impl Partition {
                 return Err(BatchError::Event);
             }
         };
-        for e in &waiting {
-            conn.dead_letters
-                .record(&tx, &waiting_letter(self.subscriber(), e))
+        if !waiting.is_empty() {
+            let seqs: Vec<i64> = waiting.iter().map(|e| e.seq).collect();
+            let full = self
+                .with_data(&tx, &waiting, &seqs)
                 .await
                 .map_err(BatchError::store)?;
+            for e in &full {
+                conn.dead_letters
+                    .record(&tx, &waiting_letter(self.subscriber(), e))
+                    .await
+                    .map_err(BatchError::store)?;
+            }
         }
         let stats = PartitionStats {
             applied: results.iter().filter(|r| **r == Applied::Changed).count() as i64,
@@ -433,8 +427,12 @@ impl Partition {
             let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
             if parked.contains(&key) {
                 let tx = conn.client.transaction().await.map_err(db_err)?;
+                let full = self
+                    .with_data(&tx, &[event], &[event.seq])
+                    .await
+                    .map_err(EngineError::store("reading a parked event"))?;
                 conn.dead_letters
-                    .record(&tx, &waiting_letter(self.subscriber(), event))
+                    .record(&tx, &waiting_letter(self.subscriber(), &full[0]))
                     .await
                     .map_err(EngineError::store("dead-lettering a parked event"))?;
                 let stats = PartitionStats {
@@ -538,7 +536,11 @@ impl Partition {
         attempts: u32,
     ) -> Result<(), EngineError> {
         let tx = conn.client.transaction().await.map_err(db_err)?;
-        let mut letter = waiting_letter(self.subscriber(), event);
+        let full = self
+            .with_data(&tx, &[event], &[event.seq])
+            .await
+            .map_err(EngineError::store("reading a failed event"))?;
+        let mut letter = waiting_letter(self.subscriber(), &full[0]);
         letter.reason = Reason::ProjectionFailed;
         letter.error = error.to_owned();
         letter.attempts = attempts as i32;
@@ -572,6 +574,28 @@ impl Partition {
         tx.commit().await.map_err(db_err)?;
         self.count(stats);
         Ok(())
+    }
+
+    /// `events` (with `seqs`, theirs) with payloads and headers, for a dead letter's copy:
+    /// read again from the log when this projector's pages carry none.
+    async fn with_data(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        events: &[&Event],
+        seqs: &[i64],
+    ) -> Result<Vec<Event>, walfold_store::StoreError> {
+        let copies = || events.iter().map(|e| (*e).clone()).collect();
+        if self.projection.reads_event_data() {
+            return Ok(copies());
+        }
+        let full = read_events(tx, &self.schema, seqs).await?;
+        // Every event is still in the log (nothing this subscriber has not passed is
+        // pruned); should one be missing, its dead letter keeps what the page had.
+        Ok(if full.len() == events.len() {
+            full
+        } else {
+            copies()
+        })
     }
 
     /// Adds a committed transaction's outcome to the process's metrics.
