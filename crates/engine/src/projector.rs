@@ -184,37 +184,46 @@ impl Partition {
                 if page.position > position || !idle_saved {
                     self.save_position(&mut conn, page.position, PartitionStats::default(), None)
                         .await?;
-                    position = page.position;
                     idle_saved = true;
                 }
-                // Caught up: wait for the appender's signal (or poll, for appends made
-                // by another process).
+            } else {
+                match self
+                    .batch(&mut conn, &page.events, page.position, &parked)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(BatchError::Transient(e)) => return Err(e),
+                    Err(BatchError::Event) => {
+                        // Each event commits its own checkpoint on this path; the page's
+                        // end is saved only once every event in it has been handled.
+                        if !self
+                            .one_by_one(&mut conn, &page.events, &mut parked, cancel)
+                            .await?
+                        {
+                            return Ok(());
+                        }
+                        self.save_position(
+                            &mut conn,
+                            page.position,
+                            PartitionStats::default(),
+                            None,
+                        )
+                        .await?;
+                    }
+                }
+            }
+            position = page.position;
+            if page.caught_up {
+                // The page reached the head: wait for the appender's signal (an append
+                // since the read has already signalled) or poll, for appends made by
+                // another process. No read that would find nothing.
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return Ok(()),
                     _ = head.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 }
-                continue;
             }
-            let events: Vec<Event> = page.events;
-            match self.batch(&mut conn, &events, page.position, &parked).await {
-                Ok(()) => {}
-                Err(BatchError::Transient(e)) => return Err(e),
-                Err(BatchError::Event) => {
-                    // Each event commits its own checkpoint on this path; the page's end
-                    // is saved only once every event in it has been handled.
-                    if !self
-                        .one_by_one(&mut conn, &events, &mut parked, cancel)
-                        .await?
-                    {
-                        return Ok(());
-                    }
-                    self.save_position(&mut conn, page.position, PartitionStats::default(), None)
-                        .await?;
-                }
-            }
-            position = page.position;
         }
     }
 

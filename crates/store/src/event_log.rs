@@ -408,6 +408,8 @@ pub struct Page {
     /// Where the partition has read up to: the last event's seq, or the log head when
     /// every event up to the head was scanned.
     pub position: i64,
+    /// The page reached the log head (it was not cut short by the limit).
+    pub caught_up: bool,
 }
 
 /// Filters of a subscriber partition.
@@ -476,12 +478,17 @@ pub async fn read_page(
             events.push(event_from_row(r, 1));
         }
     }
-    let position = if events.len() as i64 >= limit {
-        events.last().map_or(after, |e| e.seq)
-    } else {
+    let caught_up = (events.len() as i64) < limit;
+    let position = if caught_up {
         head.max(after)
+    } else {
+        events.last().map_or(after, |e| e.seq)
     };
-    Ok(Page { events, position })
+    Ok(Page {
+        events,
+        position,
+        caught_up,
+    })
 }
 
 /// An event from a row holding the event columns from `at` on, in [`read_sql`]'s order.
