@@ -536,7 +536,7 @@ insert into paths values (:event_id, :payload.a.s, :payload.a.n, :payload.a.arr.
             "select concat_ws('|', s, n, nested, obj, coalesce(nul, 'NULL'), \
              coalesce(missing, 'NULL'), first, seq) from paths"
         ),
-        r#"it's|12.50|true|{"k": [1]}|NULL|NULL|1|1"#
+        r#"it's|12.50|true|{"k":[1]}|NULL|NULL|1|1"#
     );
     p.stop().await;
 }

@@ -38,15 +38,6 @@ pub trait Projection: Send + Sync + 'static {
         None
     }
 
-    /// Whether `apply` reads the events' payloads and headers from the [`Event`]s it is
-    /// given. The default, `true`, is right for any projection written in Rust. A
-    /// projection that reads them from the event log itself (by `seq`, inside the
-    /// transaction, as the declarative ones do) returns `false`; the projector then
-    /// reads its pages without them (`payload` is JSON null, `headers` is `None`).
-    fn reads_event_data(&self) -> bool {
-        true
-    }
-
     /// Applies one event.
     fn apply<'a>(
         &'a self,

@@ -113,7 +113,7 @@ impl Partition {
                 })
             }
         };
-        let read = read_sql(&self.schema, self.projection.reads_event_data());
+        let read = read_sql(&self.schema);
         let claim = prep(claim_sql(&self.schema)).await?;
         let checkpoints = Checkpoints::prepare(
             &client,
@@ -378,18 +378,11 @@ impl Partition {
                 return Err(BatchError::Event);
             }
         };
-        if !waiting.is_empty() {
-            let seqs: Vec<i64> = waiting.iter().map(|e| e.seq).collect();
-            let full = self
-                .with_data(&tx, &waiting, &seqs)
+        for e in &waiting {
+            conn.dead_letters
+                .record(&tx, &waiting_letter(self.subscriber(), e))
                 .await
                 .map_err(BatchError::store)?;
-            for e in &full {
-                conn.dead_letters
-                    .record(&tx, &waiting_letter(self.subscriber(), e))
-                    .await
-                    .map_err(BatchError::store)?;
-            }
         }
         let stats = PartitionStats {
             applied: results.iter().filter(|r| **r == Applied::Changed).count() as i64,
@@ -436,12 +429,8 @@ impl Partition {
             let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
             if parked.contains(&key) {
                 let tx = conn.client.transaction().await.map_err(db_err)?;
-                let full = self
-                    .with_data(&tx, &[event], &[event.seq])
-                    .await
-                    .map_err(EngineError::store("reading a parked event"))?;
                 conn.dead_letters
-                    .record(&tx, &waiting_letter(self.subscriber(), &full[0]))
+                    .record(&tx, &waiting_letter(self.subscriber(), event))
                     .await
                     .map_err(EngineError::store("dead-lettering a parked event"))?;
                 let stats = PartitionStats {
@@ -545,11 +534,7 @@ impl Partition {
         attempts: u32,
     ) -> Result<(), EngineError> {
         let tx = conn.client.transaction().await.map_err(db_err)?;
-        let full = self
-            .with_data(&tx, &[event], &[event.seq])
-            .await
-            .map_err(EngineError::store("reading a failed event"))?;
-        let mut letter = waiting_letter(self.subscriber(), &full[0]);
+        let mut letter = waiting_letter(self.subscriber(), event);
         letter.reason = Reason::ProjectionFailed;
         letter.error = error.to_owned();
         letter.attempts = attempts as i32;
@@ -583,28 +568,6 @@ impl Partition {
         tx.commit().await.map_err(db_err)?;
         self.count(stats);
         Ok(())
-    }
-
-    /// `events` (with `seqs`, theirs) with payloads and headers, for a dead letter's copy:
-    /// read again from the log when this projector's pages carry none.
-    async fn with_data(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-        events: &[&Event],
-        seqs: &[i64],
-    ) -> Result<Vec<Event>, walfold_store::StoreError> {
-        let copies = || events.iter().map(|e| (*e).clone()).collect();
-        if self.projection.reads_event_data() {
-            return Ok(copies());
-        }
-        let full = read_events(tx, &self.schema, seqs).await?;
-        // Every event is still in the log (nothing this subscriber has not passed is
-        // pruned); should one be missing, its dead letter keeps what the page had.
-        Ok(if full.len() == events.len() {
-            full
-        } else {
-            copies()
-        })
     }
 
     /// Adds a committed transaction's outcome to the process's metrics.

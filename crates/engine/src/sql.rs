@@ -2,15 +2,18 @@
 //! guarded upsert of a `table` projection), its placeholders bound from the event.
 //!
 //! A batch runs in one round trip: the statement is installed once as a PL/pgSQL
-//! function in walfold's schema. It is given the batch's sequence numbers, reads each
-//! event's values from the event log itself (so payloads never travel to walfold and
-//! back, and event data stays bound values), and executes the statement once per event,
-//! in order, with its plan cached. It returns each event's row count: 0 means the version
+//! function in walfold's schema that loops over the batch's events (passed as arrays,
+//! so event data stays bound values) and executes the statement once per event, in
+//! order, with its plan cached. It returns each event's row count: 0 means the version
 //! guard (or the statement) found nothing to change.
 
+use std::time::SystemTime;
+
 use futures::future::BoxFuture;
-use tokio_postgres::types::Type;
+use serde_json::Value;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
+use uuid::Uuid;
 use walfold_config::{ParamType, Placeholder, ProjectionKind, Template};
 use walfold_store::Event;
 
@@ -23,10 +26,12 @@ pub struct SqlProjection {
     schema: String,
     /// The function's name: `apply_` + a hash of its signature and body.
     name: String,
-    /// `create function …`
+    params: Vec<Placeholder>,
+    /// `create or replace function …`
     ddl: String,
-    /// `select "schema"."apply_…"($1)`, given the batch's sequence numbers.
+    /// `select "schema"."apply_…"($1, $2::uuid[], …)`
     call: String,
+    call_types: Vec<Type>,
     /// `table` projections need a version for their guard.
     requires_version: bool,
 }
@@ -53,22 +58,22 @@ impl SqlProjection {
             .map(Placeholder::param_type)
             .collect();
         let statement = template.sql.trim().trim_end_matches(';').trim().to_owned();
-        let args = "walfold_seqs int8[]";
+        let args: Vec<String> = std::iter::once("walfold_n int".to_owned())
+            .chain(
+                types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| format!("walfold_a{} {}[]", i + 1, sql_type(*t))),
+            )
+            .collect();
         let declare: String = types
             .iter()
             .enumerate()
             .map(|(i, t)| format!("{VAR}{} {}; ", i + 1, sql_type(*t)))
             .collect();
         let assign: String = (1..=types.len())
-            .map(|i| format!("{VAR}{i} := walfold_r.walfold_c{i}; "))
+            .map(|i| format!("{VAR}{i} := walfold_a{i}[walfold_i]; "))
             .collect();
-        let columns: String = template
-            .params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!(", {} as walfold_c{}", source_expr(p), i + 1))
-            .collect();
-        let quoted_schema = walfold_config::quote_ident(schema);
         // A statement that returns rows (RETURNING, SELECT) needs a destination in
         // PL/pgSQL; counting its rows gives the same count `execute` would.
         let run = if returns_rows {
@@ -78,13 +83,9 @@ impl SqlProjection {
         };
         let body = format!(
             "#variable_conflict use_column\n\
-             declare {declare}walfold_r record; walfold_rows int8; walfold_out int8[] := '{{}}';\n\
+             declare {declare}walfold_rows int8; walfold_out int8[] := '{{}}';\n\
              begin\n\
-               for walfold_r in select walfold_e.seq{columns} \
-                 from {quoted_schema}.event_log walfold_e \
-                 where walfold_e.seq between walfold_seqs[1] and walfold_seqs[cardinality(walfold_seqs)] \
-                   and walfold_e.seq = any(walfold_seqs) \
-                 order by walfold_e.seq loop\n\
+               for walfold_i in 1 .. walfold_n loop\n\
                  {assign}\n\
                  {run}\n\
                  walfold_out := walfold_out || walfold_rows;\n\
@@ -92,11 +93,10 @@ impl SqlProjection {
                return walfold_out;\n\
              end"
         );
-        // Generic plans inside: the event read's custom plan always looks cheaper than its
-        // generic one, so `auto` would plan it again on every call (+0.1 ms a call
-        // measured with pgbench; that is most of a one-event batch).
-        let settings = "set plan_cache_mode = force_generic_plan";
-        let name = format!("apply_{:016x}", fnv64(&format!("{args}|{settings}|{body}")));
+        let name = format!(
+            "apply_{:016x}",
+            fnv64(&format!("{}|{body}", args.join(",")))
+        );
         let qualified = format!("{}.{}", walfold_config::quote_ident(schema), name);
         let tag = format!("$walfold_{name}$");
         if body.contains(&tag) {
@@ -105,15 +105,21 @@ impl SqlProjection {
             ));
         }
         let ddl = format!(
-            "create function {qualified}({args}) returns int8[] language plpgsql {settings} \
-             as {tag}{body}{tag}"
+            "create function {qualified}({}) returns int8[] language plpgsql as {tag}{body}{tag}",
+            args.join(", ")
         );
-        let call = format!("select {qualified}($1)");
+        let call_args: Vec<String> = (1..=types.len() + 1).map(|i| format!("${i}")).collect();
+        let call = format!("select {qualified}({})", call_args.join(", "));
+        let call_types = std::iter::once(Type::INT4)
+            .chain(types.iter().map(|t| array_type(*t)))
+            .collect();
         Ok(SqlProjection {
             schema: schema.to_owned(),
             name,
+            params: template.params,
             ddl,
             call,
+            call_types,
             requires_version,
         })
     }
@@ -147,21 +153,18 @@ impl SqlProjection {
                 "event has no version; a table projection needs one for its guard".into(),
             ));
         }
-        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-        // The function reads the range from the first to the last: events in log order.
-        if seqs.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(ProjectionError::Invalid(
-                "a batch's events must be in log order".into(),
-            ));
+        let n = i32::try_from(events.len())
+            .map_err(|_| ProjectionError::Invalid("batch too large".into()))?;
+        let columns: Vec<Column> = self.params.iter().map(|p| column(p, events)).collect();
+        let mut values: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&n, self.call_types[0].clone())];
+        for (c, t) in columns.iter().zip(&self.call_types[1..]) {
+            values.push((c.as_sql(), t.clone()));
         }
-        let row = tx
-            .query_typed_one(&self.call, &[(&seqs, Type::INT8_ARRAY)])
-            .await?;
+        let row = tx.query_typed_one(&self.call, &values).await?;
         let counts: Vec<i64> = row.get(0);
         if counts.len() != events.len() {
-            // Only when an event is no longer in the log (pruned under the projector).
             return Err(ProjectionError::Invalid(format!(
-                "projection function found {} of {} events in the event log",
+                "projection function returned {} results for {} events",
                 counts.len(),
                 events.len()
             )));
@@ -199,6 +202,16 @@ fn scalar_type(t: ParamType) -> Type {
     }
 }
 
+fn array_type(t: ParamType) -> Type {
+    match t {
+        ParamType::Uuid => Type::UUID_ARRAY,
+        ParamType::Text => Type::TEXT_ARRAY,
+        ParamType::Int8 => Type::INT8_ARRAY,
+        ParamType::Jsonb => Type::JSONB_ARRAY,
+        ParamType::Timestamptz => Type::TIMESTAMPTZ_ARRAY,
+    }
+}
+
 /// FNV-1a, 64 bit: a stable name for a function body.
 fn fnv64(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -206,48 +219,66 @@ fn fnv64(s: &str) -> u64 {
     })
 }
 
-/// The SQL that reads a placeholder's value from the event log row `walfold_e`.
-/// Paths resolve as `#>>` does: strings unquoted, other values as JSON text, missing
-/// or JSON null as NULL; a numeric segment indexes an array.
-fn source_expr(p: &Placeholder) -> String {
-    let path = |column: &str, path: &[String]| {
-        let keys: Vec<String> = path.iter().map(|k| sql_literal(k)).collect();
-        format!(
-            "(walfold_e.{column} #>> array[{}]::text[])",
-            keys.join(", ")
-        )
-    };
-    match p {
-        Placeholder::EventId => "walfold_e.event_id".into(),
-        Placeholder::EventType => "walfold_e.event_type".into(),
-        Placeholder::AggregateType => "walfold_e.aggregate_type".into(),
-        Placeholder::AggregateId => "walfold_e.aggregate_id".into(),
-        Placeholder::Version => "walfold_e.version".into(),
-        Placeholder::Sequence => "walfold_e.seq".into(),
-        Placeholder::Payload => "walfold_e.payload".into(),
-        Placeholder::Headers => "walfold_e.headers".into(),
-        Placeholder::PayloadPath(p) => path("payload", p),
-        Placeholder::HeadersPath(p) => path("headers", p),
-        Placeholder::OccurredAt => "walfold_e.occurred_at".into(),
+/// One placeholder's values over a batch.
+enum Column {
+    Uuid(Vec<Uuid>),
+    Text(Vec<Option<String>>),
+    Int(Vec<Option<i64>>),
+    Json(Vec<Option<Value>>),
+    Time(Vec<Option<SystemTime>>),
+}
+
+impl Column {
+    fn as_sql(&self) -> &(dyn ToSql + Sync) {
+        match self {
+            Column::Uuid(v) => v,
+            Column::Text(v) => v,
+            Column::Int(v) => v,
+            Column::Json(v) => v,
+            Column::Time(v) => v,
+        }
     }
 }
 
-/// A string literal, as `quote_literal` writes it (whatever `standard_conforming_strings`).
-fn sql_literal(s: &str) -> String {
-    let quoted = s.replace('\'', "''");
-    if quoted.contains('\\') {
-        format!("E'{}'", quoted.replace('\\', "\\\\"))
-    } else {
-        format!("'{quoted}'")
+fn column(p: &Placeholder, events: &[&Event]) -> Column {
+    let text =
+        |f: &dyn Fn(&Event) -> Option<String>| Column::Text(events.iter().map(|e| f(e)).collect());
+    match p {
+        Placeholder::EventId => Column::Uuid(events.iter().map(|e| e.id).collect()),
+        Placeholder::EventType => text(&|e| Some(e.event_type.clone())),
+        Placeholder::AggregateType => text(&|e| Some(e.aggregate_type.clone())),
+        Placeholder::AggregateId => text(&|e| Some(e.aggregate_id.clone())),
+        Placeholder::Version => Column::Int(events.iter().map(|e| e.version).collect()),
+        Placeholder::Sequence => Column::Int(events.iter().map(|e| Some(e.seq)).collect()),
+        Placeholder::Payload => {
+            Column::Json(events.iter().map(|e| Some(e.payload.clone())).collect())
+        }
+        Placeholder::Headers => Column::Json(events.iter().map(|e| e.headers.clone()).collect()),
+        Placeholder::PayloadPath(path) => text(&|e| lookup(Some(&e.payload), path)),
+        Placeholder::HeadersPath(path) => text(&|e| lookup(e.headers.as_ref(), path)),
+        Placeholder::OccurredAt => Column::Time(events.iter().map(|e| e.occurred_at).collect()),
+    }
+}
+
+/// `:payload.a.b` → the value at that path as text (strings unquoted, other values as
+/// JSON), `None` when missing or JSON null. A numeric segment indexes an array.
+fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
+    let mut v = root?;
+    for key in path {
+        v = match v {
+            Value::Object(map) => map.get(key)?,
+            Value::Array(items) => items.get(key.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
     }
 }
 
 impl Projection for SqlProjection {
-    /// The function reads the values it binds from the event log.
-    fn reads_event_data(&self) -> bool {
-        false
-    }
-
     /// Creates the projection's function unless it exists. Its name is a hash of its
     /// body, so an existing one is the same function: nothing is replaced (which would
     /// need the creating role and invalidate other sessions' plans). Concurrent
@@ -296,9 +327,22 @@ impl Projection for SqlProjection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
-    fn the_function_reads_event_data_from_the_log_as_values() {
+    fn payload_paths_resolve_to_text_or_null() {
+        let v = json!({"a": {"b": "x", "n": 12.5, "arr": [1, {"c": true}], "z": null}});
+        let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(lookup(Some(&v), &p("a.b")).as_deref(), Some("x"));
+        assert_eq!(lookup(Some(&v), &p("a.n")).as_deref(), Some("12.5"));
+        assert_eq!(lookup(Some(&v), &p("a.arr.1.c")).as_deref(), Some("true"));
+        assert_eq!(lookup(Some(&v), &p("a.z")), None);
+        assert_eq!(lookup(Some(&v), &p("a.missing")), None);
+        assert_eq!(lookup(None, &p("a")), None);
+    }
+
+    #[test]
+    fn the_function_binds_event_data_as_arguments() {
         let t = Template::compile(
             "insert into t values (:aggregate_id, ':payload.x', :payload.amount::numeric)",
         )
@@ -310,27 +354,17 @@ mod tests {
             "{}",
             p.ddl
         );
-        assert!(p.ddl.contains("(walfold_seqs int8[])"), "{}", p.ddl);
         assert!(
-            p.ddl
-                .contains("language plpgsql set plan_cache_mode = force_generic_plan as"),
+            p.ddl.contains("walfold_a1 text[], walfold_a2 text[]"),
             "{}",
             p.ddl
         );
         assert!(
-            p.ddl.contains(
-                "walfold_e.aggregate_id as walfold_c1, \
-                 (walfold_e.payload #>> array['amount']::text[]) as walfold_c2"
-            ),
+            p.call.starts_with("select \"walfold\".apply_"),
             "{}",
-            p.ddl
+            p.call
         );
-        assert!(
-            p.ddl.contains("from \"walfold\".event_log walfold_e where"),
-            "{}",
-            p.ddl
-        );
-        assert_eq!(p.call, format!("select \"walfold\".{}($1)", p.name));
+        assert_eq!(p.call_types.len(), 3);
         let select = Template::compile("select pg_notify('x', :event_type) -- trailing").unwrap();
         let p = SqlProjection::new(&ProjectionKind::Sql(select), "walfold", true).unwrap();
         assert!(
@@ -339,18 +373,6 @@ mod tests {
             ),
             "{}",
             p.ddl
-        );
-    }
-
-    #[test]
-    fn path_keys_are_quoted_as_literals() {
-        assert_eq!(sql_literal("a"), "'a'");
-        assert_eq!(sql_literal("it's"), "'it''s'");
-        assert_eq!(sql_literal(r"a\b'"), r"E'a\\b'''");
-        let p = Placeholder::HeadersPath(vec!["trace".into(), "0".into()]);
-        assert_eq!(
-            source_expr(&p),
-            "(walfold_e.headers #>> array['trace', '0']::text[])"
         );
     }
 }

@@ -421,18 +421,12 @@ pub struct Filter {
     pub aggregate_types: Option<Vec<String>>,
 }
 
-/// The page read of [`read_page`]. Without `data`, pages carry no payloads or headers
-/// (JSON null and NULL in their place), for projections that read them from the log.
-pub fn read_sql(schema: &str, data: bool) -> String {
-    let data = if data {
-        "e.payload, e.headers"
-    } else {
-        "'null'::jsonb, null::jsonb"
-    };
+/// The page read of [`read_page`].
+pub fn read_sql(schema: &str) -> String {
     format!(
         "with head as (select coalesce(max(seq), 0) as h from {s}.event_log) \
          select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
-         e.version, {data}, e.occurred_at, e.source_lsn, e.committed_at \
+         e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at \
          from head left join lateral ( \
            select * from {s}.event_log l \
            where l.seq > $1 and l.seq <= head.h \
