@@ -164,19 +164,7 @@ async fn decode_and_drain(
           on conflict (order_id) do update set status = excluded.status, amount = excluded.amount, \
           version = excluded.version where c.version < excluded.version;\n\
         commit;\n";
-    let span = Span::start();
-    blocking(move || {
-        setup::pgbench(
-            cluster,
-            db,
-            script,
-            &["-c", "1", "-t", &batches.to_string()],
-        )?;
-        Ok(())
-    })
-    .await?;
-    let (raw_s, _, _) = span.stop();
-    let raw_rate = (batches * 1000) as f64 / raw_s;
+    let raw_rate = set_based_rate(cluster, db, script.to_owned(), batches).await?;
 
     // The same yardstick for all of the drain's writes: the event-log insert and both
     // projections' claims and upserts, set-based, 1000 events per transaction. (The
@@ -211,19 +199,7 @@ async fn decode_and_drain(
            on conflict (order_id) do update set total = c.total + excluded.total;\n\
          commit;\n"
     );
-    let span = Span::start();
-    blocking(move || {
-        setup::pgbench(
-            cluster,
-            db,
-            &script,
-            &["-c", "1", "-t", &batches.to_string()],
-        )?;
-        Ok(())
-    })
-    .await?;
-    let (raw_all_s, _, _) = span.stop();
-    let raw_all_rate = (batches * 1000) as f64 / raw_all_s;
+    let raw_all_rate = set_based_rate(cluster, db, script, batches).await?;
     let drain_rate = n as f64 / drain_s;
     lines.push(Line {
         scenario: format!("2. drain {n} events: event log + 2 projections"),
@@ -275,6 +251,29 @@ async fn decode_and_drain(
         rss: format!("{:.0}", rss_mib().1),
     });
     Ok(())
+}
+
+/// Events per second of a set-based pgbench `script` run `batches` times on one
+/// connection, 1000 events per run.
+async fn set_based_rate(
+    cluster: &'static Cluster,
+    db: &'static str,
+    script: String,
+    batches: u64,
+) -> Result<f64, BoxError> {
+    let span = Span::start();
+    blocking(move || {
+        setup::pgbench(
+            cluster,
+            db,
+            &script,
+            &["-c", "1", "-t", &batches.to_string()],
+        )?;
+        Ok(())
+    })
+    .await?;
+    let (secs, _, _) = span.stop();
+    Ok((batches * 1000) as f64 / secs)
 }
 
 /// Vacuums and checkpoints `db`, so the next measurement does not share the machine
