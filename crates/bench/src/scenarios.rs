@@ -13,6 +13,9 @@ use crate::measure::{median, rss_mib, Span};
 use crate::setup::{self, BoxError};
 use crate::Args;
 
+/// The database of the decode, drain and rebuild scenarios.
+const BACKLOG: &str = "backlog";
+
 struct Line {
     scenario: String,
     walfold: String,
@@ -62,7 +65,7 @@ async fn decode_and_drain(
     args: &Args,
     lines: &mut Vec<Line>,
 ) -> Result<(), BoxError> {
-    let db = "backlog";
+    let db = BACKLOG;
     let n = args.events;
     let runs = args.runs.max(1);
     blocking(move || {
@@ -372,7 +375,7 @@ async fn live(
 ) -> Result<(), BoxError> {
     let db = "live";
     blocking(move || {
-        settle(cluster, "backlog")?;
+        settle(cluster, BACKLOG)?;
         setup::create_db(cluster, db)
     })
     .await?;
