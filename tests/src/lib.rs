@@ -338,6 +338,37 @@ pub async fn caught_up(client: &tokio_postgres::Client, events: i64, subscribers
     .await;
 }
 
+/// Waits until `events` events are in the log and each of `subscribers` has read all of
+/// it (others may be paused or behind).
+pub async fn subscribers_caught_up(
+    client: &tokio_postgres::Client,
+    events: i64,
+    subscribers: &[&str],
+) {
+    eventually(
+        Duration::from_secs(90),
+        "these subscribers to catch up",
+        || async {
+            let in_log = client
+                .query_one("select count(*) from walfold.event_log", &[])
+                .await
+                .map_or(0, |r| r.get::<_, i64>(0));
+            match status(client).await {
+                Some(s) => {
+                    in_log >= events
+                        && subscribers.iter().all(|name| {
+                            s.subscribers
+                                .iter()
+                                .any(|sub| sub.subscriber == *name && sub.lag_events == 0)
+                        })
+                }
+                None => false,
+            }
+        },
+    )
+    .await;
+}
+
 /// A pipeline running in this process.
 pub struct InProcess {
     pub cancel: tokio_util::sync::CancellationToken,

@@ -1,22 +1,32 @@
-//! Engine errors.
+//! Engine errors. Every one has a [`kind`](EngineError::kind): the projector, the
+//! pipeline and the binary's exit code act on it, never on messages.
 
-use walfold_store::{Directive, StoreError};
+use walfold_store::{ErrorKind, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
     Source(#[from] walfold_source::SourceError),
+    /// One of walfold's own statements failed.
     #[error("{context}: {source}")]
     Store {
-        context: String,
+        context: &'static str,
         #[source]
         source: StoreError,
     },
+    /// A projection could not apply events or install itself.
+    #[error("projection {projection}: {source}")]
+    Apply {
+        projection: String,
+        #[source]
+        source: ProjectionError,
+    },
+    /// A projection that can never run as configured.
     #[error("projection {projection}: {message}")]
     Projection { projection: String, message: String },
 }
 
-/// Why a projection could not apply an event.
+/// Why a projection could not apply an event (or install itself).
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectionError {
     #[error("{}", walfold_store::describe(.0))]
@@ -24,28 +34,72 @@ pub enum ProjectionError {
     /// The event can never apply (e.g. a `table` projection needs a version).
     #[error("{0}")]
     Invalid(String),
+    /// Applied before its install succeeded.
+    #[error("the projection is not installed yet")]
+    NotInstalled,
 }
 
 impl ProjectionError {
-    pub fn directive(&self) -> Directive {
+    /// Whose fault it is: by SQLSTATE for database errors; an invalid event is data.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            ProjectionError::Db(e) => walfold_store::directive(e),
-            ProjectionError::Invalid(_) => Directive::Definite,
+            ProjectionError::Db(e) => walfold_store::kind_of(e),
+            ProjectionError::Invalid(_) => ErrorKind::Data,
+            ProjectionError::NotInstalled => ErrorKind::Environment,
+        }
+    }
+
+    /// The SQLSTATE, for database errors.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            ProjectionError::Db(e) => walfold_store::sqlstate(e),
+            ProjectionError::Invalid(_) | ProjectionError::NotInstalled => None,
         }
     }
 }
 
 impl EngineError {
-    pub(crate) fn store(context: impl Into<String>) -> impl FnOnce(StoreError) -> Self {
-        let context = context.into();
+    pub(crate) fn store(context: &'static str) -> impl FnOnce(StoreError) -> Self {
         move |source| EngineError::Store { context, source }
     }
 
-    pub fn directive(&self) -> Directive {
+    /// Whose fault it is. walfold's own statements cannot fail because of an event, so
+    /// their data errors count as environment.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            EngineError::Source(e) => e.directive(),
-            EngineError::Store { source, .. } => source.directive(),
-            EngineError::Projection { .. } => Directive::Definite,
+            EngineError::Source(e) => e.kind(),
+            EngineError::Store { source, .. } => source.kind().own_statement(),
+            EngineError::Apply { source, .. } => source.kind(),
+            EngineError::Projection { .. } => ErrorKind::Definite,
+        }
+    }
+
+    /// The SQLSTATE behind it, if any.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            EngineError::Store { source, .. } => source.pg().and_then(walfold_store::sqlstate),
+            EngineError::Apply { source, .. } => source.sqlstate(),
+            EngineError::Source(_) | EngineError::Projection { .. } => None,
+        }
+    }
+
+    /// Whether the server ran short of disk, memory or connections.
+    pub fn is_resource(&self) -> bool {
+        walfold_store::is_resource_code(self.sqlstate())
+    }
+
+    /// An operator request the current state refuses (a usage error, exit code 2).
+    pub fn refused(&self) -> Option<&str> {
+        match self {
+            EngineError::Store {
+                source: StoreError::Refused(m),
+                ..
+            } => Some(m),
+            EngineError::Source(walfold_source::SourceError::Store {
+                source: StoreError::Refused(m),
+                ..
+            }) => Some(m),
+            _ => None,
         }
     }
 }

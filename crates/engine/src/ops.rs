@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use walfold_config::{Config, ProjectionConfig};
-use walfold_store::{rebuild, Leadership, PrunePolicy, Pruned, Rebuild, StoreError};
+use walfold_store::{rebuild, Fence, Leadership, PrunePolicy, Pruned, Rebuild, StoreError};
 
 pub use walfold_source::{backfill, BackfillReport, SourceError};
 
@@ -22,7 +22,7 @@ fn projection<'a>(config: &'a Config, name: &str) -> Result<&'a ProjectionConfig
 
 fn refused(message: String) -> EngineError {
     EngineError::Store {
-        context: "rebuild".into(),
+        context: "rebuild",
         source: StoreError::Refused(message),
     }
 }
@@ -91,7 +91,7 @@ pub async fn abort_rebuild(
         .await
         .map_err(EngineError::store("taking the leader lock"))?
     {
-        crate::pipeline::end_abort(&mut client, schema, &r, leader.pid()).await?;
+        crate::pipeline::end_abort(&mut client, schema, &r, &leader.fence()).await?;
         drop(leader);
         return Ok(r);
     }
@@ -118,7 +118,7 @@ pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, Engi
     projection(config, name)?;
     let mut client = connect(config).await?;
     let schema = &config.target.schema;
-    let r = rebuild::finish(&mut client, schema, name)
+    let r = rebuild::finish(&mut client, schema, name, None)
         .await
         .map_err(EngineError::store("finishing a rebuild"))?;
     crate::pipeline::forget(&client, schema, &r.previous).await;
@@ -127,10 +127,27 @@ pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, Engi
 
 /// One prune pass: claims of `projections` past their `dedup_retention` (those of the
 /// active subscriber and of a rebuild in progress), and events past
-/// `retention.event_log` that every subscriber has passed.
+/// `retention.event_log` that every subscriber has passed. When no daemon leads, this
+/// command leads for the pass (fenced like the daemon's); while one leads, it prunes
+/// beside it: pruning deletes only what every checkpoint has passed, which the leader's
+/// work only moves forward.
 pub async fn prune(
     config: &Config,
     projections: &[ProjectionConfig],
+) -> Result<Pruned, EngineError> {
+    drop(connect(config).await?);
+    let leader = Leadership::try_acquire(config.target_url(), &config.target.schema)
+        .await
+        .map_err(EngineError::store("taking the leader lock"))?;
+    let fence = leader.as_ref().map(Leadership::fence);
+    prune_fenced(config, projections, fence.as_ref()).await
+}
+
+/// [`prune`] with the leader's fence (the daemon's pass).
+pub(crate) async fn prune_fenced(
+    config: &Config,
+    projections: &[ProjectionConfig],
+    fence: Option<&Fence>,
 ) -> Result<Pruned, EngineError> {
     let mut client = connect(config).await?;
     let schema = &config.target.schema;
@@ -160,7 +177,7 @@ pub async fn prune(
         claims,
         batch: config.retention.prune_batch_size,
     };
-    walfold_store::prune(&client, schema, &policy)
+    walfold_store::prune(&mut client, schema, &policy, fence)
         .await
         .map_err(EngineError::store("pruning"))
 }

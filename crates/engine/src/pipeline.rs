@@ -16,7 +16,7 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walfold_config::{Config, ProjectionConfig, QualifiedName};
 use walfold_store::rebuild::Readiness;
-use walfold_store::{migrate, rebuild, Directive, Leadership, Rebuild};
+use walfold_store::{migrate, rebuild, Backoff, Checkpoints, Fence, Leadership, Rebuild};
 
 use crate::error::EngineError;
 use crate::projection::Projection;
@@ -49,26 +49,23 @@ pub(crate) struct Defined {
 
 impl Defined {
     /// The projection writing to `table` (a rebuild's shadow); `None` if it cannot.
-    async fn for_table(
+    fn for_table(
         &self,
-        probe: &Client,
         schema: &str,
         table: &QualifiedName,
     ) -> Result<Option<Arc<dyn Projection>>, EngineError> {
         match self.index {
-            Some(i) => build(&self.options, i, probe, schema, Some(table))
-                .await
-                .map(Some),
+            Some(i) => build(&self.options, i, schema, Some(table)).map(Some),
             None => Ok(self.live.for_table(table)),
         }
     }
 }
 
-/// Compiles a `sql`/`table` projection, for its own table or for `table`.
-async fn build(
+/// Compiles a `sql`/`table` projection, for its own table or for `table`. It is
+/// installed by its projectors (see [`Projection::install`]).
+fn build(
     options: &ProjectionConfig,
     index: usize,
-    probe: &Client,
     schema: &str,
     table: Option<&QualifiedName>,
 ) -> Result<Arc<dyn Projection>, EngineError> {
@@ -85,9 +82,7 @@ async fn build(
                 .join("; "),
         )
     })?;
-    let returns_rows = SqlProjection::returns_rows(probe, &kind).await;
-    let projection =
-        SqlProjection::new(&kind, schema, returns_rows).map_err(|e| invalid(e.to_string()))?;
+    let projection = SqlProjection::new(&kind, schema).map_err(|e| invalid(e.to_string()))?;
     Ok(Arc::new(projection))
 }
 
@@ -117,21 +112,27 @@ impl Pipeline {
     pub async fn run(self, cancel: CancellationToken) -> Result<(), EngineError> {
         let config = self.config;
         let schema = config.target.schema.clone();
-        migrate(config.target_url(), &schema)
-            .await
-            .map_err(EngineError::store("creating walfold's schema"))?;
-        let probe = walfold_store::connect(config.target_url())
-            .await
-            .map_err(EngineError::store("connecting to the target"))?;
         let mut defined = Vec::new();
         for (i, p) in config.projection.iter().enumerate() {
             defined.push(Defined {
                 options: p.clone(),
-                live: build(p, i, &probe, &schema, None).await?,
+                live: build(p, i, &schema, None)?,
                 index: Some(i),
             });
         }
-        drop(probe);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        loop {
+            match migrate(config.target_url(), &schema).await {
+                Ok(()) => break,
+                Err(e) if e.kind().retries() => {
+                    tracing::warn!(error = %e, "cannot create or upgrade walfold's schema yet; retrying");
+                    if !backoff.sleep(&cancel).await {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(EngineError::store("creating walfold's schema")(e)),
+            }
+        }
         defined.extend(self.custom.into_iter().map(|(options, live)| Defined {
             options,
             live,
@@ -146,7 +147,7 @@ impl Pipeline {
             };
             let lost = leader.lost();
             walfold_store::metrics::metrics().set_leader(true);
-            let result = lead(&config, &schema, &defined, &cancel, &lost, leader.pid()).await;
+            let result = lead(&config, &schema, &defined, &cancel, &lost, &leader.fence()).await;
             walfold_store::metrics::metrics().set_leader(false);
             drop(leader);
             if cancel.is_cancelled() || !lost.is_cancelled() {
@@ -194,7 +195,7 @@ async fn lead(
     defined: &[Defined],
     cancel: &CancellationToken,
     lost: &CancellationToken,
-    leader_pid: i32,
+    fence: &Fence,
 ) -> Result<(), EngineError> {
     let (head_tx, head_rx) = watch::channel(0i64);
     // Every task stops on `stop`: shutdown, lost leadership, or a task's error. On
@@ -215,22 +216,21 @@ async fn lead(
         config.clone(),
         defined.iter().map(|d| d.options.clone()).collect(),
         stop.clone(),
+        fence.clone(),
     ));
     let mut first_error = None;
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     // Rebuilds whose switch-over failed, and when: tried again after SWITCH_BACKOFF.
     let mut failed_switches: Vec<(String, tokio::time::Instant)> = Vec::new();
     while !stop.is_cancelled() && !lost.is_cancelled() && !ingest_done.is_cancelled() {
-        let control = match plan(config, schema, defined, leader_pid).await {
+        let control = match plan(config, schema, defined, fence).await {
             Ok(planned) => planned,
-            Err(e) if e.directive() == Directive::Retry => {
+            Err(e) if e.kind().retries() => {
                 tracing::warn!(error = %e, "cannot plan the projectors; retrying");
                 tokio::select! {
-                    _ = stop.cancelled() => {}
                     _ = lost.cancelled() => {}
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = backoff.sleep(&stop) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(10));
                 continue;
             }
             Err(e) => {
@@ -238,7 +238,7 @@ async fn lead(
                 break;
             }
         };
-        delay = Duration::from_millis(200);
+        backoff.reset();
         let (mut client, mut generation) = control;
         failed_switches.retain(|(_, at)| at.elapsed() < SWITCH_BACKOFF);
         generation.failed_switches = failed_switches.clone();
@@ -272,7 +272,7 @@ async fn lead(
             }
             Next::Replan => {}
             Next::Switch(r) if !lost.is_cancelled() => {
-                match rebuild::switch(&mut client, schema, &r, leader_pid).await {
+                match rebuild::switch(&mut client, schema, &r, fence).await {
                     Ok(true) => {
                         tracing::info!(projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
                     }
@@ -331,7 +331,7 @@ async fn plan(
     config: &Config,
     schema: &str,
     defined: &[Defined],
-    leader_pid: i32,
+    fence: &Fence,
 ) -> Result<(Client, Generation), EngineError> {
     let mut client = walfold_store::connect(config.target_url())
         .await
@@ -346,11 +346,11 @@ async fn plan(
         .collect();
     for r in &open {
         if r.state == "aborting" {
-            end_abort(&mut client, schema, r, leader_pid).await?;
+            end_abort(&mut client, schema, r, fence).await?;
         } else if retired_due(&retire_after, r, now) {
             // Not fatal: e.g. `--finish` came first, or something still depends on the
             // retired table (then it stays until an operator acts).
-            match rebuild::finish(&mut client, schema, &r.projection).await {
+            match rebuild::finish(&mut client, schema, &r.projection, Some(fence)).await {
                 Ok(finished) => {
                     tracing::info!(projection = %r.projection, retired = %finished.retired, "retired table dropped (drop_retired_after)")
                 }
@@ -384,29 +384,39 @@ async fn plan(
         )
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
-        install(&mut client, &options, &d.live).await?;
-        push_workers(&mut generation, config, &options, &d.live, &options.name);
+        push_workers(
+            &mut generation,
+            &mut client,
+            config,
+            &options,
+            &d.live,
+            &options.name,
+            fence,
+        )
+        .await?;
         let Some(r) = open
             .iter()
             .find(|r| r.projection == options.name && r.state == "running")
         else {
             continue;
         };
-        let Some(shadow) = d.for_table(&client, schema, &r.shadow_table()).await? else {
+        let Some(shadow) = d.for_table(schema, &r.shadow_table())? else {
             tracing::error!(projection = %options.name, "this projection cannot write to another table (no `target`, or a Rust projection without for_table); abort its rebuild");
             continue;
         };
         let mut replay = options.clone();
         replay.subscriber = r.subscriber.clone();
         replay.batch_size = options.rebuild_batch_size;
-        install(&mut client, &replay, &shadow).await?;
         push_workers(
             &mut generation,
+            &mut client,
             config,
             &replay,
             &shadow,
             &format!("{}~rebuild", options.name),
-        );
+            fence,
+        )
+        .await?;
         generation.replaying.push((
             r.clone(),
             replay.parallelism,
@@ -421,27 +431,25 @@ async fn plan(
     Ok((client, generation))
 }
 
-async fn install(
-    client: &mut Client,
-    options: &ProjectionConfig,
-    projection: &Arc<dyn Projection>,
-) -> Result<(), EngineError> {
-    projection
-        .install(client)
-        .await
-        .map_err(|e| EngineError::Projection {
-            projection: options.name.clone(),
-            message: format!("installing: {e}"),
-        })
-}
-
-fn push_workers(
+/// Adds a subscriber's partitions to the generation, with its checkpoints made to
+/// match its partition count first (one transaction, before any of them runs).
+async fn push_workers(
     generation: &mut Generation,
+    client: &mut Client,
     config: &Config,
     options: &ProjectionConfig,
     projection: &Arc<dyn Projection>,
     name: &str,
-) {
+    fence: &Fence,
+) -> Result<(), EngineError> {
+    Checkpoints::reconcile(
+        client,
+        &config.target.schema,
+        &options.subscriber,
+        options.parallelism,
+    )
+    .await
+    .map_err(EngineError::store("reconciling checkpoints"))?;
     for partition in 0..options.parallelism {
         generation.workers.push((
             format!("{name}[{partition}]"),
@@ -451,9 +459,11 @@ fn push_workers(
                 options: options.clone(),
                 projection: projection.clone(),
                 partition,
+                fence: fence.clone(),
             },
         ));
     }
+    Ok(())
 }
 
 /// Ends an aborted rebuild while none of its projectors runs. Its claims go with the
@@ -462,9 +472,9 @@ pub(crate) async fn end_abort(
     client: &mut Client,
     schema: &str,
     r: &Rebuild,
-    leader_pid: i32,
+    fence: &Fence,
 ) -> Result<(), EngineError> {
-    rebuild::abort(client, schema, r, leader_pid)
+    rebuild::abort(client, schema, r, fence)
         .await
         .map_err(EngineError::store("aborting a rebuild"))?;
     tracing::info!(projection = %r.projection, subscriber = %r.subscriber, "rebuild aborted; shadow table dropped");
@@ -565,6 +575,7 @@ async fn prune_periodically(
     config: Arc<Config>,
     projections: Vec<ProjectionConfig>,
     stop: CancellationToken,
+    fence: Fence,
 ) {
     let every = Duration::from_secs(config.retention.prune_interval_s);
     if every.is_zero() {
@@ -575,7 +586,7 @@ async fn prune_periodically(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        match crate::ops::prune(&config, &projections).await {
+        match crate::ops::prune_fenced(&config, &projections, Some(&fence)).await {
             Ok(p) if p.claims + p.events > 0 => {
                 tracing::info!(claims = p.claims, events = p.events, "pruned")
             }

@@ -1,26 +1,36 @@
 //! A projector: one partition of one subscriber. It tails the event log from its
-//! checkpoint and, per batch, in ONE transaction: claims the events (the claim decides
-//! what is a duplicate), applies the claimed ones in order, saves the checkpoint. An
-//! event that keeps failing is dead-lettered and its aggregate parked for this
-//! subscriber, so its later events wait while other aggregates go on.
+//! checkpoint; every transaction it makes is one [`Work`], the single unit through
+//! which it writes: the fence (this instance still leads), the claim (which decides
+//! what is a duplicate), the apply, dead letters, the checkpoint, the commit and the
+//! counters. What happens on an error is decided by its [`ErrorKind`] alone:
+//!
+//! - transient: reconnect and go on from the checkpoint, with backoff;
+//! - environment: pause this partition (nothing is dead-lettered), say so once per
+//!   cause in the log, `walfold status`, `walfold_projection_paused` and `/readyz`, and
+//!   retry from the checkpoint with capped backoff until it works; a batch that ran out
+//!   of a resource is first tried again smaller;
+//! - data: the batch is applied event by event; the event that keeps failing is
+//!   dead-lettered and its aggregate parked, so its later events wait while other
+//!   aggregates go on;
+//! - definite: stop.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::{Client, Statement, Transaction};
 use tokio_util::sync::CancellationToken;
 use walfold_config::ProjectionConfig;
 use walfold_store::{
     claim, claim_sql, connect, failpoint, partition_hash, read_events, read_page, read_sql,
-    Checkpoints, DeadLetter, DeadLetters, Directive, Event, Filter, PartitionStats, Reason,
-    RetryItem,
+    Backoff, Checkpoints, DeadLetter, DeadLetters, ErrorKind, Event, Fence, Filter, PartitionStats,
+    Reason, RetryItem, StoreError,
 };
 
 use walfold_store::metrics::{metrics, Metrics};
 
-use crate::error::{EngineError, ProjectionError};
+use crate::error::EngineError;
 use crate::projection::{Applied, Projection};
 
 /// Everything a partition worker needs.
@@ -31,12 +41,18 @@ pub(crate) struct Partition {
     pub options: ProjectionConfig,
     pub projection: Arc<dyn Projection>,
     pub partition: u32,
+    pub fence: Fence,
 }
 
+/// The connection and its prepared statements.
 struct Conn {
     client: Client,
     /// The page read; sent unnamed each time (see [`read_page`]).
     read: String,
+    statements: Statements,
+}
+
+struct Statements {
     claim: Statement,
     checkpoints: Checkpoints,
     dead_letters: DeadLetters,
@@ -46,75 +62,322 @@ type AggregateKey = (String, String);
 
 /// How often a projector looks for dead letters an operator asked to retry.
 const RETRY_CHECK: Duration = Duration::from_secs(1);
+/// Dead letters of a chain retried per read.
+const RETRY_PAGE: i64 = 200;
+/// Longest wait between attempts while paused or reconnecting.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Batches that must succeed before a batch size shrunk by a resource error grows again.
+const GROW_AFTER: u32 = 10;
+
+fn db(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> EngineError {
+    move |e| {
+        EngineError::store(context)(StoreError::Db {
+            context: context.into(),
+            source: e,
+        })
+    }
+}
+
+fn key(e: &Event) -> AggregateKey {
+    (e.aggregate_type.clone(), e.aggregate_id.clone())
+}
+
+/// One projector transaction. Every write of a projector goes through it, so each rule
+/// lives in one place: [`Work::commit`] proves leadership and saves the checkpoint with
+/// the counters, [`Work::claim`] decides what is a duplicate.
+struct Work<'c> {
+    tx: Transaction<'c>,
+    statements: &'c Statements,
+    part: &'c Partition,
+    stats: PartitionStats,
+    started: std::time::Instant,
+    events: usize,
+}
+
+impl<'c> Work<'c> {
+    async fn begin(conn: &'c mut Conn, part: &'c Partition) -> Result<Work<'c>, EngineError> {
+        let tx = conn
+            .client
+            .transaction()
+            .await
+            .map_err(db("starting a projector transaction"))?;
+        Ok(Work {
+            tx,
+            statements: &conn.statements,
+            part,
+            stats: PartitionStats::default(),
+            started: std::time::Instant::now(),
+            events: 0,
+        })
+    }
+
+    /// Claims `events` for the subscriber: the ones returned are new and must be
+    /// applied in this transaction; the rest were processed before (duplicates).
+    async fn claim<'e>(&mut self, events: &[&'e Event]) -> Result<Vec<&'e Event>, EngineError> {
+        self.events += events.len();
+        let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id).collect();
+        let claimed = claim(
+            &self.tx,
+            &self.statements.claim,
+            self.part.subscriber(),
+            &ids,
+        )
+        .await
+        .map_err(EngineError::store("claiming"))?;
+        self.stats.duplicates += (ids.len() - claimed.len()) as i64;
+        Ok(events
+            .iter()
+            .copied()
+            .filter(|e| claimed.contains(&e.id))
+            .collect())
+    }
+
+    /// Applies claimed events in order.
+    async fn apply(&mut self, events: &[&Event]) -> Result<(), EngineError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let results = self
+            .part
+            .projection
+            .apply_batch(&self.tx, events)
+            .await
+            .map_err(|source| EngineError::Apply {
+                projection: self.part.options.name.clone(),
+                source,
+            })?;
+        for r in results {
+            match r {
+                Applied::Changed => self.stats.applied += 1,
+                Applied::Stale => self.stats.stale += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a dead letter of this subscriber; parks its aggregate when `park`.
+    async fn dead_letter(&mut self, letter: &DeadLetter, park: bool) -> Result<(), EngineError> {
+        self.events += 1;
+        let dl = &self.statements.dead_letters;
+        let id = dl
+            .record(&self.tx, letter)
+            .await
+            .map_err(EngineError::store("dead-lettering"))?;
+        self.stats.dead_lettered += 1;
+        if park {
+            let (Some(id), Some(kind), Some(aggregate)) =
+                (id, &letter.aggregate_type, &letter.aggregate_id)
+            else {
+                return Err(self
+                    .part
+                    .invalid("a subscriber's dead letter was not recorded"));
+            };
+            dl.park(&self.tx, self.part.subscriber(), kind, aggregate, id)
+                .await
+                .map_err(EngineError::store("parking"))?;
+        }
+        Ok(())
+    }
+
+    /// A retried dead letter went through; the last of its chain releases the aggregate.
+    async fn retried(&mut self, item: &RetryItem, release: bool) -> Result<(), EngineError> {
+        let outcome = if self.stats.applied > 0 {
+            "retried: applied"
+        } else if self.stats.stale > 0 {
+            "retried: stale (a newer version was already applied)"
+        } else {
+            "retried: already applied (duplicate)"
+        };
+        let schema = &self.part.schema;
+        DeadLetters::retried(&self.tx, schema, item.id, outcome)
+            .await
+            .map_err(EngineError::store("resolving a retried dead letter"))?;
+        if release {
+            DeadLetters::unpark(
+                &self.tx,
+                schema,
+                self.part.subscriber(),
+                &item.aggregate_type,
+                &item.aggregate_id,
+            )
+            .await
+            .map_err(EngineError::store("releasing a parked aggregate"))?;
+        }
+        Ok(())
+    }
+
+    /// Proves this instance still leads, saves the checkpoint (`position` 0 keeps it:
+    /// positions only grow) with the counters, commits, and counts what it did.
+    async fn commit(
+        self,
+        position: i64,
+        last_committed_at: Option<SystemTime>,
+    ) -> Result<PartitionStats, EngineError> {
+        let part = self.part;
+        part.fence
+            .check(&self.tx)
+            .await
+            .map_err(EngineError::store("proving leadership"))?;
+        self.statements
+            .checkpoints
+            .save(
+                &self.tx,
+                part.partition,
+                position,
+                self.stats,
+                last_committed_at,
+            )
+            .await
+            .map_err(EngineError::store("saving a checkpoint"))?;
+        self.tx
+            .commit()
+            .await
+            .map_err(db("committing a projector transaction"))?;
+        let s = self.stats;
+        if s.applied + s.stale + s.duplicates > 0 {
+            // Crash window: applied and checkpointed, not yet counted in this process.
+            failpoint::hit("after_projection_commit");
+        }
+        part.count(s);
+        if self.events > 0 {
+            metrics().batch(part.subscriber(), self.events, self.started.elapsed());
+        }
+        Ok(s)
+    }
+}
+
+/// A partition's pause: entered on an environment error, left after the next commit.
+struct Pause {
+    /// The cause last logged (logged again only when it changes).
+    cause: Option<String>,
+    paused: bool,
+}
+
+impl Pause {
+    async fn enter(&mut self, part: &Partition, e: &EngineError) {
+        let cause = e.to_string();
+        if self.cause.as_deref() != Some(cause.as_str()) {
+            tracing::error!(subscriber = %part.subscriber(), projection = %part.options.name, partition = part.partition, sqlstate = e.sqlstate().unwrap_or(""), error = %e, "projection paused: the target or the config is wrong; nothing is dead-lettered for it, and it resumes by itself once fixed");
+            self.cause = Some(cause.clone());
+            // Best effort: the cause may keep this write from landing too.
+            let recorded = async {
+                let client = connect(&part.url).await?;
+                walfold_store::record_pause(
+                    &client,
+                    &part.schema,
+                    part.subscriber(),
+                    part.partition,
+                    e.sqlstate(),
+                    &cause,
+                )
+                .await
+            };
+            if let Err(write) = recorded.await {
+                tracing::debug!(error = %write, "could not record the pause");
+            }
+        }
+        if !self.paused {
+            self.paused = true;
+            metrics().set_paused(part.subscriber(), true);
+        }
+    }
+
+    /// After a commit: a paused partition works again.
+    async fn leave(&mut self, part: &Partition, client: &Client) {
+        if !self.paused {
+            return;
+        }
+        self.paused = false;
+        self.cause = None;
+        metrics().set_paused(part.subscriber(), false);
+        tracing::info!(subscriber = %part.subscriber(), partition = part.partition, "projection resumed");
+        if let Err(e) =
+            walfold_store::clear_pause(client, &part.schema, part.subscriber(), part.partition)
+                .await
+        {
+            tracing::debug!(error = %e, "could not clear the pause");
+        }
+    }
+
+    /// On shutdown: the gauge must not stay up for a partition that no longer runs.
+    fn drop_gauge(&mut self, part: &Partition) {
+        if self.paused {
+            self.paused = false;
+            metrics().set_paused(part.subscriber(), false);
+        }
+    }
+}
 
 impl Partition {
     fn subscriber(&self) -> &str {
         &self.options.subscriber
     }
 
-    /// Runs until cancelled; reconnects with backoff on transient errors.
+    fn invalid(&self, message: &str) -> EngineError {
+        EngineError::Projection {
+            projection: self.options.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// Runs until cancelled; reconnects on transient errors and pauses on environment
+    /// errors, both with backoff, from the last checkpoint.
     pub(crate) async fn run(
         self,
         cancel: CancellationToken,
         head: watch::Receiver<i64>,
     ) -> Result<(), EngineError> {
-        let mut delay = Duration::from_millis(100);
-        loop {
+        let mut backoff = Backoff::new(Duration::from_millis(100), MAX_BACKOFF);
+        let mut pause = Pause {
+            cause: None,
+            paused: false,
+        };
+        let result = loop {
             let started = tokio::time::Instant::now();
-            match self.run_once(&cancel, head.clone()).await {
-                Ok(()) => return Ok(()),
-                Err(e) if e.directive() == Directive::Retry && !cancel.is_cancelled() => {
-                    if started.elapsed() > Duration::from_secs(30) {
-                        delay = Duration::from_millis(100);
-                    }
-                    tracing::warn!(subscriber = %self.subscriber(), partition = self.partition, error = %e, "projector failed, retrying");
-                    tokio::select! {
-                        _ = cancel.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(Duration::from_secs(30));
-                }
-                Err(_) if cancel.is_cancelled() => return Ok(()),
-                Err(e) => return Err(e),
+            let e = match self.run_once(&cancel, head.clone(), &mut pause).await {
+                Ok(()) => break Ok(()),
+                Err(_) if cancel.is_cancelled() => break Ok(()),
+                Err(e) => e,
+            };
+            if started.elapsed() > MAX_BACKOFF {
+                backoff.reset();
             }
-        }
-    }
-
-    /// A retryable projection error, kept retryable (classified by its SQLSTATE).
-    fn transient(&self, e: ProjectionError) -> EngineError {
-        match e {
-            ProjectionError::Db(source) => EngineError::Store {
-                context: format!("projection {}", self.options.name),
-                source: walfold_store::StoreError::Db {
-                    context: "apply".into(),
-                    source,
-                },
-            },
-            other => EngineError::Projection {
-                projection: self.options.name.clone(),
-                message: other.to_string(),
-            },
-        }
+            match e.kind() {
+                ErrorKind::Transient => {
+                    tracing::warn!(subscriber = %self.subscriber(), partition = self.partition, error = %e, "projector failed, reconnecting");
+                }
+                ErrorKind::Environment => pause.enter(&self, &e).await,
+                ErrorKind::Data | ErrorKind::Definite => break Err(e),
+            }
+            if !backoff.sleep(&cancel).await {
+                break Ok(());
+            }
+        };
+        pause.drop_gauge(&self);
+        result
     }
 
     async fn connect(&self) -> Result<Conn, EngineError> {
-        let client = connect(&self.url)
+        let mut client = connect(&self.url)
             .await
             .map_err(EngineError::store("connecting to the target"))?;
-        let prep = |sql: String| {
-            let client = &client;
-            async move {
-                client.prepare(&sql).await.map_err(|e| EngineError::Store {
-                    context: "preparing projector statements".into(),
-                    source: walfold_store::StoreError::Db {
-                        context: "prepare".into(),
-                        source: e,
-                    },
-                })
-            }
-        };
-        let read = read_sql(&self.schema);
-        let claim = prep(claim_sql(&self.schema)).await?;
+        client
+            .batch_execute(walfold_store::WORKER_SESSION)
+            .await
+            .map_err(db("configuring the projector session"))?;
+        // Install (or check) the projection on every connect: a pause caused by a
+        // missing table or right ends here once it is fixed.
+        self.projection
+            .install(&mut client)
+            .await
+            .map_err(|source| EngineError::Apply {
+                projection: self.options.name.clone(),
+                source,
+            })?;
+        let claim = client
+            .prepare(&claim_sql(&self.schema))
+            .await
+            .map_err(db("preparing the claim"))?;
         let checkpoints = Checkpoints::prepare(
             &client,
             &self.schema,
@@ -128,10 +391,12 @@ impl Partition {
             .map_err(EngineError::store("preparing dead letters"))?;
         Ok(Conn {
             client,
-            read,
-            claim,
-            checkpoints,
-            dead_letters,
+            read: read_sql(&self.schema),
+            statements: Statements {
+                claim,
+                checkpoints,
+                dead_letters,
+            },
         })
     }
 
@@ -139,17 +404,17 @@ impl Partition {
         &self,
         cancel: &CancellationToken,
         mut head: watch::Receiver<i64>,
+        pause: &mut Pause,
     ) -> Result<(), EngineError> {
         let mut conn = self.connect().await?;
-        let positions = Checkpoints::load(
+        let mut position = Checkpoints::position(
             &conn.client,
             &self.schema,
             self.subscriber(),
-            self.options.parallelism,
+            self.partition,
         )
         .await
-        .map_err(EngineError::store("loading checkpoints"))?;
-        let mut position = positions[self.partition as usize];
+        .map_err(EngineError::store("loading the checkpoint"))?;
         let mut parked: HashSet<AggregateKey> =
             DeadLetters::parked(&conn.client, &self.schema, self.subscriber())
                 .await
@@ -162,7 +427,9 @@ impl Partition {
             event_types: self.options.event_types.clone(),
             aggregate_types: self.options.aggregate_types.clone(),
         };
-        let limit = self.options.batch_size as i64;
+        let full = self.options.batch_size as i64;
+        let mut limit = full;
+        let mut good_batches = 0u32;
         tracing::info!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
         let mut retries_checked = tokio::time::Instant::now() - RETRY_CHECK;
         let mut idle_saved = false;
@@ -171,7 +438,7 @@ impl Partition {
                 return Ok(());
             }
             if retries_checked.elapsed() >= RETRY_CHECK {
-                self.retries(&mut conn, &mut parked).await?;
+                self.retries(&mut conn, &mut parked, cancel).await?;
                 retries_checked = tokio::time::Instant::now();
             }
             head.borrow_and_update();
@@ -182,7 +449,9 @@ impl Partition {
                 // The first idle read is saved too: a checkpoint row says this partition
                 // has read the log once (a rebuild switches over only then).
                 if page.position > position || !idle_saved {
-                    self.save_position(&mut conn, page.position, PartitionStats::default(), None)
+                    Work::begin(&mut conn, self)
+                        .await?
+                        .commit(page.position, None)
                         .await?;
                     idle_saved = true;
                 }
@@ -191,9 +460,21 @@ impl Partition {
                     .batch(&mut conn, &page.events, page.position, &parked)
                     .await
                 {
-                    Ok(()) => {}
-                    Err(BatchError::Transient(e)) => return Err(e),
-                    Err(BatchError::Event) => {
+                    Ok(()) => {
+                        good_batches += 1;
+                        if limit < full && good_batches >= GROW_AFTER {
+                            limit = (limit * 2).min(full);
+                            good_batches = 0;
+                        }
+                    }
+                    Err(e) if e.is_resource() && limit > 1 => {
+                        limit = (limit / 2).max(1);
+                        good_batches = 0;
+                        tracing::warn!(subscriber = %self.subscriber(), partition = self.partition, batch = limit, error = %e, "the server ran short of a resource; trying a smaller batch");
+                        continue;
+                    }
+                    Err(e) if e.kind() == ErrorKind::Data => {
+                        tracing::debug!(subscriber = %self.subscriber(), error = %e, "batch failed, isolating the event");
                         // Each event commits its own checkpoint on this path; the page's
                         // end is saved only once every event in it has been handled.
                         if !self
@@ -202,16 +483,15 @@ impl Partition {
                         {
                             return Ok(());
                         }
-                        self.save_position(
-                            &mut conn,
-                            page.position,
-                            PartitionStats::default(),
-                            None,
-                        )
-                        .await?;
+                        Work::begin(&mut conn, self)
+                            .await?
+                            .commit(page.position, None)
+                            .await?;
                     }
+                    Err(e) => return Err(e),
                 }
             }
+            pause.leave(self, &conn.client).await;
             position = page.position;
             if page.caught_up {
                 // The page reached the head: wait for the appender's signal (an append
@@ -227,65 +507,179 @@ impl Partition {
         }
     }
 
+    /// The fast path: the whole batch in one transaction. Events of parked aggregates
+    /// are set aside behind their aggregate in the same transaction.
+    async fn batch(
+        &self,
+        conn: &mut Conn,
+        events: &[Event],
+        position: i64,
+        parked: &HashSet<AggregateKey>,
+    ) -> Result<(), EngineError> {
+        let (waiting, live): (Vec<&Event>, Vec<&Event>) =
+            events.iter().partition(|e| parked.contains(&key(e)));
+        let mut work = Work::begin(conn, self).await?;
+        let claimed = work.claim(&live).await?;
+        work.apply(&claimed).await?;
+        for e in &waiting {
+            work.dead_letter(&waiting_letter(self.subscriber(), e), false)
+                .await?;
+        }
+        let stats = work.commit(position, last_commit(events)).await?;
+        if stats.stale > 0 {
+            tracing::debug!(subscriber = %self.subscriber(), stale = stats.stale, "stale events skipped by version guard");
+        }
+        Ok(())
+    }
+
+    /// The slow path after a batch failed on an event's data: one transaction per event;
+    /// an event whose data keeps failing is dead-lettered and its aggregate parked.
+    /// Returns false when cancelled before every event was handled. Any other error
+    /// returns: the run loop goes on from the checkpoint, which every handled event has
+    /// moved.
+    async fn one_by_one(
+        &self,
+        conn: &mut Conn,
+        events: &[Event],
+        parked: &mut HashSet<AggregateKey>,
+        cancel: &CancellationToken,
+    ) -> Result<bool, EngineError> {
+        for event in events {
+            if cancel.is_cancelled() {
+                return Ok(false);
+            }
+            if parked.contains(&key(event)) {
+                let mut work = Work::begin(conn, self).await?;
+                work.dead_letter(&waiting_letter(self.subscriber(), event), false)
+                    .await?;
+                work.commit(event.seq, event.committed_at).await?;
+                continue;
+            }
+            let first = Duration::from_millis(self.options.retry_backoff_ms);
+            let mut backoff = Backoff::exact(first, first * 64);
+            let mut attempt = 0u32;
+            loop {
+                attempt += 1;
+                let e = match self.single(conn, event).await {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == ErrorKind::Data => e,
+                    Err(e) => return Err(e),
+                };
+                let label = Metrics::subscriber(self.subscriber());
+                metrics().failures.get_or_create(&label).inc();
+                if attempt < self.options.max_attempts {
+                    metrics().retries.get_or_create(&label).inc();
+                    tracing::warn!(subscriber = %self.subscriber(), event_id = %event.id, attempt, error = %e, "projection failed on the event's data, retrying");
+                    if !backoff.sleep(cancel).await {
+                        return Ok(false);
+                    }
+                    continue;
+                }
+                tracing::error!(subscriber = %self.subscriber(), event_id = %event.id, aggregate_id = %event.aggregate_id, attempts = attempt, error = %e, "projection failed for good: event dead-lettered, aggregate parked");
+                let mut letter = waiting_letter(self.subscriber(), event);
+                letter.reason = Reason::ProjectionFailed;
+                letter.error = e.to_string();
+                letter.attempts = attempt as i32;
+                let mut work = Work::begin(conn, self).await?;
+                work.dead_letter(&letter, true).await?;
+                work.commit(event.seq, event.committed_at).await?;
+                parked.insert(key(event));
+                break;
+            }
+        }
+        Ok(true)
+    }
+
+    /// One event: claim, apply, checkpoint, in one transaction.
+    async fn single(&self, conn: &mut Conn, event: &Event) -> Result<(), EngineError> {
+        let mut work = Work::begin(conn, self).await?;
+        let claimed = work.claim(&[event]).await?;
+        work.apply(&claimed).await?;
+        work.commit(event.seq, event.committed_at).await?;
+        Ok(())
+    }
+
     /// Applies the dead letters an operator asked to retry (`walfold dead-letters retry`)
-    /// for this partition's aggregates, between batches: per aggregate in log order, each
-    /// event through the normal claim and guard in its own transaction. The transaction
-    /// of the last one releases the parked aggregate, so its later events follow in order.
+    /// for this partition's aggregates, between batches: per aggregate in log order, a
+    /// page at a time, each event through the normal claim and guard in its own
+    /// transaction. The transaction of the chain's last event releases the parked
+    /// aggregate, so its later events follow in order. Cancelling stops between events;
+    /// the rest stays requested and goes on next time.
     async fn retries(
         &self,
         conn: &mut Conn,
         parked: &mut HashSet<AggregateKey>,
+        cancel: &CancellationToken,
     ) -> Result<(), EngineError> {
-        let items = DeadLetters::retries(&conn.client, &self.schema, self.subscriber())
-            .await
-            .map_err(EngineError::store("reading retry requests"))?;
         let partitions = self.options.parallelism as i32;
-        let mine: Vec<RetryItem> = items
-            .into_iter()
-            .filter(|i| {
-                partition_hash(&i.aggregate_type, &i.aggregate_id) % partitions
-                    == self.partition as i32
-            })
-            .collect();
-        for chain in mine.chunk_by(|a, b| {
-            (&a.aggregate_type, &a.aggregate_id) == (&b.aggregate_type, &b.aggregate_id)
-        }) {
-            let seqs: Vec<i64> = chain.iter().map(|i| i.seq).collect();
-            let events = read_events(&conn.client, &self.schema, &seqs)
+        let aggregates: Vec<AggregateKey> =
+            DeadLetters::retry_aggregates(&conn.client, &self.schema, self.subscriber())
                 .await
-                .map_err(EngineError::store("reading events to retry"))?;
-            let mut failure = None;
-            for (k, item) in chain.iter().enumerate() {
-                let Some(event) = events.iter().find(|e| e.seq == item.seq) else {
-                    failure = Some((k, "the event is no longer in the event log".to_owned()));
-                    break;
+                .map_err(EngineError::store("reading retry requests"))?
+                .into_iter()
+                .filter(|(t, i)| partition_hash(t, i) % partitions == self.partition as i32)
+                .collect();
+        for aggregate in aggregates {
+            let (kind, id) = (&aggregate.0, &aggregate.1);
+            let mut after = 0;
+            let mut applied = 0usize;
+            let failure = 'chain: loop {
+                let mut page = DeadLetters::retry_page(
+                    &conn.client,
+                    &self.schema,
+                    self.subscriber(),
+                    (kind, id),
+                    after,
+                    RETRY_PAGE + 1,
+                )
+                .await
+                .map_err(EngineError::store("reading dead letters to retry"))?;
+                let last_page = page.len() as i64 <= RETRY_PAGE;
+                page.truncate(RETRY_PAGE as usize);
+                let Some(end) = page.last().map(|i| i.seq) else {
+                    break None;
                 };
-                match self
-                    .retry_one(conn, item, event, k + 1 == chain.len())
+                let seqs: Vec<i64> = page.iter().map(|i| i.seq).collect();
+                let events = read_events(&conn.client, &self.schema, &seqs)
                     .await
-                {
-                    Ok(()) => {}
-                    Err(SingleError::Transient(e)) => return Err(e),
-                    Err(SingleError::Failed(message)) => {
-                        failure = Some((k, message));
-                        break;
+                    .map_err(EngineError::store("reading events to retry"))?;
+                for (k, item) in page.iter().enumerate() {
+                    if cancel.is_cancelled() {
+                        return Ok(());
+                    }
+                    let Some(event) = events.iter().find(|e| e.seq == item.seq) else {
+                        break 'chain Some((
+                            item.id,
+                            "the event is no longer in the event log".to_owned(),
+                        ));
+                    };
+                    let release = last_page && k + 1 == page.len();
+                    match self.retry_one(conn, item, event, release).await {
+                        Ok(()) => applied += 1,
+                        Err(e) if e.kind() == ErrorKind::Data => {
+                            break 'chain Some((item.id, e.to_string()))
+                        }
+                        Err(e) => return Err(e),
                     }
                 }
-            }
-            let (kind, id) = (&chain[0].aggregate_type, &chain[0].aggregate_id);
+                if last_page {
+                    break None;
+                }
+                after = end;
+            };
             match failure {
                 None => {
-                    tracing::info!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, events = chain.len(), "dead letters retried; aggregate released");
-                    parked.remove(&(kind.clone(), id.clone()));
+                    tracing::info!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, events = applied, "dead letters retried; aggregate released");
+                    parked.remove(&aggregate);
                 }
-                Some((k, message)) => {
-                    tracing::error!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, dead_letter = chain[k].id, error = %message, "retry failed again; the aggregate stays parked");
-                    let rest: Vec<i64> = chain[k..].iter().map(|i| i.id).collect();
+                Some((head, message)) => {
+                    tracing::error!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, dead_letter = head, error = %message, "retry failed again; the aggregate stays parked");
                     DeadLetters::retry_failed(
                         &conn.client,
                         &self.schema,
-                        chain[k].id,
-                        &rest,
+                        self.subscriber(),
+                        (kind, id),
+                        head,
                         &message,
                     )
                     .await
@@ -303,270 +697,14 @@ impl Partition {
         conn: &mut Conn,
         item: &RetryItem,
         event: &Event,
-        last: bool,
-    ) -> Result<(), SingleError> {
-        let transient = |e: walfold_store::StoreError| {
-            SingleError::Transient(EngineError::store("retrying a dead letter")(e))
-        };
-        let tx = conn
-            .client
-            .transaction()
-            .await
-            .map_err(|e| SingleError::Transient(db_err(e)))?;
-        let stats = self.claim_and_apply(&tx, &conn.claim, event).await?;
-        let outcome = if stats.applied == 1 {
-            "retried: applied"
-        } else if stats.stale == 1 {
-            "retried: stale (a newer version was already applied)"
-        } else {
-            "retried: already applied (duplicate)"
-        };
-        DeadLetters::retried(&tx, &self.schema, item.id, outcome)
-            .await
-            .map_err(transient)?;
-        if last {
-            DeadLetters::unpark(
-                &tx,
-                &self.schema,
-                self.subscriber(),
-                &event.aggregate_type,
-                &event.aggregate_id,
-            )
-            .await
-            .map_err(transient)?;
-        }
-        // Position 0 keeps the partition's position (the checkpoint keeps the greatest).
-        conn.checkpoints
-            .save(&tx, self.partition, 0, stats, None)
-            .await
-            .map_err(transient)?;
-        tx.commit()
-            .await
-            .map_err(|e| SingleError::Transient(db_err(e)))?;
-        self.count(stats);
-        Ok(())
-    }
-
-    /// The fast path: the whole batch in one transaction.
-    async fn batch(
-        &self,
-        conn: &mut Conn,
-        events: &[Event],
-        position: i64,
-        parked: &HashSet<AggregateKey>,
-    ) -> Result<(), BatchError> {
-        let (waiting, live): (Vec<&Event>, Vec<&Event>) = events
-            .iter()
-            .partition(|e| parked.contains(&(e.aggregate_type.clone(), e.aggregate_id.clone())));
-        let started = std::time::Instant::now();
-        let tx = conn.client.transaction().await.map_err(BatchError::db)?;
-        let ids: Vec<uuid::Uuid> = live.iter().map(|e| e.id).collect();
-        let claimed = claim(&tx, &conn.claim, self.subscriber(), &ids)
-            .await
-            .map_err(BatchError::store)?;
-        let to_apply: Vec<&Event> = live
-            .into_iter()
-            .filter(|e| claimed.contains(&e.id))
-            .collect();
-        let results = match self.options_apply(&tx, &to_apply).await {
-            Ok(r) => r,
-            Err(e) if e.directive() == Directive::Retry => {
-                return Err(BatchError::Transient(self.transient(e)));
-            }
-            Err(e) => {
-                tracing::debug!(subscriber = %self.subscriber(), error = %e, "batch failed, isolating the event");
-                return Err(BatchError::Event);
-            }
-        };
-        for e in &waiting {
-            conn.dead_letters
-                .record(&tx, &waiting_letter(self.subscriber(), e))
-                .await
-                .map_err(BatchError::store)?;
-        }
-        let stats = PartitionStats {
-            applied: results.iter().filter(|r| **r == Applied::Changed).count() as i64,
-            stale: results.iter().filter(|r| **r == Applied::Stale).count() as i64,
-            duplicates: (ids.len() - claimed.len()) as i64,
-            dead_lettered: waiting.len() as i64,
-        };
-        conn.checkpoints
-            .save(&tx, self.partition, position, stats, last_commit(events))
-            .await
-            .map_err(BatchError::store)?;
-        tx.commit().await.map_err(BatchError::db)?;
-        failpoint::hit("after_projection_commit");
-        self.count(stats);
-        metrics().batch(self.subscriber(), events.len(), started.elapsed());
-        if stats.stale > 0 {
-            tracing::debug!(subscriber = %self.subscriber(), stale = stats.stale, "stale events skipped by version guard");
-        }
-        Ok(())
-    }
-
-    async fn options_apply(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-        events: &[&Event],
-    ) -> Result<Vec<Applied>, ProjectionError> {
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.projection.apply_batch(tx, events).await
-    }
-
-    /// The slow path after a batch failed on an event: one transaction per event, with
-    /// retries; an event that still fails is dead-lettered and its aggregate parked.
-    /// Returns false when cancelled before every event was handled.
-    async fn one_by_one(
-        &self,
-        conn: &mut Conn,
-        events: &[Event],
-        parked: &mut HashSet<AggregateKey>,
-        cancel: &CancellationToken,
-    ) -> Result<bool, EngineError> {
-        for event in events {
-            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
-            if parked.contains(&key) {
-                let tx = conn.client.transaction().await.map_err(db_err)?;
-                conn.dead_letters
-                    .record(&tx, &waiting_letter(self.subscriber(), event))
-                    .await
-                    .map_err(EngineError::store("dead-lettering a parked event"))?;
-                let stats = PartitionStats {
-                    dead_lettered: 1,
-                    ..PartitionStats::default()
-                };
-                conn.checkpoints
-                    .save(&tx, self.partition, event.seq, stats, event.committed_at)
-                    .await
-                    .map_err(EngineError::store("saving a checkpoint"))?;
-                tx.commit().await.map_err(db_err)?;
-                self.count(stats);
-                continue;
-            }
-            let mut attempt = 0u32;
-            loop {
-                attempt += 1;
-                match self.single(conn, event).await {
-                    Ok(()) => break,
-                    Err(SingleError::Transient(e)) => return Err(e),
-                    Err(SingleError::Failed(message)) if attempt < self.options.max_attempts => {
-                        let label = Metrics::subscriber(self.subscriber());
-                        metrics().failures.get_or_create(&label).inc();
-                        metrics().retries.get_or_create(&label).inc();
-                        let wait = Duration::from_millis(self.options.retry_backoff_ms)
-                            * 2u32.saturating_pow(attempt - 1).min(64);
-                        tracing::warn!(subscriber = %self.subscriber(), event_id = %event.id, attempt, error = %message, "projection failed, retrying");
-                        tokio::select! {
-                            _ = cancel.cancelled() => return Ok(false),
-                            _ = tokio::time::sleep(wait) => {}
-                        }
-                    }
-                    Err(SingleError::Failed(message)) => {
-                        metrics()
-                            .failures
-                            .get_or_create(&Metrics::subscriber(self.subscriber()))
-                            .inc();
-                        tracing::error!(subscriber = %self.subscriber(), event_id = %event.id, aggregate_id = %event.aggregate_id, attempts = attempt, error = %message, "projection failed for good: event dead-lettered, aggregate parked");
-                        self.dead_letter_and_park(conn, event, &message, attempt)
-                            .await?;
-                        parked.insert(key);
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(true)
-    }
-
-    /// Claims one event in `tx` and applies it if the claim is new; what happened, as
-    /// counters (exactly one of applied, stale, duplicates is 1).
-    async fn claim_and_apply(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-        statement: &Statement,
-        event: &Event,
-    ) -> Result<PartitionStats, SingleError> {
-        let claimed = claim(tx, statement, self.subscriber(), &[event.id])
-            .await
-            .map_err(|e| SingleError::Transient(EngineError::store("claiming")(e)))?;
-        let mut stats = PartitionStats::default();
-        if !claimed.contains(&event.id) {
-            stats.duplicates = 1;
-            return Ok(stats);
-        }
-        match self.projection.apply(tx, event).await {
-            Ok(Applied::Changed) => stats.applied = 1,
-            Ok(Applied::Stale) => stats.stale = 1,
-            Err(e) if e.directive() == Directive::Retry => {
-                return Err(SingleError::Transient(self.transient(e)))
-            }
-            Err(e) => return Err(SingleError::Failed(e.to_string())),
-        }
-        Ok(stats)
-    }
-
-    async fn single(&self, conn: &mut Conn, event: &Event) -> Result<(), SingleError> {
-        let tx = conn
-            .client
-            .transaction()
-            .await
-            .map_err(|e| SingleError::Transient(db_err(e)))?;
-        let stats = self.claim_and_apply(&tx, &conn.claim, event).await?;
-        conn.checkpoints
-            .save(&tx, self.partition, event.seq, stats, event.committed_at)
-            .await
-            .map_err(|e| SingleError::Transient(EngineError::store("saving a checkpoint")(e)))?;
-        tx.commit()
-            .await
-            .map_err(|e| SingleError::Transient(db_err(e)))?;
-        failpoint::hit("after_projection_commit");
-        self.count(stats);
-        Ok(())
-    }
-
-    async fn dead_letter_and_park(
-        &self,
-        conn: &mut Conn,
-        event: &Event,
-        error: &str,
-        attempts: u32,
+        release: bool,
     ) -> Result<(), EngineError> {
-        let tx = conn.client.transaction().await.map_err(db_err)?;
-        let mut letter = waiting_letter(self.subscriber(), event);
-        letter.reason = Reason::ProjectionFailed;
-        letter.error = error.to_owned();
-        letter.attempts = attempts as i32;
-        let id = conn
-            .dead_letters
-            .record(&tx, &letter)
-            .await
-            .map_err(EngineError::store("dead-lettering"))?
-            .ok_or_else(|| EngineError::Projection {
-                projection: self.options.name.clone(),
-                message: "a subscriber's dead letter was not recorded".into(),
-            })?;
-        conn.dead_letters
-            .park(
-                &tx,
-                self.subscriber(),
-                &event.aggregate_type,
-                &event.aggregate_id,
-                id,
-            )
-            .await
-            .map_err(EngineError::store("parking"))?;
-        let stats = PartitionStats {
-            dead_lettered: 1,
-            ..PartitionStats::default()
-        };
-        conn.checkpoints
-            .save(&tx, self.partition, event.seq, stats, event.committed_at)
-            .await
-            .map_err(EngineError::store("saving a checkpoint"))?;
-        tx.commit().await.map_err(db_err)?;
-        self.count(stats);
+        let mut work = Work::begin(conn, self).await?;
+        let claimed = work.claim(&[event]).await?;
+        work.apply(&claimed).await?;
+        work.retried(item, release).await?;
+        // Position 0 keeps the partition's position (the checkpoint keeps the greatest).
+        work.commit(0, None).await?;
         Ok(())
     }
 
@@ -582,53 +720,6 @@ impl Partition {
         m.dead_letters
             .get_or_create(&label)
             .inc_by(stats.dead_lettered as u64);
-    }
-
-    async fn save_position(
-        &self,
-        conn: &mut Conn,
-        position: i64,
-        stats: PartitionStats,
-        last: Option<SystemTime>,
-    ) -> Result<(), EngineError> {
-        let tx = conn.client.transaction().await.map_err(db_err)?;
-        conn.checkpoints
-            .save(&tx, self.partition, position, stats, last)
-            .await
-            .map_err(EngineError::store("saving a checkpoint"))?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(())
-    }
-}
-
-enum BatchError {
-    /// Reconnect and retry the batch from the checkpoint.
-    Transient(EngineError),
-    /// An event failed: isolate it on the slow path.
-    Event,
-}
-
-impl BatchError {
-    fn db(e: tokio_postgres::Error) -> Self {
-        BatchError::Transient(db_err(e))
-    }
-    fn store(e: walfold_store::StoreError) -> Self {
-        BatchError::Transient(EngineError::store("projector")(e))
-    }
-}
-
-enum SingleError {
-    Transient(EngineError),
-    Failed(String),
-}
-
-fn db_err(e: tokio_postgres::Error) -> EngineError {
-    EngineError::Store {
-        context: "projector".into(),
-        source: walfold_store::StoreError::Db {
-            context: "transaction".into(),
-            source: e,
-        },
     }
 }
 

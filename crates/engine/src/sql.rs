@@ -6,7 +6,13 @@
 //! so event data stays bound values) and executes the statement once per event, in
 //! order, with its plan cached. It returns each event's row count: 0 means the version
 //! guard (or the statement) found nothing to change.
+//!
+//! Whether the statement returns rows decides the function's body, and only the server
+//! can say: it is asked at install, and an install that cannot ask (the table is missing,
+//! a right is revoked) fails with that error, so the projection pauses instead of
+//! compiling a guess.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::SystemTime;
 
 use futures::future::BoxFuture;
@@ -21,126 +27,74 @@ use crate::error::ProjectionError;
 use crate::projection::{Applied, Projection};
 
 /// A projection defined by a SQL statement.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SqlProjection {
     schema: String,
-    /// The function's name: `apply_` + a hash of its signature and body.
-    name: String,
+    /// The statement as written, with numbered parameters (for the install probe).
+    probe: String,
+    probe_types: Vec<Type>,
     params: Vec<Placeholder>,
-    /// `create or replace function …`
-    ddl: String,
-    /// `select "schema"."apply_…"($1, $2::uuid[], …)`
-    call: String,
+    /// The function for a statement that returns no rows, and for one that does.
+    variants: [Compiled; 2],
+    /// Which variant install chose: 0 none yet, 1 + the index otherwise.
+    chosen: AtomicU8,
     call_types: Vec<Type>,
     /// `table` projections need a version for their guard.
     requires_version: bool,
 }
 
+/// One compiled apply function.
+#[derive(Debug, Clone)]
+struct Compiled {
+    /// The function's name: `apply_` + a hash of its signature and body.
+    name: String,
+    /// `create function …`
+    ddl: String,
+    /// `select "schema"."apply_…"($1, $2::uuid[], …)`
+    call: String,
+}
+
 const VAR: &str = "walfold_v";
 
 impl SqlProjection {
-    /// Compiles the projection's function for walfold's `schema`. `returns_rows`: the
-    /// statement yields rows (see [`SqlProjection::returns_rows`]).
-    pub fn new(
-        kind: &ProjectionKind,
-        schema: &str,
-        returns_rows: bool,
-    ) -> Result<SqlProjection, ProjectionError> {
-        let (source, requires_version) = match kind {
-            ProjectionKind::Sql(t) => (t.source.clone(), false),
-            ProjectionKind::Table(t) => (t.template.source.clone(), true),
+    /// Compiles the projection's functions for walfold's `schema`.
+    pub fn new(kind: &ProjectionKind, schema: &str) -> Result<SqlProjection, ProjectionError> {
+        let (template, requires_version) = match kind {
+            ProjectionKind::Sql(t) => (t, false),
+            ProjectionKind::Table(t) => (&t.template, true),
         };
-        let template = Template::compile_with(&source, |n| format!("{VAR}{n}"))
+        let compiled = Template::compile_with(&template.source, |n| format!("{VAR}{n}"))
             .map_err(|e| ProjectionError::Invalid(e.to_string()))?;
-        let types: Vec<ParamType> = template
+        let types: Vec<ParamType> = compiled
             .params
             .iter()
             .map(Placeholder::param_type)
             .collect();
-        let statement = template.sql.trim().trim_end_matches(';').trim().to_owned();
-        let args: Vec<String> = std::iter::once("walfold_n int".to_owned())
-            .chain(
-                types
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| format!("walfold_a{} {}[]", i + 1, sql_type(*t))),
-            )
-            .collect();
-        let declare: String = types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| format!("{VAR}{} {}; ", i + 1, sql_type(*t)))
-            .collect();
-        let assign: String = (1..=types.len())
-            .map(|i| format!("{VAR}{i} := walfold_a{i}[walfold_i]; "))
-            .collect();
-        // A statement that returns rows (RETURNING, SELECT) needs a destination in
-        // PL/pgSQL; counting its rows gives the same count `execute` would.
-        let run = if returns_rows {
-            format!("with walfold_q as (\n{statement}\n) select count(*) into walfold_rows from walfold_q;")
-        } else {
-            format!("{statement}\n;\nget diagnostics walfold_rows = row_count;")
-        };
-        let body = format!(
-            "#variable_conflict use_column\n\
-             declare {declare}walfold_rows int8; walfold_out int8[] := '{{}}';\n\
-             begin\n\
-               for walfold_i in 1 .. walfold_n loop\n\
-                 {assign}\n\
-                 {run}\n\
-                 walfold_out := walfold_out || walfold_rows;\n\
-               end loop;\n\
-               return walfold_out;\n\
-             end"
-        );
-        let name = format!(
-            "apply_{:016x}",
-            fnv64(&format!("{}|{body}", args.join(",")))
-        );
-        let qualified = format!("{}.{}", walfold_config::quote_ident(schema), name);
-        let tag = format!("$walfold_{name}$");
-        if body.contains(&tag) {
-            return Err(ProjectionError::Invalid(
-                "the statement contains walfold's function quote tag".into(),
-            ));
-        }
-        let ddl = format!(
-            "create function {qualified}({}) returns int8[] language plpgsql as {tag}{body}{tag}",
-            args.join(", ")
-        );
-        let call_args: Vec<String> = (1..=types.len() + 1).map(|i| format!("${i}")).collect();
-        let call = format!("select {qualified}({})", call_args.join(", "));
+        let statement = compiled.sql.trim().trim_end_matches(';').trim().to_owned();
+        let variants = [
+            compile(schema, &types, &statement, false)?,
+            compile(schema, &types, &statement, true)?,
+        ];
         let call_types = std::iter::once(Type::INT4)
             .chain(types.iter().map(|t| array_type(*t)))
             .collect();
         Ok(SqlProjection {
             schema: schema.to_owned(),
-            name,
-            params: template.params,
-            ddl,
-            call,
+            probe: template.sql.clone(),
+            probe_types: types.iter().map(|t| scalar_type(*t)).collect(),
+            params: compiled.params,
+            variants,
+            chosen: AtomicU8::new(0),
             call_types,
             requires_version,
         })
     }
 
-    /// Whether the statement yields rows, asked of the server. A statement that cannot
-    /// be described yet (e.g. its table does not exist) is taken as returning none; it
-    /// then fails per event and is dead-lettered, as any failing statement is.
-    pub async fn returns_rows(client: &Client, kind: &ProjectionKind) -> bool {
-        let template = match kind {
-            ProjectionKind::Sql(t) => t,
-            ProjectionKind::Table(t) => &t.template,
-        };
-        let types: Vec<Type> = template
-            .params
-            .iter()
-            .map(|p| scalar_type(p.param_type()))
-            .collect();
-        client
-            .prepare_typed(&template.sql, &types)
-            .await
-            .is_ok_and(|s| !s.columns().is_empty())
+    fn installed(&self) -> Result<&Compiled, ProjectionError> {
+        match self.chosen.load(Ordering::Acquire) {
+            0 => Err(ProjectionError::NotInstalled),
+            i => Ok(&self.variants[usize::from(i - 1)]),
+        }
     }
 
     async fn run(
@@ -160,7 +114,7 @@ impl SqlProjection {
         for (c, t) in columns.iter().zip(&self.call_types[1..]) {
             values.push((c.as_sql(), t.clone()));
         }
-        let row = tx.query_typed_one(&self.call, &values).await?;
+        let row = tx.query_typed_one(&self.installed()?.call, &values).await?;
         let counts: Vec<i64> = row.get(0);
         if counts.len() != events.len() {
             return Err(ProjectionError::Invalid(format!(
@@ -210,6 +164,71 @@ fn array_type(t: ParamType) -> Type {
         ParamType::Jsonb => Type::JSONB_ARRAY,
         ParamType::Timestamptz => Type::TIMESTAMPTZ_ARRAY,
     }
+}
+
+/// The apply function for `statement`: a loop over the batch that runs it once per event;
+/// `returns_rows` counts the rows it yields instead of the rows it changed.
+fn compile(
+    schema: &str,
+    types: &[ParamType],
+    statement: &str,
+    returns_rows: bool,
+) -> Result<Compiled, ProjectionError> {
+    let args: Vec<String> = std::iter::once("walfold_n int".to_owned())
+        .chain(
+            types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| format!("walfold_a{} {}[]", i + 1, sql_type(*t))),
+        )
+        .collect();
+    let declare: String = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{VAR}{} {}; ", i + 1, sql_type(*t)))
+        .collect();
+    let assign: String = (1..=types.len())
+        .map(|i| format!("{VAR}{i} := walfold_a{i}[walfold_i]; "))
+        .collect();
+    // A statement that returns rows (RETURNING, SELECT) needs a destination in
+    // PL/pgSQL; counting its rows gives the same count `execute` would.
+    let run = if returns_rows {
+        format!(
+            "with walfold_q as (\n{statement}\n) select count(*) into walfold_rows from walfold_q;"
+        )
+    } else {
+        format!("{statement}\n;\nget diagnostics walfold_rows = row_count;")
+    };
+    let body = format!(
+        "#variable_conflict use_column\n\
+         declare {declare}walfold_rows int8; walfold_out int8[] := '{{}}';\n\
+         begin\n\
+           for walfold_i in 1 .. walfold_n loop\n\
+             {assign}\n\
+             {run}\n\
+             walfold_out := walfold_out || walfold_rows;\n\
+           end loop;\n\
+           return walfold_out;\n\
+         end"
+    );
+    let name = format!(
+        "apply_{:016x}",
+        fnv64(&format!("{}|{body}", args.join(",")))
+    );
+    let qualified = format!("{}.{}", walfold_config::quote_ident(schema), name);
+    let tag = format!("$walfold_{name}$");
+    if body.contains(&tag) {
+        return Err(ProjectionError::Invalid(
+            "the statement contains walfold's function quote tag".into(),
+        ));
+    }
+    let ddl = format!(
+        "create function {qualified}({}) returns int8[] language plpgsql as {tag}{body}{tag}",
+        args.join(", ")
+    );
+    let call_args: Vec<String> = (1..=types.len() + 1).map(|i| format!("${i}")).collect();
+    let call = format!("select {qualified}({})", call_args.join(", "));
+    Ok(Compiled { name, ddl, call })
 }
 
 /// FNV-1a, 64 bit: a stable name for a function body.
@@ -279,12 +298,16 @@ fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
 }
 
 impl Projection for SqlProjection {
-    /// Creates the projection's function unless it exists. Its name is a hash of its
-    /// body, so an existing one is the same function: nothing is replaced (which would
-    /// need the creating role and invalidate other sessions' plans). Concurrent
-    /// installers are serialized by an advisory lock.
+    /// Asks the server whether the statement returns rows (it fails like the statement
+    /// would when its table or a right is missing), then creates the matching function
+    /// unless it exists. Its name is a hash of its body, so an existing one is the same
+    /// function: nothing is replaced (which would need the creating role and invalidate
+    /// other sessions' plans). Concurrent installers are serialized by an advisory lock.
     fn install<'a>(&'a self, client: &'a mut Client) -> BoxFuture<'a, Result<(), ProjectionError>> {
         Box::pin(async move {
+            let described = client.prepare_typed(&self.probe, &self.probe_types).await?;
+            let index = usize::from(!described.columns().is_empty());
+            let compiled = &self.variants[index];
             let tx = client.transaction().await?;
             tx.execute("select pg_advisory_xact_lock(2003133030)", &[])
                 .await?;
@@ -292,14 +315,15 @@ impl Projection for SqlProjection {
                 .query_one(
                     "select exists (select 1 from pg_proc p join pg_namespace n on n.oid = p.pronamespace \
                      where n.nspname = $1 and p.proname = $2)",
-                    &[&self.schema, &self.name],
+                    &[&self.schema, &compiled.name],
                 )
                 .await?
                 .get(0);
             if !exists {
-                tx.batch_execute(&self.ddl).await?;
+                tx.batch_execute(&compiled.ddl).await?;
             }
             tx.commit().await?;
+            self.chosen.store(index as u8 + 1, Ordering::Release);
             Ok(())
         })
     }
@@ -347,32 +371,35 @@ mod tests {
             "insert into t values (:aggregate_id, ':payload.x', :payload.amount::numeric)",
         )
         .unwrap();
-        let p = SqlProjection::new(&ProjectionKind::Sql(t), "walfold", false).unwrap();
+        let p = SqlProjection::new(&ProjectionKind::Sql(t), "walfold").unwrap();
+        let plain = &p.variants[0];
         assert!(
-            p.ddl
+            plain
+                .ddl
                 .contains("values (walfold_v1, ':payload.x', walfold_v2::numeric)"),
             "{}",
-            p.ddl
+            plain.ddl
         );
         assert!(
-            p.ddl.contains("walfold_a1 text[], walfold_a2 text[]"),
+            plain.ddl.contains("walfold_a1 text[], walfold_a2 text[]"),
             "{}",
-            p.ddl
+            plain.ddl
         );
         assert!(
-            p.call.starts_with("select \"walfold\".apply_"),
+            plain.call.starts_with("select \"walfold\".apply_"),
             "{}",
-            p.call
+            plain.call
         );
         assert_eq!(p.call_types.len(), 3);
+        assert!(matches!(p.installed(), Err(ProjectionError::NotInstalled)));
         let select = Template::compile("select pg_notify('x', :event_type) -- trailing").unwrap();
-        let p = SqlProjection::new(&ProjectionKind::Sql(select), "walfold", true).unwrap();
+        let p = SqlProjection::new(&ProjectionKind::Sql(select), "walfold").unwrap();
         assert!(
-            p.ddl.contains(
+            p.variants[1].ddl.contains(
                 "with walfold_q as (\nselect pg_notify('x', walfold_v1) -- trailing\n) select count(*) into walfold_rows"
             ),
             "{}",
-            p.ddl
+            p.variants[1].ddl
         );
     }
 }

@@ -76,6 +76,17 @@ impl Appender {
         batch: &mut Vec<Item>,
         totals: &mut AppendTotals,
     ) -> Result<(), SourceError> {
+        self.flush_items(batch, totals).await?;
+        // Whatever paused ingest (see `run_ingest`) is over once a flush succeeds.
+        walfold_store::metrics::metrics().set_ingest_paused(false);
+        Ok(())
+    }
+
+    async fn flush_items(
+        &mut self,
+        batch: &mut Vec<Item>,
+        totals: &mut AppendTotals,
+    ) -> Result<(), SourceError> {
         let mut events = Vec::new();
         let mut dead = Vec::new();
         let mut counts = IngestCounts::default();
@@ -197,8 +208,5 @@ impl Appender {
 /// violating a check). Anything else (privileges, schema drift, timeouts) is not the
 /// event's fault: it stops the stream unacknowledged instead of dead-lettering events.
 fn is_data_error(e: &StoreError) -> bool {
-    e.pg()
-        .and_then(|pg| pg.code())
-        .map(|c| c.code())
-        .is_some_and(|c| c.starts_with("22") || matches!(c, "23502" | "23514" | "54000"))
+    e.kind() == walfold_store::ErrorKind::Data
 }

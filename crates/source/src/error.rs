@@ -1,7 +1,8 @@
-//! Source errors, split into transient (reconnect from the last durable point) and
-//! definite (stop with a message that says how to fix it).
+//! Source errors, each with its [`ErrorKind`]: transient (reconnect from the last durable
+//! point), environment (the same, loudly: a revoked right, a full disk), definite (stop
+//! with a message that says how to fix it).
 
-use walfold_store::{directive_for_code, Directive, StoreError};
+use walfold_store::{kind_for_code, ErrorKind, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -31,21 +32,29 @@ impl SourceError {
         move |source| SourceError::Store { context, source }
     }
 
-    /// Whether reconnecting can help; the supervisor stops on definite errors.
-    pub fn directive(&self) -> Directive {
+    /// Whose fault it is; the supervisor stops on definite errors and retries the rest.
+    pub fn kind(&self) -> ErrorKind {
         use pgwire_replication::PgWireError as W;
         match self {
             SourceError::WalLevel(_) | SourceError::MissingTable(_) | SourceError::Slot { .. } => {
-                Directive::Definite
+                ErrorKind::Definite
             }
-            SourceError::Store { source, .. } => source.directive(),
-            SourceError::Replication(W::Server(msg)) => directive_for_code(sqlstate(msg)),
-            SourceError::Replication(W::Auth(_) | W::Tls(_)) => Directive::Definite,
-            SourceError::Replication(_) => Directive::Retry,
+            // walfold's own statements: an event is never at fault here (the appender
+            // sets aside events the log refuses before this point).
+            SourceError::Store { source, .. } => source.kind().own_statement(),
+            // The slot or the publication does not exist (any more).
+            SourceError::Replication(W::Server(msg)) if sqlstate(msg) == Some("42704") => {
+                ErrorKind::Definite
+            }
+            SourceError::Replication(W::Server(msg)) => {
+                kind_for_code(sqlstate(msg)).own_statement()
+            }
+            SourceError::Replication(W::Auth(_) | W::Tls(_)) => ErrorKind::Environment,
+            SourceError::Replication(_) => ErrorKind::Transient,
             // A decode error means we misread the stream; a fresh stream from the
             // durable point is the only safe move, and it is logged loudly.
-            SourceError::Decode(_) => Directive::Retry,
-            SourceError::StreamEnded => Directive::Retry,
+            SourceError::Decode(_) => ErrorKind::Transient,
+            SourceError::StreamEnded => ErrorKind::Transient,
         }
     }
 }
@@ -65,16 +74,16 @@ mod tests {
         let e =
             |m: &str| SourceError::Replication(pgwire_replication::PgWireError::Server(m.into()));
         assert_eq!(
-            e("replication slot \"x\" does not exist (SQLSTATE 42704)").directive(),
-            Directive::Definite
+            e("replication slot \"x\" does not exist (SQLSTATE 42704)").kind(),
+            ErrorKind::Definite
         );
         assert_eq!(
-            e("replication slot \"x\" is active for PID 1 (SQLSTATE 55006)").directive(),
-            Directive::Retry
+            e("replication slot \"x\" is active for PID 1 (SQLSTATE 55006)").kind(),
+            ErrorKind::Transient
         );
         assert_eq!(
-            e("terminating connection due to administrator command (SQLSTATE 57P01)").directive(),
-            Directive::Retry
+            e("terminating connection due to administrator command (SQLSTATE 57P01)").kind(),
+            ErrorKind::Transient
         );
     }
 }

@@ -1,15 +1,15 @@
 //! Ingest supervisor: runs reader + appender for one streaming attempt, and restarts a
 //! failed attempt from the last durable point with capped exponential backoff and
-//! jitter. Definite errors (wal_level, missing table, lost slot) stop it.
+//! jitter. Environment errors (a revoked right, a full disk on the target) are retried
+//! the same way, loudly; definite errors (wal_level, missing table, lost slot) stop it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
-use walfold_store::{connect, Directive, EventLog};
+use walfold_store::{connect, Backoff, ErrorKind, EventLog};
 
 use crate::appender::Appender;
 use crate::error::SourceError;
@@ -24,23 +24,33 @@ pub async fn run_ingest(
     head: watch::Sender<i64>,
 ) -> Result<(), SourceError> {
     let max = Duration::from_millis(config.pipeline.max_backoff_ms);
-    let mut delay = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), max);
+    let metrics = walfold_store::metrics::metrics();
+    let mut reported: Option<String> = None;
     loop {
         let started = tokio::time::Instant::now();
-        match attempt(&config, &cancel, &head).await {
+        let result = attempt(&config, &cancel, &head).await;
+        match result {
             Ok(()) => return Ok(()),
-            Err(e) if e.directive() == Directive::Retry && !cancel.is_cancelled() => {
+            Err(e) if e.kind().retries() && !cancel.is_cancelled() => {
                 if started.elapsed() > Duration::from_secs(30) {
-                    delay = Duration::from_millis(100);
+                    backoff.reset();
                 }
-                let jitter = rand::rng().random_range(0.5..1.0);
-                let wait = delay.mul_f64(jitter);
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, slot = %config.source.slot, "ingest failed, reconnecting");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(wait) => {}
+                let slot = &config.source.slot;
+                if e.kind() == ErrorKind::Environment {
+                    metrics.set_ingest_paused(true);
+                    // Once per change of cause, not once per retry.
+                    let message = e.to_string();
+                    if reported.as_deref() != Some(message.as_str()) {
+                        tracing::error!(error = %e, slot = %slot, "ingest paused: the environment is wrong (fix it; walfold retries by itself)");
+                        reported = Some(message);
+                    }
+                } else {
+                    tracing::warn!(error = %e, slot = %slot, "ingest failed, reconnecting");
                 }
-                delay = (delay * 2).min(max);
+                if !backoff.sleep(&cancel).await {
+                    return Ok(());
+                }
             }
             Err(e) if cancel.is_cancelled() => {
                 tracing::warn!(error = %e, "ingest error during shutdown");

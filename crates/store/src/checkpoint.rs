@@ -8,6 +8,9 @@ use tokio_postgres::{Client, Statement, Transaction};
 use crate::error::StoreError;
 use crate::q;
 
+/// Advisory-lock class serializing checkpoint reconciles (`'walC'`).
+const CHECKPOINT_LOCK: i32 = 0x7761_6c43;
+
 /// What one batch did, added to the partition's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PartitionStats {
@@ -58,67 +61,139 @@ impl Checkpoints {
         })
     }
 
-    /// Where each partition resumes. When the partition count changed since the last
-    /// run, every partition resumes from the lowest stored position: aggregates moved
-    /// between partitions, and the claims skip whatever was already applied.
-    pub async fn load(
-        client: &Client,
+    /// Makes the subscriber's checkpoint rows match `partitions`, in one transaction,
+    /// before any of its projectors runs. A partition without a row (a new subscriber)
+    /// gets one at 0.
+    /// When the partition count changed (an operator changed `parallelism`), aggregates
+    /// move between partitions, so every new partition resumes at the lowest position of
+    /// the old layout (0 if an old partition never saved one): never past an event some
+    /// aggregate has not seen, and never further back than needed. The claims absorb the
+    /// re-read, and claims are never pruned past the lowest position (see `prune`). The
+    /// counters are kept, summed into partition 0.
+    pub async fn reconcile(
+        client: &mut Client,
         schema: &str,
         subscriber: &str,
         partitions: u32,
-    ) -> Result<Vec<i64>, StoreError> {
-        let rows = client
+    ) -> Result<(), StoreError> {
+        let s = q(schema);
+        let n = partitions as i32;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::db("reconciling checkpoints"))?;
+        // Serializes with another reconcile of this subscriber (rows may not exist yet).
+        tx.execute(
+            "select pg_advisory_xact_lock($1::int4, hashtext($2))",
+            &[&CHECKPOINT_LOCK, &subscriber],
+        )
+        .await
+        .map_err(StoreError::db("locking checkpoints"))?;
+        let rows = tx
             .query(
                 &format!(
-                    "select partition, partitions, position from {}.checkpoint \
-                     where subscriber_id = $1",
-                    q(schema)
+                    "select partition, partitions, position from {s}.checkpoint \
+                     where subscriber_id = $1 for update"
                 ),
                 &[&subscriber],
             )
             .await
-            .map_err(StoreError::db(format!(
-                "loading checkpoints of {subscriber}"
-            )))?;
+            .map_err(StoreError::db("reading checkpoints"))?;
         let stored: Vec<(i32, i32, i64)> = rows
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect();
-        if stored.iter().all(|&(_, n, _)| n == partitions as i32) {
-            let mut positions = vec![0; partitions as usize];
-            for (p, _, pos) in stored {
-                if let Some(slot) = positions.get_mut(p as usize) {
-                    *slot = pos;
-                }
+        if stored.iter().all(|&(_, np, _)| np == n) {
+            // Same layout: a partition without a row has read nothing yet.
+            if stored.len() < partitions as usize {
+                tx.execute(
+                    &format!(
+                        "insert into {s}.checkpoint (subscriber_id, partition, partitions, position) \
+                         select $1, p, $2, 0 from generate_series(0, $2 - 1) as p \
+                         on conflict do nothing"
+                    ),
+                    &[&subscriber, &n],
+                )
+                .await
+                .map_err(StoreError::db("creating checkpoints"))?;
+                tx.commit()
+                    .await
+                    .map_err(StoreError::db("creating checkpoints"))?;
             }
-            return Ok(positions);
+            return Ok(());
         }
-        // An old partition that never saved a position had read nothing: resume from 0.
-        let old_partitions = stored.first().map_or(0, |&(_, n, _)| n.max(0) as usize);
-        let min = if stored.len() < old_partitions {
+        let old_partitions = stored.iter().map(|&(_, np, _)| np).max().unwrap_or(0);
+        let resume = if stored.len() < old_partitions.max(0) as usize {
             0
         } else {
             stored.iter().map(|&(_, _, pos)| pos).min().unwrap_or(0)
         };
-        if !stored.is_empty() {
-            client
-                .execute(
-                    &format!(
-                        "with gone as (delete from {s}.checkpoint \
-                         where subscriber_id = $1 and partition >= $3) \
-                         update {s}.checkpoint set position = $2, partitions = $3 \
-                         where subscriber_id = $1 and partition < $3",
-                        s = q(schema)
-                    ),
-                    &[&subscriber, &min, &(partitions as i32)],
-                )
-                .await
-                .map_err(StoreError::db("resetting checkpoints"))?;
-        }
-        Ok(vec![min; partitions as usize])
+        let totals = tx
+            .query_one(
+                &format!(
+                    "with old as (delete from {s}.checkpoint where subscriber_id = $1 returning *) \
+                     select coalesce(sum(applied), 0)::int8, coalesce(sum(duplicates), 0)::int8, \
+                     coalesce(sum(stale), 0)::int8, coalesce(sum(dead_lettered), 0)::int8, \
+                     max(last_committed_at) from old"
+                ),
+                &[&subscriber],
+            )
+            .await
+            .map_err(StoreError::db("resetting checkpoints"))?;
+        let (applied, duplicates, stale, dead): (i64, i64, i64, i64) =
+            (totals.get(0), totals.get(1), totals.get(2), totals.get(3));
+        let last: Option<SystemTime> = totals.get(4);
+        tx.execute(
+            &format!(
+                "insert into {s}.checkpoint (subscriber_id, partition, partitions, position, \
+                 applied, duplicates, stale, dead_lettered, last_committed_at) \
+                 select $1, p, $2, $3, \
+                   case when p = 0 then $4 else 0 end, case when p = 0 then $5 else 0 end, \
+                   case when p = 0 then $6 else 0 end, case when p = 0 then $7 else 0 end, $8 \
+                 from generate_series(0, $2 - 1) as p"
+            ),
+            &[
+                &subscriber,
+                &n,
+                &resume,
+                &applied,
+                &duplicates,
+                &stale,
+                &dead,
+                &last,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("resetting checkpoints"))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::db("reconciling checkpoints"))?;
+        tracing::info!(subscriber, from = old_partitions, to = partitions, position = resume, "partition count changed: every partition resumes at the lowest position of the old layout");
+        Ok(())
     }
 
-    /// Saves a partition's position and adds `stats` (in the batch's transaction).
+    /// Where `partition` resumes (after [`Checkpoints::reconcile`]).
+    pub async fn position(
+        client: &Client,
+        schema: &str,
+        subscriber: &str,
+        partition: u32,
+    ) -> Result<i64, StoreError> {
+        Ok(client
+            .query_opt(
+                &format!(
+                    "select position from {}.checkpoint where subscriber_id = $1 and partition = $2",
+                    q(schema)
+                ),
+                &[&subscriber, &(partition as i32)],
+            )
+            .await
+            .map_err(StoreError::db("loading a checkpoint"))?
+            .map_or(0, |r| r.get(0)))
+    }
+
+    /// Saves a partition's position and adds `stats` (in the batch's transaction; the
+    /// projector's unit of work is the only caller).
     pub async fn save(
         &self,
         tx: &Transaction<'_>,

@@ -1,5 +1,6 @@
 //! Dead letters: rows and events set aside with their reason, never dropped. Also the
-//! parked aggregates whose later events wait behind a dead-lettered one.
+//! parked aggregates whose later events wait behind a dead-lettered one (keyed by a hash
+//! of the aggregate, so an ID of any length can be parked).
 
 use serde_json::Value;
 use tokio_postgres::types::PgLsn;
@@ -366,29 +367,50 @@ impl DeadLetters {
         }
     }
 
-    /// The dead letters `subscriber` should retry now: every open or retrying one of an
-    /// aggregate with a retry requested, by aggregate, in log order.
-    pub async fn retries(
+    /// The aggregates of `subscriber` with a retry requested (`walfold dead-letters
+    /// retry`), as (aggregate_type, aggregate_id).
+    pub async fn retry_aggregates(
         client: &Client,
         schema: &str,
         subscriber: &str,
-    ) -> Result<Vec<RetryItem>, StoreError> {
-        let s = q(schema);
+    ) -> Result<Vec<(String, String)>, StoreError> {
         let rows = client
             .query(
                 &format!(
-                    "select d.id, d.seq, d.aggregate_type, d.aggregate_id from {s}.dead_letter d \
-                     where d.subscriber_id = $1 and d.status in ('open', 'retrying') \
-                       and d.seq is not null \
-                       and exists (select 1 from {s}.dead_letter r where r.subscriber_id = $1 \
-                                   and r.status = 'retrying' and r.aggregate_type = d.aggregate_type \
-                                   and r.aggregate_id = d.aggregate_id) \
-                     order by d.aggregate_type, d.aggregate_id, d.seq, d.id"
+                    "select distinct aggregate_type, aggregate_id from {}.dead_letter \
+                     where subscriber_id = $1 and status = 'retrying' and seq is not null",
+                    q(schema)
                 ),
                 &[&subscriber],
             )
             .await
             .map_err(StoreError::db("reading retry requests"))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// The next `limit` dead letters of an aggregate to retry, after `after_seq`: every
+    /// open or retrying one, in log order (the aggregate's whole chain goes through).
+    pub async fn retry_page(
+        client: &Client,
+        schema: &str,
+        subscriber: &str,
+        aggregate: (&str, &str),
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<RetryItem>, StoreError> {
+        let rows = client
+            .query(
+                &format!(
+                    "select id, seq, aggregate_type, aggregate_id from {}.dead_letter \
+                     where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
+                       and status in ('open', 'retrying') and seq > $4 \
+                     order by seq, id limit $5",
+                    q(schema)
+                ),
+                &[&subscriber, &aggregate.0, &aggregate.1, &after_seq, &limit],
+            )
+            .await
+            .map_err(StoreError::db("reading dead letters to retry"))?;
         Ok(rows
             .iter()
             .map(|r| RetryItem {
@@ -420,12 +442,14 @@ impl DeadLetters {
         Ok(())
     }
 
-    /// A retry failed again: the head gets the new error, the chain is open again.
+    /// A retry failed again at dead letter `head`: it gets the new error, and the
+    /// aggregate's chain is open again (the aggregate stays parked).
     pub async fn retry_failed(
         client: &impl GenericClient,
         schema: &str,
+        subscriber: &str,
+        aggregate: (&str, &str),
         head: i64,
-        chain: &[i64],
         error: &str,
     ) -> Result<(), StoreError> {
         let s = q(schema);
@@ -433,12 +457,13 @@ impl DeadLetters {
             .execute(
                 &format!(
                     "update {s}.dead_letter set status = 'open', \
-                     error = case when id = $2 then $3 else error end, \
-                     attempts = attempts + (id = $2)::int, \
-                     last_failed_at = case when id = $2 then now() else last_failed_at end \
-                     where id = any($1) and status = 'retrying'"
+                     error = case when id = $4 then $5 else error end, \
+                     attempts = attempts + (id = $4)::int, \
+                     last_failed_at = case when id = $4 then now() else last_failed_at end \
+                     where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
+                       and status = 'retrying'"
                 ),
-                &[&chain, &head, &error],
+                &[&subscriber, &aggregate.0, &aggregate.1, &head, &error],
             )
             .await
             .map_err(StoreError::db("recording a failed retry"))?;
@@ -455,9 +480,9 @@ impl DeadLetters {
     ) -> Result<(), StoreError> {
         tx.execute(
             &format!(
-                "delete from {}.parked_aggregate where subscriber_id = $1 \
-                 and aggregate_type = $2 and aggregate_id = $3",
-                q(schema)
+                "delete from {s}.parked_aggregate where subscriber_id = $1 \
+                 and aggregate_key = {s}.aggregate_key($2, $3)",
+                s = q(schema)
             ),
             &[&subscriber, &aggregate_type, &aggregate_id],
         )

@@ -32,6 +32,11 @@ pub enum StoreError {
     /// says why and what to do instead.
     #[error("{0}")]
     Refused(String),
+    /// Another instance has taken over leadership: this transaction must not land.
+    #[error(
+        "this instance no longer leads (another instance took over); the write was not committed"
+    )]
+    Fenced,
     #[error("{context}: {}", describe(source))]
     Db {
         context: String,
@@ -64,14 +69,27 @@ impl StoreError {
         move |source| StoreError::Db { context, source }
     }
 
-    /// Whether retrying later can help.
-    pub fn directive(&self) -> crate::Directive {
+    /// Whose fault it is (see [`crate::ErrorKind`]).
+    pub fn kind(&self) -> crate::ErrorKind {
+        use crate::ErrorKind;
         match self {
-            StoreError::Busy(_) => crate::Directive::Retry,
-            other => other
-                .pg()
-                .map_or(crate::Directive::Definite, crate::directive),
+            StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
+            StoreError::Connect { source, .. } | StoreError::Db { source, .. } => {
+                crate::kind_of(source)
+            }
+            // Migrations need the target and the right to create the schema.
+            StoreError::MigrateConnect { .. } | StoreError::Migrate { .. } => {
+                ErrorKind::Environment
+            }
+            StoreError::Url { .. } | StoreError::RootCert { .. } | StoreError::Refused(_) => {
+                ErrorKind::Definite
+            }
         }
+    }
+
+    /// Whether the server ran short of disk, memory or connections.
+    pub fn is_resource(&self) -> bool {
+        crate::is_resource_code(self.pg().and_then(crate::sqlstate))
     }
 
     /// The PostgreSQL error behind this one, if any.

@@ -41,6 +41,13 @@ pub struct IngestCounts {
 pub(crate) const SERVER_KEEPALIVES: &str = "set tcp_keepalives_idle = 30; \
     set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; set statement_timeout = 0;";
 
+/// For projector sessions: half-open connections are noticed as above, and a
+/// transaction left open by a client that vanished ends within a minute, so it cannot
+/// hold the leader fence (or a read model's row locks) for long.
+pub const WORKER_SESSION: &str = "set tcp_keepalives_idle = 30; \
+    set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; \
+    set idle_in_transaction_session_timeout = '60s';";
+
 /// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
 const APPENDER_LOCK: i32 = 0x7761_6c66;
 
@@ -222,20 +229,37 @@ impl EventLog {
             }
         }
         let mut quarantined = Vec::new();
+        let mut next_seq = self.head + events.len() as i64;
         if !compare.is_empty() {
             let rows = compare_rows(&tx, &self.compare, &compare).await?;
+            let mut matched = vec![false; compare.len()];
             for row in rows {
                 let ord: i64 = row.get(0);
                 let same: bool = row.get(1);
-                let Some(event) = usize::try_from(ord - 1).ok().and_then(|i| compare.get(i)) else {
+                let Some(i) = usize::try_from(ord - 1).ok().filter(|&i| i < compare.len()) else {
                     continue;
                 };
+                matched[i] = true;
                 if same {
                     outcome.duplicates += 1;
                 } else {
                     outcome.id_conflicts += 1;
-                    quarantined.push(id_conflict(event, row.get(2)));
+                    quarantined.push(id_conflict(compare[i], row.get(2)));
                 }
+            }
+            // An ID that conflicted on insert but is gone by the comparison was pruned in
+            // between (past its retention): it is new again, as it would have been a
+            // moment later. Appended now, so it is never neither appended nor counted.
+            let pruned: Vec<NewEvent> = compare
+                .iter()
+                .zip(&matched)
+                .filter(|(_, m)| !**m)
+                .map(|(e, _)| (*e).clone())
+                .collect();
+            if !pruned.is_empty() {
+                let again = insert_rows(&tx, &self.insert, next_seq, &pruned).await?;
+                outcome.appended += again.len() as u64;
+                next_seq += pruned.len() as i64;
             }
         }
         for dl in dead.iter().chain(&quarantined) {
@@ -259,7 +283,7 @@ impl EventLog {
         tx.commit()
             .await
             .map_err(StoreError::db("committing an append"))?;
-        self.head += events.len() as i64;
+        self.head = next_seq;
         Ok(outcome)
     }
 }

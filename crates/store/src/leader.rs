@@ -2,15 +2,25 @@
 //! slot, appends, projects), the others stand by. The leader holds a session-level
 //! advisory lock on a dedicated connection: when that session ends, for whatever
 //! reason, the server releases the lock and a standby takes it within a second.
+//!
+//! The lock alone does not stop a deposed leader that has not noticed yet: its
+//! projectors run on other connections. So a new leader advances the fencing epoch in
+//! `leader` as it takes over, and every write transaction of a leader passes through
+//! [`Fence::check`], the one place that proves leadership inside a transaction: it
+//! reads its own epoch `for share`. The new leader's update waits for every transaction
+//! that holds that lock, and a transaction that reads later finds another epoch and
+//! fails. So whatever the old leader commits lands before the new leader starts.
 
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio_postgres::Client;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, GenericClient};
 use tokio_util::sync::CancellationToken;
 
 use crate::connect::connect;
 use crate::error::StoreError;
+use crate::q;
 
 /// Advisory-lock class of the leader lock (`'walL'`); the key is the schema's hash.
 const LEADER_LOCK: i32 = 0x7761_6c4c;
@@ -19,11 +29,45 @@ const PERIOD: Duration = Duration::from_secs(1);
 /// A check that takes longer than this counts as a lost session.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a new leader waits at once for the previous leader's transactions to end
+/// before it says so and waits again.
+const TAKEOVER_WAIT: &str = "10s";
+
 /// Held leadership. Dropping it ends the session, which releases the lock.
 pub struct Leadership {
     watch: JoinHandle<()>,
     lost: CancellationToken,
-    pid: i32,
+    fence: Fence,
+}
+
+/// This leader's fencing token, for every write transaction it makes.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    check: std::sync::Arc<str>,
+    epoch: i64,
+    lost: CancellationToken,
+}
+
+impl Fence {
+    /// Fails the transaction `tx` unless this instance still leads (see the module
+    /// docs). Call it in every write transaction, before its commit. A failed check
+    /// also marks leadership lost, so the whole instance stands down at once.
+    pub async fn check(&self, tx: &impl GenericClient) -> Result<(), StoreError> {
+        let rows = tx
+            .query_typed(&self.check, &[(&self.epoch, Type::INT8)])
+            .await
+            .map_err(StoreError::db("checking leadership"))?;
+        if rows.is_empty() {
+            self.lost.cancel();
+            return Err(StoreError::Fenced);
+        }
+        Ok(())
+    }
+
+    /// The epoch this leader holds.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
 }
 
 impl Leadership {
@@ -37,9 +81,13 @@ impl Leadership {
         let mut announced = false;
         loop {
             match Self::try_once(url, schema).await {
-                Ok(Some((client, pid))) => {
-                    tracing::info!(schema, "leading: this instance reads the slot and projects");
-                    return Ok(Some(Self::watch(client, pid)));
+                Ok(Some((client, epoch))) => {
+                    tracing::info!(
+                        schema,
+                        epoch,
+                        "leading: this instance reads the slot and projects"
+                    );
+                    return Ok(Some(Self::watch(client, schema, epoch)));
                 }
                 Ok(None) if !announced => {
                     tracing::info!(schema, "another walfold leads; standing by");
@@ -47,7 +95,7 @@ impl Leadership {
                 }
                 Ok(None) => {}
                 // The target is unreachable (restarting, failing over): keep trying.
-                Err(e) if e.directive() == crate::Directive::Retry => {
+                Err(e) if e.kind().retries() => {
                     tracing::warn!(error = %e, "cannot reach the target to take the leader lock; retrying");
                 }
                 Err(e) => return Err(e),
@@ -64,32 +112,71 @@ impl Leadership {
     pub async fn try_acquire(url: &str, schema: &str) -> Result<Option<Leadership>, StoreError> {
         Ok(Self::try_once(url, schema)
             .await?
-            .map(|(client, pid)| Self::watch(client, pid)))
+            .map(|(client, epoch)| Self::watch(client, schema, epoch)))
     }
 
-    /// One attempt: a new session that holds the lock, or `None` if another does.
-    async fn try_once(url: &str, schema: &str) -> Result<Option<(Client, i32)>, StoreError> {
+    /// One attempt: a new session that holds the lock and has advanced the epoch, or
+    /// `None` if another session holds the lock.
+    async fn try_once(url: &str, schema: &str) -> Result<Option<(Client, i64)>, StoreError> {
         let client = connect(url).await?;
         client
             .batch_execute(crate::event_log::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the leader session"))?;
-        let row = client
+        let locked: bool = client
             .query_one(
-                "select pg_try_advisory_lock($1::int4, hashtext($2)), pg_backend_pid()",
+                "select pg_try_advisory_lock($1::int4, hashtext($2))",
                 &[&LEADER_LOCK, &schema],
             )
             .await
-            .map_err(StoreError::db("taking the leader lock"))?;
-        let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
-        Ok(locked.then_some((client, pid)))
+            .map_err(StoreError::db("taking the leader lock"))?
+            .get(0);
+        if !locked {
+            return Ok(None);
+        }
+        client
+            .batch_execute(&format!("set lock_timeout = '{TAKEOVER_WAIT}'"))
+            .await
+            .map_err(StoreError::db("configuring the leader session"))?;
+        let advance = format!(
+            "update {}.leader set epoch = epoch + 1, pid = pg_backend_pid(), acquired_at = now() \
+             returning epoch",
+            q(schema)
+        );
+        // Waits until the previous leader's in-flight write transactions have ended.
+        let epoch = loop {
+            match client.query_one(&advance, &[]).await {
+                Ok(row) => break row.get::<_, i64>(0),
+                Err(e) if crate::kind::sqlstate(&e) == Some("55P03") => {
+                    tracing::warn!(
+                        schema,
+                        "waiting for the previous leader's transactions to end before taking over"
+                    );
+                }
+                Err(e) => return Err(StoreError::db("advancing the leader epoch")(e)),
+            }
+        };
+        client
+            .batch_execute("set lock_timeout = 0")
+            .await
+            .map_err(StoreError::db("configuring the leader session"))?;
+        Ok(Some((client, epoch)))
     }
 
     /// Checks the session every second; a failed or slow check means the lock may be
     /// gone, so leadership counts as lost at once.
-    fn watch(client: Client, pid: i32) -> Leadership {
+    fn watch(client: Client, schema: &str, epoch: i64) -> Leadership {
         let lost = CancellationToken::new();
         let signal = lost.clone();
+        let fence = Fence {
+            check: format!(
+                "select epoch from {}.leader where epoch = $1 for share",
+                q(schema)
+            )
+            .into(),
+            epoch,
+            lost: lost.clone(),
+        };
         let watch = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(PERIOD).await;
@@ -108,13 +195,12 @@ impl Leadership {
             }
             signal.cancel();
         });
-        Leadership { watch, lost, pid }
+        Leadership { watch, lost, fence }
     }
 
-    /// The backend PID of the session holding the lock: a fence for changes only the
-    /// leader may make (see [`still_leads`]).
-    pub fn pid(&self) -> i32 {
-        self.pid
+    /// The fence every write transaction of this leader passes.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     /// Fires when leadership is lost.
@@ -128,25 +214,4 @@ impl Drop for Leadership {
         // Ends the watch task and with it the session and the lock.
         self.watch.abort();
     }
-}
-
-/// Whether the session `pid` still holds the leader lock of `schema`. Checked inside a
-/// transaction that changes what the leader runs (a rebuild's switch-over or abort), so
-/// an instance that lost its session without noticing yet cannot make that change
-/// under a new leader.
-pub async fn still_leads(
-    tx: &impl tokio_postgres::GenericClient,
-    pid: i32,
-    schema: &str,
-) -> Result<bool, StoreError> {
-    Ok(tx
-        .query_one(
-            "select exists (select 1 from pg_locks where locktype = 'advisory' and granted \
-             and pid = $1 and classid = $2::int4::oid and objid = hashtext($3)::oid \
-             and objsubid = 2)",
-            &[&pid, &LEADER_LOCK, &schema],
-        )
-        .await
-        .map_err(StoreError::db("checking leadership"))?
-        .get(0))
 }

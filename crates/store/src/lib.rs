@@ -1,6 +1,7 @@
 //! walfold's durable state in the target database: the event log, dedup claims,
 //! checkpoints and dead letters, plus the connection and retry rules every component shares.
 
+mod backoff;
 mod checkpoint;
 mod claim;
 mod connect;
@@ -9,17 +10,19 @@ mod error;
 mod event;
 mod event_log;
 pub mod failpoint;
+mod kind;
 mod leader;
 mod lsn;
 pub mod metrics;
 mod migrate;
+mod pause;
 mod prune;
 pub mod rebuild;
 mod registry;
-mod retry;
 mod status;
 mod tls;
 
+pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql};
 pub use connect::{connect, ConnectOptions, SslMode};
@@ -28,15 +31,19 @@ pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};
 pub use event_log::{
     head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
+    WORKER_SESSION,
 };
-pub use leader::{still_leads, Leadership};
+pub use kind::{is_resource_code, kind_for_code, kind_of, sqlstate, ErrorKind};
+pub use leader::{Fence, Leadership};
 pub use lsn::Lsn;
 pub use migrate::migrate;
+pub use pause::{clear_pause, record_pause};
 pub use prune::{prune, PrunePolicy, Pruned};
 pub use rebuild::Rebuild;
 pub use registry::{active_subscriber, active_subscribers};
-pub use retry::{directive, directive_for_code, Directive};
-pub use status::{status, IngestStatus, RebuildStatus, SlotStatus, Status, SubscriberStatus};
+pub use status::{
+    status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, Status, SubscriberStatus,
+};
 
 /// Quotes an identifier (the configured schema) for SQL.
 pub(crate) fn q(ident: &str) -> String {

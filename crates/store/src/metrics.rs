@@ -44,6 +44,12 @@ pub struct Metrics {
     pub dead_letters: Family<SubscriberLabel, Counter>,
     pub batch_size: HistogramFamily,
     pub apply_seconds: HistogramFamily,
+    /// Partitions of a subscriber paused by an environment error, in this process.
+    paused: Family<SubscriberLabel, Gauge>,
+    /// 1 while ingest waits out an environment error of the target.
+    ingest_paused: Gauge,
+    /// Paused partitions over every subscriber, and ingest (for `/readyz`).
+    paused_total: std::sync::atomic::AtomicI64,
     // Read from the database at scrape time.
     lag_events: Family<SubscriberLabel, Gauge>,
     lag_seconds: Family<SubscriberLabel, FloatGauge>,
@@ -97,6 +103,9 @@ impl Metrics {
             dead_letters: reg!("dead_lettered", "Events dead-lettered by a subscriber (failed or waiting behind a parked aggregate)", Family::default()),
             batch_size: reg!("batch_size", "Events per projector batch", HistogramFamily::new_with_constructor(batch_histogram)),
             apply_seconds: reg!("apply_seconds", "Time to claim, apply and checkpoint one batch", HistogramFamily::new_with_constructor(seconds_histogram)),
+            paused: reg!("projection_paused", "Partitions of the subscriber paused by an error of the environment (privileges, missing table or column, disk full); 0: running", Family::default()),
+            ingest_paused: reg!("ingest_paused", "1 while ingest waits out an error of the environment of the target", Gauge::default()),
+            paused_total: std::sync::atomic::AtomicI64::new(0),
             lag_events: reg!("subscriber_lag_events", "Events in the log the subscriber's slowest partition has not read", Family::default()),
             lag_seconds: reg!("subscriber_lag_seconds", "Age of the last applied event's source commit, while behind", Family::default()),
             parked: reg!("parked_aggregates", "Aggregates whose events wait behind a dead letter", Family::default()),
@@ -137,6 +146,27 @@ impl Metrics {
 
     pub fn is_leader(&self) -> bool {
         self.leader.get() == 1
+    }
+
+    /// A partition of `subscriber` paused (`true`) or resumed.
+    pub fn set_paused(&self, subscriber: &str, paused: bool) {
+        let delta = if paused { 1 } else { -1 };
+        self.paused
+            .get_or_create(&Self::subscriber(subscriber))
+            .inc_by(delta);
+        self.paused_total.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// Ingest paused (`true`) or resumed.
+    pub fn set_ingest_paused(&self, paused: bool) {
+        let was = self.ingest_paused.set(i64::from(paused));
+        self.paused_total
+            .fetch_add(i64::from(paused) - was, Ordering::Relaxed);
+    }
+
+    /// Whether anything in this process is paused.
+    pub fn any_paused(&self) -> bool {
+        self.paused_total.load(Ordering::Relaxed) > 0
     }
 
     pub fn feedback_sent(&self) {
@@ -209,12 +239,9 @@ impl Metrics {
         self.processed_message_rows.set(s.processed_message_rows);
         let rows: i64 = target
             .query_one(
-                &format!(
-                    "select greatest(reltuples, 0)::int8 from pg_class \
-                     where oid = '{}.event_log'::regclass",
-                    q(schema)
-                ),
-                &[],
+                "select greatest(reltuples, 0)::int8 from pg_class \
+                 where oid = to_regclass($1)",
+                &[&format!("{}.event_log", q(schema))],
             )
             .await
             .map_err(StoreError::db("estimating event_log"))?

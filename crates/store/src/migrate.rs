@@ -39,6 +39,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "slot gap",
         include_str!("../../../migrations/20261130000005_slot_gap.sql"),
     ),
+    (
+        20261201000001,
+        "fence, pause, park key",
+        include_str!("../../../migrations/20261201000001_fence_pause_park_key.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

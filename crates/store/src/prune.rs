@@ -2,13 +2,17 @@
 //! events older than the log's retention are deleted in small batches. An event is
 //! never deleted before every projection's active subscriber and every rebuild in
 //! progress has passed it, nor the log's head (the appender continues numbering from
-//! it), nor while an open dead letter still needs it.
+//! it), nor while an open dead letter still needs it. A claim is never deleted before
+//! every partition of its subscriber has passed its event: whatever walfold re-reads by
+//! itself (a restart, a changed `parallelism`) still meets its claim. Retention bounds
+//! only redeliveries from outside (a backfill, a retry).
 
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
 use crate::error::StoreError;
+use crate::leader::Fence;
 use crate::q;
 
 /// What to prune.
@@ -29,25 +33,31 @@ pub struct Pruned {
     pub events: u64,
 }
 
-/// One prune pass.
+/// One prune pass. With a `fence` (the leader's), every delete proves in its
+/// transaction that this instance still leads.
 pub async fn prune(
-    client: &Client,
+    client: &mut Client,
     schema: &str,
     policy: &PrunePolicy,
+    fence: Option<&Fence>,
 ) -> Result<Pruned, StoreError> {
     let s = q(schema);
     let mut pruned = Pruned::default();
     let claims = format!(
         "delete from {s}.processed_message where ctid = any(array( \
-         select ctid from {s}.processed_message \
-         where subscriber_id = $1 and processed_at < now() - make_interval(secs => $2) \
+         select m.ctid from {s}.processed_message m \
+         where m.subscriber_id = $1 and m.processed_at < now() - make_interval(secs => $2) \
+           and not exists (select 1 from {s}.event_log e \
+                           where e.event_id = m.message_id and e.seq > $4) \
          limit $3))"
     );
     for (subscriber, retention) in &policy.claims {
+        let passed = passed(client, schema, subscriber).await?;
         pruned.claims += delete_batches(
             client,
+            fence,
             &claims,
-            &[subscriber, &retention.as_secs_f64(), &policy.batch],
+            &[subscriber, &retention.as_secs_f64(), &policy.batch, &passed],
             policy.batch,
         )
         .await?;
@@ -62,7 +72,8 @@ pub async fn prune(
            except select subscriber_id from {s}.rebuild where state in ('running', 'aborting'))) \
          limit $1))"
     );
-    pruned.claims += delete_batches(client, &retired, &[&policy.batch], policy.batch).await?;
+    pruned.claims +=
+        delete_batches(client, fence, &retired, &[&policy.batch], policy.batch).await?;
     let Some(retention) = policy.event_log else {
         return Ok(pruned);
     };
@@ -81,7 +92,7 @@ pub async fn prune(
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let mut bound = crate::event_log::head(client, schema).await? - 1;
+    let mut bound = crate::event_log::head(&*client, schema).await? - 1;
     for subscriber in &holders {
         bound = bound.min(passed(client, schema, subscriber).await?);
     }
@@ -98,6 +109,7 @@ pub async fn prune(
     );
     pruned.events = delete_batches(
         client,
+        fence,
         &events,
         &[&bound, &retention.as_secs_f64(), &policy.batch],
         policy.batch,
@@ -124,7 +136,8 @@ async fn passed(client: &Client, schema: &str, subscriber: &str) -> Result<i64, 
 }
 
 async fn delete_batches(
-    client: &Client,
+    client: &mut Client,
+    fence: Option<&Fence>,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     batch: i64,
@@ -135,10 +148,18 @@ async fn delete_batches(
         .map_err(StoreError::db("preparing a prune"))?;
     let mut total = 0;
     loop {
-        let n = client
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::db("pruning"))?;
+        let n = tx
             .execute(&statement, params)
             .await
             .map_err(StoreError::db("pruning"))?;
+        if let Some(fence) = fence {
+            fence.check(&tx).await?;
+        }
+        tx.commit().await.map_err(StoreError::db("pruning"))?;
         total += n;
         if n < batch as u64 {
             return Ok(total);

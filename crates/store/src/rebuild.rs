@@ -10,6 +10,7 @@ use tokio_postgres::{Client, GenericClient};
 use walfold_config::QualifiedName;
 
 use crate::error::StoreError;
+use crate::leader::Fence;
 use crate::q;
 
 /// A rebuild as stored.
@@ -199,6 +200,7 @@ pub async fn start(
     .await
     .map_err(StoreError::db("creating the shadow table"))?;
     copy_grants(&tx, live, &shadow).await?;
+    copy_constraints_and_policies(&tx, live, &shadow).await?;
     let row = tx
         .query_one(
             &format!(
@@ -273,14 +275,14 @@ pub async fn readiness(
 /// The switch-over, in one transaction: the live table is retired, the shadow table takes
 /// its name, and the rebuild's subscriber becomes the projection's active one (the old
 /// one's open dead letters are discarded and its aggregates released: nothing runs it
-/// any more). The caller leads (`leader_pid`, checked inside the transaction) and has
+/// any more). The caller leads (its `fence` is checked inside the transaction) and has
 /// stopped every projector writing either table. Returns false when the rebuild is no
 /// longer running (aborted meanwhile).
 pub async fn switch(
     client: &mut Client,
     schema: &str,
     rebuild: &Rebuild,
-    leader_pid: i32,
+    fence: &Fence,
 ) -> Result<bool, StoreError> {
     let s = q(schema);
     let (live, shadow, retired) = (
@@ -314,7 +316,7 @@ pub async fn switch(
     ))
     .await
     .map_err(StoreError::db("locking the live and shadow tables"))?;
-    fence(&tx, leader_pid, schema).await?;
+    fence.check(&tx).await?;
     tx.batch_execute(&format!(
         "alter table {l} rename to {r}; alter table {sh} rename to {ln};",
         l = live.quoted(),
@@ -402,13 +404,13 @@ async fn not_open(
 
 /// Ends an aborting or running rebuild: drops the shadow table and the new subscriber's
 /// checkpoints and parked aggregates, in one transaction; nothing live is touched. The
-/// caller leads (`leader_pid`, checked inside the transaction) and runs no projector of
+/// caller leads (its `fence` is checked inside the transaction) and runs no projector of
 /// this rebuild. Claims are removed afterwards by [`forget_claims`] (or `prune`).
 pub async fn abort(
     client: &mut Client,
     schema: &str,
     rebuild: &Rebuild,
-    leader_pid: i32,
+    fence: &Fence,
 ) -> Result<(), StoreError> {
     let s = q(schema);
     let tx = client
@@ -426,7 +428,7 @@ pub async fn abort(
         .await
         .map_err(StoreError::db("aborting a rebuild"))?;
     if n == 1 {
-        fence(&tx, leader_pid, schema).await?;
+        fence.check(&tx).await?;
         tx.batch_execute(&format!(
             "drop table if exists {}",
             rebuild.shadow_table().quoted()
@@ -442,11 +444,15 @@ pub async fn abort(
 }
 
 /// Ends a switched rebuild: drops the retired table and the previous subscriber's
-/// checkpoints and parked aggregates, in one transaction. Returns the rebuild.
+/// checkpoints and parked aggregates, in one transaction. Sequences the retired table
+/// owns (a `serial` column, whose sequence the live table's default shares) pass to the
+/// live table first. The daemon passes its `fence`; the CLI may finish without one
+/// (nothing runs on a retired table). Returns the rebuild.
 pub async fn finish(
     client: &mut Client,
     schema: &str,
     projection: &str,
+    fence: Option<&Fence>,
 ) -> Result<Rebuild, StoreError> {
     let s = q(schema);
     let tx = client
@@ -470,6 +476,10 @@ pub async fn finish(
         ));
     };
     let rebuild = from_row(&row);
+    if let Some(fence) = fence {
+        fence.check(&tx).await?;
+    }
+    hand_over_sequences(&tx, &rebuild.retired_table(), &rebuild.live_table()).await?;
     tx.batch_execute(&format!(
         "drop table if exists {}",
         rebuild.retired_table().quoted()
@@ -539,15 +549,116 @@ pub async fn forget_claims(
     }
 }
 
-/// Fails the transaction unless `leader_pid` still leads.
-async fn fence(tx: &impl GenericClient, leader_pid: i32, schema: &str) -> Result<(), StoreError> {
-    if crate::leader::still_leads(tx, leader_pid, schema).await? {
-        Ok(())
-    } else {
-        Err(StoreError::Busy(
-            "leadership was lost; the new leader carries on".into(),
+/// Makes `to` own the sequences `from` owns (by column name), so dropping `from` keeps
+/// the sequences that `to`'s defaults use (`like … including all` copies a `serial`
+/// column's default, which names the original sequence).
+async fn hand_over_sequences(
+    tx: &impl GenericClient,
+    from: &QualifiedName,
+    to: &QualifiedName,
+) -> Result<(), StoreError> {
+    let rows = tx
+        .query(
+            "select d.objid::regclass::text, a.attname::text from pg_depend d \
+             join pg_class c on c.oid = d.objid and c.relkind = 'S' \
+             join pg_attribute a on a.attrelid = d.refobjid and a.attnum = d.refobjsubid \
+             where d.classid = 'pg_class'::regclass and d.refclassid = 'pg_class'::regclass \
+               and d.refobjid = to_regclass($1) and d.deptype = 'a' \
+               and exists (select 1 from pg_attribute t where t.attrelid = to_regclass($2) \
+                           and t.attname = a.attname and not t.attisdropped)",
+            &[&from.quoted(), &to.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("reading the retired table's sequences"))?;
+    for r in rows {
+        // `regclass` output is already quoted where needed.
+        let (sequence, column): (String, String) = (r.get(0), r.get(1));
+        tx.batch_execute(&format!(
+            "alter sequence {sequence} owned by {}.{}",
+            to.quoted(),
+            walfold_config::quote_ident(&column)
         ))
+        .await
+        .map_err(StoreError::db("handing a sequence to the live table"))?;
     }
+    Ok(())
+}
+
+/// Gives the shadow table what `like … including all` leaves out and a rename would
+/// otherwise drop from the live read model: foreign keys to other tables, and row-level
+/// security with its policies.
+async fn copy_constraints_and_policies(
+    tx: &impl GenericClient,
+    live: &QualifiedName,
+    shadow: &QualifiedName,
+) -> Result<(), StoreError> {
+    let db = StoreError::db("copying foreign keys and policies to the shadow table");
+    let fks = tx
+        .query(
+            "select conname::text, pg_get_constraintdef(oid) from pg_constraint \
+             where conrelid = $1::text::regclass and contype = 'f' order by conname",
+            &[&live.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("reading the live table's foreign keys"))?;
+    let mut ddl = String::new();
+    for r in fks {
+        let (name, definition): (String, String) = (r.get(0), r.get(1));
+        ddl.push_str(&format!(
+            "alter table {} add constraint {} {definition};\n",
+            shadow.quoted(),
+            walfold_config::quote_ident(&name)
+        ));
+    }
+    let rls = tx
+        .query_one(
+            "select relrowsecurity, relforcerowsecurity from pg_class \
+             where oid = $1::text::regclass",
+            &[&live.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("reading the live table's row security"))?;
+    let (enabled, forced): (bool, bool) = (rls.get(0), rls.get(1));
+    if enabled {
+        ddl.push_str(&format!(
+            "alter table {} enable row level security;\n",
+            shadow.quoted()
+        ));
+    }
+    if forced {
+        ddl.push_str(&format!(
+            "alter table {} force row level security;\n",
+            shadow.quoted()
+        ));
+    }
+    let policies = tx
+        .query(
+            "select policyname::text, permissive, \
+             array(select case when r = 'public' then 'public' else quote_ident(r) end \
+                   from unnest(roles) r)::text[], cmd, qual, with_check \
+             from pg_policies where schemaname = $1 and tablename = $2 order by policyname",
+            &[&live.schema, &live.name],
+        )
+        .await
+        .map_err(StoreError::db("reading the live table's policies"))?;
+    for r in policies {
+        let (name, permissive, roles, cmd): (String, String, Vec<String>, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        let (qual, check): (Option<String>, Option<String>) = (r.get(4), r.get(5));
+        // All from the catalog: keywords, quoted role names and deparsed expressions.
+        ddl.push_str(&format!(
+            "create policy {} on {} as {permissive} for {cmd} to {}{}{};\n",
+            walfold_config::quote_ident(&name),
+            shadow.quoted(),
+            roles.join(", "),
+            qual.map_or_else(String::new, |q| format!(" using ({q})")),
+            check.map_or_else(String::new, |c| format!(" with check ({c})")),
+        ));
+    }
+    if !ddl.is_empty() {
+        tx.batch_execute(&ddl).await.map_err(db)?;
+    }
+    Ok(())
 }
 
 /// Refuses a live table that a rename would leave behind: views and rules read it by

@@ -22,6 +22,19 @@ pub struct Status {
     pub rebuilds: Vec<RebuildStatus>,
     /// WAL ranges skipped by recreating a lost slot (`on_slot_lost = "recreate"`).
     pub slot_gaps: i64,
+    /// Subscribers with paused partitions.
+    pub paused: i64,
+}
+
+fn pause_status(partitions: i64, first: Option<Vec<Option<String>>>) -> Option<PauseStatus> {
+    let first = first?;
+    let field = |i: usize| first.get(i).cloned().flatten();
+    (partitions > 0).then(|| PauseStatus {
+        partitions,
+        sqlstate: field(0),
+        error: field(1).unwrap_or_default(),
+        since_unix: field(2).and_then(|t| t.parse().ok()).unwrap_or(0.0),
+    })
 }
 
 /// A rebuild in progress (or switched, with its retired table kept).
@@ -80,6 +93,19 @@ pub struct SubscriberStatus {
     pub stale: i64,
     pub dead_lettered: i64,
     pub parked_aggregates: i64,
+    /// Set while partitions are paused by an error of the environment (a revoked grant,
+    /// a dropped column, disk full): nothing is dead-lettered for it, and the partitions
+    /// resume by themselves once it is fixed.
+    pub paused: Option<PauseStatus>,
+}
+
+/// Why a subscriber's partitions are paused.
+#[derive(Debug, Clone, Serialize)]
+pub struct PauseStatus {
+    pub partitions: i64,
+    pub sqlstate: Option<String>,
+    pub error: String,
+    pub since_unix: f64,
 }
 
 /// Collects the status. `source` is the source database (for the slot), `target` the
@@ -148,7 +174,11 @@ pub async fn status(
                  sum(c.applied)::int8, \
                  sum(c.duplicates)::int8, sum(c.stale)::int8, sum(c.dead_lettered)::int8, \
                  max(c.last_committed_at), \
-                 (select count(*) from {s}.parked_aggregate p where p.subscriber_id = c.subscriber_id) \
+                 (select count(*) from {s}.parked_aggregate p where p.subscriber_id = c.subscriber_id), \
+                 (select count(*) from {s}.projection_pause z where z.subscriber_id = c.subscriber_id), \
+                 (select array[z.sqlstate, z.error, extract(epoch from z.since)::text] \
+                  from {s}.projection_pause z where z.subscriber_id = c.subscriber_id \
+                  order by z.since limit 1) \
                  from {s}.checkpoint c group by c.subscriber_id order by c.subscriber_id"
             ),
             &[],
@@ -184,6 +214,7 @@ pub async fn status(
             stale: r.get(5),
             dead_lettered: r.get(6),
             parked_aggregates: r.get(8),
+            paused: pause_status(r.get(9), r.get(10)),
         });
     }
     let dead_letters_open: i64 = target
@@ -241,6 +272,7 @@ pub async fn status(
         .map_err(StoreError::db("counting slot gaps"))?
         .get(0);
     Ok(Status {
+        paused: subscribers.iter().filter(|s| s.paused.is_some()).count() as i64,
         slot_gaps,
         rebuilds,
         slot: slot_status,

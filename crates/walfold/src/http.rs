@@ -1,6 +1,7 @@
 //! The metrics and health listener (hyper, HTTP/1.1): `/metrics` (Prometheus text),
-//! `/healthz` (the process is up), `/readyz` (this instance leads, streams from the slot
-//! and every subscriber is within `metrics.ready_max_lag_s` of its newest event).
+//! `/healthz` (the process is up), `/readyz` (this instance leads, streams from the slot,
+//! nothing is paused and every subscriber is within `metrics.ready_max_lag_s` of its
+//! newest event).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -145,6 +146,11 @@ async fn ready(state: &State) -> Result<(), String> {
     }
     if !m.streaming() {
         return Err("not streaming from the slot".into());
+    }
+    if m.any_paused() {
+        return Err(
+            "paused by an error of the environment (see `walfold status` and the log)".into(),
+        );
     }
     let (schema, slot) = (&state.config.target.schema, &state.config.source.slot);
     let check = with_clients(state, async |source, target| {

@@ -50,13 +50,9 @@ pub(crate) fn store_failure(e: walfold_store::StoreError) -> Failure {
 
 /// An engine error as a failure (see [`store_failure`]).
 pub(crate) fn engine_failure(e: walfold_engine::EngineError) -> Failure {
-    match e {
-        walfold_engine::EngineError::Store { source, .. }
-            if matches!(source, walfold_store::StoreError::Refused(_)) =>
-        {
-            store_failure(source)
-        }
-        other => Failure::runtime(other),
+    match e.refused() {
+        Some(m) => Failure::config(m),
+        None => Failure::runtime(e),
     }
 }
 

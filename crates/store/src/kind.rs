@@ -1,0 +1,130 @@
+//! The one place that decides whose fault an error is, and so what happens next. Every
+//! caller (the projector, the appender, the supervisors, the binary) reads the
+//! [`ErrorKind`] of an error; nobody else looks at SQLSTATEs.
+//!
+//! - *Transient*: the connection or the transaction failed, not the work (connection
+//!   lost, server shutting down, serialization failure, deadlock, a lock or slot still
+//!   held by a dying session). Retry from the last durable point. Keep this list short.
+//! - *Environment*: the target or the config is wrong (privileges, a missing table,
+//!   column or function, a syntax error in a projection's statement, a read-only
+//!   server, disk full, out of memory, too many connections, a statement timeout). No
+//!   event is to blame: pause, retry with capped backoff, say so loudly, resume by
+//!   itself once fixed. Never dead-letter for it.
+//! - *Data*: the event's own values cannot apply (a constraint, invalid input, an out of
+//!   range or oversized value, a division by zero, an exception raised by a trigger).
+//!   Dead-letter the event and park its aggregate; everything else goes on.
+//! - *Definite*: nothing this process can retry fixes it (the slot is lost, the
+//!   publication dropped, `wal_level` is not logical). Stop with the fix.
+//!
+//! A statement timeout (57014) counts as environment: most often a lock held by
+//! someone else, and pausing a projection is recoverable without anyone retrying
+//! thousands of dead letters by hand.
+
+/// Whose fault an error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Retry from the last durable point, with backoff.
+    Transient,
+    /// The target or config is wrong: pause, retry with capped backoff, loudly.
+    Environment,
+    /// The event cannot apply: dead-letter it and park its aggregate.
+    Data,
+    /// Stop with the fix.
+    Definite,
+}
+
+impl ErrorKind {
+    /// The kind for an error raised by walfold's own statements (claims, checkpoints,
+    /// dead letters): no event can be at fault for those, so data errors are blamed on
+    /// the environment (e.g. someone altered walfold's schema).
+    pub fn own_statement(self) -> ErrorKind {
+        match self {
+            ErrorKind::Data => ErrorKind::Environment,
+            other => other,
+        }
+    }
+
+    /// Whether retrying (at once or after a pause) can help.
+    pub fn retries(self) -> bool {
+        matches!(self, ErrorKind::Transient | ErrorKind::Environment)
+    }
+}
+
+/// Maps a SQLSTATE (none: an I/O or protocol error) to its kind.
+pub fn kind_for_code(code: Option<&str>) -> ErrorKind {
+    let Some(c) = code else {
+        return ErrorKind::Transient;
+    };
+    let class = c.get(..2).unwrap_or("");
+    match (class, c) {
+        // Connection exceptions; admin/crash shutdown, cannot connect now.
+        ("08", _) | (_, "57P01" | "57P02" | "57P03") => ErrorKind::Transient,
+        // Serialization failure, deadlock, statement completion unknown, lock not
+        // available, object in use (a slot still held by an exiting walsender).
+        (_, "40001" | "40P01" | "40003" | "55P03" | "55006" | "72000") => ErrorKind::Transient,
+        // Data exception, integrity constraint, cardinality (a statement meeting the
+        // same row twice), program limit (an index row too large), trigger-raised
+        // exceptions, routine exceptions, with check option.
+        ("22" | "23" | "21" | "54" | "P0" | "2F" | "38" | "39" | "27" | "44", _) => ErrorKind::Data,
+        // Everything else is about the server or the statement, not the event:
+        // 42 (privileges, missing objects, syntax), 53 (resources), 58 (system),
+        // 25006 (read-only), 3D/3F (no such database/schema), 28 (authentication),
+        // 0A (feature not supported), 57014 (statement timeout), XX (internal).
+        _ => ErrorKind::Environment,
+    }
+}
+
+/// Whether a SQLSTATE says the server ran short of something (disk, memory,
+/// connections): a batch that hits it is tried again smaller.
+pub fn is_resource_code(code: Option<&str>) -> bool {
+    code.is_some_and(|c| c.starts_with("53"))
+}
+
+/// Maps a PostgreSQL error to its kind.
+pub fn kind_of(err: &tokio_postgres::Error) -> ErrorKind {
+    kind_for_code(sqlstate(err))
+}
+
+/// The SQLSTATE of a PostgreSQL error, if the server sent one.
+pub fn sqlstate(err: &tokio_postgres::Error) -> Option<&str> {
+    err.code().map(|c| c.code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_sqlstate_is_blamed_on_what_caused_it() {
+        use ErrorKind::*;
+        for (code, kind) in [
+            (None, Transient),
+            (Some("08006"), Transient),
+            (Some("57P01"), Transient),
+            (Some("40001"), Transient),
+            (Some("55006"), Transient),
+            (Some("23505"), Data),
+            (Some("22P02"), Data),
+            (Some("22012"), Data),
+            (Some("54000"), Data),
+            (Some("P0001"), Data),
+            (Some("42501"), Environment),
+            (Some("42P01"), Environment),
+            (Some("42703"), Environment),
+            (Some("42883"), Environment),
+            (Some("42601"), Environment),
+            (Some("53100"), Environment),
+            (Some("53200"), Environment),
+            (Some("53300"), Environment),
+            (Some("25006"), Environment),
+            (Some("57014"), Environment),
+            (Some("3F000"), Environment),
+            (Some("XX000"), Environment),
+        ] {
+            assert_eq!(kind_for_code(code), kind, "{code:?}");
+        }
+        assert!(is_resource_code(Some("53100")));
+        assert!(!is_resource_code(Some("42501")));
+        assert_eq!(Data.own_statement(), Environment);
+    }
+}
