@@ -404,10 +404,18 @@ impl ProjectionConfig {
             )]),
             (Some(sql), None) => {
                 let mut problems = Vec::new();
-                let sql = match (&self.target, sql.contains("{table}")) {
+                let in_code = |table: &QualifiedName| {
+                    Template::replace_in_code(sql, "{table}", &table.quoted())
+                        .map_err(|e| vec![problem("sql", e.to_string())])
+                };
+                let names_table = match Template::replace_in_code(sql, "{table}", "") {
+                    Ok(without) => without != *sql,
+                    Err(e) => return Err(vec![problem("sql", e.to_string())]),
+                };
+                let sql = match (&self.target, names_table) {
                     (Some(t), true) => match (storage, QualifiedName::parse(t)) {
-                        (Some(s), _) => sql.replace("{table}", &s.quoted()),
-                        (None, Ok(t)) => sql.replace("{table}", &t.quoted()),
+                        (Some(s), _) => in_code(s)?,
+                        (None, Ok(t)) => in_code(&t)?,
                         (None, Err(m)) => return Err(vec![problem("target", m)]),
                     },
                     (Some(_), false) => {

@@ -134,94 +134,61 @@ impl Template {
         if src.trim().is_empty() {
             return Err(TemplateError::Empty);
         }
-        let chars: Vec<char> = src.chars().collect();
         let mut out = String::with_capacity(src.len());
         let mut params: Vec<Placeholder> = Vec::new();
-        let mut i = 0;
         let mut ended = false;
-        while i < chars.len() {
-            let c = chars[i];
-            let next = chars.get(i + 1).copied();
-            let comment = (c == '-' && next == Some('-')) || (c == '/' && next == Some('*'));
-            if ended && !c.is_whitespace() && c != ';' && !comment {
-                return Err(TemplateError::MultipleStatements);
-            }
-            match c {
-                ';' => {
-                    ended = true;
-                    out.push(c);
-                    i += 1;
-                }
-                '\'' | '"' => {
-                    let end = find_quote_end(&chars, i + 1, c).ok_or(
-                        TemplateError::Unterminated(if c == '\'' {
-                            "string literal"
-                        } else {
-                            "quoted identifier"
-                        }),
-                    )?;
-                    out.extend(&chars[i..=end]);
-                    i = end + 1;
-                }
-                '-' if next == Some('-') => {
-                    let end = chars[i..]
-                        .iter()
-                        .position(|&c| c == '\n')
-                        .map_or(chars.len(), |p| i + p);
-                    out.extend(&chars[i..end]);
-                    i = end;
-                }
-                '/' if next == Some('*') => {
-                    let end = (i + 2..chars.len().saturating_sub(1))
-                        .find(|&j| chars[j] == '*' && chars[j + 1] == '/')
-                        .ok_or(TemplateError::Unterminated("comment"))?;
-                    out.extend(&chars[i..end + 2]);
-                    i = end + 2;
-                }
-                '$' if i == 0 || !is_word(chars[i - 1]) => {
-                    // Dollar quoting: $tag$ … $tag$.
-                    match dollar_tag(&chars, i) {
-                        Some(tag) => {
-                            let body = i + tag.len();
-                            let end = find_seq(&chars, body, &tag)
-                                .ok_or(TemplateError::Unterminated("dollar-quoted string"))?;
-                            out.extend(&chars[i..end + tag.len()]);
-                            i = end + tag.len();
+        for (kind, text) in segments(src)? {
+            match kind {
+                Segment::Comment => out.push_str(&text),
+                Segment::Quoted if ended => return Err(TemplateError::MultipleStatements),
+                Segment::Quoted => out.push_str(&text),
+                Segment::Code => {
+                    let chars: Vec<char> = text.chars().collect();
+                    let mut i = 0;
+                    while i < chars.len() {
+                        let c = chars[i];
+                        let next = chars.get(i + 1).copied();
+                        if ended && !c.is_whitespace() && c != ';' {
+                            return Err(TemplateError::MultipleStatements);
                         }
-                        None => {
-                            out.push(c);
-                            i += 1;
+                        match c {
+                            ';' => {
+                                ended = true;
+                                out.push(c);
+                                i += 1;
+                            }
+                            ':' if next == Some(':') => {
+                                out.push_str("::");
+                                i += 2;
+                            }
+                            ':' if next.is_some_and(|n| n.is_ascii_alphabetic() || n == '_') => {
+                                let mut j = i + 1;
+                                while j < chars.len()
+                                    && (is_word(chars[j])
+                                        || (chars[j] == '.'
+                                            && chars.get(j + 1).is_some_and(|&n| is_word(n))))
+                                {
+                                    j += 1;
+                                }
+                                let name: String = chars[i + 1..j].iter().collect();
+                                let placeholder = Placeholder::parse(&name)
+                                    .ok_or(TemplateError::Unknown(name))?;
+                                let index = match params.iter().position(|p| *p == placeholder) {
+                                    Some(k) => k,
+                                    None => {
+                                        params.push(placeholder);
+                                        params.len() - 1
+                                    }
+                                };
+                                out.push_str(&render(index + 1));
+                                i = j;
+                            }
+                            _ => {
+                                out.push(c);
+                                i += 1;
+                            }
                         }
                     }
-                }
-                ':' if next == Some(':') => {
-                    out.push_str("::");
-                    i += 2;
-                }
-                ':' if next.is_some_and(|n| n.is_ascii_alphabetic() || n == '_') => {
-                    let mut j = i + 1;
-                    while j < chars.len()
-                        && (is_word(chars[j])
-                            || (chars[j] == '.' && chars.get(j + 1).is_some_and(|&n| is_word(n))))
-                    {
-                        j += 1;
-                    }
-                    let name: String = chars[i + 1..j].iter().collect();
-                    let placeholder =
-                        Placeholder::parse(&name).ok_or(TemplateError::Unknown(name))?;
-                    let index = match params.iter().position(|p| *p == placeholder) {
-                        Some(k) => k,
-                        None => {
-                            params.push(placeholder);
-                            params.len() - 1
-                        }
-                    };
-                    out.push_str(&render(index + 1));
-                    i = j;
-                }
-                _ => {
-                    out.push(c);
-                    i += 1;
                 }
             }
         }
@@ -231,14 +198,126 @@ impl Template {
             params,
         })
     }
+
+    /// `src` with `from` replaced by `to` in its SQL code only, never inside a string
+    /// literal, a quoted identifier or a comment (how `{table}` becomes the table name).
+    pub fn replace_in_code(src: &str, from: &str, to: &str) -> Result<String, TemplateError> {
+        Ok(segments(src)?
+            .into_iter()
+            .map(|(kind, text)| match kind {
+                Segment::Code => text.replace(from, to),
+                Segment::Quoted | Segment::Comment => text,
+            })
+            .collect())
+    }
+}
+
+/// What a piece of a statement is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Segment {
+    /// SQL code: where placeholders and `{table}` are.
+    Code,
+    /// A string literal (`'…'`, `E'…'` with backslash escapes, `$tag$…$tag$`) or a
+    /// quoted identifier.
+    Quoted,
+    /// `-- …` or `/* … */` (nested, as PostgreSQL reads them).
+    Comment,
+}
+
+/// Splits a statement into code, quoted text and comments, as PostgreSQL's lexer would.
+fn segments(src: &str) -> Result<Vec<(Segment, String)>, TemplateError> {
+    let chars: Vec<char> = src.chars().collect();
+    let mut out: Vec<(Segment, String)> = Vec::new();
+    let mut code = String::new();
+    let push = |out: &mut Vec<(Segment, String)>, code: &mut String, kind, text: &[char]| {
+        if !code.is_empty() {
+            out.push((Segment::Code, std::mem::take(code)));
+        }
+        out.push((kind, text.iter().collect()));
+    };
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        match c {
+            '\'' | '"' => {
+                // E'…' (or e'…'): backslash escapes, so \' does not end it.
+                let escapes = c == '\''
+                    && i > 0
+                    && matches!(chars[i - 1], 'E' | 'e')
+                    && (i < 2 || !is_word(chars[i - 2]));
+                let end = find_quote_end(&chars, i + 1, c, escapes).ok_or(
+                    TemplateError::Unterminated(if c == '\'' {
+                        "string literal"
+                    } else {
+                        "quoted identifier"
+                    }),
+                )?;
+                if escapes {
+                    // The E prefix belongs to the literal.
+                    code.pop();
+                    push(&mut out, &mut code, Segment::Quoted, &chars[i - 1..=end]);
+                } else {
+                    push(&mut out, &mut code, Segment::Quoted, &chars[i..=end]);
+                }
+                i = end + 1;
+            }
+            '-' if next == Some('-') => {
+                let end = chars[i..]
+                    .iter()
+                    .position(|&c| c == '\n')
+                    .map_or(chars.len(), |p| i + p);
+                push(&mut out, &mut code, Segment::Comment, &chars[i..end]);
+                i = end;
+            }
+            '/' if next == Some('*') => {
+                let end =
+                    block_comment_end(&chars, i).ok_or(TemplateError::Unterminated("comment"))?;
+                push(&mut out, &mut code, Segment::Comment, &chars[i..end]);
+                i = end;
+            }
+            '$' if i == 0 || !is_word(chars[i - 1]) => match dollar_tag(&chars, i) {
+                Some(tag) => {
+                    let body = i + tag.len();
+                    let end = find_seq(&chars, body, &tag)
+                        .ok_or(TemplateError::Unterminated("dollar-quoted string"))?;
+                    push(
+                        &mut out,
+                        &mut code,
+                        Segment::Quoted,
+                        &chars[i..end + tag.len()],
+                    );
+                    i = end + tag.len();
+                }
+                None => {
+                    code.push(c);
+                    i += 1;
+                }
+            },
+            _ => {
+                code.push(c);
+                i += 1;
+            }
+        }
+    }
+    if !code.is_empty() {
+        out.push((Segment::Code, code));
+    }
+    Ok(out)
 }
 
 fn is_word(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-fn find_quote_end(chars: &[char], mut i: usize, quote: char) -> Option<usize> {
+/// The closing quote's index; a doubled quote is part of the text, and with `escapes`
+/// so is any character after a backslash.
+fn find_quote_end(chars: &[char], mut i: usize, quote: char, escapes: bool) -> Option<usize> {
     while i < chars.len() {
+        if escapes && chars[i] == '\\' {
+            i += 2;
+            continue;
+        }
         if chars[i] == quote {
             if chars.get(i + 1) == Some(&quote) {
                 i += 2;
@@ -247,6 +326,29 @@ fn find_quote_end(chars: &[char], mut i: usize, quote: char) -> Option<usize> {
             return Some(i);
         }
         i += 1;
+    }
+    None
+}
+
+/// The index just past a block comment starting at `start` (they nest in PostgreSQL).
+fn block_comment_end(chars: &[char], start: usize) -> Option<usize> {
+    let mut depth = 0;
+    let mut i = start;
+    while i + 1 < chars.len() {
+        match (chars[i], chars[i + 1]) {
+            ('/', '*') => {
+                depth += 1;
+                i += 2;
+            }
+            ('*', '/') => {
+                depth -= 1;
+                i += 2;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => i += 1,
+        }
     }
     None
 }
@@ -342,6 +444,29 @@ mod tests {
             Err(TemplateError::MultipleStatements)
         );
         assert!(Template::compile("insert into a values (';'); -- done\n").is_ok());
+    }
+
+    #[test]
+    fn escape_strings_nested_comments_and_table_names_are_read_as_postgresql_does() {
+        // In E'…' a backslash escapes the quote: the literal runs to the last quote.
+        let t = Template::compile(r"select E'it\'s :not_me' || e'\\' || :event_type").unwrap();
+        assert_eq!(t.sql, r"select E'it\'s :not_me' || e'\\' || $1");
+        assert_eq!(t.params, vec![Placeholder::EventType]);
+        // Not an escape string: `xE'…'` is an identifier followed by a literal.
+        let t = Template::compile(r"select colE'a\' , :version").unwrap();
+        assert_eq!(t.sql, r"select colE'a\' , $1");
+        let t = Template::compile("select /* a /* nested :x */ still */ :version").unwrap();
+        assert_eq!(t.sql, "select /* a /* nested :x */ still */ $1");
+        let sql = Template::replace_in_code(
+            "insert into {table} values ('{table}', \"{table}\") -- {table}\n/* {table} */",
+            "{table}",
+            "\"public\".\"t\"",
+        )
+        .unwrap();
+        assert_eq!(
+            sql,
+            "insert into \"public\".\"t\" values ('{table}', \"{table}\") -- {table}\n/* {table} */"
+        );
     }
 
     #[test]

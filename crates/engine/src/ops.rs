@@ -143,13 +143,15 @@ pub async fn prune(
     prune_fenced(config, projections, fence.as_ref()).await
 }
 
-/// [`prune`] with the leader's fence (the daemon's pass).
+/// [`prune`] with the leader's fence (the daemon's pass), on a migrated schema.
 pub(crate) async fn prune_fenced(
     config: &Config,
     projections: &[ProjectionConfig],
     fence: Option<&Fence>,
 ) -> Result<Pruned, EngineError> {
-    let mut client = connect(config).await?;
+    let mut client = walfold_store::connect(config.target_url())
+        .await
+        .map_err(EngineError::store("connecting to the target"))?;
     let schema = &config.target.schema;
     let open = rebuild::open(&client, schema)
         .await

@@ -339,6 +339,9 @@ async fn plan(
     let open = rebuild::open_settled(&client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
+    walfold_store::clear_pauses(&mut client, fence, schema)
+        .await
+        .map_err(EngineError::store("clearing pauses"))?;
     let now = unix_now();
     let retire_after: Vec<(String, Duration)> = defined
         .iter()

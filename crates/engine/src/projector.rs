@@ -261,9 +261,10 @@ impl Pause {
             self.cause = Some(cause.clone());
             // Best effort: the cause may keep this write from landing too.
             let recorded = async {
-                let client = connect(&part.url).await?;
+                let mut client = connect(&part.url).await?;
                 walfold_store::record_pause(
-                    &client,
+                    &mut client,
+                    &part.fence,
                     &part.schema,
                     part.subscriber(),
                     part.partition,

@@ -109,7 +109,7 @@ impl Checkpoints {
                 tx.execute(
                     &format!(
                         "insert into {s}.checkpoint (subscriber_id, partition, partitions, position) \
-                         select $1, p, $2, 0 from generate_series(0, $2 - 1) as p \
+                         select $1::text, p, $2::int4, 0 from generate_series(0, $2::int4 - 1) as p \
                          on conflict do nothing"
                     ),
                     &[&subscriber, &n],
@@ -147,10 +147,11 @@ impl Checkpoints {
             &format!(
                 "insert into {s}.checkpoint (subscriber_id, partition, partitions, position, \
                  applied, duplicates, stale, dead_lettered, last_committed_at) \
-                 select $1, p, $2, $3, \
-                   case when p = 0 then $4 else 0 end, case when p = 0 then $5 else 0 end, \
-                   case when p = 0 then $6 else 0 end, case when p = 0 then $7 else 0 end, $8 \
-                 from generate_series(0, $2 - 1) as p"
+                 select $1::text, p, $2::int4, $3::int8, \
+                   case when p = 0 then $4::int8 else 0 end, case when p = 0 then $5::int8 else 0 end, \
+                   case when p = 0 then $6::int8 else 0 end, case when p = 0 then $7::int8 else 0 end, \
+                   $8::timestamptz \
+                 from generate_series(0, $2::int4 - 1) as p"
             ),
             &[
                 &subscriber,

@@ -1,6 +1,7 @@
 //! Fault injection for crash tests (feature `failpoints`, never in release builds):
 //! `WALFOLD_FAILPOINTS=after_append_commit=3,after_projection_commit=5` aborts the
-//! process the Nth time the named point is passed.
+//! process the Nth time the named point is passed; `leader_watch=sleep:8000` makes a
+//! [`delay`] point wait 8 s each time it is passed.
 
 /// Aborts the process if `name` is armed and this is its Nth pass.
 #[cfg(feature = "failpoints")]
@@ -29,7 +30,27 @@ pub fn hit(name: &str) {
     }
 }
 
+/// Waits if `name` is armed with `sleep:MS`.
+#[cfg(feature = "failpoints")]
+pub async fn delay(name: &str) {
+    let Ok(spec) = std::env::var("WALFOLD_FAILPOINTS") else {
+        return;
+    };
+    let ms = spec.split(',').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == name).then(|| v.trim().strip_prefix("sleep:")?.parse::<u64>().ok())?
+    });
+    if let Some(ms) = ms {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
 /// Without the feature, failpoints compile to nothing.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Without the feature, failpoints compile to nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub async fn delay(_name: &str) {}

@@ -180,6 +180,8 @@ impl Leadership {
         let watch = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(PERIOD).await;
+                // Tests: a leader slow to notice that its session is gone.
+                crate::failpoint::delay("leader_watch").await;
                 let check = tokio::time::timeout(CHECK_TIMEOUT, client.simple_query("select 1"));
                 match check.await {
                     Ok(Ok(_)) => {}

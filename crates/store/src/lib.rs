@@ -37,7 +37,7 @@ pub use kind::{is_resource_code, kind_for_code, kind_of, sqlstate, ErrorKind};
 pub use leader::{Fence, Leadership};
 pub use lsn::Lsn;
 pub use migrate::migrate;
-pub use pause::{clear_pause, record_pause};
+pub use pause::{clear_pause, clear_pauses, record_pause};
 pub use prune::{prune, PrunePolicy, Pruned};
 pub use rebuild::Rebuild;
 pub use registry::{active_subscriber, active_subscribers};
