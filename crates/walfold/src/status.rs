@@ -58,6 +58,18 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
             sub.parked_aggregates
         );
     }
+    for sub in &s.subscribers {
+        if let Some(p) = &sub.paused {
+            println!(
+                "PAUSED {}: {} partition(s) since {}s ago, {}{} (an error of the target or the config: nothing is dead-lettered for it; it resumes by itself once fixed)",
+                sub.subscriber,
+                p.partitions,
+                (unix_now() - p.since_unix).max(0.0).round(),
+                p.sqlstate.as_deref().map_or_else(String::new, |c| format!("SQLSTATE {c}: ")),
+                p.error
+            );
+        }
+    }
     for r in &s.rebuilds {
         println!(
             "rebuild {} → {}: {} replayed={} remaining={} rate={:.0}/s eta={} retired_table={}",
@@ -83,6 +95,12 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
         s.processed_message_rows
     );
     Ok(())
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn opt(v: Option<i64>) -> String {
