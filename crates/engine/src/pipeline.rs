@@ -204,8 +204,9 @@ async fn lead(
     let ingest_done = CancellationToken::new();
     let ingest = {
         let (config, stop, done) = (config.clone(), stop.clone(), ingest_done.clone());
+        let fence = fence.clone();
         tokio::spawn(async move {
-            let r = walfold_source::run_ingest(config, stop, head_tx)
+            let r = walfold_source::run_ingest(config, stop, head_tx, fence)
                 .await
                 .map_err(EngineError::from);
             done.cancel();

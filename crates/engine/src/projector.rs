@@ -214,21 +214,28 @@ impl<'c> Work<'c> {
         last_committed_at: Option<SystemTime>,
     ) -> Result<PartitionStats, EngineError> {
         let part = self.part;
-        part.fence
-            .check(&self.tx)
-            .await
-            .map_err(EngineError::store("proving leadership"))?;
-        self.statements
-            .checkpoints
-            .save(
-                &self.tx,
-                part.partition,
-                position,
-                self.stats,
-                last_committed_at,
-            )
-            .await
-            .map_err(EngineError::store("saving a checkpoint"))?;
+        // Sent together: one round trip. On a failed check nothing is committed.
+        futures::try_join!(
+            async {
+                part.fence
+                    .check(&self.tx)
+                    .await
+                    .map_err(EngineError::store("proving leadership"))
+            },
+            async {
+                self.statements
+                    .checkpoints
+                    .save(
+                        &self.tx,
+                        part.partition,
+                        position,
+                        self.stats,
+                        last_committed_at,
+                    )
+                    .await
+                    .map_err(EngineError::store("saving a checkpoint"))
+            },
+        )?;
         self.tx
             .commit()
             .await

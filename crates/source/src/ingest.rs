@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
-use walfold_store::{connect, Backoff, ErrorKind, EventLog};
+use walfold_store::{connect, Backoff, ErrorKind, EventLog, Fence};
 
 use crate::appender::Appender;
 use crate::error::SourceError;
@@ -22,6 +22,7 @@ pub async fn run_ingest(
     config: Arc<Config>,
     cancel: CancellationToken,
     head: watch::Sender<i64>,
+    fence: Fence,
 ) -> Result<(), SourceError> {
     let max = Duration::from_millis(config.pipeline.max_backoff_ms);
     let mut backoff = Backoff::new(Duration::from_millis(100), max);
@@ -29,7 +30,7 @@ pub async fn run_ingest(
     let mut reported: Option<String> = None;
     loop {
         let started = tokio::time::Instant::now();
-        let result = attempt(&config, &cancel, &head).await;
+        let result = attempt(&config, &cancel, &head, &fence).await;
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.kind().retries() && !cancel.is_cancelled() => {
@@ -65,6 +66,7 @@ async fn attempt(
     config: &Config,
     cancel: &CancellationToken,
     head: &watch::Sender<i64>,
+    fence: &Fence,
 ) -> Result<(), SourceError> {
     let target = connect(config.target_url())
         .await
@@ -72,6 +74,7 @@ async fn attempt(
     let mut log = EventLog::open(target, &config.target.schema, &config.source.slot)
         .await
         .map_err(SourceError::store("opening the event log"))?;
+    log.fence_with(fence.clone());
     let source = connect(&config.source.url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;

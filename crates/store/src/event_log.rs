@@ -62,6 +62,9 @@ pub struct EventLog {
     position: Statement,
     read_position: Statement,
     dead_letters: DeadLetters,
+    /// The leader's fence, checked in every append (the daemon's appender); `None` for a
+    /// backfill, which runs only while no daemon appends (the appender lock).
+    fence: Option<crate::leader::Fence>,
 }
 
 impl EventLog {
@@ -173,7 +176,13 @@ impl EventLog {
             compare,
             position,
             dead_letters,
+            fence: None,
         })
+    }
+
+    /// Every append from now on proves in its transaction that this instance leads.
+    pub fn fence_with(&mut self, fence: crate::leader::Fence) {
+        self.fence = Some(fence);
     }
 
     /// The last appended sequence number.
@@ -266,20 +275,37 @@ impl EventLog {
             self.dead_letters.record(&tx, dl).await?;
         }
         let lsn: PgLsn = through.unwrap_or(Lsn::ZERO).into();
-        tx.execute(
-            &self.position,
-            &[
-                &self.slot,
-                &lsn,
-                &(outcome.appended as i64),
-                &(outcome.duplicates as i64),
-                &(outcome.id_conflicts as i64),
-                &(counts.malformed as i64),
-                &(counts.ignored_changes as i64),
-            ],
-        )
-        .await
-        .map_err(StoreError::db("moving the ingest position"))?;
+        let (appended, duplicates, conflicts) = (
+            outcome.appended as i64,
+            outcome.duplicates as i64,
+            outcome.id_conflicts as i64,
+        );
+        let (malformed, ignored) = (counts.malformed as i64, counts.ignored_changes as i64);
+        let position = async {
+            tx.execute(
+                &self.position,
+                &[
+                    &self.slot,
+                    &lsn,
+                    &appended,
+                    &duplicates,
+                    &conflicts,
+                    &malformed,
+                    &ignored,
+                ],
+            )
+            .await
+            .map_err(StoreError::db("moving the ingest position"))
+        };
+        // Sent together: one round trip.
+        match &self.fence {
+            Some(fence) => {
+                futures::try_join!(fence.check(&tx), position)?;
+            }
+            None => {
+                position.await?;
+            }
+        }
         tx.commit()
             .await
             .map_err(StoreError::db("committing an append"))?;
