@@ -1,7 +1,7 @@
 -- The leader's fencing token. A new leader advances `epoch` as it takes over; every
--- write transaction of a leader reads its epoch here `for share` before it commits, so
--- the new leader's update waits for the old leader's in-flight transactions, and any
--- the old leader starts afterwards find another epoch and fail instead of landing.
+-- write transaction of a leader checks here that the epoch is still its own, under a
+-- shared advisory lock of that epoch which the new leader takes exclusively (see
+-- crates/store/src/leader.rs): a deposed leader's commits fail instead of landing.
 create table leader (
     id boolean primary key default true check (id),
     epoch bigint not null,

@@ -693,3 +693,61 @@ async fn a_long_retry_chain_applies_in_order_in_pages() {
         "each event applied in order: none was stale"
     );
 }
+
+/// A prune that deletes an old event between an append's insert (where its repeated ID
+/// conflicted) and its comparison: the redelivered event is appended anew, as it would
+/// have been a moment later, never neither appended nor counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_pruned_during_an_append_is_appended_not_lost() {
+    let db = TestDb::new("prunerace");
+    walfold_store::migrate(&db.url(), "walfold").await.unwrap();
+    let mut log = walfold_store::EventLog::open(db.client().await, "walfold", "walfold")
+        .await
+        .unwrap();
+    let event = walfold_store::NewEvent {
+        id: uuid::Uuid::new_v4(),
+        aggregate_type: "order".into(),
+        aggregate_id: "o-1".into(),
+        event_type: "OrderPaid".into(),
+        version: Some(1),
+        payload: serde_json::json!({"amount": "1"}),
+        headers: None,
+        occurred_at: None,
+        source_lsn: walfold_store::Lsn(1),
+        source_ordinal: 0,
+        committed_at: None,
+    };
+    let counts = walfold_store::IngestCounts::default();
+    let first = log
+        .append(std::slice::from_ref(&event), &[], None, counts)
+        .await
+        .unwrap();
+    assert_eq!(first.appended, 1);
+    // Only this test runs in this process (nextest), so the variable is ours.
+    std::env::set_var("WALFOLD_FAILPOINTS", "append_before_compare=sleep:1500");
+    let pruner = {
+        let client = db.client().await;
+        let id = event.id;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            client
+                .execute("delete from walfold.event_log where event_id = $1", &[&id])
+                .await
+                .unwrap()
+        })
+    };
+    let again = log
+        .append(std::slice::from_ref(&event), &[], None, counts)
+        .await
+        .unwrap();
+    std::env::remove_var("WALFOLD_FAILPOINTS");
+    assert_eq!(pruner.await.unwrap(), 1, "the prune deleted the old copy");
+    assert_eq!((again.appended, again.duplicates), (1, 0));
+    assert_eq!(
+        db.psql(&format!(
+            "select count(*) from walfold.event_log where event_id = '{}'",
+            event.id
+        )),
+        "1"
+    );
+}

@@ -240,6 +240,8 @@ impl EventLog {
         let mut quarantined = Vec::new();
         let mut next_seq = self.head + events.len() as i64;
         if !compare.is_empty() {
+            // Tests: a prune deleting the repeated IDs between the two statements.
+            crate::failpoint::delay("append_before_compare").await;
             let rows = compare_rows(&tx, &self.compare, &compare).await?;
             let mut matched = vec![false; compare.len()];
             for row in rows {

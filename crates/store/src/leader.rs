@@ -4,12 +4,16 @@
 //! reason, the server releases the lock and a standby takes it within a second.
 //!
 //! The lock alone does not stop a deposed leader that has not noticed yet: its
-//! projectors run on other connections. So a new leader advances the fencing epoch in
-//! `leader` as it takes over, and every write transaction of a leader passes through
-//! [`Fence::check`], the one place that proves leadership inside a transaction: it
-//! reads its own epoch `for share`. The new leader's update waits for every transaction
-//! that holds that lock, and a transaction that reads later finds another epoch and
-//! fails. So whatever the old leader commits lands before the new leader starts.
+//! projectors run on other connections. So every write transaction of a leader passes
+//! through [`Fence::check`], the one place that proves leadership inside a transaction:
+//! it takes a shared transaction-level advisory lock on its epoch's key (held until it
+//! commits) and reads that `leader.epoch` is still its own. A new leader advances the
+//! epoch, then takes the previous epoch's key exclusively for its whole session: that
+//! waits for every transaction of the old leader holding it, and every later attempt
+//! fails at once (a shared request conflicts with the holder and with a queued
+//! exclusive request). A leader deposed earlier still finds another epoch in the row.
+//! So whatever the old leader commits lands before the new leader starts, and nothing
+//! after. All in memory: no row lock, no WAL on the hot path.
 
 use std::time::Duration;
 
@@ -44,8 +48,22 @@ pub struct Leadership {
 #[derive(Debug, Clone)]
 pub struct Fence {
     check: std::sync::Arc<str>,
-    epoch: i64,
+    key: EpochKey,
     lost: CancellationToken,
+}
+
+/// An epoch and its advisory-lock key: (hashtext(schema), epoch as int4; epochs wrap
+/// after 2^32 takeovers, which only the row comparison has to tell apart).
+#[derive(Debug, Clone, Copy)]
+struct EpochKey {
+    epoch: i64,
+    class: i32,
+}
+
+impl EpochKey {
+    fn objid(self) -> i32 {
+        self.epoch as i32
+    }
 }
 
 impl Fence {
@@ -53,11 +71,19 @@ impl Fence {
     /// docs). Call it in every write transaction, before its commit. A failed check
     /// also marks leadership lost, so the whole instance stands down at once.
     pub async fn check(&self, tx: &impl GenericClient) -> Result<(), StoreError> {
-        let rows = tx
-            .query_typed(&self.check, &[(&self.epoch, Type::INT8)])
+        let leads: bool = tx
+            .query_typed_one(
+                &self.check,
+                &[
+                    (&self.key.class, Type::INT4),
+                    (&self.key.objid(), Type::INT4),
+                    (&self.key.epoch, Type::INT8),
+                ],
+            )
             .await
-            .map_err(StoreError::db("checking leadership"))?;
-        if rows.is_empty() {
+            .map_err(StoreError::db("checking leadership"))?
+            .get(0);
+        if !leads {
             self.lost.cancel();
             return Err(StoreError::Fenced);
         }
@@ -66,7 +92,7 @@ impl Fence {
 
     /// The epoch this leader holds.
     pub fn epoch(&self) -> i64 {
-        self.epoch
+        self.key.epoch
     }
 }
 
@@ -81,13 +107,13 @@ impl Leadership {
         let mut announced = false;
         loop {
             match Self::try_once(url, schema).await {
-                Ok(Some((client, epoch))) => {
+                Ok(Some((client, key))) => {
                     tracing::info!(
                         schema,
-                        epoch,
+                        epoch = key.epoch,
                         "leading: this instance reads the slot and projects"
                     );
-                    return Ok(Some(Self::watch(client, schema, epoch)));
+                    return Ok(Some(Self::watch(client, schema, key)));
                 }
                 Ok(None) if !announced => {
                     tracing::info!(schema, "another walfold leads; standing by");
@@ -112,12 +138,12 @@ impl Leadership {
     pub async fn try_acquire(url: &str, schema: &str) -> Result<Option<Leadership>, StoreError> {
         Ok(Self::try_once(url, schema)
             .await?
-            .map(|(client, epoch)| Self::watch(client, schema, epoch)))
+            .map(|(client, key)| Self::watch(client, schema, key)))
     }
 
-    /// One attempt: a new session that holds the lock and has advanced the epoch, or
-    /// `None` if another session holds the lock.
-    async fn try_once(url: &str, schema: &str) -> Result<Option<(Client, i64)>, StoreError> {
+    /// One attempt: a new session that holds the lock, has advanced the epoch and has
+    /// fenced off the previous one, or `None` if another session holds the lock.
+    async fn try_once(url: &str, schema: &str) -> Result<Option<(Client, EpochKey)>, StoreError> {
         let client = connect(url).await?;
         client
             .batch_execute(crate::event_log::SERVER_KEEPALIVES)
@@ -134,47 +160,69 @@ impl Leadership {
         if !locked {
             return Ok(None);
         }
+        let row = client
+            .query_one(
+                &format!(
+                    "update {}.leader set epoch = epoch + 1, pid = pg_backend_pid(), \
+                     acquired_at = now() returning epoch, hashtext($1)",
+                    q(schema)
+                ),
+                &[&schema],
+            )
+            .await
+            .map_err(StoreError::db("advancing the leader epoch"))?;
+        let key = EpochKey {
+            epoch: row.get(0),
+            class: row.get(1),
+        };
+        let previous = EpochKey {
+            epoch: key.epoch - 1,
+            ..key
+        };
         client
             .batch_execute(&format!("set lock_timeout = '{TAKEOVER_WAIT}'"))
             .await
             .map_err(StoreError::db("configuring the leader session"))?;
-        let advance = format!(
-            "update {}.leader set epoch = epoch + 1, pid = pg_backend_pid(), acquired_at = now() \
-             returning epoch",
-            q(schema)
-        );
-        // Waits until the previous leader's in-flight write transactions have ended.
-        let epoch = loop {
-            match client.query_one(&advance, &[]).await {
-                Ok(row) => break row.get::<_, i64>(0),
+        // Waits until the previous leader's in-flight write transactions have ended;
+        // held for this session's life, so none of its transactions can pass again.
+        loop {
+            match client
+                .execute(
+                    "select pg_advisory_lock($1, $2)",
+                    &[&previous.class, &previous.objid()],
+                )
+                .await
+            {
+                Ok(_) => break,
                 Err(e) if crate::kind::sqlstate(&e) == Some("55P03") => {
                     tracing::warn!(
                         schema,
                         "waiting for the previous leader's transactions to end before taking over"
                     );
                 }
-                Err(e) => return Err(StoreError::db("advancing the leader epoch")(e)),
+                Err(e) => return Err(StoreError::db("fencing the previous leader")(e)),
             }
-        };
+        }
         client
             .batch_execute("set lock_timeout = 0")
             .await
             .map_err(StoreError::db("configuring the leader session"))?;
-        Ok(Some((client, epoch)))
+        Ok(Some((client, key)))
     }
 
     /// Checks the session every second; a failed or slow check means the lock may be
     /// gone, so leadership counts as lost at once.
-    fn watch(client: Client, schema: &str, epoch: i64) -> Leadership {
+    fn watch(client: Client, schema: &str, key: EpochKey) -> Leadership {
         let lost = CancellationToken::new();
         let signal = lost.clone();
         let fence = Fence {
             check: format!(
-                "select epoch from {}.leader where epoch = $1 for share",
+                "select pg_try_advisory_xact_lock_shared($1, $2) \
+                 and exists (select 1 from {}.leader where epoch = $3)",
                 q(schema)
             )
             .into(),
-            epoch,
+            key,
             lost: lost.clone(),
         };
         let watch = tokio::spawn(async move {
