@@ -217,13 +217,33 @@ fn unix_micros(us: i64) -> SystemTime {
 /// jsonb cannot hold `\u0000`; a `json` or `text` column can. Such a row would make the
 /// event-log insert fail, so it is rejected here with its reason.
 fn refuse_nul(text: &str, column: &str) -> Result<(), String> {
-    if text.contains("\\u0000") {
+    if has_nul_escape(text) {
         Err(format!(
             "column `{column}` contains \\u0000, which jsonb cannot store"
         ))
     } else {
         Ok(())
     }
+}
+
+/// Whether JSON text holds a `\u0000` escape. Only a backslash that is not itself escaped
+/// starts one: `"\\u0000"` (an escaped backslash, then `u0000`) is six ordinary characters,
+/// so the run of backslashes before `u0000` must be odd.
+fn has_nul_escape(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let run = bytes[i..].iter().take_while(|&&b| b == b'\\').count();
+        i += run;
+        if run % 2 == 1 && bytes[i..].starts_with(b"u0000") {
+            return true;
+        }
+    }
+    false
 }
 
 fn truncate(s: &str) -> String {
@@ -428,6 +448,42 @@ mod tests {
             assert!(dl.error.contains(reason), "{} vs {reason}", dl.error);
             assert!(dl.raw.as_ref().unwrap().get("payload").is_some());
         }
+    }
+
+    #[test]
+    fn only_a_real_nul_escape_is_refused() {
+        // As JSON text: a NUL escape, with escaped backslashes before it, or not one at all.
+        assert!(has_nul_escape(r#"{"a": "\u0000"}"#));
+        assert!(
+            has_nul_escape(r#"{"a": "x\\\u0000"}"#),
+            "an escaped backslash, then an escape"
+        );
+        assert!(has_nul_escape(r#"{"\u0000": 1}"#));
+        assert!(
+            !has_nul_escape(r#"{"a": "\\u0000"}"#),
+            "an escaped backslash, then u0000"
+        );
+        assert!(!has_nul_escape(r#"{"a": "\\\\u0000"}"#));
+        assert!(!has_nul_escape(r#"{"a": "\u0001"}"#));
+        assert!(!has_nul_escape(r#"{"a": "u0000\\"}"#));
+        assert!(!has_nul_escape(""));
+
+        let m = Mapping::new(&config(), &relation(COLS));
+        let with = |payload: &'static str| {
+            row(&[
+                Some(ID),
+                Some("a"),
+                Some("1"),
+                Some("T"),
+                Some("1"),
+                Some(payload),
+                None,
+            ])
+        };
+        let e = m.map(&with(r#"{"path": "C:\\u0000"}"#), tx()).unwrap();
+        assert_eq!(e.payload["path"], "C:\\u0000");
+        let dl = m.map(&with(r#"{"path": "\u0000"}"#), tx()).unwrap_err();
+        assert!(dl.error.contains("jsonb cannot store"), "{}", dl.error);
     }
 
     #[test]
