@@ -80,9 +80,17 @@ pub fn replication_config(config: &Config) -> Result<ReplicationConfig, SourceEr
     Ok(cfg)
 }
 
+/// A relation as its Relation message announced it.
+struct Relation {
+    /// `schema.table`, for messages.
+    name: String,
+    /// `None`: no `[[outbox]]` is this table.
+    mapping: Option<Mapping>,
+}
+
 pub(crate) struct Reader<'a> {
     config: &'a Config,
-    relations: HashMap<u32, Option<Mapping>>,
+    relations: HashMap<u32, Relation>,
     tx: Option<TxContext>,
     items: mpsc::Sender<Item>,
 }
@@ -188,6 +196,8 @@ impl<'a> Reader<'a> {
     async fn data(&mut self, data: &[u8]) -> Result<(), SourceError> {
         let message = decode(data, false).map_err(|e| SourceError::Decode(e.to_string()))?;
         match message {
+            // A partition's own Relation message comes beside its root's even when the
+            // publication publishes through the root: only a change for it is a problem.
             Message::Relation(rel) => {
                 let mapping = self
                     .config
@@ -198,13 +208,11 @@ impl<'a> Reader<'a> {
                         t.schema == rel.namespace && t.name == rel.name
                     })
                     .map(|o| Mapping::new(o, &rel));
-                self.relations.insert(rel.id, mapping);
+                let name = format!("{}.{}", rel.namespace, rel.name);
+                self.relations.insert(rel.id, Relation { name, mapping });
             }
             Message::Insert(insert) => {
-                let mapping = self.mapping(insert.relation_id)?;
-                let Some(mapping) = mapping else {
-                    return Ok(());
-                };
+                let mapping = self.mapping(insert.relation_id, "an insert")?;
                 let tx = self
                     .tx
                     .ok_or_else(|| SourceError::Decode("insert outside a transaction".into()))?;
@@ -220,17 +228,32 @@ impl<'a> Reader<'a> {
                 }
                 self.send(item).await?;
             }
-            Message::Update(u) if self.mapping(u.relation_id)?.is_some() => {
+            Message::Update(u) => {
+                self.mapping(u.relation_id, "an update")?;
                 self.send(Item::Ignored).await?;
             }
-            Message::Delete(d) if self.mapping(d.relation_id)?.is_some() => {
+            Message::Delete(d) => {
+                self.mapping(d.relation_id, "a delete")?;
                 self.send(Item::Ignored).await?;
             }
+            // A truncate removes rows, it writes none: never an event, whatever the table.
             Message::Truncate(t) => {
                 for id in t.relation_ids {
-                    if matches!(self.relations.get(&id), Some(Some(_))) {
-                        self.send(Item::Ignored).await?;
+                    match self.relations.get(&id) {
+                        Some(Relation {
+                            mapping: Some(_), ..
+                        }) => {}
+                        Some(Relation { name, .. }) => {
+                            tracing::warn!(relation = %name, publication = %self.config.source.publication, "truncate of a table that is no [[outbox]], ignored; remove it from the publication");
+                        }
+                        None => {
+                            tracing::warn!(
+                                relation_id = id,
+                                "truncate of an unannounced relation, ignored"
+                            );
+                        }
                     }
+                    self.send(Item::Ignored).await?;
                 }
             }
             // Begin/Commit arrive as boundary events; the rest carries nothing for us.
@@ -239,9 +262,20 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    fn mapping(&self, relation_id: u32) -> Result<Option<&Mapping>, SourceError> {
+    /// The outbox a change belongs to. A change of any other table stops ingest before
+    /// its transaction is acknowledged: skipping it could drop events silently (a
+    /// partition published under its own name, a table added to the publication).
+    fn mapping(&self, relation_id: u32, change: &'static str) -> Result<&Mapping, SourceError> {
         match self.relations.get(&relation_id) {
-            Some(m) => Ok(m.as_ref()),
+            Some(Relation {
+                mapping: Some(m), ..
+            }) => Ok(m),
+            Some(Relation { name, .. }) => Err(SourceError::Unmapped {
+                change,
+                relation: name.clone(),
+                publication: self.config.source.publication.clone(),
+                commit_lsn: self.tx.map_or(Lsn::ZERO, |t| t.commit_lsn),
+            }),
             None => Err(SourceError::Decode(format!(
                 "change for relation {relation_id} before its Relation message"
             ))),
