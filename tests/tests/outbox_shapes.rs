@@ -2,6 +2,8 @@
 //! partitioned outboxes, several outboxes in one pipeline, names in every ORM's
 //! convention, and what walfold refuses (with the fix) instead of dropping events.
 
+use std::time::Duration;
+
 use walfold_tests::{caught_up, insert_event, slot_active, Daemon, TestDb};
 
 const ID: [&str; 4] = [
@@ -85,4 +87,226 @@ async fn a_change_of_a_table_that_is_no_outbox_stops_ingest_before_its_ack() {
     caught_up(&client, 4, 3).await;
     assert_eq!(db.psql("select count(*) from ledger"), "4");
     assert_eq!(db.psql("select sum(amount) from ledger"), "10");
+}
+
+/// The standard outbox, partitioned by `occurred_at` (two partitions).
+const PARTITIONED: &str = "
+drop table outbox;
+create table outbox (
+    id uuid, aggregate_type text, aggregate_id text, event_type text,
+    version bigint, payload jsonb, headers jsonb, occurred_at timestamptz not null)
+    partition by range (occurred_at);
+create table outbox_old partition of outbox for values from (minvalue) to ('2026-01-01');
+create table outbox_new partition of outbox for values from ('2026-01-01') to ('2030-01-01');
+";
+
+/// An insert into `table` of one event with `occurred_at` `at`.
+fn insert_at(table: &str, id: &str, order: &str, at: &str) -> String {
+    format!(
+        "insert into {table} (id, aggregate_type, aggregate_id, event_type, version, payload, occurred_at) \
+         values ('{id}', 'order', '{order}', 'OrderPaid', 1, '{{\"amount\": \"1\"}}', '{at}');"
+    )
+}
+
+fn uuid(n: u32) -> String {
+    format!("00000000-0000-4000-8000-{n:012}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_outbox_flows_through_its_root() {
+    let db = TestDb::new("partitioned");
+    db.psql(PARTITIONED);
+    let mut d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    assert_eq!(
+        db.psql("select pubviaroot from pg_publication where pubname = 'walfold_outbox'"),
+        "t"
+    );
+    // Both partitions in one transaction, a COPY, and a row written to a partition itself.
+    db.psql(&format!(
+        "begin; {} {} commit;",
+        insert_at("outbox", &uuid(1), "o-1", "2025-06-01"),
+        insert_at("outbox", &uuid(2), "o-2", "2027-06-01"),
+    ));
+    db.psql(&format!(
+        "copy outbox (id, aggregate_type, aggregate_id, event_type, version, payload, occurred_at) from program \
+         'printf \"{}\\torder\\to-3\\tOrderPaid\\t1\\t{{}}\\t2025-01-01\\n{}\\torder\\to-4\\tOrderPaid\\t1\\t{{}}\\t2028-01-01\\n\"'",
+        uuid(3),
+        uuid(4)
+    ));
+    db.psql(&insert_at("outbox_new", &uuid(5), "o-5", "2028-06-01"));
+    caught_up(&client, 5, 3).await;
+
+    // A partition attached while running flows without a restart; detaching, dropping
+    // and truncating partitions are no events and stop nothing.
+    db.psql(
+        "create table outbox_later (like outbox including defaults); \
+         alter table outbox attach partition outbox_later for values from ('2030-01-01') to (maxvalue);",
+    );
+    db.psql(&insert_at("outbox", &uuid(6), "o-6", "2031-01-01"));
+    caught_up(&client, 6, 3).await;
+    db.psql("alter table outbox detach partition outbox_old");
+    db.psql(&insert_at("outbox_old", &uuid(7), "o-7", "2025-01-01"));
+    db.psql("drop table outbox_old");
+    db.psql("truncate outbox_later");
+    db.psql("truncate outbox");
+    db.psql(&insert_at("outbox", &uuid(8), "o-8", "2027-01-01"));
+    caught_up(&client, 7, 3).await;
+    assert!(d.exited().is_none(), "{}", d.log_text());
+    assert_eq!(
+        db.psql("select count(*) from walfold.event_log where event_id = '00000000-0000-4000-8000-000000000007'"),
+        "0",
+        "a detached partition is no outbox"
+    );
+
+    // Restarting compares membership with what was added to the publication (the root),
+    // not with the partitions pg_publication_tables lists.
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let mut d = Daemon::start(&db.config(""), &[]);
+    slot_active(&client).await;
+    db.psql(&insert_at("outbox", &uuid(9), "o-9", "2027-02-01"));
+    caught_up(&client, 8, 3).await;
+    assert_eq!(db.psql("select count(*) from ledger"), "8");
+
+    // A publication made without publish_via_partition_root (PostgreSQL's default) is
+    // refused with the fix, and doctor says so.
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    db.psql("alter publication walfold_outbox set (publish_via_partition_root = false)");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    assert_eq!(d.wait_exit("the daemon to refuse").await, Some(1));
+    let fix = "alter publication \"walfold_outbox\" set (publish_via_partition_root = true)";
+    assert!(d.log_text().contains(fix), "{}", d.log_text());
+    let cfg = walfold_tests::write_config(&db.config(""));
+    let (code, out, _) = walfold_tests::walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  publication walfold_outbox publishes the partitioned outbox public.outbox under its partitions' names"),
+        "{out}"
+    );
+    assert!(out.contains(fix), "{out}");
+    db.psql("alter publication walfold_outbox set (publish_via_partition_root = true)");
+    let (code, out, _) = walfold_tests::walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert!(
+        out.contains("ok    publication walfold_outbox: publish_via_partition_root = true"),
+        "{out}"
+    );
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Starts `walfold run` on `config` and expects it to refuse at start, saying `parts`.
+async fn refused(config: &str, parts: &[&str]) {
+    let mut d = Daemon::start(config, &[]);
+    assert_eq!(d.wait_exit("the daemon to refuse").await, Some(1));
+    let log = d.log_text();
+    for part in parts {
+        assert!(log.contains(part), "no `{part}` in:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_walfold_cannot_follow_is_refused_at_start_with_the_fix() {
+    let db = TestDb::new("refused");
+    let config = db.config("");
+    let with = |from: &str, to: &str| {
+        assert!(config.contains(from));
+        config.replacen(from, to, 1)
+    };
+    db.psql(
+        "create table pouts (like outbox) partition by list (aggregate_type); \
+         create table pouts_order partition of pouts for values in ('order');",
+    );
+    refused(
+        &with(
+            "table = \"public.outbox\"",
+            "table = \"public.pouts_order\"",
+        ),
+        &[
+            "outbox table public.pouts_order is a partition of public.pouts",
+            "set outbox[0].table = \"public.pouts\"",
+        ],
+    )
+    .await;
+    refused(
+        &with("table = \"public.outbox\"", "table = \"public.Outbox\""),
+        &[
+            "outbox table public.Outbox does not exist",
+            "names are case-sensitive: set outbox[0].table = \"public.outbox\"",
+        ],
+    )
+    .await;
+    refused(
+        &with(
+            "table = \"public.outbox\"",
+            "table = \"public.outbox\"\naggregate_id = \"Aggregate_ID\"",
+        ),
+        &[
+            "outbox table public.outbox has no column `Aggregate_ID` (outbox[0].aggregate_id)",
+            "names are case-sensitive: set outbox[0].aggregate_id = \"aggregate_id\"",
+        ],
+    )
+    .await;
+    assert_eq!(
+        db.psql("select count(*) from pg_publication"),
+        "0",
+        "nothing was created for a refused config"
+    );
+
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "create publication walfold_outbox for all tables",
+            &["publication walfold_outbox is FOR ALL TABLES", "create publication ... for table"],
+        ),
+        (
+            "create publication walfold_outbox for tables in schema public",
+            &["publication walfold_outbox is FOR TABLES IN SCHEMA public"],
+        ),
+        (
+            "create publication walfold_outbox for table outbox, order_state",
+            &[
+                "publication walfold_outbox also publishes public.order_state, which is no [[outbox]]",
+                "alter publication \"walfold_outbox\" drop table \"public\".\"order_state\"",
+            ],
+        ),
+        (
+            "create publication walfold_outbox for table outbox where (aggregate_type = 'order')",
+            &["publishes public.outbox with a row filter or column list"],
+        ),
+        (
+            "create publication walfold_outbox for table outbox with (publish = 'delete')",
+            &[
+                "does not publish inserts",
+                "alter publication \"walfold_outbox\" set (publish = 'insert, truncate')",
+            ],
+        ),
+    ];
+    let cfg = walfold_tests::write_config(&config);
+    for (publication, parts) in cases {
+        db.psql(&format!(
+            "drop publication if exists walfold_outbox; {publication}"
+        ));
+        refused(&config, parts).await;
+        let (code, out, _) = walfold_tests::walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("FAIL") && l.contains(parts[0])),
+            "{out}"
+        );
+    }
+    // A publication without publish_via_partition_root is fine for plain tables (it
+    // is PostgreSQL's default: existing deployments have such publications).
+    db.psql("drop publication walfold_outbox; create publication walfold_outbox for table outbox");
+    let d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&insert_event(
+        ID[0],
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"amount": "1"}"#,
+    ));
+    caught_up(&client, 1, 3).await;
+    drop(d);
 }

@@ -10,6 +10,8 @@ pub enum SourceError {
     WalLevel(String),
     #[error("outbox table {0} does not exist in the source database; create it or fix [[outbox]] table in the config")]
     MissingTable(String),
+    #[error("{}; {}", .0.problem, .0.fix)]
+    Refused(crate::setup::Refusal),
     #[error("replication slot {slot} {problem}")]
     Slot { slot: String, problem: String },
     #[error("{context}: {source}")]
@@ -53,6 +55,7 @@ impl SourceError {
             SourceError::WalLevel(_)
             | SourceError::MissingTable(_)
             | SourceError::Slot { .. }
+            | SourceError::Refused(_)
             | SourceError::Unmapped { .. } => ErrorKind::Definite,
             // walfold's own statements: an event is never at fault here (the appender
             // sets aside events the log refuses before this point).
