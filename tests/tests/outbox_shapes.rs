@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use walfold_tests::{caught_up, insert_event, slot_active, Daemon, TestDb};
+use walfold_tests::{caught_up, eventually, insert_event, slot_active, Daemon, TestDb};
 
 const ID: [&str; 4] = [
     "00000000-0000-4000-8000-000000000001",
@@ -212,6 +212,32 @@ async fn what_walfold_cannot_follow_is_refused_at_start_with_the_fix() {
         assert!(config.contains(from));
         config.replacen(from, to, 1)
     };
+    // A name outside the rule is a config error (exit 2) naming its key.
+    for (from, to, key) in [
+        (
+            "[[outbox]]",
+            "publication = \"pub-lish\"\n\n[[outbox]]",
+            "source.publication",
+        ),
+        (
+            "table = \"public.outbox\"",
+            "table = \"public.out box\"",
+            "outbox[0].table",
+        ),
+        (
+            "[pipeline]",
+            "[target]\nschema = \"Wal.fold\"\n\n[pipeline]",
+            "target.schema",
+        ),
+    ] {
+        let cfg = walfold_tests::write_config(&with(from, to));
+        let (code, _, err) = walfold_tests::walfold(&["run", "-c", cfg.to_str().unwrap()], &[]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(key) && err.contains("1-63 ASCII letters"),
+            "{err}"
+        );
+    }
     db.psql(
         "create table pouts (like outbox) partition by list (aggregate_type); \
          create table pouts_order partition of pouts for values in ('order');",
@@ -309,4 +335,229 @@ async fn what_walfold_cannot_follow_is_refused_at_start_with_the_fix() {
     ));
     caught_up(&client, 1, 3).await;
     drop(d);
+}
+
+/// One convention an application's outbox may follow, end to end.
+struct Shape {
+    name: &'static str,
+    /// The outbox (and any read model besides `read_model`).
+    ddl: &'static str,
+    /// `[[outbox]]` sections (and projections besides `read_model`).
+    outboxes: &'static str,
+    publication: &'static str,
+    target_schema: &'static str,
+    /// Writes the events `o-1` (amount 1) and `o-2` (amount 2).
+    writes: &'static str,
+    /// Besides `read_model`: a query and what it must return.
+    check: Option<(&'static str, &'static str)>,
+}
+
+const SHAPES: &[Shape] = &[
+    Shape {
+        name: "prisma",
+        ddl: r#"create table "OutboxEvent" ("id" text not null primary key, "aggregateType" text not null,
+                 "aggregateId" text not null, "eventType" text not null, "payload" jsonb not null,
+                 "createdAt" timestamp(3) not null default current_timestamp)"#,
+        outboxes: r#"[[outbox]]
+table = "OutboxEvent"
+aggregate_type = "aggregateType"
+aggregate_id = "aggregateId"
+event_type = "eventType"
+payload = "payload"
+"#,
+        publication: "walfold_outbox",
+        target_schema: "walfold",
+        writes: r#"insert into "OutboxEvent" ("id", "aggregateType", "aggregateId", "eventType", "payload") values
+                 ('00000000-0000-4000-8000-000000000001', 'order', 'o-1', 'OrderPaid', '{"amount": "1"}'),
+                 ('00000000-0000-4000-8000-000000000002', 'order', 'o-2', 'OrderPaid', '{"amount": "2"}')"#,
+        check: None,
+    },
+    Shape {
+        name: "typeorm",
+        ddl: r#"create table outbox_event ("id" uuid primary key default gen_random_uuid(),
+                 "aggregateType" varchar not null, "aggregateId" varchar not null, "eventType" varchar not null,
+                 "payload" json not null, "version" integer not null, "createdAt" timestamptz not null default now());
+                 create table "OrderSummary" ("orderId" text primary key, "lastVersion" bigint not null, "totalAmount" numeric)"#,
+        outboxes: r#"[[outbox]]
+table = "public.outbox_event"
+aggregate_type = "aggregateType"
+aggregate_id = "aggregateId"
+event_type = "eventType"
+occurred_at = "createdAt"
+
+[[projection]]
+name = "order_summary"
+subscriber = "shapes.summary.v1"
+table = "public.OrderSummary"
+key = "orderId"
+version_column = "lastVersion"
+columns = { totalAmount = ":payload.amount::numeric" }
+"#,
+        publication: "walfold_outbox",
+        target_schema: "walfold",
+        writes: r#"insert into outbox_event ("aggregateType", "aggregateId", "eventType", "payload", "version") values
+                 ('order', 'o-1', 'OrderPaid', '{"amount": "1"}', 1), ('order', 'o-2', 'OrderPaid', '{"amount": "2"}', 1)"#,
+        check: Some((
+            r#"select string_agg("orderId" || '=' || "totalAmount" || '@' || "lastVersion", ',' order by "orderId") from "OrderSummary""#,
+            "o-1=1@1,o-2=2@1",
+        )),
+    },
+    Shape {
+        name: "rails_django",
+        ddl: "create table app_outboxevent (id bigserial primary key, event_id uuid not null unique,
+                 aggregate_type varchar(255) not null, aggregate_id varchar(255) not null,
+                 event_type varchar(255) not null, payload jsonb not null, created_at timestamptz not null default now())",
+        outboxes: r#"[[outbox]]
+table = "app_outboxevent"
+id = "event_id"
+occurred_at = "created_at"
+"#,
+        publication: "walfold_outbox",
+        target_schema: "walfold",
+        writes: r#"insert into app_outboxevent (event_id, aggregate_type, aggregate_id, event_type, payload) values
+                 ('00000000-0000-4000-8000-000000000001', 'order', 'o-1', 'OrderPaid', '{"amount": "1"}'),
+                 ('00000000-0000-4000-8000-000000000002', 'order', 'o-2', 'OrderPaid', '{"amount": "2"}')"#,
+        check: Some((
+            "select string_agg(event_id::text, ',' order by seq) from walfold.event_log",
+            "00000000-0000-4000-8000-000000000001,00000000-0000-4000-8000-000000000002",
+        )),
+    },
+    Shape {
+        name: "debezium",
+        ddl: "create table outboxevent (id uuid not null primary key, aggregatetype varchar(255) not null,
+                 aggregateid varchar(255) not null, type varchar(255) not null, payload jsonb)",
+        outboxes: r#"[[outbox]]
+table = "public.outboxevent"
+aggregate_type = "aggregatetype"
+aggregate_id = "aggregateid"
+event_type = "type"
+"#,
+        publication: "walfold_outbox",
+        target_schema: "walfold",
+        writes: r#"insert into outboxevent values
+                 ('00000000-0000-4000-8000-000000000001', 'order', 'o-1', 'OrderPaid', '{"amount": "1"}'),
+                 ('00000000-0000-4000-8000-000000000002', 'order', 'o-2', 'OrderPaid', '{"amount": "2"}')"#,
+        check: Some((
+            "select count(*) filter (where version is null) from walfold.event_log",
+            "2",
+        )),
+    },
+    Shape {
+        name: "mixed_case",
+        ddl: r#"create schema "Sales"; create table "Sales"."Outbox" (id uuid, aggregate_type text,
+                 aggregate_id text, event_type text, version bigint, payload jsonb)"#,
+        outboxes: r#"[[outbox]]
+table = "Sales.Outbox"
+"#,
+        publication: "PubQuoted",
+        target_schema: "Walfold",
+        writes: r#"insert into "Sales"."Outbox" values
+                 ('00000000-0000-4000-8000-000000000001', 'order', 'o-1', 'OrderPaid', 1, '{"amount": "1"}'),
+                 ('00000000-0000-4000-8000-000000000002', 'order', 'o-2', 'OrderPaid', 1, '{"amount": "2"}')"#,
+        check: Some((
+            r#"select (select count(*) from "Walfold".event_log) || ' ' ||
+                      (select string_agg(pubname, ',') from pg_publication) || ' ' ||
+                      (select count(*) from pg_namespace where nspname = 'walfold')"#,
+            "2 PubQuoted 0",
+        )),
+    },
+    Shape {
+        name: "several",
+        ddl: "create table orders_outbox (id uuid, aggregate_type text, aggregate_id text, event_type text,
+                 version bigint, payload jsonb, occurred_at timestamptz not null) partition by range (occurred_at);
+               create table orders_outbox_2025 partition of orders_outbox for values from (minvalue) to ('2026-01-01');
+               create table orders_outbox_later partition of orders_outbox for values from ('2026-01-01') to (maxvalue);
+               create table payments_outbox (id uuid, aggregate_type text, aggregate_id text, event_type text,
+                 version bigint, payload jsonb)",
+        outboxes: r#"[[outbox]]
+table = "orders_outbox"
+
+[[outbox]]
+table = "payments_outbox"
+"#,
+        publication: "walfold_outbox",
+        target_schema: "walfold",
+        writes: r#"begin;
+               insert into orders_outbox values ('00000000-0000-4000-8000-000000000001', 'order', 'o-1', 'OrderPaid', 1, '{"amount": "1"}', '2025-05-01');
+               insert into payments_outbox values ('00000000-0000-4000-8000-000000000002', 'order', 'o-2', 'PaymentCaptured', 1, '{"amount": "2"}');
+               commit"#,
+        check: Some((
+            "select string_agg(event_type, ',' order by seq) from walfold.event_log",
+            "OrderPaid,PaymentCaptured",
+        )),
+    },
+];
+
+fn shape_config(url: &str, slot: &str, shape: &Shape) -> String {
+    format!(
+        r#"
+[source]
+url = "{url}"
+slot = "{slot}"
+publication = "{publication}"
+
+{outboxes}
+[target]
+schema = "{schema}"
+
+[pipeline]
+max_backoff_ms = 1000
+
+[[projection]]
+name = "read_model"
+subscriber = "shapes.read_model.v1"
+sql = """
+insert into read_model (aggregate_id, event_type, amount) values (:aggregate_id, :event_type, :payload.amount)
+on conflict (aggregate_id) do update set event_type = excluded.event_type, amount = excluded.amount
+"""
+"#,
+        publication = shape.publication,
+        outboxes = shape.outboxes,
+        schema = shape.target_schema,
+    )
+}
+
+/// Every convention in [`SHAPES`], each in a fresh database of one cluster, all at once:
+/// the real daemon streams each outbox's rows into a read model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outboxes_in_every_convention_reach_their_read_models() {
+    let cluster = walfold_tempdb::Cluster::shared();
+    let runs = SHAPES.iter().map(|shape| async move {
+        let name = cluster.create_database(shape.name).expect("create database");
+        let db = TestDb { cluster, name };
+        db.psql(shape.ddl);
+        db.psql("create table read_model (aggregate_id text primary key, event_type text not null, amount text)");
+        // Slot names are per cluster.
+        let slot = format!("shape_{}", shape.name);
+        let config = shape_config(&db.url(), &slot, shape);
+        let mut d = Daemon::start(&config, &[]);
+        let client = db.client().await;
+        let active = format!(
+            "select count(*) from pg_replication_slots where slot_name = '{slot}' and active"
+        );
+        eventually(Duration::from_secs(60), &format!("{}: streaming", shape.name), || async {
+            db.psql(&active) == "1"
+        })
+        .await;
+        db.psql(shape.writes);
+        let read = "select string_agg(aggregate_id || ':' || amount, ',' order by aggregate_id) from read_model";
+        eventually(Duration::from_secs(60), &format!("{}: the read model", shape.name), || async {
+            client
+                .query_one(read, &[])
+                .await
+                .ok()
+                .and_then(|r| r.get::<_, Option<String>>(0))
+                .as_deref()
+                == Some("o-1:1,o-2:2")
+        })
+        .await;
+        if let Some((query, expected)) = shape.check {
+            assert_eq!(db.psql(query), expected, "{}", shape.name);
+        }
+        let cfg = walfold_tests::write_config(&config);
+        let (code, out, _) = walfold_tests::walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+        assert_eq!(code, 0, "{}: doctor\n{out}", shape.name);
+        assert_eq!(d.terminate(Duration::from_secs(30)), Some(0), "{}\n{}", shape.name, d.log_text());
+    });
+    futures::future::join_all(runs).await;
 }

@@ -61,13 +61,16 @@ pub fn replication_config(config: &Config) -> Result<ReplicationConfig, SourceEr
         SslMode::VerifyCa => TlsConfig::verify_ca(root),
         SslMode::VerifyFull => TlsConfig::verify_full(root),
     };
+    // pgoutput splits publication_names like an identifier list, folding unquoted names
+    // to lower case: quoted, `PubQuoted` is used as written. (The crate escapes the
+    // single quotes of the option value; validated names hold none.)
     let mut cfg = ReplicationConfig::new(
         host,
         user,
         password,
         database,
         config.source.slot.clone(),
-        config.source.publication.clone(),
+        walfold_config::quote_ident(&config.source.publication),
     )
     .with_port(port)
     .with_tls(tls)

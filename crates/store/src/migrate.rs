@@ -53,7 +53,8 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
             schema: schema.to_owned(),
             source,
         })?
-        .options([("search_path", schema)])
+        // Quoted, so a mixed-case schema is not folded to lower case.
+        .options([("search_path", q(schema))])
         .application_name("walfold-migrate")
         .disable_statement_logging();
     let mut conn = options
