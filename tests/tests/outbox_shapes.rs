@@ -561,3 +561,97 @@ async fn outboxes_in_every_convention_reach_their_read_models() {
     });
     futures::future::join_all(runs).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_lost_before_the_first_event_is_detected_like_any_lost_slot() {
+    // Created by a backfill: its start is the ingest position.
+    let db = TestDb::new("early_loss");
+    db.psql(&insert_event(
+        ID[0],
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"amount": "1"}"#,
+    ));
+    let config = db.config("");
+    let cfg = walfold_tests::write_config(&config);
+    let (code, out, err) = walfold_tests::walfold(
+        &[
+            "backfill",
+            "--outbox",
+            "public.outbox",
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        db.psql(
+            "select i.lsn = s.confirmed_flush_lsn and i.lsn > '0/0' from walfold.ingest_position i \
+             join pg_replication_slots s on s.slot_name = i.slot"
+        ),
+        "t"
+    );
+    let start = db.psql("select lsn from walfold.ingest_position");
+    db.psql("select pg_drop_replication_slot('walfold')");
+    db.psql(&insert_event(
+        ID[1],
+        "o-2",
+        "OrderPaid",
+        1,
+        r#"{"amount": "2"}"#,
+    ));
+    refused(
+        &config,
+        &["is missing, but walfold had ingested through it up to"],
+    )
+    .await;
+    assert_eq!(
+        db.psql("select count(*) from pg_replication_slots where slot_name = 'walfold'"),
+        "0"
+    );
+    // Opted in: recreated, with the skipped range on record from the recorded start.
+    let mut d = Daemon::start(&config, &[("WALFOLD_SOURCE__ON_SLOT_LOST", "recreate")]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    assert_eq!(
+        db.psql(&format!(
+            "select reason || ' ' || (from_lsn = '{start}') || ' ' || (to_lsn > from_lsn) from walfold.slot_gap"
+        )),
+        "missing true true"
+    );
+    db.psql(&insert_event(
+        ID[2],
+        "o-3",
+        "OrderPaid",
+        1,
+        r#"{"amount": "3"}"#,
+    ));
+    caught_up(&client, 2, 3).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+
+    // Created by the daemon, stopped before any event: the same.
+    let db = TestDb::new("early_loss_run");
+    let config = db
+        .config("")
+        .replace("[source]", "[source]\nslot = \"early_run\"");
+    let mut d = Daemon::start(&config, &[]);
+    let active =
+        "select count(*) from pg_replication_slots where slot_name = 'early_run' and active";
+    eventually(Duration::from_secs(30), "the slot to be active", || async {
+        db.psql(active) == "1"
+    })
+    .await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(
+        db.psql("select lsn > '0/0' from walfold.ingest_position where slot = 'early_run'"),
+        "t"
+    );
+    db.psql("select pg_drop_replication_slot('early_run')");
+    refused(
+        &config,
+        &["replication slot early_run is missing, but walfold had ingested"],
+    )
+    .await;
+}

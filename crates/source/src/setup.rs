@@ -12,7 +12,7 @@
 
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, Config, OnSlotLost, QualifiedName};
-use walfold_store::{EventLog, Lsn};
+use walfold_store::{EventLog, IngestCounts, Lsn};
 
 use crate::error::SourceError;
 
@@ -22,8 +22,9 @@ use crate::error::SourceError;
 const PUBLISH: &str = "publish = 'insert, truncate', publish_via_partition_root = true";
 
 /// Checks the source and creates what is missing. `ingested_through` is the ingest
-/// position recorded for this slot in the target: a slot is created only when nothing
-/// was ingested through it yet, never silently re-created (that would hide lost events).
+/// position recorded for this slot in the target (the slot's start once walfold created
+/// it): a slot is created only when none was ever used, never silently re-created (that
+/// would hide lost events).
 /// A lost slot is recreated only with `on_slot_lost = "recreate"`, and then the skipped
 /// WAL range is recorded in `log` (opened before the slot is created, closed after).
 pub async fn prepare_source(
@@ -137,7 +138,8 @@ pub async fn prepare_source(
             });
         }
         None => {
-            create().await?;
+            let start = create().await?;
+            record_start(log, start).await?;
         }
         Some(row) => {
             let plugin: Option<String> = row.get(0);
@@ -170,9 +172,25 @@ pub async fn prepare_source(
             // and nothing has been read from it, so its position is its start.
             if let Some(start) = confirmed.and_then(|l| l.parse::<Lsn>().ok()) {
                 close_gap(log, slot, start).await?;
+                // Created by a run that died before recording it, or by a version that
+                // did not record it.
+                if ingested_through == Lsn::ZERO {
+                    record_start(log, start).await?;
+                }
             }
         }
     }
+    Ok(())
+}
+
+/// Records a slot's start as the ingest position when walfold created the slot. Until
+/// then the position is 0/0, which means "no slot was ever used": a slot lost after a
+/// backfill, or before the first event, would be recreated silently and the WAL
+/// committed in between skipped. From here on its loss is detected like any other.
+async fn record_start(log: &mut EventLog, start: Lsn) -> Result<(), SourceError> {
+    log.append(&[], &[], Some(start), IngestCounts::default())
+        .await
+        .map_err(SourceError::store("recording the slot's start"))?;
     Ok(())
 }
 
