@@ -655,3 +655,109 @@ async fn a_slot_lost_before_the_first_event_is_detected_like_any_lost_slot() {
     )
     .await;
 }
+
+/// Waits until `slot`'s ingest position reaches `lsn`.
+async fn ingested_through(db: &TestDb, slot: &str, lsn: &str) {
+    let sql = format!(
+        "select coalesce((select lsn >= '{lsn}' from walfold.ingest_position where slot = '{slot}'), false)"
+    );
+    eventually(
+        Duration::from_secs(60),
+        &format!("{slot} to ingest through {lsn}"),
+        || async { db.psql(&sql) == "t" },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_row_is_identified_by_its_wal_record_and_recorded_once_across_replays() {
+    let db = TestDb::new("dl_change");
+    db.psql(
+        "create table outbox2 (like outbox including defaults); create extension pg_walinspect;",
+    );
+    let outbox_only = db.config("");
+    let both = db.config("[[outbox]]\ntable = \"public.outbox2\"\n");
+    let mut d = Daemon::start(&outbox_only, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    // A second slot at the same position, to replay the same WAL later.
+    db.psql("select pg_copy_logical_replication_slot('walfold', 'replay')");
+    // outbox2 is published before the config maps it (so this run cannot map it).
+    db.psql("alter publication walfold_outbox add table outbox2");
+    let from = db.psql("select pg_current_wal_lsn()");
+    let malformed =
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                     values (null, 'order', 'o-9', 'OrderPaid', 1, '{}');";
+    db.psql(&format!(
+        "begin; {} {malformed} {} commit;",
+        insert_event(ID[0], "o-1", "OrderPaid", 1, r#"{"amount": "1"}"#)
+            .replace("into outbox ", "into outbox2 "),
+        insert_event(ID[1], "o-2", "OrderPaid", 1, r#"{"amount": "2"}"#),
+    ));
+    // A COPY writes both rows in one WAL record.
+    db.psql(
+        "copy outbox (id, aggregate_type, aggregate_id, event_type, version, payload) from stdin;\n\
+         \\N\torder\to-8\tOrderPaid\t1\t{}\n\\N\torder\to-8\tOrderPaid\t2\t{}\n\\.\n",
+    );
+    let to = db.psql("select pg_current_wal_lsn()");
+    // Unmapped, so this run stops before acknowledging (an older walfold skipped the
+    // outbox2 row and recorded the rejected rows here).
+    let start = std::time::Instant::now();
+    while d.exited().is_none() && db.psql("select count(*) from walfold.dead_letter") == "0" {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the first run neither stopped nor recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Replayed with outbox2 mapped, from the copied slot, then from the original one.
+    for slot in ["replay", "walfold"] {
+        d.kill();
+        d = Daemon::start(&both, &[("WALFOLD_SOURCE__SLOT", slot)]);
+        ingested_through(&db, slot, &to).await;
+    }
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(
+        db.psql("select count(*) from walfold.event_log"),
+        "2",
+        "{}",
+        d.log_text()
+    );
+    assert!(
+        db.psql("select sum(malformed) from walfold.ingest_position")
+            .parse::<i64>()
+            .unwrap()
+            >= 6,
+        "both replays saw the rejected rows"
+    );
+    assert_eq!(
+        db.psql("select count(*) from walfold.dead_letter"),
+        "3",
+        "each rejected row once"
+    );
+    let letters = db.psql(
+        "select string_agg(change_lsn || '#' || change_index, ',' order by change_lsn, change_index) \
+         from walfold.dead_letter where subscriber_id is null",
+    );
+    // The change's position is its WAL record's: the first outbox insert of the
+    // transaction and both rows of the COPY's multi-insert record.
+    let records = db.psql(&format!(
+        "select string_agg(start_lsn || ' ' || record_type, ',' order by start_lsn) \
+         from pg_get_wal_records_info('{from}', '{to}') \
+         where resource_manager in ('Heap', 'Heap2') and record_type ~ 'INSERT' \
+         and block_ref like '%/' || pg_relation_filenode('outbox') || ' fork%'"
+    ));
+    let records: Vec<(&str, &str)> = records
+        .split(',')
+        .map(|r| r.split_once(' ').unwrap())
+        .collect();
+    assert_eq!(records.len(), 3, "{records:?}");
+    assert!(records[2].1.contains("MULTI_INSERT"), "{records:?}");
+    assert_eq!(
+        letters,
+        format!("{}#0,{}#0,{}#1", records[0].0, records[2].0, records[2].0),
+        "{records:?}"
+    );
+    db.psql("select pg_drop_replication_slot('replay')");
+}

@@ -83,7 +83,7 @@ pub async fn backfill(
         report.rows += rows.len() as u64;
         let mut events = Vec::with_capacity(rows.len());
         let mut dead = Vec::new();
-        for (i, values) in rows.iter().enumerate() {
+        for values in &rows {
             let tuple = Tuple {
                 columns: values
                     .iter()
@@ -96,15 +96,13 @@ pub async fn backfill(
             let tx = TxContext {
                 commit_lsn: Lsn::ZERO,
                 commit_time: None,
-                ordinal: i as i32,
             };
-            match pager.mapping.map(&tuple, tx) {
+            // No WAL position: a backfill is not a replay of the WAL.
+            match pager.mapping.map(&tuple, tx, None) {
                 Ok(e) => events.push(e),
                 Err(letter) => {
-                    // Not keyed by WAL position: a backfill is not a replay of the WAL.
                     let mut letter = *letter;
                     letter.source_lsn = None;
-                    letter.source_ordinal = None;
                     dead.push(letter);
                 }
             }

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
 use walfold_pgoutput::{oid, parse_text, Column, Relation, Tuple, Value as PgValue};
-use walfold_store::{DeadLetter, Lsn, NewEvent, Reason};
+use walfold_store::{DeadLetter, Lsn, NewEvent, Reason, RowOrigin};
 
 /// Where each mapped column sits in a relation (as announced by its Relation message).
 #[derive(Debug, Clone)]
@@ -30,8 +30,6 @@ pub struct Mapping {
 pub struct TxContext {
     pub commit_lsn: Lsn,
     pub commit_time: Option<SystemTime>,
-    /// Outbox inserts before this one in the transaction: the row's ordinal.
-    pub ordinal: i32,
 }
 
 impl Mapping {
@@ -65,9 +63,15 @@ impl Mapping {
         }
     }
 
-    /// Maps an inserted row. A row that cannot be an event comes back as a dead letter.
-    pub fn map(&self, row: &Tuple<'_>, tx: TxContext) -> Result<NewEvent, Box<DeadLetter>> {
-        self.try_map(row, tx).map_err(|error| {
+    /// Maps an inserted row read at `origin`. A row that cannot be an event comes back
+    /// as a dead letter.
+    pub fn map(
+        &self,
+        row: &Tuple<'_>,
+        tx: TxContext,
+        origin: Option<RowOrigin>,
+    ) -> Result<NewEvent, Box<DeadLetter>> {
+        self.try_map(row, tx, origin).map_err(|error| {
             Box::new(DeadLetter {
                 subscriber_id: None,
                 event_id: self
@@ -84,12 +88,17 @@ impl Mapping {
                 existing: None,
                 attempts: 1,
                 source_lsn: Some(tx.commit_lsn),
-                source_ordinal: Some(tx.ordinal),
+                origin,
             })
         })
     }
 
-    fn try_map(&self, row: &Tuple<'_>, tx: TxContext) -> Result<NewEvent, String> {
+    fn try_map(
+        &self,
+        row: &Tuple<'_>,
+        tx: TxContext,
+        origin: Option<RowOrigin>,
+    ) -> Result<NewEvent, String> {
         let required = |idx: Option<usize>, name: &str| -> Result<String, String> {
             match self.text(row, idx) {
                 Ok(Some(v)) => Ok(v),
@@ -147,7 +156,7 @@ impl Mapping {
             headers,
             occurred_at,
             source_lsn: tx.commit_lsn,
-            source_ordinal: tx.ordinal,
+            origin,
             committed_at: tx.commit_time,
         })
     }
@@ -301,7 +310,6 @@ mod tests {
         TxContext {
             commit_lsn: Lsn(42),
             commit_time: None,
-            ordinal: 0,
         }
     }
 
@@ -331,6 +339,7 @@ mod tests {
                     Some("2026-11-30 02:25:48.5+00"),
                 ]),
                 tx(),
+                None,
             )
             .unwrap();
         assert_eq!(e.id.to_string(), ID);
@@ -363,6 +372,7 @@ mod tests {
                     None,
                 ]),
                 tx(),
+                None,
             )
             .unwrap();
         assert_eq!(
@@ -443,7 +453,7 @@ mod tests {
             ),
         ];
         for (vals, reason) in cases {
-            let dl = m.map(&row(vals), tx()).unwrap_err();
+            let dl = m.map(&row(vals), tx(), None).unwrap_err();
             assert_eq!(dl.reason, Reason::Malformed);
             assert!(dl.error.contains(reason), "{} vs {reason}", dl.error);
             assert!(dl.raw.as_ref().unwrap().get("payload").is_some());
@@ -480,9 +490,13 @@ mod tests {
                 None,
             ])
         };
-        let e = m.map(&with(r#"{"path": "C:\\u0000"}"#), tx()).unwrap();
+        let e = m
+            .map(&with(r#"{"path": "C:\\u0000"}"#), tx(), None)
+            .unwrap();
         assert_eq!(e.payload["path"], "C:\\u0000");
-        let dl = m.map(&with(r#"{"path": "\u0000"}"#), tx()).unwrap_err();
+        let dl = m
+            .map(&with(r#"{"path": "\u0000"}"#), tx(), None)
+            .unwrap_err();
         assert!(dl.error.contains("jsonb cannot store"), "{}", dl.error);
     }
 
@@ -490,7 +504,7 @@ mod tests {
     fn a_missing_required_column_is_a_dead_letter_not_a_crash() {
         let m = Mapping::new(&config(), &relation(&COLS[..3]));
         let dl = m
-            .map(&row(&[Some(ID), Some("a"), Some("1")]), tx())
+            .map(&row(&[Some(ID), Some("a"), Some("1")]), tx(), None)
             .unwrap_err();
         assert!(dl.error.contains("missing"), "{}", dl.error);
     }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_pgoutput::{decode, Message};
-use walfold_store::{ConnectOptions, DeadLetter, Lsn, NewEvent, SslMode};
+use walfold_store::{ConnectOptions, DeadLetter, Lsn, NewEvent, RowOrigin, SslMode};
 
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
@@ -95,6 +95,8 @@ pub(crate) struct Reader<'a> {
     config: &'a Config,
     relations: HashMap<u32, Relation>,
     tx: Option<TxContext>,
+    /// The WAL record of the last insert and how many rows it held before this one.
+    change: Option<(Lsn, i32)>,
     items: mpsc::Sender<Item>,
 }
 
@@ -104,6 +106,7 @@ impl<'a> Reader<'a> {
             config,
             relations: HashMap::new(),
             tx: None,
+            change: None,
             items,
         }
     }
@@ -166,8 +169,8 @@ impl<'a> Reader<'a> {
                 self.tx = Some(TxContext {
                     commit_lsn: Lsn(final_lsn.as_u64()),
                     commit_time: pg_time(commit_time_micros),
-                    ordinal: 0,
                 });
+                self.change = None;
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.tx = None;
@@ -181,7 +184,9 @@ impl<'a> Reader<'a> {
                     self.send(Item::Through(Lsn(wal_end.as_u64()))).await?;
                 }
             }
-            ReplicationEvent::XLogData { data, .. } => self.data(&data).await?,
+            ReplicationEvent::XLogData {
+                wal_start, data, ..
+            } => self.data(Lsn(wal_start.as_u64()), &data).await?,
             // A heartbeat (non-transactional message) between transactions: like a
             // keepalive, everything before it has reached us.
             ReplicationEvent::Message {
@@ -196,7 +201,8 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    async fn data(&mut self, data: &[u8]) -> Result<(), SourceError> {
+    /// `at`: where the server says the message is; for a change, its WAL record's LSN.
+    async fn data(&mut self, at: Lsn, data: &[u8]) -> Result<(), SourceError> {
         let message = decode(data, false).map_err(|e| SourceError::Decode(e.to_string()))?;
         match message {
             // A partition's own Relation message comes beside its root's even when the
@@ -215,20 +221,18 @@ impl<'a> Reader<'a> {
                 self.relations.insert(rel.id, Relation { name, mapping });
             }
             Message::Insert(insert) => {
+                let origin = origin(&mut self.change, at);
                 let mapping = self.mapping(insert.relation_id, "an insert")?;
                 let tx = self
                     .tx
                     .ok_or_else(|| SourceError::Decode("insert outside a transaction".into()))?;
-                let item = match mapping.map(&insert.new, tx) {
+                let item = match mapping.map(&insert.new, tx, origin) {
                     Ok(event) => Item::Event(event),
                     Err(dead) => {
                         tracing::warn!(table = %mapping.table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters");
                         Item::Rejected(dead)
                     }
                 };
-                if let Some(t) = &mut self.tx {
-                    t.ordinal += 1;
-                }
                 self.send(item).await?;
             }
             Message::Update(u) => {
@@ -291,5 +295,47 @@ impl<'a> Reader<'a> {
             .send(item)
             .await
             .map_err(|_| SourceError::StreamEnded)
+    }
+}
+
+/// Where an insert was read, from the server's position for its message: the change's
+/// own WAL record (pgoutput sends a change with the record's LSN; the same on every
+/// replay). The rows of one multi-insert record (COPY) share it, so each also gets its
+/// index in the record. `None` when the server gave no position.
+fn origin(last: &mut Option<(Lsn, i32)>, at: Lsn) -> Option<RowOrigin> {
+    if at == Lsn::ZERO {
+        return None;
+    }
+    let index = match *last {
+        Some((lsn, index)) if lsn == at => index + 1,
+        _ => 0,
+    };
+    *last = Some((at, index));
+    Some(RowOrigin::Wal { lsn: at, index })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_of_one_wal_record_are_told_apart_by_their_index() {
+        let mut last = None;
+        let at = |n| {
+            Some(RowOrigin::Wal {
+                lsn: Lsn(100),
+                index: n,
+            })
+        };
+        assert_eq!(origin(&mut last, Lsn(100)), at(0));
+        assert_eq!(origin(&mut last, Lsn(100)), at(1));
+        assert_eq!(
+            origin(&mut last, Lsn(180)),
+            Some(RowOrigin::Wal {
+                lsn: Lsn(180),
+                index: 0
+            })
+        );
+        assert_eq!(origin(&mut last, Lsn::ZERO), None);
     }
 }

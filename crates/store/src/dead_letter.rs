@@ -35,6 +35,16 @@ impl Reason {
     }
 }
 
+/// Where an outbox row was read: what identifies a row rejected at ingest, so it is
+/// recorded once however often it is read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOrigin {
+    /// Streamed from the slot: the LSN of the change's own WAL record (the same on every
+    /// replay), and the row's index among that record's rows: a COPY writes several rows
+    /// per record (heap multi-insert), every other insert one.
+    Wal { lsn: Lsn, index: i32 },
+}
+
 /// One dead-letter entry to record.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
@@ -51,9 +61,10 @@ pub struct DeadLetter {
     /// For `id_conflict`: the event already in the log.
     pub existing: Option<Value>,
     pub attempts: i32,
+    /// The commit LSN of the source transaction.
     pub source_lsn: Option<Lsn>,
-    /// With `source_lsn`, identifies a row rejected at ingest across replays.
-    pub source_ordinal: Option<i32>,
+    /// For a row rejected at ingest: where it was read (`None`: recorded every time).
+    pub origin: Option<RowOrigin>,
 }
 
 impl DeadLetter {
@@ -71,7 +82,7 @@ impl DeadLetter {
             existing: None,
             attempts: 1,
             source_lsn: Some(event.source_lsn),
-            source_ordinal: Some(event.source_ordinal),
+            origin: event.origin,
         }
     }
 
@@ -98,10 +109,11 @@ impl DeadLetters {
         let insert = client
             .prepare(&format!(
                 "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
-                 aggregate_id, reason, error, raw, existing, attempts, source_lsn, source_ordinal) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-                 on conflict (source_lsn, source_ordinal) \
-                 where subscriber_id is null and source_ordinal is not null do nothing \
+                 aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
+                 change_index) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                 on conflict (change_lsn, change_index) \
+                 where subscriber_id is null and change_lsn is not null do nothing \
                  returning id"
             ))
             .await
@@ -124,6 +136,10 @@ impl DeadLetters {
         dl: &DeadLetter,
     ) -> Result<Option<i64>, StoreError> {
         let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
+        let (change_lsn, change_index): (Option<PgLsn>, Option<i32>) = match dl.origin {
+            Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index)),
+            None => (None, None),
+        };
         let row = tx
             .query_opt(
                 &self.insert,
@@ -139,7 +155,8 @@ impl DeadLetters {
                     &dl.existing,
                     &dl.attempts,
                     &lsn,
-                    &dl.source_ordinal,
+                    &change_lsn,
+                    &change_index,
                 ],
             )
             .await

@@ -44,6 +44,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fence, pause, park key",
         include_str!("../../../migrations/20261201000001_fence_pause_park_key.sql"),
     ),
+    (
+        20261201000100,
+        "dead letter change identity",
+        include_str!("../../../migrations/20261201000100_dead_letter_change_identity.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
