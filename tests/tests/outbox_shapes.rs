@@ -761,3 +761,63 @@ async fn a_rejected_row_is_identified_by_its_wal_record_and_recorded_once_across
     );
     db.psql("select pg_drop_replication_slot('replay')");
 }
+
+/// `walfold backfill` of the standard outbox in pages of `batch`: its summary line.
+fn backfill(db: &TestDb, batch: &str) -> String {
+    let cfg = walfold_tests::write_config(&db.config(""));
+    let (code, out, err) = walfold_tests::walfold(
+        &[
+            "backfill",
+            "--outbox",
+            "public.outbox",
+            "--batch",
+            batch,
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_backfilled_id_conflict_is_recorded_once() {
+    let db = TestDb::new("bf_conflicts");
+    for (i, id) in ID.iter().enumerate() {
+        db.psql(&insert_event(
+            id,
+            &format!("o-{i}"),
+            "OrderPaid",
+            1,
+            r#"{"amount": "1"}"#,
+        ));
+    }
+    assert!(backfill(&db, "2").contains("4 appended"));
+    // Same IDs, other content: at index 0 of page 1 and of page 2. Plus a second row
+    // with the last page's ID, which pages must not skip at the boundary, and a
+    // malformed row.
+    db.psql(&format!(
+        "update outbox set payload = '{{\"amount\": \"9\"}}' where id in ('{}', '{}'); {} \
+         insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values ('00000000-0000-4000-8000-000000000009', 'order', null, 'OrderPaid', 1, '{{}}');",
+        ID[0],
+        ID[2],
+        insert_event(ID[1], "o-1", "OrderPaid", 1, r#"{"amount": "7"}"#),
+    ));
+    for run in 0..2 {
+        let out = backfill(&db, "2");
+        assert!(
+            out.contains("3 ID conflicts, 1 malformed"),
+            "run {run}: {out}"
+        );
+        assert_eq!(
+            db.psql(
+                "select string_agg(reason || ' ' || coalesce(raw->'payload'->>'amount', '-'), ',' \
+                 order by reason, event_id, raw->'payload'->>'amount') from walfold.dead_letter"
+            ),
+            "id_conflict 9,id_conflict 7,id_conflict 9,malformed -",
+            "run {run}: every conflict once, none twice"
+        );
+    }
+}

@@ -43,6 +43,9 @@ pub enum RowOrigin {
     /// replay), and the row's index among that record's rows: a COPY writes several rows
     /// per record (heap multi-insert), every other insert one.
     Wal { lsn: Lsn, index: i32 },
+    /// Read by `walfold backfill`: a digest of the table and the row's values, the same
+    /// when the same row is backfilled again.
+    Backfill { digest: Uuid },
 }
 
 /// One dead-letter entry to record.
@@ -108,13 +111,13 @@ impl DeadLetters {
         let s = q(schema);
         let insert = client
             .prepare(&format!(
+                // Any conflict is on one of the ingest identities (a change, a backfilled
+                // row): that row was recorded before.
                 "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
                  aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
-                 change_index) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-                 on conflict (change_lsn, change_index) \
-                 where subscriber_id is null and change_lsn is not null do nothing \
-                 returning id"
+                 change_index, row_digest) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+                 on conflict do nothing returning id"
             ))
             .await
             .map_err(StoreError::db("preparing dead-letter insert"))?;
@@ -136,10 +139,12 @@ impl DeadLetters {
         dl: &DeadLetter,
     ) -> Result<Option<i64>, StoreError> {
         let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
-        let (change_lsn, change_index): (Option<PgLsn>, Option<i32>) = match dl.origin {
-            Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index)),
-            None => (None, None),
-        };
+        let (change_lsn, change_index, digest): (Option<PgLsn>, Option<i32>, Option<Uuid>) =
+            match dl.origin {
+                Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index), None),
+                Some(RowOrigin::Backfill { digest }) => (None, None, Some(digest)),
+                None => (None, None, None),
+            };
         let row = tx
             .query_opt(
                 &self.insert,
@@ -157,6 +162,7 @@ impl DeadLetters {
                     &lsn,
                     &change_lsn,
                     &change_index,
+                    &digest,
                 ],
             )
             .await

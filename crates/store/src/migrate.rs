@@ -49,6 +49,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dead letter change identity",
         include_str!("../../../migrations/20261201000100_dead_letter_change_identity.sql"),
     ),
+    (
+        20261201000101,
+        "dead letter row digest",
+        include_str!("../../../migrations/20261201000101_dead_letter_row_digest.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
