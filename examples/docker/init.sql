@@ -14,7 +14,7 @@ create table order_totals (order_id text primary key, total numeric, currency te
 
 -- The publication is created here by the table owner, so walfold needs no ownership:
 -- inserts (and truncates) only, so the application's deletes never need a replica identity.
-create publication walfold_outbox for table public.outbox with (publish = 'insert, truncate');
+create publication walfold_outbox for table public.outbox with (publish = 'insert, truncate', publish_via_partition_root = true);
 
 create role walfold with login replication password 'walfold-secret';
 grant create on database app to walfold;            -- walfold's own schema

@@ -1,8 +1,16 @@
-//! SQL identifiers from config: validated, then always quoted when put into SQL.
+//! SQL identifiers from config: validated, then always quoted when put into SQL, so each
+//! is used exactly as written (case-sensitive: `OutboxEvent` is not `outboxevent`).
 
 use std::fmt;
 
-/// A plain identifier: starts with a letter or `_`, then letters, digits, `_`; at most 63 bytes.
+/// The rule for schema, table, column and publication names, as config errors state it.
+/// PostgreSQL truncates names over 63 bytes without an error, so a longer one would name
+/// another object; everything else outside the rule is refused to keep names printable
+/// and unambiguous in `schema.table` and in the replication protocol's name list.
+pub(crate) const IDENTIFIER_RULE: &str =
+    "1-63 ASCII letters, digits and _, not starting with a digit; used exactly as written (case-sensitive)";
+
+/// A name within [`IDENTIFIER_RULE`].
 pub(crate) fn is_identifier(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
@@ -28,7 +36,7 @@ impl QualifiedName {
         let (schema, name) = s.split_once('.').unwrap_or(("public", s));
         if !is_identifier(schema) || !is_identifier(name) {
             return Err(format!(
-                "`{s}` is not a valid table name: use schema.table with letters, digits and _"
+                "`{s}` is not a valid table name: schema.table (or table, in public), each part {IDENTIFIER_RULE}"
             ));
         }
         Ok(QualifiedName {
@@ -63,5 +71,13 @@ mod tests {
         let q = QualifiedName::parse("outbox").unwrap();
         assert_eq!(q.quoted(), "\"public\".\"outbox\"");
         assert!(QualifiedName::parse("a.b.c").is_err());
+        for good in ["OutboxEvent", "aggregateId", "_x", "Sales", &"a".repeat(63)] {
+            assert!(is_identifier(good), "{good}");
+        }
+        for bad in ["a-b", "a b", "ümlaut", "a\"b", "a.b", "$x", &"a".repeat(64)] {
+            assert!(!is_identifier(bad), "{bad}");
+        }
+        let q = QualifiedName::parse("Sales.Outbox").unwrap();
+        assert_eq!(q.quoted(), "\"Sales\".\"Outbox\"");
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::Deserialize;
 
 use crate::error::{ConfigError, Problem};
-use crate::ident::{is_identifier, QualifiedName};
+use crate::ident::{is_identifier, QualifiedName, IDENTIFIER_RULE};
 use crate::redact::redact_url;
 use crate::template::Template;
 
@@ -487,7 +487,7 @@ impl ProjectionConfig {
             Some(c) if !is_identifier(c) => {
                 problems.push(Problem {
                     key: key(k),
-                    message: format!("`{c}` is not a valid column name (letters, digits, _)"),
+                    message: format!("`{c}` is not a valid column name: {IDENTIFIER_RULE}"),
                 });
                 None
             }
@@ -500,7 +500,7 @@ impl ProjectionConfig {
             if !is_identifier(col) {
                 problems.push(Problem {
                     key: key(&format!("columns.{col}")),
-                    message: "not a valid column name (letters, digits, _)".into(),
+                    message: format!("not a valid column name: {IDENTIFIER_RULE}"),
                 });
             }
             if let Err(e) = Template::compile(expr) {
@@ -554,20 +554,22 @@ impl Config {
         if !is_slot_name(&self.source.slot) {
             push(
                 "source.slot",
-                "must be 1-63 lowercase letters, digits or _".into(),
+                format!(
+                    "`{}` is not a valid slot name: 1-63 lowercase letters, digits or _ (PostgreSQL's rule for slots)",
+                    self.source.slot
+                ),
             );
         }
-        if !is_identifier(&self.source.publication) {
-            push(
-                "source.publication",
-                "must be an identifier (letters, digits, _; at most 63)".into(),
-            );
-        }
-        if !is_identifier(&self.target.schema) {
-            push(
-                "target.schema",
-                "must be an identifier (letters, digits, _; at most 63)".into(),
-            );
+        for (key, name) in [
+            ("source.publication", &self.source.publication),
+            ("target.schema", &self.target.schema),
+        ] {
+            if !is_identifier(name) {
+                push(
+                    key,
+                    format!("`{name}` is not a valid name: {IDENTIFIER_RULE}"),
+                );
+            }
         }
         if self.outbox.is_empty() {
             push(
@@ -588,7 +590,7 @@ impl Config {
                 if !is_identifier(v) {
                     push(
                         &format!("outbox[{i}].{k}"),
-                        format!("`{v}` is not a valid column name (letters, digits, _)"),
+                        format!("`{v}` is not a valid column name: {IDENTIFIER_RULE}"),
                     );
                 }
             }

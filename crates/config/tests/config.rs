@@ -209,3 +209,62 @@ fn a_sql_projection_names_its_target_as_table() {
     .join("\n");
     assert!(p.contains("retention.event_log"), "{p}");
 }
+
+#[test]
+fn names_are_used_as_written_and_names_outside_the_rule_are_refused_by_key() {
+    let mixed = MINIMAL
+        .replace(
+            "table = \"public.outbox\"",
+            "table = \"Sales.OutboxEvent\"\naggregate_id = \"aggregateId\"",
+        )
+        .replace(
+            "[[projection]]",
+            "[target]\nschema = \"Walfold\"\n\n[[projection]]",
+        )
+        .replace("[[outbox]]", "publication = \"PubQuoted\"\n\n[[outbox]]");
+    let c = Config::from_toml(&mixed, vec![]).unwrap();
+    assert_eq!(
+        c.outbox[0].table_name().quoted(),
+        "\"Sales\".\"OutboxEvent\""
+    );
+    assert_eq!(c.outbox[0].aggregate_id, "aggregateId");
+    assert_eq!(c.source.publication, "PubQuoted");
+    assert_eq!(c.target.schema, "Walfold");
+
+    let long = "a".repeat(64);
+    let bad = MINIMAL
+        .replace(
+            "table = \"public.outbox\"",
+            &format!("table = \"Sales.Out-box\"\naggregate_id = \"aggregate id\"\nid = \"{long}\""),
+        )
+        .replace(
+            "[[projection]]",
+            "[target]\nschema = \"my schema\"\n\n[[projection]]",
+        )
+        .replace(
+            "[[outbox]]",
+            "publication = \"pub,lish\"\nslot = \"Walfold\"\n\n[[outbox]]",
+        );
+    let found = problems(&bad);
+    for key in [
+        "outbox[0].table",
+        "outbox[0].aggregate_id",
+        "outbox[0].id",
+        "target.schema",
+        "source.publication",
+        "source.slot",
+    ] {
+        assert!(
+            found
+                .iter()
+                .any(|p| p.starts_with(key) && p.contains("valid")),
+            "{key} not refused: {found:?}"
+        );
+    }
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("1-63 ASCII letters, digits and _")),
+        "{found:?}"
+    );
+}

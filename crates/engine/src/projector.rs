@@ -758,6 +758,6 @@ fn waiting_letter(subscriber: &str, e: &Event) -> DeadLetter {
         existing: None,
         attempts: 0,
         source_lsn: Some(e.source_lsn),
-        source_ordinal: None,
+        origin: None,
     }
 }

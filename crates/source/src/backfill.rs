@@ -6,12 +6,17 @@
 //! finds it; a row committed after is in the slot's stream. A row that is both (inserted
 //! while the backfill runs) is appended once: the event log's ID check makes the second
 //! copy a duplicate. Backfilled events keep their producer IDs and enter the log in the
-//! page order (`order_by`, then the ID column).
+//! page order (`order_by`, then the ID column, then the row's place in its table, so
+//! rows that share an ID are each read once even across a page boundary).
+//!
+//! A rejected row (malformed, or an ID already in the log with other content) is
+//! identified by a digest of its table and values, so backfilling again records it once.
 
 use tokio_postgres::Client;
+use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
 use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
-use walfold_store::{connect, EventLog, IngestCounts, Lsn, StoreError};
+use walfold_store::{connect, EventLog, IngestCounts, Lsn, RowOrigin, StoreError};
 
 use crate::error::SourceError;
 use crate::outbox::{Mapping, TxContext};
@@ -64,11 +69,18 @@ pub async fn backfill(
     let source = connect(&config.source.url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
+    // Values as text exactly as the replication stream renders them (its session sets
+    // the same), whatever the role's defaults: the same mapping applies, and a row's
+    // digest is the same on every run.
+    source
+        .batch_execute("set datestyle = 'ISO'; set timezone = 'UTC'; set extra_float_digits = 3")
+        .await
+        .map_err(|e| SourceError::store("configuring the source session")(db(e)))?;
     // The slot exists from here on: whatever commits later is in its stream.
     prepare_source(&source, config, &mut log).await?;
     let pager = Pager::new(&source, outbox, order_by).await?;
     let mut report = BackfillReport::default();
-    let mut cursor: Option<(Option<String>, String)> = None;
+    let mut cursor: Option<Cursor> = None;
     loop {
         let rows = pager.page(&source, cursor.as_ref(), batch).await?;
         if rows.is_empty() {
@@ -83,9 +95,10 @@ pub async fn backfill(
         report.rows += rows.len() as u64;
         let mut events = Vec::with_capacity(rows.len());
         let mut dead = Vec::new();
-        for (i, values) in rows.iter().enumerate() {
+        for row in &rows {
             let tuple = Tuple {
-                columns: values
+                columns: row
+                    .values
                     .iter()
                     .map(|v| {
                         v.as_deref()
@@ -96,15 +109,13 @@ pub async fn backfill(
             let tx = TxContext {
                 commit_lsn: Lsn::ZERO,
                 commit_time: None,
-                ordinal: i as i32,
             };
-            match pager.mapping.map(&tuple, tx) {
+            let origin = RowOrigin::Backfill { digest: row.digest };
+            match pager.mapping.map(&tuple, tx, Some(origin)) {
                 Ok(e) => events.push(e),
                 Err(letter) => {
-                    // Not keyed by WAL position: a backfill is not a replay of the WAL.
                     let mut letter = *letter;
                     letter.source_lsn = None;
-                    letter.source_ordinal = None;
                     dead.push(letter);
                 }
             }
@@ -123,9 +134,31 @@ pub async fn backfill(
         report.malformed += dead.len() as u64;
         // Rows with a null ID or order value are not paged (a keyset cannot pass them).
         let last = rows.last().expect("a non-empty page");
-        let order = pager.order.and_then(|i| last[i].clone());
-        cursor = Some((order, last[pager.id].clone().unwrap_or_default()));
+        cursor = Some(Cursor {
+            order: pager.order.and_then(|i| last.values[i].clone()),
+            id: last.values[pager.id].clone().unwrap_or_default(),
+            table: last.table.clone(),
+            ctid: last.ctid.clone(),
+        });
     }
+}
+
+/// Where the last page ended: its last row's key, as text.
+struct Cursor {
+    order: Option<String>,
+    id: String,
+    /// `tableoid` (a partitioned outbox's rows are in several tables) and `ctid`: the
+    /// row's place, which orders rows that share the rest of the key.
+    table: String,
+    ctid: String,
+}
+
+/// One row of a page.
+struct PageRow {
+    values: Vec<Option<String>>,
+    table: String,
+    ctid: String,
+    digest: Uuid,
 }
 
 /// The keyset query over one outbox table; every column comes back as text, as in the
@@ -133,6 +166,8 @@ pub async fn backfill(
 struct Pager {
     mapping: Mapping,
     sql: String,
+    /// Goes into each row's digest, so equal rows of two outboxes differ.
+    table: String,
     /// Counts the rows paging cannot reach (null ID or order value).
     skipped: String,
     /// The ID column's position in the row.
@@ -199,24 +234,29 @@ impl Pager {
                 quote_ident(&columns[o].0)
             ),
         };
+        let place = "tableoid, ctid";
+        let at = "$5::text::oid, $6::text::tid";
         let (keys, after) = match order {
             // $1 (the order value) is always null here; naming it keeps one parameter list.
             None => (
-                id_col.clone(),
-                format!("$1::text is null and {id_col} > $2::text::{id_type}"),
+                format!("{id_col}, {place}"),
+                format!("$1::text is null and ({id_col}, {place}) > ($2::text::{id_type}, {at})"),
             ),
             Some(o) => {
                 let (o_col, o_type) = (quote_ident(&columns[o].0), &columns[o].2);
                 (
-                    format!("{o_col}, {id_col}"),
-                    format!("({o_col}, {id_col}) > ($1::text::{o_type}, $2::text::{id_type})"),
+                    format!("{o_col}, {id_col}, {place}"),
+                    format!(
+                        "({o_col}, {id_col}, {place}) > ($1::text::{o_type}, $2::text::{id_type}, {at})"
+                    ),
                 )
             }
         };
+        let values = select.join(", ");
         let sql = format!(
-            "select {} from {} where {not_null} and ($2::text is null or {after}) \
+            "select {values}, tableoid::text, ctid::text, md5($4::text || row({values})::text)::uuid \
+             from {} where {not_null} and ($2::text is null or {after}) \
              order by {keys} limit $3",
-            select.join(", "),
             table.quoted()
         );
         let skipped = format!(
@@ -226,6 +266,7 @@ impl Pager {
         Ok(Pager {
             mapping: Mapping::new(outbox, &relation),
             sql,
+            table: table.to_string(),
             skipped,
             id,
             order,
@@ -235,24 +276,31 @@ impl Pager {
     async fn page(
         &self,
         source: &Client,
-        cursor: Option<&(Option<String>, String)>,
+        cursor: Option<&Cursor>,
         batch: i64,
-    ) -> Result<Vec<Vec<Option<String>>>, SourceError> {
-        // No cursor (the first page): both null, every row qualifies.
-        let (order, id): (Option<String>, Option<String>) = match cursor {
-            Some((o, id)) => (o.clone(), Some(id.clone())),
-            None => (None, None),
-        };
+    ) -> Result<Vec<PageRow>, SourceError> {
+        // No cursor (the first page): all null, every row qualifies.
+        let order = cursor.and_then(|c| c.order.as_deref());
+        let id = cursor.map(|c| c.id.as_str());
+        let table = cursor.map(|c| c.table.as_str());
+        let ctid = cursor.map(|c| c.ctid.as_str());
         let rows = source
-            .query(&self.sql, &[&order, &id, &batch])
+            .query(
+                &self.sql,
+                &[&order, &id, &batch, &self.table, &table, &ctid],
+            )
             .await
             .map_err(|e| SourceError::store("reading an outbox page")(db(e)))?;
         Ok(rows
             .iter()
             .map(|r| {
-                (0..r.len())
-                    .map(|i| r.get::<_, Option<String>>(i))
-                    .collect()
+                let n = r.len() - 3;
+                PageRow {
+                    values: (0..n).map(|i| r.get::<_, Option<String>>(i)).collect(),
+                    table: r.get(n),
+                    ctid: r.get(n + 1),
+                    digest: r.get(n + 2),
+                }
             })
             .collect())
     }

@@ -10,6 +10,8 @@ pub enum SourceError {
     WalLevel(String),
     #[error("outbox table {0} does not exist in the source database; create it or fix [[outbox]] table in the config")]
     MissingTable(String),
+    #[error("{}; {}", .0.problem, .0.fix)]
+    Refused(crate::setup::Refusal),
     #[error("replication slot {slot} {problem}")]
     Slot { slot: String, problem: String },
     #[error("{context}: {source}")]
@@ -17,6 +19,20 @@ pub enum SourceError {
         context: String,
         #[source]
         source: StoreError,
+    },
+    #[error(
+        "the publication {publication} sent {change} of {relation}, which is no [[outbox]]; \
+         ingest stopped before acknowledging its transaction (commit {commit_lsn}). Fix: add \
+         {relation} as an [[outbox]]; if it is a partition of an outbox, run alter publication \
+         \"{publication}\" set (publish_via_partition_root = true) and restart; if its changes \
+         are no events, remove it from the publication (changes written before that are still \
+         sent: to skip this transaction, and its outbox rows, advance the slot past it)"
+    )]
+    Unmapped {
+        change: &'static str,
+        relation: String,
+        publication: String,
+        commit_lsn: walfold_store::Lsn,
     },
     #[error("replication stream: {0}")]
     Replication(#[from] pgwire_replication::PgWireError),
@@ -36,9 +52,11 @@ impl SourceError {
     pub fn kind(&self) -> ErrorKind {
         use pgwire_replication::PgWireError as W;
         match self {
-            SourceError::WalLevel(_) | SourceError::MissingTable(_) | SourceError::Slot { .. } => {
-                ErrorKind::Definite
-            }
+            SourceError::WalLevel(_)
+            | SourceError::MissingTable(_)
+            | SourceError::Slot { .. }
+            | SourceError::Refused(_)
+            | SourceError::Unmapped { .. } => ErrorKind::Definite,
             // walfold's own statements: an event is never at fault here (the appender
             // sets aside events the log refuses before this point).
             SourceError::Store { source, .. } => source.kind().own_statement(),

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
 use walfold_pgoutput::{oid, parse_text, Column, Relation, Tuple, Value as PgValue};
-use walfold_store::{DeadLetter, Lsn, NewEvent, Reason};
+use walfold_store::{DeadLetter, Lsn, NewEvent, Reason, RowOrigin};
 
 /// Where each mapped column sits in a relation (as announced by its Relation message).
 #[derive(Debug, Clone)]
@@ -30,8 +30,6 @@ pub struct Mapping {
 pub struct TxContext {
     pub commit_lsn: Lsn,
     pub commit_time: Option<SystemTime>,
-    /// Outbox inserts before this one in the transaction: the row's ordinal.
-    pub ordinal: i32,
 }
 
 impl Mapping {
@@ -65,9 +63,15 @@ impl Mapping {
         }
     }
 
-    /// Maps an inserted row. A row that cannot be an event comes back as a dead letter.
-    pub fn map(&self, row: &Tuple<'_>, tx: TxContext) -> Result<NewEvent, Box<DeadLetter>> {
-        self.try_map(row, tx).map_err(|error| {
+    /// Maps an inserted row read at `origin`. A row that cannot be an event comes back
+    /// as a dead letter.
+    pub fn map(
+        &self,
+        row: &Tuple<'_>,
+        tx: TxContext,
+        origin: Option<RowOrigin>,
+    ) -> Result<NewEvent, Box<DeadLetter>> {
+        self.try_map(row, tx, origin).map_err(|error| {
             Box::new(DeadLetter {
                 subscriber_id: None,
                 event_id: self
@@ -84,12 +88,17 @@ impl Mapping {
                 existing: None,
                 attempts: 1,
                 source_lsn: Some(tx.commit_lsn),
-                source_ordinal: Some(tx.ordinal),
+                origin,
             })
         })
     }
 
-    fn try_map(&self, row: &Tuple<'_>, tx: TxContext) -> Result<NewEvent, String> {
+    fn try_map(
+        &self,
+        row: &Tuple<'_>,
+        tx: TxContext,
+        origin: Option<RowOrigin>,
+    ) -> Result<NewEvent, String> {
         let required = |idx: Option<usize>, name: &str| -> Result<String, String> {
             match self.text(row, idx) {
                 Ok(Some(v)) => Ok(v),
@@ -147,7 +156,7 @@ impl Mapping {
             headers,
             occurred_at,
             source_lsn: tx.commit_lsn,
-            source_ordinal: tx.ordinal,
+            origin,
             committed_at: tx.commit_time,
         })
     }
@@ -217,13 +226,33 @@ fn unix_micros(us: i64) -> SystemTime {
 /// jsonb cannot hold `\u0000`; a `json` or `text` column can. Such a row would make the
 /// event-log insert fail, so it is rejected here with its reason.
 fn refuse_nul(text: &str, column: &str) -> Result<(), String> {
-    if text.contains("\\u0000") {
+    if has_nul_escape(text) {
         Err(format!(
             "column `{column}` contains \\u0000, which jsonb cannot store"
         ))
     } else {
         Ok(())
     }
+}
+
+/// Whether JSON text holds a `\u0000` escape. Only a backslash that is not itself escaped
+/// starts one: `"\\u0000"` (an escaped backslash, then `u0000`) is six ordinary characters,
+/// so the run of backslashes before `u0000` must be odd.
+fn has_nul_escape(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let run = bytes[i..].iter().take_while(|&&b| b == b'\\').count();
+        i += run;
+        if run % 2 == 1 && bytes[i..].starts_with(b"u0000") {
+            return true;
+        }
+    }
+    false
 }
 
 fn truncate(s: &str) -> String {
@@ -281,7 +310,6 @@ mod tests {
         TxContext {
             commit_lsn: Lsn(42),
             commit_time: None,
-            ordinal: 0,
         }
     }
 
@@ -311,6 +339,7 @@ mod tests {
                     Some("2026-11-30 02:25:48.5+00"),
                 ]),
                 tx(),
+                None,
             )
             .unwrap();
         assert_eq!(e.id.to_string(), ID);
@@ -343,6 +372,7 @@ mod tests {
                     None,
                 ]),
                 tx(),
+                None,
             )
             .unwrap();
         assert_eq!(
@@ -423,7 +453,7 @@ mod tests {
             ),
         ];
         for (vals, reason) in cases {
-            let dl = m.map(&row(vals), tx()).unwrap_err();
+            let dl = m.map(&row(vals), tx(), None).unwrap_err();
             assert_eq!(dl.reason, Reason::Malformed);
             assert!(dl.error.contains(reason), "{} vs {reason}", dl.error);
             assert!(dl.raw.as_ref().unwrap().get("payload").is_some());
@@ -431,10 +461,50 @@ mod tests {
     }
 
     #[test]
+    fn only_a_real_nul_escape_is_refused() {
+        // As JSON text: a NUL escape, with escaped backslashes before it, or not one at all.
+        assert!(has_nul_escape(r#"{"a": "\u0000"}"#));
+        assert!(
+            has_nul_escape(r#"{"a": "x\\\u0000"}"#),
+            "an escaped backslash, then an escape"
+        );
+        assert!(has_nul_escape(r#"{"\u0000": 1}"#));
+        assert!(
+            !has_nul_escape(r#"{"a": "\\u0000"}"#),
+            "an escaped backslash, then u0000"
+        );
+        assert!(!has_nul_escape(r#"{"a": "\\\\u0000"}"#));
+        assert!(!has_nul_escape(r#"{"a": "\u0001"}"#));
+        assert!(!has_nul_escape(r#"{"a": "u0000\\"}"#));
+        assert!(!has_nul_escape(""));
+
+        let m = Mapping::new(&config(), &relation(COLS));
+        let with = |payload: &'static str| {
+            row(&[
+                Some(ID),
+                Some("a"),
+                Some("1"),
+                Some("T"),
+                Some("1"),
+                Some(payload),
+                None,
+            ])
+        };
+        let e = m
+            .map(&with(r#"{"path": "C:\\u0000"}"#), tx(), None)
+            .unwrap();
+        assert_eq!(e.payload["path"], "C:\\u0000");
+        let dl = m
+            .map(&with(r#"{"path": "\u0000"}"#), tx(), None)
+            .unwrap_err();
+        assert!(dl.error.contains("jsonb cannot store"), "{}", dl.error);
+    }
+
+    #[test]
     fn a_missing_required_column_is_a_dead_letter_not_a_crash() {
         let m = Mapping::new(&config(), &relation(&COLS[..3]));
         let dl = m
-            .map(&row(&[Some(ID), Some("a"), Some("1")]), tx())
+            .map(&row(&[Some(ID), Some("a"), Some("1")]), tx(), None)
             .unwrap_err();
         assert!(dl.error.contains("missing"), "{}", dl.error);
     }

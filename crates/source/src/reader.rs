@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_pgoutput::{decode, Message};
-use walfold_store::{ConnectOptions, DeadLetter, Lsn, NewEvent, SslMode};
+use walfold_store::{ConnectOptions, DeadLetter, Lsn, NewEvent, RowOrigin, SslMode};
 
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
@@ -61,13 +61,16 @@ pub fn replication_config(config: &Config) -> Result<ReplicationConfig, SourceEr
         SslMode::VerifyCa => TlsConfig::verify_ca(root),
         SslMode::VerifyFull => TlsConfig::verify_full(root),
     };
+    // pgoutput splits publication_names like an identifier list, folding unquoted names
+    // to lower case: quoted, `PubQuoted` is used as written. (The crate escapes the
+    // single quotes of the option value; validated names hold none.)
     let mut cfg = ReplicationConfig::new(
         host,
         user,
         password,
         database,
         config.source.slot.clone(),
-        config.source.publication.clone(),
+        walfold_config::quote_ident(&config.source.publication),
     )
     .with_port(port)
     .with_tls(tls)
@@ -80,10 +83,20 @@ pub fn replication_config(config: &Config) -> Result<ReplicationConfig, SourceEr
     Ok(cfg)
 }
 
+/// A relation as its Relation message announced it.
+struct Relation {
+    /// `schema.table`, for messages.
+    name: String,
+    /// `None`: no `[[outbox]]` is this table.
+    mapping: Option<Mapping>,
+}
+
 pub(crate) struct Reader<'a> {
     config: &'a Config,
-    relations: HashMap<u32, Option<Mapping>>,
+    relations: HashMap<u32, Relation>,
     tx: Option<TxContext>,
+    /// The WAL record of the last insert and how many rows it held before this one.
+    change: Option<(Lsn, i32)>,
     items: mpsc::Sender<Item>,
 }
 
@@ -93,6 +106,7 @@ impl<'a> Reader<'a> {
             config,
             relations: HashMap::new(),
             tx: None,
+            change: None,
             items,
         }
     }
@@ -155,8 +169,8 @@ impl<'a> Reader<'a> {
                 self.tx = Some(TxContext {
                     commit_lsn: Lsn(final_lsn.as_u64()),
                     commit_time: pg_time(commit_time_micros),
-                    ordinal: 0,
                 });
+                self.change = None;
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.tx = None;
@@ -170,7 +184,9 @@ impl<'a> Reader<'a> {
                     self.send(Item::Through(Lsn(wal_end.as_u64()))).await?;
                 }
             }
-            ReplicationEvent::XLogData { data, .. } => self.data(&data).await?,
+            ReplicationEvent::XLogData {
+                wal_start, data, ..
+            } => self.data(Lsn(wal_start.as_u64()), &data).await?,
             // A heartbeat (non-transactional message) between transactions: like a
             // keepalive, everything before it has reached us.
             ReplicationEvent::Message {
@@ -185,9 +201,12 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    async fn data(&mut self, data: &[u8]) -> Result<(), SourceError> {
+    /// `at`: where the server says the message is; for a change, its WAL record's LSN.
+    async fn data(&mut self, at: Lsn, data: &[u8]) -> Result<(), SourceError> {
         let message = decode(data, false).map_err(|e| SourceError::Decode(e.to_string()))?;
         match message {
+            // A partition's own Relation message comes beside its root's even when the
+            // publication publishes through the root: only a change for it is a problem.
             Message::Relation(rel) => {
                 let mapping = self
                     .config
@@ -198,39 +217,50 @@ impl<'a> Reader<'a> {
                         t.schema == rel.namespace && t.name == rel.name
                     })
                     .map(|o| Mapping::new(o, &rel));
-                self.relations.insert(rel.id, mapping);
+                let name = format!("{}.{}", rel.namespace, rel.name);
+                self.relations.insert(rel.id, Relation { name, mapping });
             }
             Message::Insert(insert) => {
-                let mapping = self.mapping(insert.relation_id)?;
-                let Some(mapping) = mapping else {
-                    return Ok(());
-                };
+                let origin = origin(&mut self.change, at);
+                let mapping = self.mapping(insert.relation_id, "an insert")?;
                 let tx = self
                     .tx
                     .ok_or_else(|| SourceError::Decode("insert outside a transaction".into()))?;
-                let item = match mapping.map(&insert.new, tx) {
+                let item = match mapping.map(&insert.new, tx, origin) {
                     Ok(event) => Item::Event(event),
                     Err(dead) => {
                         tracing::warn!(table = %mapping.table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters");
                         Item::Rejected(dead)
                     }
                 };
-                if let Some(t) = &mut self.tx {
-                    t.ordinal += 1;
-                }
                 self.send(item).await?;
             }
-            Message::Update(u) if self.mapping(u.relation_id)?.is_some() => {
+            Message::Update(u) => {
+                self.mapping(u.relation_id, "an update")?;
                 self.send(Item::Ignored).await?;
             }
-            Message::Delete(d) if self.mapping(d.relation_id)?.is_some() => {
+            Message::Delete(d) => {
+                self.mapping(d.relation_id, "a delete")?;
                 self.send(Item::Ignored).await?;
             }
+            // A truncate removes rows, it writes none: never an event, whatever the table.
             Message::Truncate(t) => {
                 for id in t.relation_ids {
-                    if matches!(self.relations.get(&id), Some(Some(_))) {
-                        self.send(Item::Ignored).await?;
+                    match self.relations.get(&id) {
+                        Some(Relation {
+                            mapping: Some(_), ..
+                        }) => {}
+                        Some(Relation { name, .. }) => {
+                            tracing::warn!(relation = %name, publication = %self.config.source.publication, "truncate of a table that is no [[outbox]], ignored; remove it from the publication");
+                        }
+                        None => {
+                            tracing::warn!(
+                                relation_id = id,
+                                "truncate of an unannounced relation, ignored"
+                            );
+                        }
                     }
+                    self.send(Item::Ignored).await?;
                 }
             }
             // Begin/Commit arrive as boundary events; the rest carries nothing for us.
@@ -239,9 +269,20 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    fn mapping(&self, relation_id: u32) -> Result<Option<&Mapping>, SourceError> {
+    /// The outbox a change belongs to. A change of any other table stops ingest before
+    /// its transaction is acknowledged: skipping it could drop events silently (a
+    /// partition published under its own name, a table added to the publication).
+    fn mapping(&self, relation_id: u32, change: &'static str) -> Result<&Mapping, SourceError> {
         match self.relations.get(&relation_id) {
-            Some(m) => Ok(m.as_ref()),
+            Some(Relation {
+                mapping: Some(m), ..
+            }) => Ok(m),
+            Some(Relation { name, .. }) => Err(SourceError::Unmapped {
+                change,
+                relation: name.clone(),
+                publication: self.config.source.publication.clone(),
+                commit_lsn: self.tx.map_or(Lsn::ZERO, |t| t.commit_lsn),
+            }),
             None => Err(SourceError::Decode(format!(
                 "change for relation {relation_id} before its Relation message"
             ))),
@@ -254,5 +295,47 @@ impl<'a> Reader<'a> {
             .send(item)
             .await
             .map_err(|_| SourceError::StreamEnded)
+    }
+}
+
+/// Where an insert was read, from the server's position for its message: the change's
+/// own WAL record (pgoutput sends a change with the record's LSN; the same on every
+/// replay). The rows of one multi-insert record (COPY) share it, so each also gets its
+/// index in the record. `None` when the server gave no position.
+fn origin(last: &mut Option<(Lsn, i32)>, at: Lsn) -> Option<RowOrigin> {
+    if at == Lsn::ZERO {
+        return None;
+    }
+    let index = match *last {
+        Some((lsn, index)) if lsn == at => index + 1,
+        _ => 0,
+    };
+    *last = Some((at, index));
+    Some(RowOrigin::Wal { lsn: at, index })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_of_one_wal_record_are_told_apart_by_their_index() {
+        let mut last = None;
+        let at = |n| {
+            Some(RowOrigin::Wal {
+                lsn: Lsn(100),
+                index: n,
+            })
+        };
+        assert_eq!(origin(&mut last, Lsn(100)), at(0));
+        assert_eq!(origin(&mut last, Lsn(100)), at(1));
+        assert_eq!(
+            origin(&mut last, Lsn(180)),
+            Some(RowOrigin::Wal {
+                lsn: Lsn(180),
+                index: 0
+            })
+        );
+        assert_eq!(origin(&mut last, Lsn::ZERO), None);
     }
 }

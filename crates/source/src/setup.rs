@@ -5,16 +5,26 @@
 //! would make PostgreSQL refuse the application's `delete from outbox` on a table without
 //! a replica identity, breaking the common insert-then-delete outbox; and only inserts
 //! are events anyway.
+//!
+//! A publication walfold would read wrongly is refused with the fix, never worked around:
+//! one that sends other tables' changes (each would stop ingest), one that filters rows
+//! or columns, one that names a partitioned outbox's rows by partition.
 
 use tokio_postgres::Client;
-use walfold_config::{Config, OnSlotLost};
-use walfold_store::{EventLog, Lsn};
+use walfold_config::{quote_ident, Config, OnSlotLost, QualifiedName};
+use walfold_store::{EventLog, IngestCounts, Lsn};
 
 use crate::error::SourceError;
 
+/// How walfold creates its publication. Through the partition root: a partitioned
+/// outbox's rows then arrive under the outbox's name (otherwise under each partition's),
+/// including partitions attached later.
+const PUBLISH: &str = "publish = 'insert, truncate', publish_via_partition_root = true";
+
 /// Checks the source and creates what is missing. `ingested_through` is the ingest
-/// position recorded for this slot in the target: a slot is created only when nothing
-/// was ingested through it yet, never silently re-created (that would hide lost events).
+/// position recorded for this slot in the target (the slot's start once walfold created
+/// it): a slot is created only when none was ever used, never silently re-created (that
+/// would hide lost events).
 /// A lost slot is recreated only with `on_slot_lost = "recreate"`, and then the skipped
 /// WAL range is recorded in `log` (opened before the slot is created, closed after).
 pub async fn prepare_source(
@@ -44,67 +54,43 @@ pub async fn prepare_source(
     if wal_level != "logical" {
         return Err(SourceError::WalLevel(wal_level));
     }
-    let mut tables = Vec::new();
-    for outbox in &config.outbox {
-        let name = outbox.table_name();
-        let exists: bool = source
-            .query_one(
-                "select exists (select 1 from pg_tables where schemaname = $1 and tablename = $2)",
-                &[&name.schema, &name.name],
-            )
-            .await
-            .map_err(db("looking up an outbox table"))?
-            .get(0);
-        if !exists {
-            return Err(SourceError::MissingTable(name.to_string()));
-        }
-        tables.push(name);
+    let shape = inspect(source, config)
+        .await
+        .map_err(db("reading the catalog"))?;
+    for warning in &shape.warnings {
+        tracing::warn!("{warning}");
+    }
+    if let Some(refusal) = shape.refusals.into_iter().next() {
+        return Err(SourceError::Refused(refusal));
     }
     let publication = &config.source.publication;
-    let published: Option<Vec<String>> = source
-        .query_opt(
-            "select coalesce(array_agg(schemaname || '.' || tablename) \
-             filter (where tablename is not null), '{}') \
-             from pg_publication p left join pg_publication_tables t on t.pubname = p.pubname \
-             where p.pubname = $1 group by p.pubname",
-            &[publication],
-        )
-        .await
-        .map_err(db("reading the publication"))?
-        .map(|r| r.get(0));
-    let list = tables
-        .iter()
-        .map(|t| t.quoted())
-        .collect::<Vec<_>>()
-        .join(", ");
     let quoted_pub = walfold_config::quote_ident(publication);
-    match published {
-        None => {
-            source
-                .batch_execute(&format!(
-                    "create publication {quoted_pub} for table {list} with (publish = 'insert, truncate')"
-                ))
-                .await
-                .map_err(db("creating the publication"))?;
-            tracing::info!(publication = %publication, tables = %list, "created publication");
-        }
-        Some(current) => {
-            let missing: Vec<_> = tables
-                .iter()
-                .filter(|t| !current.contains(&t.to_string()))
-                .map(|t| t.quoted())
-                .collect();
-            if !missing.is_empty() {
-                source
-                    .batch_execute(&format!(
-                        "alter publication {quoted_pub} add table {}",
-                        missing.join(", ")
-                    ))
-                    .await
-                    .map_err(db("adding tables to the publication"))?;
-                tracing::info!(publication = %publication, added = %missing.join(", "), "added outbox tables to publication");
-            }
-        }
+    let list = |tables: &[QualifiedName]| {
+        tables
+            .iter()
+            .map(QualifiedName::quoted)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !shape.publication_exists {
+        let tables: Vec<QualifiedName> = config.outbox.iter().map(|o| o.table_name()).collect();
+        source
+            .batch_execute(&format!(
+                "create publication {quoted_pub} for table {} with ({PUBLISH})",
+                list(&tables)
+            ))
+            .await
+            .map_err(db("creating the publication"))?;
+        tracing::info!(publication = %publication, tables = %list(&tables), "created publication");
+    } else if !shape.unpublished.is_empty() {
+        let missing = list(&shape.unpublished);
+        source
+            .batch_execute(&format!(
+                "alter publication {quoted_pub} add table {missing}"
+            ))
+            .await
+            .map_err(db("adding tables to the publication"))?;
+        tracing::info!(publication = %publication, added = %missing, "added outbox tables to publication");
     }
     let slot = &config.source.slot;
     let existing = source
@@ -152,7 +138,8 @@ pub async fn prepare_source(
             });
         }
         None => {
-            create().await?;
+            let start = create().await?;
+            record_start(log, start).await?;
         }
         Some(row) => {
             let plugin: Option<String> = row.get(0);
@@ -185,9 +172,25 @@ pub async fn prepare_source(
             // and nothing has been read from it, so its position is its start.
             if let Some(start) = confirmed.and_then(|l| l.parse::<Lsn>().ok()) {
                 close_gap(log, slot, start).await?;
+                // Created by a run that died before recording it, or by a version that
+                // did not record it.
+                if ingested_through == Lsn::ZERO {
+                    record_start(log, start).await?;
+                }
             }
         }
     }
+    Ok(())
+}
+
+/// Records a slot's start as the ingest position when walfold created the slot. Until
+/// then the position is 0/0, which means "no slot was ever used": a slot lost after a
+/// backfill, or before the first event, would be recreated silently and the WAL
+/// committed in between skipped. From here on its loss is detected like any other.
+async fn record_start(log: &mut EventLog, start: Lsn) -> Result<(), SourceError> {
+    log.append(&[], &[], Some(start), IngestCounts::default())
+        .await
+        .map_err(SourceError::store("recording the slot's start"))?;
     Ok(())
 }
 
@@ -212,3 +215,268 @@ async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<(), Source
     }
     Ok(())
 }
+
+/// A reason the source cannot be followed as configured, with its fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub problem: String,
+    pub fix: String,
+}
+
+/// The configured outboxes and publication as the source's catalog has them.
+#[derive(Debug, Default)]
+pub struct SourceShape {
+    /// Everything that stops walfold, in config order.
+    pub refusals: Vec<Refusal>,
+    /// Worth a look, not wrong (a column that differs from the config only in case).
+    pub warnings: Vec<String>,
+    pub publication_exists: bool,
+    /// Outboxes not yet in the existing publication (walfold adds them).
+    pub unpublished: Vec<QualifiedName>,
+    /// Whether the publication publishes through partition roots.
+    pub via_root: bool,
+    /// Outboxes that are partitioned tables.
+    pub partitioned: Vec<QualifiedName>,
+}
+
+/// Reads what [`prepare_source`] and `walfold doctor` check: each outbox (a table, not
+/// a partition, with the required columns) and the publication (membership compared
+/// with what was added to it, `pg_publication_rel`, not with `pg_publication_tables`,
+/// which lists the partitions of a partitioned table).
+pub async fn inspect(
+    source: &Client,
+    config: &Config,
+) -> Result<SourceShape, tokio_postgres::Error> {
+    let mut shape = SourceShape::default();
+    let version: i32 = source
+        .query_one("select current_setting('server_version_num')::int", &[])
+        .await?
+        .get(0);
+    let mut outboxes = Vec::new();
+    for (i, outbox) in config.outbox.iter().enumerate() {
+        let name = outbox.table_name();
+        let row = source
+            .query_opt(
+                "select c.relkind::text, c.relispartition, rn.nspname::text, rc.relname::text, \
+                 array(select a.attname::text from pg_attribute a where a.attrelid = c.oid \
+                       and a.attnum > 0 and not a.attisdropped order by a.attnum) \
+                 from pg_class c join pg_namespace n on n.oid = c.relnamespace \
+                 left join pg_class rc on c.relispartition and rc.oid = pg_partition_root(c.oid) \
+                 left join pg_namespace rn on rn.oid = rc.relnamespace \
+                 where n.nspname = $1 and c.relname = $2",
+                &[&name.schema, &name.name],
+            )
+            .await?;
+        let Some(row) = row else {
+            let similar: Option<(String, String)> = source
+                .query_opt(
+                    "select n.nspname::text, c.relname::text from pg_class c \
+                     join pg_namespace n on n.oid = c.relnamespace \
+                     where lower(n.nspname) = lower($1) and lower(c.relname) = lower($2) \
+                     and c.relkind in ('r', 'p') limit 1",
+                    &[&name.schema, &name.name],
+                )
+                .await?
+                .map(|r| (r.get(0), r.get(1)));
+            let fix = match similar {
+                Some((schema, table)) => format!(
+                    "names are case-sensitive: set outbox[{i}].table = \"{schema}.{table}\""
+                ),
+                None => "create it or fix [[outbox]] table in the config".into(),
+            };
+            shape.refusals.push(Refusal {
+                problem: format!("outbox table {name} does not exist in the source database"),
+                fix,
+            });
+            continue;
+        };
+        let (kind, is_partition): (String, bool) = (row.get(0), row.get(1));
+        let columns: Vec<String> = row.get(4);
+        if is_partition {
+            let root = format!("{}.{}", row.get::<_, String>(2), row.get::<_, String>(3));
+            shape.refusals.push(Refusal {
+                problem: format!("outbox table {name} is a partition of {root}"),
+                fix: format!(
+                    "set outbox[{i}].table = \"{root}\": walfold follows a partitioned outbox \
+                     through its root, every partition included"
+                ),
+            });
+            continue;
+        }
+        if kind != "r" && kind != "p" {
+            shape.refusals.push(Refusal {
+                problem: format!("outbox {name} is not a table (relkind {kind})"),
+                fix: "logical replication publishes tables only: point [[outbox]] table at the table the application writes".into(),
+            });
+            continue;
+        }
+        if kind == "p" {
+            shape.partitioned.push(name.clone());
+        }
+        for (key, column) in outbox.columns() {
+            if columns.iter().any(|c| c == column) {
+                continue;
+            }
+            let similar = columns.iter().find(|c| c.eq_ignore_ascii_case(column));
+            if REQUIRED.contains(&key) {
+                shape.refusals.push(Refusal {
+                    problem: format!(
+                        "outbox table {name} has no column `{column}` (outbox[{i}].{key})"
+                    ),
+                    fix: match similar {
+                        Some(c) => {
+                            format!("names are case-sensitive: set outbox[{i}].{key} = \"{c}\"")
+                        }
+                        None => format!("set outbox[{i}].{key} to the column that holds it"),
+                    },
+                });
+            } else if let Some(c) = similar {
+                shape.warnings.push(format!(
+                    "outbox table {name} has no column `{column}` but has `{c}`: names are \
+                     case-sensitive; set outbox[{i}].{key} = \"{c}\" to map it"
+                ));
+            }
+        }
+        outboxes.push(name);
+    }
+
+    let publication = &config.source.publication;
+    let quoted_pub = quote_ident(publication);
+    let Some(row) = source
+        .query_opt(
+            "select puballtables, pubinsert, pubviaroot from pg_publication where pubname = $1",
+            &[publication],
+        )
+        .await?
+    else {
+        return Ok(shape);
+    };
+    shape.publication_exists = true;
+    let (all_tables, inserts, via_root): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    shape.via_root = via_root;
+    let create = format!(
+        "create a publication of the outbox tables only (create publication ... for table ... \
+         with ({PUBLISH})) and set source.publication to it, or drop {quoted_pub} and let \
+         walfold create it"
+    );
+    if all_tables {
+        shape.refusals.push(Refusal {
+            problem: format!("publication {publication} is FOR ALL TABLES: every other table's changes would stop ingest"),
+            fix: create,
+        });
+        return Ok(shape);
+    }
+    // PostgreSQL 15 added schema publications, row filters and column lists.
+    let pg15 = version >= 150_000;
+    if pg15 {
+        let schemas: Vec<String> = source
+            .query(
+                "select n.nspname::text from pg_publication_namespace pn \
+                 join pg_namespace n on n.oid = pn.pnnspid \
+                 join pg_publication p on p.oid = pn.pnpubid where p.pubname = $1 order by 1",
+                &[publication],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if !schemas.is_empty() {
+            shape.refusals.push(Refusal {
+                problem: format!(
+                    "publication {publication} is FOR TABLES IN SCHEMA {}: other tables' changes would stop ingest",
+                    schemas.join(", ")
+                ),
+                fix: create,
+            });
+            return Ok(shape);
+        }
+    }
+    if !inserts {
+        shape.refusals.push(Refusal {
+            problem: format!("publication {publication} does not publish inserts: no outbox row would reach walfold"),
+            fix: format!("alter publication {quoted_pub} set (publish = 'insert, truncate')"),
+        });
+    }
+    let filtered = if pg15 {
+        "r.prqual is not null or r.prattrs is not null"
+    } else {
+        "false"
+    };
+    let members: Vec<(QualifiedName, bool)> = source
+        .query(
+            &format!(
+                "select n.nspname::text, c.relname::text, {filtered} from pg_publication_rel r \
+                 join pg_class c on c.oid = r.prrelid join pg_namespace n on n.oid = c.relnamespace \
+                 join pg_publication p on p.oid = r.prpubid where p.pubname = $1 order by 1, 2"
+            ),
+            &[publication],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            let name = QualifiedName {
+                schema: r.get(0),
+                name: r.get(1),
+            };
+            (name, r.get(2))
+        })
+        .collect();
+    let extra: Vec<&QualifiedName> = members
+        .iter()
+        .map(|(m, _)| m)
+        .filter(|m| !config.outbox.iter().any(|o| o.table_name() == **m))
+        .collect();
+    if !extra.is_empty() {
+        let names = extra.iter().map(ToString::to_string).collect::<Vec<_>>();
+        let quoted = extra.iter().map(|m| m.quoted()).collect::<Vec<_>>();
+        shape.refusals.push(Refusal {
+            problem: format!(
+                "publication {publication} also publishes {}, which {} no [[outbox]]: each of their changes would stop ingest",
+                names.join(", "),
+                if extra.len() == 1 { "is" } else { "are" }
+            ),
+            fix: format!(
+                "remove {} from it (alter publication {quoted_pub} drop table {}) or add {} as [[outbox]]",
+                if extra.len() == 1 { "it" } else { "them" },
+                quoted.join(", "),
+                if extra.len() == 1 { "it" } else { "them" },
+            ),
+        });
+    }
+    for (member, filter) in &members {
+        if *filter && outboxes.contains(member) {
+            shape.refusals.push(Refusal {
+                problem: format!("publication {publication} publishes {member} with a row filter or column list: rows or columns it leaves out would never reach walfold"),
+                fix: format!("alter publication {quoted_pub} set table {} (add the other tables back in the same statement)", member.quoted()),
+            });
+        }
+    }
+    if !via_root && !shape.partitioned.is_empty() {
+        let names = shape
+            .partitioned
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>();
+        shape.refusals.push(Refusal {
+            problem: format!(
+                "publication {publication} publishes the partitioned outbox {} under its partitions' names",
+                names.join(", ")
+            ),
+            fix: format!("alter publication {quoted_pub} set (publish_via_partition_root = true)"),
+        });
+    }
+    shape.unpublished = outboxes
+        .into_iter()
+        .filter(|o| !members.iter().any(|(m, _)| m == o))
+        .collect();
+    Ok(shape)
+}
+
+/// The mapped columns an event cannot do without.
+const REQUIRED: [&str; 5] = [
+    "id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+];

@@ -35,6 +35,19 @@ impl Reason {
     }
 }
 
+/// Where an outbox row was read: what identifies a row rejected at ingest, so it is
+/// recorded once however often it is read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOrigin {
+    /// Streamed from the slot: the LSN of the change's own WAL record (the same on every
+    /// replay), and the row's index among that record's rows: a COPY writes several rows
+    /// per record (heap multi-insert), every other insert one.
+    Wal { lsn: Lsn, index: i32 },
+    /// Read by `walfold backfill`: a digest of the table and the row's values, the same
+    /// when the same row is backfilled again.
+    Backfill { digest: Uuid },
+}
+
 /// One dead-letter entry to record.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
@@ -51,9 +64,10 @@ pub struct DeadLetter {
     /// For `id_conflict`: the event already in the log.
     pub existing: Option<Value>,
     pub attempts: i32,
+    /// The commit LSN of the source transaction.
     pub source_lsn: Option<Lsn>,
-    /// With `source_lsn`, identifies a row rejected at ingest across replays.
-    pub source_ordinal: Option<i32>,
+    /// For a row rejected at ingest: where it was read (`None`: recorded every time).
+    pub origin: Option<RowOrigin>,
 }
 
 impl DeadLetter {
@@ -71,7 +85,7 @@ impl DeadLetter {
             existing: None,
             attempts: 1,
             source_lsn: Some(event.source_lsn),
-            source_ordinal: Some(event.source_ordinal),
+            origin: event.origin,
         }
     }
 
@@ -97,12 +111,13 @@ impl DeadLetters {
         let s = q(schema);
         let insert = client
             .prepare(&format!(
+                // Any conflict is on one of the ingest identities (a change, a backfilled
+                // row): that row was recorded before.
                 "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
-                 aggregate_id, reason, error, raw, existing, attempts, source_lsn, source_ordinal) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-                 on conflict (source_lsn, source_ordinal) \
-                 where subscriber_id is null and source_ordinal is not null do nothing \
-                 returning id"
+                 aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
+                 change_index, row_digest) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+                 on conflict do nothing returning id"
             ))
             .await
             .map_err(StoreError::db("preparing dead-letter insert"))?;
@@ -124,6 +139,12 @@ impl DeadLetters {
         dl: &DeadLetter,
     ) -> Result<Option<i64>, StoreError> {
         let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
+        let (change_lsn, change_index, digest): (Option<PgLsn>, Option<i32>, Option<Uuid>) =
+            match dl.origin {
+                Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index), None),
+                Some(RowOrigin::Backfill { digest }) => (None, None, Some(digest)),
+                None => (None, None, None),
+            };
         let row = tx
             .query_opt(
                 &self.insert,
@@ -139,7 +160,9 @@ impl DeadLetters {
                     &dl.existing,
                     &dl.attempts,
                     &lsn,
-                    &dl.source_ordinal,
+                    &change_lsn,
+                    &change_index,
+                    &digest,
                 ],
             )
             .await

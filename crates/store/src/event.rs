@@ -5,6 +5,7 @@ use std::time::SystemTime;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::dead_letter::RowOrigin;
 use crate::lsn::Lsn;
 
 /// An event read from an outbox row, before it is in the event log.
@@ -21,9 +22,8 @@ pub struct NewEvent {
     pub occurred_at: Option<SystemTime>,
     /// Commit LSN of the source transaction.
     pub source_lsn: Lsn,
-    /// Position among the outbox inserts of the source transaction (with `source_lsn`,
-    /// the same on every replay of the WAL).
-    pub source_ordinal: i32,
+    /// Where the row was read; identifies a rejected row across replays.
+    pub origin: Option<RowOrigin>,
     /// Commit time of the source transaction.
     pub committed_at: Option<SystemTime>,
 }

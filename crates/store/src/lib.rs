@@ -26,7 +26,9 @@ pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql};
 pub use connect::{connect, ConnectOptions, SslMode};
-pub use dead_letter::{DeadLetter, DeadLetterEntry, DeadLetters, Reason, RetryItem, RetryRequest};
+pub use dead_letter::{
+    DeadLetter, DeadLetterEntry, DeadLetters, Reason, RetryItem, RetryRequest, RowOrigin,
+};
 pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};
 pub use event_log::{

@@ -44,6 +44,16 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fence, pause, park key",
         include_str!("../../../migrations/20261201000001_fence_pause_park_key.sql"),
     ),
+    (
+        20261201000100,
+        "dead letter change identity",
+        include_str!("../../../migrations/20261201000100_dead_letter_change_identity.sql"),
+    ),
+    (
+        20261201000101,
+        "dead letter row digest",
+        include_str!("../../../migrations/20261201000101_dead_letter_row_digest.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
@@ -53,7 +63,8 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
             schema: schema.to_owned(),
             source,
         })?
-        .options([("search_path", schema)])
+        // Quoted, so a mixed-case schema is not folded to lower case.
+        .options([("search_path", q(schema))])
         .application_name("walfold-migrate")
         .disable_statement_logging();
     let mut conn = options

@@ -150,32 +150,32 @@ async fn source_checks(
         "alter role <walfold role> replication (on RDS/Aurora: grant rds_replication to <walfold role>)",
     );
 
-    // Outbox tables, the publication and replica identity.
+    // Outbox tables and the publication: what `walfold run` refuses is a FAIL here.
     let publication = &config.source.publication;
-    let published: Option<(Vec<String>, bool, bool)> = source
+    let shape = walfold_source::inspect(source, config).await?;
+    for refusal in &shape.refusals {
+        r.check(Level::Fail, &refusal.problem, &refusal.fix);
+    }
+    for warning in &shape.warnings {
+        r.check(Level::Warn, warning, "");
+    }
+    let updates_or_deletes: bool = source
         .query_opt(
-            "select coalesce((select array_agg(schemaname || '.' || tablename) \
-               from pg_publication_tables t where t.pubname = p.pubname), '{}'), \
-             p.pubupdate, p.pubdelete from pg_publication p where p.pubname = $1",
+            "select pubupdate or pubdelete from pg_publication where pubname = $1",
             &[publication],
         )
         .await?
-        .map(|row| (row.get(0), row.get(1), row.get(2)));
-    let mut wanted = Vec::new();
+        .is_some_and(|row| row.get(0));
     for o in &config.outbox {
         let t = o.table_name();
         let exists: bool = source
             .query_one("select to_regclass($1) is not null", &[&t.quoted()])
             .await?
             .get(0);
-        r.check(
-            if exists { Level::Ok } else { Level::Fail },
-            format!("outbox table {t} exists"),
-            "create it, or fix [[outbox]] table",
-        );
         if !exists {
             continue;
         }
+        r.check(Level::Ok, format!("outbox table {t} exists"), "");
         let select: bool = source
             .query_one("select has_table_privilege($1, 'select')", &[&t.quoted()])
             .await?
@@ -185,42 +185,55 @@ async fn source_checks(
             format!("the source role may read {t} (needed by `walfold backfill` only)"),
             format!("grant select on {t} to <walfold role>"),
         );
-        if let Some((_, update, delete)) = &published {
-            if *update || *delete {
-                let identity: String = source
-                    .query_one(
-                        "select relreplident::text from pg_class where oid = $1::text::regclass",
-                        &[&t.quoted()],
-                    )
-                    .await?
-                    .get(0);
-                r.check(
-                    if identity == "n" { Level::Fail } else { Level::Ok },
-                    format!("{t}: replica identity {identity} (the publication publishes updates/deletes)"),
-                    format!("publish only inserts (alter publication {publication} set (publish = 'insert, truncate')), or give {t} a primary key"),
-                );
-            }
+        if updates_or_deletes {
+            let identity: String = source
+                .query_one(
+                    "select relreplident::text from pg_class where oid = $1::text::regclass",
+                    &[&t.quoted()],
+                )
+                .await?
+                .get(0);
+            r.check(
+                if identity == "n" { Level::Fail } else { Level::Ok },
+                format!("{t}: replica identity {identity} (the publication publishes updates/deletes)"),
+                format!("publish only inserts (alter publication {publication} set (publish = 'insert, truncate')), or give {t} a primary key"),
+            );
         }
-        wanted.push(t.to_string());
     }
-    match &published {
-        None => r.check(
+    if !shape.publication_exists {
+        r.check(
             Level::Warn,
             format!("publication {publication} does not exist"),
             "walfold creates it on start (needs create on the database and ownership of the outbox tables), or create it as their owner",
-        ),
-        Some((tables, _, _)) => {
-            let missing: Vec<&String> = wanted.iter().filter(|t| !tables.contains(t)).collect();
-            let extra: Vec<&String> = tables.iter().filter(|t| !wanted.contains(t)).collect();
-            if missing.is_empty() && extra.is_empty() {
-                r.check(Level::Ok, format!("publication {publication} covers exactly the outbox tables"), "");
-            } else {
-                r.check(
-                    Level::Warn,
-                    format!("publication {publication}: missing {missing:?}, extra {extra:?}"),
-                    "walfold adds missing tables on start; drop extra ones (their changes are decoded and ignored, costing CPU)",
-                );
-            }
+        );
+    } else {
+        if shape.refusals.is_empty() && shape.unpublished.is_empty() {
+            r.check(
+                Level::Ok,
+                format!("publication {publication} covers exactly the outbox tables"),
+                "",
+            );
+        } else if !shape.unpublished.is_empty() {
+            let missing: Vec<String> = shape.unpublished.iter().map(ToString::to_string).collect();
+            r.check(
+                Level::Warn,
+                format!("publication {publication} lacks {}", missing.join(", ")),
+                "walfold adds them on start (needs ownership of the tables), or add them as their owner",
+            );
+        }
+        // A FAIL for a partitioned outbox without it is among the refusals above.
+        match (shape.via_root, shape.partitioned.is_empty()) {
+            (true, _) => r.check(
+                Level::Ok,
+                format!("publication {publication}: publish_via_partition_root = true"),
+                "",
+            ),
+            (false, true) => r.check(
+                Level::Ok,
+                format!("publication {publication}: publish_via_partition_root = false (no outbox is partitioned)"),
+                "",
+            ),
+            (false, false) => {}
         }
     }
 
