@@ -714,7 +714,7 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
         headers: None,
         occurred_at: None,
         source_lsn: walfold_store::Lsn(1),
-        source_ordinal: 0,
+        origin: None,
         committed_at: None,
     };
     let counts = walfold_store::IngestCounts::default();
