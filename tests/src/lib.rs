@@ -317,24 +317,9 @@ pub async fn status(client: &tokio_postgres::Client) -> Option<walfold_store::St
 /// Waits until `events` events are in the log (sequence numbers may have gaps) and
 /// every subscriber has read all of it.
 pub async fn caught_up(client: &tokio_postgres::Client, events: i64, subscribers: usize) {
-    eventually(
-        Duration::from_secs(90),
-        "projections to catch up",
-        || async {
-            let in_log = client
-                .query_one("select count(*) from walfold.event_log", &[])
-                .await
-                .map_or(0, |r| r.get::<_, i64>(0));
-            match status(client).await {
-                Some(s) => {
-                    in_log >= events
-                        && s.subscribers.len() >= subscribers
-                        && s.subscribers.iter().all(|sub| sub.lag_events == 0)
-                }
-                None => false,
-            }
-        },
-    )
+    log_read_by(client, events, "projections to catch up", |s| {
+        s.subscribers.len() >= subscribers && s.subscribers.iter().all(|sub| sub.lag_events == 0)
+    })
     .await;
 }
 
@@ -345,28 +330,84 @@ pub async fn subscribers_caught_up(
     events: i64,
     subscribers: &[&str],
 ) {
-    eventually(
-        Duration::from_secs(90),
-        "these subscribers to catch up",
-        || async {
-            let in_log = client
-                .query_one("select count(*) from walfold.event_log", &[])
-                .await
-                .map_or(0, |r| r.get::<_, i64>(0));
-            match status(client).await {
-                Some(s) => {
-                    in_log >= events
-                        && subscribers.iter().all(|name| {
-                            s.subscribers
-                                .iter()
-                                .any(|sub| sub.subscriber == *name && sub.lag_events == 0)
-                        })
-                }
-                None => false,
-            }
-        },
-    )
+    log_read_by(client, events, "these subscribers to catch up", |s| {
+        subscribers.iter().all(|name| {
+            s.subscribers
+                .iter()
+                .any(|sub| sub.subscriber == *name && sub.lag_events == 0)
+        })
+    })
     .await;
+}
+
+async fn log_read_by(
+    client: &tokio_postgres::Client,
+    events: i64,
+    what: &str,
+    done: impl Fn(&walfold_store::Status) -> bool,
+) {
+    eventually(Duration::from_secs(90), what, || async {
+        let in_log = client
+            .query_one("select count(*) from walfold.event_log", &[])
+            .await
+            .map_or(0, |r| r.get::<_, i64>(0));
+        in_log >= events && status(client).await.is_some_and(|s| done(&s))
+    })
+    .await;
+}
+
+/// A count from `sql` (-1 when it fails).
+pub async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client
+        .query_one(sql, &[])
+        .await
+        .map_or(-1, |r| r.get::<_, i64>(0))
+}
+
+/// Rows of `a` not in `b` plus rows of `b` not in `a`.
+pub async fn difference(client: &tokio_postgres::Client, a: &str, b: &str) -> i64 {
+    count(
+        client,
+        &format!("select count(*) from ((({a}) except ({b})) union all (({b}) except ({a}))) d"),
+    )
+    .await
+}
+
+/// A loopback port free now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.1 GET on loopback: (status, body); (0, "") when nothing listens.
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    if write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return (0, String::new());
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
 }
 
 /// A pipeline running in this process.

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
-    caught_up, config_for, eventually, slot_active, walfold, write_config, write_events, Daemon,
-    Rng, TestDb,
+    caught_up, config_for, eventually, free_port, http_get, slot_active, walfold, write_config,
+    write_events, Daemon, Rng, TestDb,
 };
 
 #[test]
@@ -422,39 +422,6 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("warn  max_slot_wal_keep_size = -1"), "{out}");
     assert!(out.contains("ok    slot walfold active = true"), "{out}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A plain HTTP/1.1 GET: (status, body).
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (status, body)
 }
 
 /// Waits until the slot's confirmed position reaches `lsn` (passes it when `past`).

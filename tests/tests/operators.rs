@@ -6,24 +6,9 @@
 use std::time::Duration;
 
 use walfold_tests::{
-    caught_up, eventually, slot_active, status, walfold, write_events, Daemon, TestDb,
+    caught_up, count, difference, eventually, free_port, http_get, slot_active, status, walfold,
+    write_events, Daemon, TestDb,
 };
-
-async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
-    client
-        .query_one(sql, &[])
-        .await
-        .map_or(-1, |r| r.get::<_, i64>(0))
-}
-
-/// Rows of `a` not in `b` plus rows of `b` not in `a`.
-async fn difference(client: &tokio_postgres::Client, a: &str, b: &str) -> i64 {
-    count(
-        client,
-        &format!("select count(*) from ((({a}) except ({b})) union all (({b}) except ({a}))) d"),
-    )
-    .await
-}
 
 const TOTALS_FROM_OUTBOX: &str = "select aggregate_id, sum((payload->>'amount')::numeric) \
      from (select distinct on (id) * from outbox) o group by aggregate_id";
@@ -200,33 +185,6 @@ async fn changing_parallelism_under_a_short_claim_retention_never_applies_twice(
         .await,
         2
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out)
 }
 
 async fn paused(client: &tokio_postgres::Client, subscriber: &str) -> Option<String> {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use walfold_tests::{eventually, slot_active, walfold, Daemon, TestDb};
+use walfold_tests::{count, difference, eventually, slot_active, walfold, Daemon, TestDb};
 
 /// A config with a state projection and a running total whose `sql` names `{table}`.
 fn config(db: &TestDb, extra: &str) -> String {
@@ -66,13 +66,6 @@ fn preload(db: &TestDb, n: i64, orders: i64) {
     }
 }
 
-async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
-    client
-        .query_one(sql, &[])
-        .await
-        .map_or(-1, |r| r.get::<_, i64>(0))
-}
-
 /// Waits until every outbox row is in the log and `subscriber` has read all of it (every
 /// partition). The outbox rows in these tests have distinct IDs.
 async fn subscriber_caught_up(client: &tokio_postgres::Client, subscriber: &str, timeout: u64) {
@@ -101,15 +94,6 @@ async fn rebuild_state(client: &tokio_postgres::Client, subscriber: &str) -> Str
         .ok()
         .flatten()
         .map_or_else(|| "-".into(), |r| r.get(0))
-}
-
-/// Rows of `a` not in `b` plus rows of `b` not in `a`.
-async fn difference(client: &tokio_postgres::Client, a: &str, b: &str) -> i64 {
-    count(
-        client,
-        &format!("select count(*) from ((({a}) except ({b})) union all (({b}) except ({a}))) d"),
-    )
-    .await
 }
 
 const TOTALS_FROM_LOG: &str = "select aggregate_id, sum((payload->>'amount')::numeric) \

@@ -53,6 +53,7 @@ struct Conn {
 }
 
 struct Statements {
+    fence: walfold_store::PreparedFence,
     claim: Statement,
     checkpoints: Checkpoints,
     dead_letters: DeadLetters,
@@ -217,7 +218,8 @@ impl<'c> Work<'c> {
         // Sent together: one round trip. On a failed check nothing is committed.
         futures::try_join!(
             async {
-                part.fence
+                self.statements
+                    .fence
                     .check(&self.tx)
                     .await
                     .map_err(EngineError::store("proving leadership"))
@@ -382,6 +384,11 @@ impl Partition {
                 projection: self.options.name.clone(),
                 source,
             })?;
+        let fence = self
+            .fence
+            .prepare(&client)
+            .await
+            .map_err(EngineError::store("preparing the leadership check"))?;
         let claim = client
             .prepare(&claim_sql(&self.schema))
             .await
@@ -401,6 +408,7 @@ impl Partition {
             client,
             read: read_sql(&self.schema),
             statements: Statements {
+                fence,
                 claim,
                 checkpoints,
                 dead_letters,

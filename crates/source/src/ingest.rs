@@ -74,7 +74,9 @@ async fn attempt(
     let mut log = EventLog::open(target, &config.target.schema, &config.source.slot)
         .await
         .map_err(SourceError::store("opening the event log"))?;
-    log.fence_with(fence.clone());
+    log.fence_with(fence)
+        .await
+        .map_err(SourceError::store("preparing the leadership check"))?;
     let source = connect(&config.source.url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;

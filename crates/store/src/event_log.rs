@@ -64,7 +64,7 @@ pub struct EventLog {
     dead_letters: DeadLetters,
     /// The leader's fence, checked in every append (the daemon's appender); `None` for a
     /// backfill, which runs only while no daemon appends (the appender lock).
-    fence: Option<crate::leader::Fence>,
+    fence: Option<crate::leader::PreparedFence>,
 }
 
 impl EventLog {
@@ -181,8 +181,9 @@ impl EventLog {
     }
 
     /// Every append from now on proves in its transaction that this instance leads.
-    pub fn fence_with(&mut self, fence: crate::leader::Fence) {
-        self.fence = Some(fence);
+    pub async fn fence_with(&mut self, fence: &crate::leader::Fence) -> Result<(), StoreError> {
+        self.fence = Some(fence.prepare(&self.client).await?);
+        Ok(())
     }
 
     /// The last appended sequence number.

@@ -71,7 +71,7 @@ impl Fence {
     /// docs). Call it in every write transaction, before its commit. A failed check
     /// also marks leadership lost, so the whole instance stands down at once.
     pub async fn check(&self, tx: &impl GenericClient) -> Result<(), StoreError> {
-        let leads: bool = tx
+        let row = tx
             .query_typed_one(
                 &self.check,
                 &[
@@ -81,8 +81,23 @@ impl Fence {
                 ],
             )
             .await
-            .map_err(StoreError::db("checking leadership"))?
-            .get(0);
+            .map_err(StoreError::db("checking leadership"))?;
+        self.verdict(row.get(0))
+    }
+
+    /// The check prepared on `client`, for a connection's hot path (no parse per call).
+    pub async fn prepare(&self, client: &Client) -> Result<PreparedFence, StoreError> {
+        let statement = client
+            .prepare_typed(&self.check, &[Type::INT4, Type::INT4, Type::INT8])
+            .await
+            .map_err(StoreError::db("preparing the leadership check"))?;
+        Ok(PreparedFence {
+            fence: self.clone(),
+            statement,
+        })
+    }
+
+    fn verdict(&self, leads: bool) -> Result<(), StoreError> {
         if !leads {
             self.lost.cancel();
             return Err(StoreError::Fenced);
@@ -93,6 +108,25 @@ impl Fence {
     /// The epoch this leader holds.
     pub fn epoch(&self) -> i64 {
         self.key.epoch
+    }
+}
+
+/// [`Fence::check`] prepared on one connection.
+#[derive(Debug, Clone)]
+pub struct PreparedFence {
+    fence: Fence,
+    statement: tokio_postgres::Statement,
+}
+
+impl PreparedFence {
+    /// [`Fence::check`], on the connection it was prepared on.
+    pub async fn check(&self, tx: &impl GenericClient) -> Result<(), StoreError> {
+        let key = &self.fence.key;
+        let row = tx
+            .query_one(&self.statement, &[&key.class, &key.objid(), &key.epoch])
+            .await
+            .map_err(StoreError::db("checking leadership"))?;
+        self.fence.verdict(row.get(0))
     }
 }
 

@@ -36,7 +36,7 @@ pub use event_log::{
     WORKER_SESSION,
 };
 pub use kind::{is_resource_code, kind_for_code, kind_of, sqlstate, ErrorKind};
-pub use leader::{Fence, Leadership};
+pub use leader::{Fence, Leadership, PreparedFence};
 pub use lsn::Lsn;
 pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
