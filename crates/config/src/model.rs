@@ -315,6 +315,29 @@ pub struct ProjectionConfig {
     /// First retry backoff in milliseconds (doubles each attempt).
     #[serde(default = "default_retry_backoff")]
     pub retry_backoff_ms: u64,
+    /// `guard` (default): an event applies when the stored version is lower (events
+    /// carrying a whole state; a late, older one is stale). `strict`: every version applies
+    /// exactly once, in order (delta events): a higher version waits for the missing
+    /// ones, a version already applied is skipped as a duplicate.
+    #[serde(default)]
+    pub version_mode: VersionMode,
+    /// `strict`: the first version of an aggregate walfold has not seen yet.
+    #[serde(default = "default_first_version")]
+    pub first_version: i64,
+    /// `strict`: how long events may wait for a missing version before the gap becomes an
+    /// open dead letter (`walfold dead-letters retry` or `discard` resolve it); `"forever"`
+    /// waits without one.
+    #[serde(default = "default_gap_timeout")]
+    pub gap_timeout: String,
+}
+
+/// `projection.version_mode`
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VersionMode {
+    #[default]
+    Guard,
+    Strict,
 }
 
 /// What a projection does, resolved from its config.
@@ -355,7 +378,16 @@ impl ProjectionConfig {
             batch_size: default_projection_batch(),
             max_attempts: default_max_attempts(),
             retry_backoff_ms: default_retry_backoff(),
+            version_mode: VersionMode::default(),
+            first_version: default_first_version(),
+            gap_timeout: default_gap_timeout(),
         }
+    }
+
+    /// How long a strict projection's gap may stay open (`None`: forever); valid after
+    /// [`Config::validate`].
+    pub fn gap_timeout(&self) -> Option<std::time::Duration> {
+        crate::duration::parse_retention(&self.gap_timeout).unwrap_or(None)
     }
 
     /// Compiles the projection's statement; `index` is its position, for error keys.
@@ -651,6 +683,7 @@ impl Config {
             for (k, v) in [
                 ("dedup_retention", &proj.dedup_retention),
                 ("drop_retired_after", &proj.drop_retired_after),
+                ("gap_timeout", &proj.gap_timeout),
             ] {
                 if let Err(m) = crate::duration::parse_retention(v) {
                     push(&key(k), m);
@@ -817,6 +850,12 @@ fn default_projection_batch() -> usize {
 }
 fn default_max_attempts() -> u32 {
     5
+}
+fn default_first_version() -> i64 {
+    1
+}
+fn default_gap_timeout() -> String {
+    "10m".into()
 }
 fn default_retry_backoff() -> u64 {
     200

@@ -32,11 +32,14 @@ fn problems(text: &str) -> Vec<String> {
 
 #[test]
 fn the_shipped_examples_parse() {
-    for file in ["examples/walfold.toml", "examples/docker/walfold.toml"] {
+    for (file, projections) in [
+        ("examples/walfold.toml", 3),
+        ("examples/docker/walfold.toml", 2),
+    ] {
         let path = format!("{}/../../{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
         let config = Config::from_toml(&text, vec![]).unwrap_or_else(|e| panic!("{file}: {e}"));
-        assert_eq!(config.projection.len(), 2, "{file}");
+        assert_eq!(config.projection.len(), projections, "{file}");
         for (i, p) in config.projection.iter().enumerate() {
             p.kind(i).unwrap();
         }
@@ -266,5 +269,39 @@ fn names_are_used_as_written_and_names_outside_the_rule_are_refused_by_key() {
             .iter()
             .any(|p| p.contains("1-63 ASCII letters, digits and _")),
         "{found:?}"
+    );
+}
+
+#[test]
+fn strict_projections_name_their_mode_and_a_valid_gap_timeout() {
+    let strict =
+        format!("{MINIMAL}version_mode = \"strict\"\nfirst_version = 0\ngap_timeout = \"90s\"\n");
+    let c = Config::from_toml(&strict, vec![]).unwrap();
+    let p = &c.projection[0];
+    assert_eq!(p.version_mode, walfold_config::VersionMode::Strict);
+    assert_eq!(p.first_version, 0);
+    assert_eq!(p.gap_timeout(), Some(std::time::Duration::from_secs(90)));
+    let defaults = Config::from_toml(MINIMAL, vec![]).unwrap();
+    assert_eq!(
+        defaults.projection[0].version_mode,
+        walfold_config::VersionMode::Guard
+    );
+    assert_eq!(
+        defaults.projection[0].gap_timeout(),
+        Some(std::time::Duration::from_secs(600))
+    );
+    let bad = format!("{MINIMAL}version_mode = \"exact\"\n");
+    assert!(
+        problems(&bad).join(" ").contains("version_mode"),
+        "{:?}",
+        problems(&bad)
+    );
+    let bad = format!("{MINIMAL}gap_timeout = \"soon\"\n");
+    assert!(
+        problems(&bad)
+            .iter()
+            .any(|p| p.contains("projection[0].gap_timeout")),
+        "{:?}",
+        problems(&bad)
     );
 }

@@ -7,6 +7,7 @@ pub mod ops;
 mod pipeline;
 mod projection;
 mod projector;
+mod sequence;
 mod sql;
 
 pub use error::{EngineError, ProjectionError};

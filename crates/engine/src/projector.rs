@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio_postgres::{Client, Statement, Transaction};
 use tokio_util::sync::CancellationToken;
-use walfold_config::ProjectionConfig;
+use walfold_config::{ProjectionConfig, VersionMode};
 use walfold_store::{
     claim, claim_sql, connect, failpoint, partition_hash, read_events, read_page, read_sql,
     Backoff, Checkpoints, DeadLetter, DeadLetters, ErrorKind, Event, Fence, Filter, PartitionStats,
@@ -32,6 +32,7 @@ use walfold_store::metrics::{metrics, Metrics};
 
 use crate::error::EngineError;
 use crate::projection::{Applied, Projection};
+use crate::sequence::sequence;
 
 /// Everything a partition worker needs.
 #[derive(Clone)]
@@ -60,6 +61,38 @@ struct Statements {
 }
 
 type AggregateKey = (String, String);
+
+/// The aggregates whose events this partition does not apply as they come.
+#[derive(Debug, Default)]
+struct Held {
+    /// Behind a dead letter (a failure): their events are set aside until a retry.
+    failed: HashSet<AggregateKey>,
+    /// Waiting for a missing version (strict projections): their events are sequenced
+    /// together with the waiting ones.
+    gaps: HashSet<AggregateKey>,
+}
+
+impl Held {
+    /// Applies what a committed transaction changed.
+    fn update(&mut self, strict: StrictOutcome) {
+        for k in strict.released {
+            self.gaps.remove(&k);
+        }
+        self.gaps.extend(strict.gapped);
+    }
+}
+
+/// What a strict transaction changed about the aggregates it held.
+#[derive(Debug, Default)]
+#[must_use]
+struct StrictOutcome {
+    /// Now waiting for a missing version.
+    gapped: Vec<AggregateKey>,
+    /// No longer waiting.
+    released: Vec<AggregateKey>,
+    /// Events of the candidates that wait.
+    waiting: usize,
+}
 
 /// How often a projector looks for dead letters an operator asked to retry.
 const RETRY_CHECK: Duration = Duration::from_secs(1);
@@ -156,6 +189,196 @@ impl<'c> Work<'c> {
         Ok(())
     }
 
+    /// Claims and applies `events` by the projection's version mode: in log order behind
+    /// the projection's own guard, or strictly in version order (see [`sequence`]).
+    async fn process(
+        &mut self,
+        events: &[&Event],
+        held: &Held,
+    ) -> Result<StrictOutcome, EngineError> {
+        match self.part.options.version_mode {
+            VersionMode::Guard => {
+                let claimed = self.claim(events).await?;
+                self.apply(&claimed).await?;
+                Ok(StrictOutcome::default())
+            }
+            VersionMode::Strict => self.apply_strict(events, held, &[], &[]).await,
+        }
+    }
+
+    /// Strict mode: `events`, with the waiting events of their aggregates (and of
+    /// `also`), are claimed, and what is next in version order is applied; what still
+    /// waits for a missing version gives its claim back and is set aside as waiting (its
+    /// aggregate parked behind the gap), to be claimed again in the transaction that
+    /// applies it. An aggregate in `accept` gives up on its missing versions: its waiting
+    /// events apply from the first of them on.
+    async fn apply_strict(
+        &mut self,
+        events: &[&Event],
+        held: &Held,
+        also: &[AggregateKey],
+        accept: &[AggregateKey],
+    ) -> Result<StrictOutcome, EngineError> {
+        let part = self.part;
+        let (schema, subscriber) = (part.schema.as_str(), part.subscriber());
+        if events.iter().any(|e| e.version.is_none()) {
+            return Err(EngineError::Apply {
+                projection: part.options.name.clone(),
+                source: crate::error::ProjectionError::Invalid(
+                    "event has no version; a strict projection applies versions in order".into(),
+                ),
+            });
+        }
+        let mut aggregates: Vec<AggregateKey> = also.to_vec();
+        for e in events {
+            let k = key(e);
+            if !aggregates.contains(&k) {
+                aggregates.push(k);
+            }
+        }
+        let gapped: Vec<AggregateKey> = aggregates
+            .iter()
+            .filter(|k| held.gaps.contains(*k))
+            .cloned()
+            .collect();
+        let letters = DeadLetters::waiting(&self.tx, schema, subscriber, &gapped)
+            .await
+            .map_err(EngineError::store("reading waiting events"))?;
+        let seqs: Vec<i64> = letters.iter().map(|l| l.seq).collect();
+        let held_events = read_events(&self.tx, schema, &seqs)
+            .await
+            .map_err(EngineError::store("reading waiting events"))?;
+        let letter_of = |e: &Event| letters.iter().find(|l| l.seq == e.seq).map(|l| l.id);
+        let mut candidates: Vec<&Event> = held_events.iter().collect();
+        candidates.extend(events.iter().copied());
+        let claimed = self.claim(&candidates).await?;
+        let mut applied =
+            walfold_store::applied_versions(&self.tx, schema, subscriber, &aggregates)
+                .await
+                .map_err(EngineError::store("reading applied versions"))?;
+        for k in accept {
+            let first = held_events
+                .iter()
+                .filter(|e| key(e) == *k)
+                .filter_map(|e| e.version)
+                .min();
+            if let Some(first) = first {
+                applied.insert(k.clone(), first - 1);
+            }
+        }
+        let order = sequence(&claimed, &applied, part.options.first_version);
+        self.apply(&order.apply).await?;
+        self.stats.stale += order.duplicates.len() as i64;
+        let waiting_ids: Vec<uuid::Uuid> = order.waiting.iter().map(|e| e.id).collect();
+        walfold_store::unclaim(&self.tx, schema, subscriber, &waiting_ids)
+            .await
+            .map_err(EngineError::store("releasing claims"))?;
+        let resolved = |events: &[&Event]| -> Vec<i64> {
+            events.iter().filter_map(|e| letter_of(e)).collect()
+        };
+        let dl = &self.statements.dead_letters;
+        for (ids, why) in [
+            (resolved(&order.apply), "applied in version order"),
+            (
+                resolved(&order.duplicates),
+                "skipped: that version was already applied",
+            ),
+        ] {
+            DeadLetters::resolve(&self.tx, schema, &ids, why)
+                .await
+                .map_err(EngineError::store("resolving waiting events"))?;
+        }
+        walfold_store::record_versions(&self.tx, schema, subscriber, &order.advanced)
+            .await
+            .map_err(EngineError::store("recording applied versions"))?;
+        let mut outcome = StrictOutcome {
+            waiting: order.waiting.len(),
+            ..StrictOutcome::default()
+        };
+        for (k, next) in &order.needs {
+            let mut first_letter = None;
+            for e in order.waiting.iter().filter(|e| key(e) == *k) {
+                let id = match letter_of(e) {
+                    Some(id) => Some(id),
+                    None => {
+                        let mut letter = waiting_letter(subscriber, e);
+                        letter.reason = Reason::VersionGap;
+                        letter.error = format!("waiting for version {next} of this aggregate");
+                        self.events += 1;
+                        dl.record(&self.tx, &letter)
+                            .await
+                            .map_err(EngineError::store("setting aside a waiting event"))?
+                    }
+                };
+                first_letter = first_letter.or(id);
+            }
+            if !held.gaps.contains(k) {
+                if let Some(id) = first_letter {
+                    dl.park(&self.tx, subscriber, &k.0, &k.1, id)
+                        .await
+                        .map_err(EngineError::store("parking"))?;
+                    outcome.gapped.push(k.clone());
+                }
+            }
+        }
+        for k in gapped {
+            if order.needs.iter().any(|(n, _)| *n == k) {
+                continue;
+            }
+            DeadLetters::resolve_gap(
+                &self.tx,
+                schema,
+                subscriber,
+                &k,
+                "the missing versions arrived",
+            )
+            .await
+            .map_err(EngineError::store("resolving a version gap"))?;
+            DeadLetters::unpark(&self.tx, schema, subscriber, &k.0, &k.1)
+                .await
+                .map_err(EngineError::store("releasing a parked aggregate"))?;
+            outcome.released.push(k);
+        }
+        Ok(outcome)
+    }
+
+    /// What an open gap of `k` is missing, for its dead letter.
+    async fn describe_gap(
+        &self,
+        k: &AggregateKey,
+        timeout: Option<Duration>,
+    ) -> Result<String, EngineError> {
+        let part = self.part;
+        let (schema, subscriber) = (part.schema.as_str(), part.subscriber());
+        let aggregate = std::slice::from_ref(k);
+        let applied = walfold_store::applied_versions(&self.tx, schema, subscriber, aggregate)
+            .await
+            .map_err(EngineError::store("reading applied versions"))?;
+        let next = applied.get(k).map_or(part.options.first_version, |v| v + 1);
+        let letters = DeadLetters::waiting(&self.tx, schema, subscriber, aggregate)
+            .await
+            .map_err(EngineError::store("reading waiting events"))?;
+        let seqs: Vec<i64> = letters.iter().map(|l| l.seq).collect();
+        let events = read_events(&self.tx, schema, &seqs)
+            .await
+            .map_err(EngineError::store("reading waiting events"))?;
+        let first = events
+            .iter()
+            .filter_map(|e| e.version)
+            .min()
+            .unwrap_or(next);
+        let open = timeout.map_or_else(String::new, |t| format!(" for over {}s", t.as_secs()));
+        Ok(format!(
+            "versions {next}..{} of {} {} are missing{open}: {} events wait from version {first}; \
+             they apply once the missing versions arrive (discard this dead letter to apply \
+             them without)",
+            first - 1,
+            k.0,
+            k.1,
+            events.len()
+        ))
+    }
+
     /// Records a dead letter of this subscriber; parks its aggregate when `park`.
     async fn dead_letter(&mut self, letter: &DeadLetter, park: bool) -> Result<(), EngineError> {
         self.events += 1;
@@ -180,31 +403,39 @@ impl<'c> Work<'c> {
         Ok(())
     }
 
-    /// A retried dead letter went through; the last of its chain releases the aggregate.
-    async fn retried(&mut self, item: &RetryItem, release: bool) -> Result<(), EngineError> {
+    /// A retried dead letter went through (`strict`: what its strict pass did).
+    async fn retried(
+        &mut self,
+        item: &RetryItem,
+        strict: &StrictOutcome,
+    ) -> Result<(), EngineError> {
         let outcome = if self.stats.applied > 0 {
             "retried: applied"
+        } else if strict.waiting > 0 {
+            "retried: waiting for a missing version (set aside as version_gap)"
         } else if self.stats.stale > 0 {
             "retried: stale (a newer version was already applied)"
         } else {
             "retried: already applied (duplicate)"
         };
-        let schema = &self.part.schema;
-        DeadLetters::retried(&self.tx, schema, item.id, outcome)
+        DeadLetters::retried(&self.tx, &self.part.schema, item.id, outcome)
             .await
             .map_err(EngineError::store("resolving a retried dead letter"))?;
-        if release {
-            DeadLetters::unpark(
-                &self.tx,
-                schema,
-                self.part.subscriber(),
-                &item.aggregate_type,
-                &item.aggregate_id,
-            )
-            .await
-            .map_err(EngineError::store("releasing a parked aggregate"))?;
-        }
         Ok(())
+    }
+
+    /// Releases an aggregate parked behind a failure (the last event of its retried
+    /// chain; a strict pass after it may park it again behind a gap).
+    async fn release(&mut self, aggregate: &AggregateKey) -> Result<(), EngineError> {
+        DeadLetters::unpark(
+            &self.tx,
+            &self.part.schema,
+            self.part.subscriber(),
+            &aggregate.0,
+            &aggregate.1,
+        )
+        .await
+        .map_err(EngineError::store("releasing a parked aggregate"))
     }
 
     /// Proves this instance still leads, saves the checkpoint (`position` 0 keeps it:
@@ -431,12 +662,18 @@ impl Partition {
         )
         .await
         .map_err(EngineError::store("loading the checkpoint"))?;
-        let mut parked: HashSet<AggregateKey> =
-            DeadLetters::parked(&conn.client, &self.schema, self.subscriber())
-                .await
-                .map_err(EngineError::store("loading parked aggregates"))?
-                .into_iter()
-                .collect();
+        let mut held = Held::default();
+        for (t, i, gap) in DeadLetters::parked(&conn.client, &self.schema, self.subscriber())
+            .await
+            .map_err(EngineError::store("loading parked aggregates"))?
+        {
+            // A gap of a projection no longer strict holds like a failure (retry it).
+            if gap && self.options.version_mode == VersionMode::Strict {
+                held.gaps.insert((t, i));
+            } else {
+                held.failed.insert((t, i));
+            }
+        }
         let filter = Filter {
             partition: self.partition,
             partitions: self.options.parallelism,
@@ -454,7 +691,8 @@ impl Partition {
                 return Ok(());
             }
             if retries_checked.elapsed() >= RETRY_CHECK {
-                self.retries(&mut conn, &mut parked, cancel).await?;
+                self.retries(&mut conn, &mut held, cancel).await?;
+                self.gap_checks(&mut conn, &mut held).await?;
                 retries_checked = tokio::time::Instant::now();
             }
             head.borrow_and_update();
@@ -473,7 +711,7 @@ impl Partition {
                 }
             } else {
                 match self
-                    .batch(&mut conn, &page.events, page.position, &parked)
+                    .batch(&mut conn, &page.events, page.position, &mut held)
                     .await
                 {
                     Ok(()) => {
@@ -494,7 +732,7 @@ impl Partition {
                         // Each event commits its own checkpoint on this path; the page's
                         // end is saved only once every event in it has been handled.
                         if !self
-                            .one_by_one(&mut conn, &page.events, &mut parked, cancel)
+                            .one_by_one(&mut conn, &page.events, &mut held, cancel)
                             .await?
                         {
                             return Ok(());
@@ -523,25 +761,25 @@ impl Partition {
         }
     }
 
-    /// The fast path: the whole batch in one transaction. Events of parked aggregates
-    /// are set aside behind their aggregate in the same transaction.
+    /// The fast path: the whole batch in one transaction. Events of aggregates parked
+    /// behind a failure are set aside behind their aggregate in the same transaction.
     async fn batch(
         &self,
         conn: &mut Conn,
         events: &[Event],
         position: i64,
-        parked: &HashSet<AggregateKey>,
+        held: &mut Held,
     ) -> Result<(), EngineError> {
         let (waiting, live): (Vec<&Event>, Vec<&Event>) =
-            events.iter().partition(|e| parked.contains(&key(e)));
+            events.iter().partition(|e| held.failed.contains(&key(e)));
         let mut work = Work::begin(conn, self).await?;
-        let claimed = work.claim(&live).await?;
-        work.apply(&claimed).await?;
+        let strict = work.process(&live, held).await?;
         for e in &waiting {
             work.dead_letter(&waiting_letter(self.subscriber(), e), false)
                 .await?;
         }
         let stats = work.commit(position, last_commit(events)).await?;
+        held.update(strict);
         if stats.stale > 0 {
             tracing::debug!(subscriber = %self.subscriber(), stale = stats.stale, "stale events skipped by version guard");
         }
@@ -557,14 +795,14 @@ impl Partition {
         &self,
         conn: &mut Conn,
         events: &[Event],
-        parked: &mut HashSet<AggregateKey>,
+        held: &mut Held,
         cancel: &CancellationToken,
     ) -> Result<bool, EngineError> {
         for event in events {
             if cancel.is_cancelled() {
                 return Ok(false);
             }
-            if parked.contains(&key(event)) {
+            if held.failed.contains(&key(event)) {
                 let mut work = Work::begin(conn, self).await?;
                 work.dead_letter(&waiting_letter(self.subscriber(), event), false)
                     .await?;
@@ -576,7 +814,7 @@ impl Partition {
             let mut attempt = 0u32;
             loop {
                 attempt += 1;
-                let e = match self.single(conn, event).await {
+                let e = match self.single(conn, event, held).await {
                     Ok(()) => break,
                     Err(e) if e.kind() == ErrorKind::Data => e,
                     Err(e) => return Err(e),
@@ -599,7 +837,7 @@ impl Partition {
                 let mut work = Work::begin(conn, self).await?;
                 work.dead_letter(&letter, true).await?;
                 work.commit(event.seq, event.committed_at).await?;
-                parked.insert(key(event));
+                held.failed.insert(key(event));
                 break;
             }
         }
@@ -607,11 +845,16 @@ impl Partition {
     }
 
     /// One event: claim, apply, checkpoint, in one transaction.
-    async fn single(&self, conn: &mut Conn, event: &Event) -> Result<(), EngineError> {
+    async fn single(
+        &self,
+        conn: &mut Conn,
+        event: &Event,
+        held: &mut Held,
+    ) -> Result<(), EngineError> {
         let mut work = Work::begin(conn, self).await?;
-        let claimed = work.claim(&[event]).await?;
-        work.apply(&claimed).await?;
+        let strict = work.process(&[event], held).await?;
         work.commit(event.seq, event.committed_at).await?;
+        held.update(strict);
         Ok(())
     }
 
@@ -624,16 +867,15 @@ impl Partition {
     async fn retries(
         &self,
         conn: &mut Conn,
-        parked: &mut HashSet<AggregateKey>,
+        held: &mut Held,
         cancel: &CancellationToken,
     ) -> Result<(), EngineError> {
-        let partitions = self.options.parallelism as i32;
         let aggregates: Vec<AggregateKey> =
             DeadLetters::retry_aggregates(&conn.client, &self.schema, self.subscriber())
                 .await
                 .map_err(EngineError::store("reading retry requests"))?
                 .into_iter()
-                .filter(|(t, i)| partition_hash(t, i) % partitions == self.partition as i32)
+                .filter(|(t, i)| self.owns(t, i))
                 .collect();
         for aggregate in aggregates {
             let (kind, id) = (&aggregate.0, &aggregate.1);
@@ -670,7 +912,7 @@ impl Partition {
                         ));
                     };
                     let release = last_page && k + 1 == page.len();
-                    match self.retry_one(conn, item, event, release).await {
+                    match self.retry_one(conn, item, event, release, held).await {
                         Ok(()) => applied += 1,
                         Err(e) if e.kind() == ErrorKind::Data => {
                             break 'chain Some((item.id, e.to_string()))
@@ -686,7 +928,7 @@ impl Partition {
             match failure {
                 None => {
                     tracing::info!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, events = applied, "dead letters retried; aggregate released");
-                    parked.remove(&aggregate);
+                    held.failed.remove(&aggregate);
                 }
                 Some((head, message)) => {
                     tracing::error!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, dead_letter = head, error = %message, "retry failed again; the aggregate stays parked");
@@ -714,14 +956,83 @@ impl Partition {
         item: &RetryItem,
         event: &Event,
         release: bool,
+        held: &mut Held,
     ) -> Result<(), EngineError> {
         let mut work = Work::begin(conn, self).await?;
-        let claimed = work.claim(&[event]).await?;
-        work.apply(&claimed).await?;
-        work.retried(item, release).await?;
+        if release {
+            work.release(&key(event)).await?;
+        }
+        let strict = work.process(&[event], held).await?;
+        work.retried(item, &strict).await?;
         // Position 0 keeps the partition's position (the checkpoint keeps the greatest).
         work.commit(0, None).await?;
+        held.update(strict);
         Ok(())
+    }
+
+    /// A strict projection's gaps, between batches: one open longer than `gap_timeout`
+    /// becomes an open dead letter saying which versions are missing; one an operator
+    /// discarded gives up on them (its waiting events apply from the first one on); one
+    /// an operator retried is checked again and reopened if the versions are still
+    /// missing.
+    async fn gap_checks(&self, conn: &mut Conn, held: &mut Held) -> Result<(), EngineError> {
+        if self.options.version_mode != VersionMode::Strict || held.gaps.is_empty() {
+            return Ok(());
+        }
+        let gaps = DeadLetters::gaps(&conn.client, &self.schema, self.subscriber())
+            .await
+            .map_err(EngineError::store("reading version gaps"))?;
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let timeout = self.options.gap_timeout();
+        for gap in gaps
+            .into_iter()
+            .filter(|g| self.owns(&g.aggregate_type, &g.aggregate_id))
+        {
+            let k = (gap.aggregate_type.clone(), gap.aggregate_id.clone());
+            let due = timeout.is_some_and(|t| now - gap.since_unix >= t.as_secs_f64());
+            match gap.status.as_str() {
+                "waiting" if due => {
+                    let work = Work::begin(conn, self).await?;
+                    let error = work.describe_gap(&k, timeout).await?;
+                    tracing::error!(subscriber = %self.subscriber(), aggregate_type = %k.0, aggregate_id = %k.1, error = %error, "a version gap outlived gap_timeout: open dead letter");
+                    work.statements
+                        .dead_letters
+                        .open_gap(&work.tx, &self.schema, self.subscriber(), &gap, &error)
+                        .await
+                        .map_err(EngineError::store("recording a version gap"))?;
+                    work.commit(0, None).await?;
+                }
+                "discarded" | "retrying" => {
+                    let accept = gap.status == "discarded";
+                    let mut work = Work::begin(conn, self).await?;
+                    let accepted = if accept { vec![k.clone()] } else { Vec::new() };
+                    let strict = work
+                        .apply_strict(&[], held, std::slice::from_ref(&k), &accepted)
+                        .await?;
+                    if !accept && !strict.released.contains(&k) {
+                        let error = work.describe_gap(&k, timeout).await?;
+                        DeadLetters::gap_still_open(&work.tx, &self.schema, gap.letter, &error)
+                            .await
+                            .map_err(EngineError::store("reopening a version gap"))?;
+                    }
+                    work.commit(0, None).await?;
+                    if accept {
+                        tracing::warn!(subscriber = %self.subscriber(), aggregate_type = %k.0, aggregate_id = %k.1, "version gap discarded: its waiting events applied without the missing versions");
+                    }
+                    held.update(strict);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this partition owns the aggregate.
+    fn owns(&self, aggregate_type: &str, aggregate_id: &str) -> bool {
+        partition_hash(aggregate_type, aggregate_id) % self.options.parallelism as i32
+            == self.partition as i32
     }
 
     /// Adds a committed transaction's outcome to the process's metrics.

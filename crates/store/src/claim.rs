@@ -37,3 +37,27 @@ pub async fn claim(
         .map_err(StoreError::db(format!("claiming events for {subscriber}")))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
+
+/// Takes back claims made earlier in `tx` for events that were not applied after all
+/// (a strict projection's events that wait for a missing version): they are claimed
+/// again in the transaction that applies them. Only ever in the claiming transaction.
+pub async fn unclaim(
+    tx: &Transaction<'_>,
+    schema: &str,
+    subscriber: &str,
+    ids: &[Uuid],
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    tx.execute(
+        &format!(
+            "delete from {}.processed_message where subscriber_id = $1 and message_id = any($2)",
+            q(schema)
+        ),
+        &[&subscriber, &ids],
+    )
+    .await
+    .map_err(StoreError::db(format!("releasing claims of {subscriber}")))?;
+    Ok(())
+}

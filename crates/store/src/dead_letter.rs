@@ -22,6 +22,9 @@ pub enum Reason {
     ProjectionFailed,
     /// The event's aggregate is parked for the subscriber behind an earlier failure.
     AggregateParked,
+    /// A strict projection's event waiting for a missing version (status `waiting`), or,
+    /// once the gap has outlived `gap_timeout`, the gap itself (no event; `open`).
+    VersionGap,
 }
 
 impl Reason {
@@ -31,6 +34,16 @@ impl Reason {
             Reason::IdConflict => "id_conflict",
             Reason::ProjectionFailed => "projection_failed",
             Reason::AggregateParked => "aggregate_parked",
+            Reason::VersionGap => "version_gap",
+        }
+    }
+
+    /// The status a new dead letter starts in: an event waiting for a missing version is
+    /// not an open dead letter (nothing to act on yet); everything else is.
+    fn initial_status(self, has_event: bool) -> &'static str {
+        match (self, has_event) {
+            (Reason::VersionGap, true) => "waiting",
+            _ => "open",
         }
     }
 }
@@ -115,8 +128,8 @@ impl DeadLetters {
                 // row): that row was recorded before.
                 "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
                  aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
-                 change_index, row_digest) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+                 change_index, row_digest, status) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
                  on conflict do nothing returning id"
             ))
             .await
@@ -163,6 +176,7 @@ impl DeadLetters {
                     &change_lsn,
                     &change_index,
                     &digest,
+                    &dl.reason.initial_status(dl.seq.is_some()),
                 ],
             )
             .await
@@ -188,24 +202,29 @@ impl DeadLetters {
         Ok(())
     }
 
-    /// The aggregates parked for `subscriber`, as (aggregate_type, aggregate_id).
+    /// The aggregates parked for `subscriber`, as (aggregate_type, aggregate_id, whether
+    /// they wait for a missing version rather than behind a failure).
     pub async fn parked(
         client: &Client,
         schema: &str,
         subscriber: &str,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<(String, String, bool)>, StoreError> {
         let rows = client
             .query(
                 &format!(
-                    "select aggregate_type, aggregate_id from {}.parked_aggregate \
-                     where subscriber_id = $1",
-                    q(schema)
+                    "select p.aggregate_type, p.aggregate_id, d.reason = 'version_gap' \
+                     from {s}.parked_aggregate p join {s}.dead_letter d on d.id = p.dead_letter_id \
+                     where p.subscriber_id = $1",
+                    s = q(schema)
                 ),
                 &[&subscriber],
             )
             .await
             .map_err(StoreError::db("loading parked aggregates"))?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
     }
 }
 
@@ -334,7 +353,8 @@ impl DeadLetters {
                 let row = client
                     .query_opt(
                         &format!(
-                            "select subscriber_id, aggregate_type, aggregate_id, status, seq \
+                            "select subscriber_id, aggregate_type, aggregate_id, status, seq, \
+                             reason = 'version_gap' and seq is null \
                              from {s}.dead_letter where id = $1"
                         ),
                         &[&id],
@@ -349,6 +369,20 @@ impl DeadLetters {
                     String,
                     Option<i64>,
                 ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+                let gap: bool = row.get(5);
+                if let (true, Some(_), "open") = (gap, &subscriber, status.as_str()) {
+                    // A version gap: its projector checks it again (and reopens it if the
+                    // versions are still missing).
+                    return client
+                        .execute(
+                            &format!(
+                                "update {s}.dead_letter set status = 'retrying' where id = $1"
+                            ),
+                            &[&id],
+                        )
+                        .await
+                        .map_err(StoreError::db("requesting a retry"));
+                }
                 let (Some(subscriber), Some(kind), Some(aggregate), Some(_)) =
                     (subscriber, kind, aggregate, seq)
                 else {
@@ -511,6 +545,199 @@ impl DeadLetters {
         )
         .await
         .map_err(StoreError::db("releasing a parked aggregate"))?;
+        Ok(())
+    }
+}
+
+/// A strict projection's gap: an aggregate whose events wait for a missing version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gap {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    /// The dead letter its park points at: the first waiting event's, or the gap's own
+    /// once it outlived `gap_timeout`.
+    pub letter: i64,
+    /// That letter's status (`waiting`, or `open`, `retrying`, `discarded` for the gap's).
+    pub status: String,
+    /// When the gap opened.
+    pub since_unix: f64,
+}
+
+impl DeadLetters {
+    /// The events of `aggregates` (as (type, id)) waiting for a missing version for
+    /// `subscriber`, in log order.
+    pub async fn waiting(
+        tx: &impl GenericClient,
+        schema: &str,
+        subscriber: &str,
+        aggregates: &[(String, String)],
+    ) -> Result<Vec<RetryItem>, StoreError> {
+        if aggregates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+            .iter()
+            .map(|(t, i)| (t.as_str(), i.as_str()))
+            .unzip();
+        let rows = tx
+            .query(
+                &format!(
+                    "select d.id, d.seq, d.aggregate_type, d.aggregate_id from {}.dead_letter d \
+                     join unnest($2::text[], $3::text[]) as a(t, i) \
+                       on d.aggregate_type = a.t and d.aggregate_id = a.i \
+                     where d.subscriber_id = $1 and d.reason = 'version_gap' \
+                       and d.status = 'waiting' and d.seq is not null \
+                     order by d.seq, d.id",
+                    q(schema)
+                ),
+                &[&subscriber, &types, &ids],
+            )
+            .await
+            .map_err(StoreError::db("reading waiting events"))?;
+        Ok(rows
+            .iter()
+            .map(|r| RetryItem {
+                id: r.get(0),
+                seq: r.get(1),
+                aggregate_type: r.get(2),
+                aggregate_id: r.get(3),
+            })
+            .collect())
+    }
+
+    /// Resolves dead letters (waiting events that went through, and their gaps) with
+    /// `resolution`, in the caller's transaction.
+    pub async fn resolve(
+        tx: &impl GenericClient,
+        schema: &str,
+        ids: &[i64],
+        resolution: &str,
+    ) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        tx.execute(
+            &format!(
+                "update {}.dead_letter set status = 'retried', resolution = $2, \
+                 resolved_at = now() where id = any($1) and status <> 'retried'",
+                q(schema)
+            ),
+            &[&ids, &resolution],
+        )
+        .await
+        .map_err(StoreError::db("resolving dead letters"))?;
+        Ok(())
+    }
+
+    /// The gaps of `subscriber`'s strict projection.
+    pub async fn gaps(
+        client: &Client,
+        schema: &str,
+        subscriber: &str,
+    ) -> Result<Vec<Gap>, StoreError> {
+        let rows = client
+            .query(
+                &format!(
+                    "select p.aggregate_type, p.aggregate_id, d.id, d.status, \
+                     extract(epoch from p.parked_at)::float8 \
+                     from {s}.parked_aggregate p join {s}.dead_letter d on d.id = p.dead_letter_id \
+                     where p.subscriber_id = $1 and d.reason = 'version_gap'",
+                    s = q(schema)
+                ),
+                &[&subscriber],
+            )
+            .await
+            .map_err(StoreError::db("reading version gaps"))?;
+        Ok(rows
+            .iter()
+            .map(|r| Gap {
+                aggregate_type: r.get(0),
+                aggregate_id: r.get(1),
+                letter: r.get(2),
+                status: r.get(3),
+                since_unix: r.get(4),
+            })
+            .collect())
+    }
+
+    /// A gap outlived its timeout: records it as an open dead letter (no event: the
+    /// versions are missing) and points the park at it, in the caller's transaction.
+    pub async fn open_gap(
+        &self,
+        tx: &impl GenericClient,
+        schema: &str,
+        subscriber: &str,
+        gap: &Gap,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let letter = DeadLetter {
+            subscriber_id: Some(subscriber.to_owned()),
+            event_id: None,
+            seq: None,
+            aggregate_type: Some(gap.aggregate_type.clone()),
+            aggregate_id: Some(gap.aggregate_id.clone()),
+            reason: Reason::VersionGap,
+            error: error.to_owned(),
+            raw: None,
+            existing: None,
+            attempts: 0,
+            source_lsn: None,
+            origin: None,
+        };
+        let id = self.record(tx, &letter).await?;
+        tx.execute(
+            &format!(
+                "update {s}.parked_aggregate set dead_letter_id = $3 where subscriber_id = $1 \
+                 and aggregate_key = {s}.aggregate_key($2, $4)",
+                s = q(schema)
+            ),
+            &[&subscriber, &gap.aggregate_type, &id, &gap.aggregate_id],
+        )
+        .await
+        .map_err(StoreError::db("recording a version gap"))?;
+        Ok(())
+    }
+
+    /// Resolves the open gap letter of an aggregate whose missing versions arrived.
+    pub async fn resolve_gap(
+        tx: &impl GenericClient,
+        schema: &str,
+        subscriber: &str,
+        aggregate: &(String, String),
+        resolution: &str,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &format!(
+                "update {}.dead_letter set status = 'retried', resolution = $4, resolved_at = now() \
+                 where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
+                   and reason = 'version_gap' and seq is null \
+                   and status in ('open', 'retrying', 'discarded')",
+                q(schema)
+            ),
+            &[&subscriber, &aggregate.0, &aggregate.1, &resolution],
+        )
+        .await
+        .map_err(StoreError::db("resolving a version gap"))?;
+        Ok(())
+    }
+
+    /// A retried gap whose versions are still missing is open again.
+    pub async fn gap_still_open(
+        tx: &impl GenericClient,
+        schema: &str,
+        letter: i64,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &format!(
+                "update {}.dead_letter set status = 'open', error = $2, attempts = attempts + 1, \
+                 last_failed_at = now() where id = $1 and status = 'retrying'",
+                q(schema)
+            ),
+            &[&letter, &error],
+        )
+        .await
+        .map_err(StoreError::db("reopening a version gap"))?;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! walfold's durable state in the target database: the event log, dedup claims,
 //! checkpoints and dead letters, plus the connection and retry rules every component shares.
 
+mod aggregate_version;
 mod backoff;
 mod checkpoint;
 mod claim;
@@ -22,12 +23,13 @@ mod registry;
 mod status;
 mod tls;
 
+pub use aggregate_version::{applied_versions, record_versions, AggregateRef};
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
-pub use claim::{claim, claim_sql};
+pub use claim::{claim, claim_sql, unclaim};
 pub use connect::{connect, ConnectOptions, SslMode};
 pub use dead_letter::{
-    DeadLetter, DeadLetterEntry, DeadLetters, Reason, RetryItem, RetryRequest, RowOrigin,
+    DeadLetter, DeadLetterEntry, DeadLetters, Gap, Reason, RetryItem, RetryRequest, RowOrigin,
 };
 pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};

@@ -45,6 +45,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../../migrations/20261201000001_fence_pause_park_key.sql"),
     ),
     (
+        20261201000002,
+        "strict versions",
+        include_str!("../../../migrations/20261201000002_strict_versions.sql"),
+    ),
+    (
         20261201000100,
         "dead letter change identity",
         include_str!("../../../migrations/20261201000100_dead_letter_change_identity.sql"),

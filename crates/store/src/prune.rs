@@ -104,7 +104,7 @@ pub async fn prune(
          select e.seq from {s}.event_log e \
          where e.seq <= $1 and e.appended_at < now() - make_interval(secs => $2) \
            and not exists (select 1 from {s}.dead_letter d where d.seq = e.seq \
-                           and d.subscriber_id is not null and d.status in ('open', 'retrying')) \
+                           and d.subscriber_id is not null and d.status in ('open', 'retrying', 'waiting')) \
          order by e.seq limit $3))"
     );
     pruned.events = delete_batches(

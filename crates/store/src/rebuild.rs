@@ -332,7 +332,7 @@ pub async fn switch(
         ),
         format!(
             "update {s}.dead_letter set status = 'discarded', resolution = $2, resolved_at = now() \
-             where subscriber_id = $1 and status in ('open', 'retrying')"
+             where subscriber_id = $1 and status in ('open', 'retrying', 'waiting')"
         ),
     ] {
         tx.execute(
@@ -512,8 +512,11 @@ async fn retire_subscriber(
             "delete from {s}.parked_aggregate where subscriber_id = $1 and $2::text is not null"
         ),
         format!(
+            "delete from {s}.aggregate_version where subscriber_id = $1 and $2::text is not null"
+        ),
+        format!(
             "update {s}.dead_letter set status = 'discarded', resolution = $2, resolved_at = now() \
-             where subscriber_id = $1 and status in ('open', 'retrying')"
+             where subscriber_id = $1 and status in ('open', 'retrying', 'waiting')"
         ),
     ] {
         tx.execute(&sql, &[&subscriber, &why])

@@ -1,0 +1,153 @@
+//! Strict sequencing (`version_mode = "strict"`): which events of a batch apply, in what
+//! order, and which wait. Pure: the projector loads the applied versions and the waiting
+//! events, and writes what this decides in one transaction.
+//!
+//! Per aggregate, the next version to apply is the last applied one + 1 (or the
+//! projection's `first_version`). Candidates are taken in version order (log order
+//! among equal versions): the next version applies and advances; a version already
+//! applied is a duplicate; a higher one waits, with every later version behind it.
+
+use std::collections::HashMap;
+
+use walfold_store::{AggregateRef, Event};
+
+/// What a strict projection does with its candidates.
+#[derive(Debug, Default)]
+pub(crate) struct Sequenced<'e> {
+    /// To apply, in this order (ascending versions per aggregate).
+    pub apply: Vec<&'e Event>,
+    /// At or below a version already applied: skipped.
+    pub duplicates: Vec<&'e Event>,
+    /// Above the next version: they wait for the missing ones.
+    pub waiting: Vec<&'e Event>,
+    /// The last version applied, per aggregate that advanced.
+    pub advanced: Vec<(AggregateRef, i64)>,
+    /// Per aggregate that still waits: the next version it needs.
+    pub needs: Vec<(AggregateRef, i64)>,
+}
+
+/// Sequences `candidates` (each with a version) given each aggregate's last applied
+/// version (`applied`; absent: none yet, so `first` is next).
+pub(crate) fn sequence<'e>(
+    candidates: &[&'e Event],
+    applied: &HashMap<AggregateRef, i64>,
+    first: i64,
+) -> Sequenced<'e> {
+    let mut groups: Vec<(AggregateRef, Vec<&'e Event>)> = Vec::new();
+    let mut index: HashMap<AggregateRef, usize> = HashMap::new();
+    for e in candidates {
+        let key = (e.aggregate_type.clone(), e.aggregate_id.clone());
+        let i = *index.entry(key.clone()).or_insert_with(|| {
+            groups.push((key, Vec::new()));
+            groups.len() - 1
+        });
+        groups[i].1.push(e);
+    }
+    let mut out = Sequenced::default();
+    for (key, mut events) in groups {
+        events.sort_by_key(|e| (e.version.unwrap_or(i64::MIN), e.seq));
+        let start = applied.get(&key).map_or(first, |v| v + 1);
+        let mut next = start;
+        let mut blocked = false;
+        for e in events {
+            let v = e.version.unwrap_or(i64::MIN);
+            if v < next {
+                out.duplicates.push(e);
+            } else if v == next && !blocked {
+                out.apply.push(e);
+                next += 1;
+            } else {
+                blocked = true;
+                out.waiting.push(e);
+            }
+        }
+        if next > start {
+            out.advanced.push((key.clone(), next - 1));
+        }
+        if blocked {
+            out.needs.push((key, next));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: i64, aggregate: &str, version: i64) -> Event {
+        Event {
+            seq,
+            id: uuid::Uuid::from_u64_pair(0, seq as u64),
+            aggregate_type: "account".into(),
+            aggregate_id: aggregate.into(),
+            event_type: "Credited".into(),
+            version: Some(version),
+            payload: serde_json::json!({}),
+            headers: None,
+            occurred_at: None,
+            source_lsn: walfold_store::Lsn(0),
+            committed_at: None,
+        }
+    }
+
+    fn versions(events: &[&Event]) -> Vec<(String, i64)> {
+        events
+            .iter()
+            .map(|e| (e.aggregate_id.clone(), e.version.unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn versions_apply_once_in_order_and_gaps_wait() {
+        let a1 = event(1, "a", 1);
+        let a3 = event(2, "a", 3);
+        let b2 = event(3, "b", 2);
+        let a2 = event(4, "a", 2);
+        let a5 = event(5, "a", 5);
+        let b1 = event(6, "b", 1);
+        let b1_again = event(7, "b", 1);
+        let all = [&a1, &a3, &b2, &a2, &a5, &b1, &b1_again];
+        let s = sequence(&all, &HashMap::new(), 1);
+        assert_eq!(
+            versions(&s.apply),
+            [
+                ("a".into(), 1),
+                ("a".into(), 2),
+                ("a".into(), 3),
+                ("b".into(), 1),
+                ("b".into(), 2)
+            ]
+        );
+        assert_eq!(versions(&s.waiting), [("a".into(), 5)]);
+        assert_eq!(versions(&s.duplicates), [("b".into(), 1)]);
+        assert_eq!(
+            s.duplicates[0].seq, 7,
+            "the later of two equal versions is the duplicate"
+        );
+        assert_eq!(s.needs, [(("account".into(), "a".into()), 4)]);
+        let mut advanced = s.advanced.clone();
+        advanced.sort();
+        assert_eq!(
+            advanced,
+            [
+                (("account".into(), "a".into()), 3),
+                (("account".into(), "b".into()), 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn applied_versions_and_first_version_decide_the_next_one() {
+        let a4 = event(1, "a", 4);
+        let a6 = event(2, "a", 6);
+        let c0 = event(3, "c", 0);
+        let mut applied = HashMap::new();
+        applied.insert(("account".to_owned(), "a".to_owned()), 4);
+        let s = sequence(&[&a4, &a6, &c0], &applied, 0);
+        assert_eq!(versions(&s.duplicates), [("a".into(), 4)]);
+        assert_eq!(versions(&s.waiting), [("a".into(), 6)]);
+        assert_eq!(versions(&s.apply), [("c".into(), 0)]);
+        assert_eq!(s.needs, [(("account".into(), "a".into()), 5)]);
+    }
+}

@@ -1,0 +1,74 @@
+//! Strict-sequence projections: the last version applied per aggregate and subscriber,
+//! read and written in the projector's transaction, so a version is recorded exactly
+//! when its change commits.
+
+use std::collections::HashMap;
+
+use tokio_postgres::GenericClient;
+
+use crate::error::StoreError;
+use crate::q;
+
+/// (aggregate_type, aggregate_id)
+pub type AggregateRef = (String, String);
+
+/// The last applied version of each of `aggregates` that has one.
+pub async fn applied_versions(
+    tx: &impl GenericClient,
+    schema: &str,
+    subscriber: &str,
+    aggregates: &[AggregateRef],
+) -> Result<HashMap<AggregateRef, i64>, StoreError> {
+    if aggregates.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+        .iter()
+        .map(|(t, i)| (t.as_str(), i.as_str()))
+        .unzip();
+    let rows = tx
+        .query(
+            &format!(
+                "select v.aggregate_type, v.aggregate_id, v.version \
+                 from unnest($2::text[], $3::text[]) as a(t, i) \
+                 join {s}.aggregate_version v on v.subscriber_id = $1 \
+                   and v.aggregate_key = {s}.aggregate_key(a.t, a.i)",
+                s = q(schema)
+            ),
+            &[&subscriber, &types, &ids],
+        )
+        .await
+        .map_err(StoreError::db("reading applied versions"))?;
+    Ok(rows
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect())
+}
+
+/// Records the last applied version of each aggregate, in the caller's transaction.
+pub async fn record_versions(
+    tx: &impl GenericClient,
+    schema: &str,
+    subscriber: &str,
+    versions: &[(AggregateRef, i64)],
+) -> Result<(), StoreError> {
+    if versions.is_empty() {
+        return Ok(());
+    }
+    let types: Vec<&str> = versions.iter().map(|((t, _), _)| t.as_str()).collect();
+    let ids: Vec<&str> = versions.iter().map(|((_, i), _)| i.as_str()).collect();
+    let numbers: Vec<i64> = versions.iter().map(|(_, v)| *v).collect();
+    tx.execute(
+        &format!(
+            "insert into {}.aggregate_version as v (subscriber_id, aggregate_type, aggregate_id, version) \
+             select $1, t, i, n from unnest($2::text[], $3::text[], $4::int8[]) as a(t, i, n) \
+             on conflict (subscriber_id, aggregate_key) do update \
+             set version = excluded.version, updated_at = now()",
+            q(schema)
+        ),
+        &[&subscriber, &types, &ids, &numbers],
+    )
+    .await
+    .map_err(StoreError::db("recording applied versions"))?;
+    Ok(())
+}
