@@ -52,6 +52,9 @@ pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What stopped the daemon, logged with its kind (a definite error carries its fix); the
+/// exit code follows from it (see [`crate::engine_failure`]).
 fn failure(e: EngineError) -> Failure {
-    Failure::runtime(e)
+    tracing::error!(kind = ?e.kind(), error = %e, "walfold stopped");
+    crate::engine_failure(e)
 }
