@@ -813,7 +813,7 @@ fn default_append_batch() -> usize {
     2000
 }
 fn default_channel() -> usize {
-    10_000
+    2_000
 }
 fn default_linger() -> u64 {
     0
