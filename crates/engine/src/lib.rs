@@ -4,6 +4,7 @@
 
 mod error;
 pub mod ops;
+mod pages;
 mod pipeline;
 mod projection;
 mod projector;

@@ -161,6 +161,8 @@ impl Pipeline {
 /// One projector set: what runs until the rebuilds change.
 struct Generation {
     workers: Vec<(String, Partition)>,
+    /// Log pages shared by this generation's partitions.
+    pages: Arc<crate::pages::SharedPages>,
     /// Rebuilds replaying now, with how close to the head counts as caught up.
     replaying: Vec<(Rebuild, u32, i64)>,
     /// The open rebuilds this generation was planned for.
@@ -369,6 +371,7 @@ async fn plan(
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut generation = Generation {
         workers: Vec::new(),
+        pages: Arc::default(),
         replaying: Vec::new(),
         planned: open
             .iter()
@@ -464,6 +467,7 @@ async fn push_workers(
                 projection: projection.clone(),
                 partition,
                 fence: fence.clone(),
+                pages: generation.pages.clone(),
             },
         ));
     }

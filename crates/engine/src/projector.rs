@@ -31,6 +31,7 @@ use walfold_store::{
 use walfold_store::metrics::{metrics, Metrics};
 
 use crate::error::EngineError;
+use crate::pages::SharedPages;
 use crate::projection::{Applied, Projection};
 use crate::sequence::sequence;
 
@@ -43,6 +44,8 @@ pub(crate) struct Partition {
     pub projection: Arc<dyn Projection>,
     pub partition: u32,
     pub fence: Fence,
+    /// Pages of the log shared with the leader's other partitions.
+    pub pages: Arc<SharedPages>,
 }
 
 /// The connection and its prepared statements.
@@ -696,9 +699,18 @@ impl Partition {
                 retries_checked = tokio::time::Instant::now();
             }
             head.borrow_and_update();
-            let page = read_page(&conn.client, &conn.read, position, &filter, limit)
+            let (page, shared) = self
+                .pages
+                .page(position, &filter, limit, || {
+                    read_page(&conn.client, &conn.read, position, &filter, limit)
+                })
                 .await
                 .map_err(EngineError::store("reading the event log"))?;
+            if shared {
+                metrics().log_pages_shared.inc();
+            } else {
+                metrics().log_pages_read.inc();
+            }
             if page.events.is_empty() {
                 // The first idle read is saved too: a checkpoint row says this partition
                 // has read the log once (a rebuild switches over only then).

@@ -474,6 +474,29 @@ pub struct Filter {
     pub aggregate_types: Option<Vec<String>>,
 }
 
+impl Filter {
+    /// Whether `event` is one of this partition's: the predicate of [`read_sql`], for
+    /// pages read once and shared (keep the two in step).
+    pub fn matches(&self, event: &Event) -> bool {
+        (self.partitions == 1
+            || partition_hash(&event.aggregate_type, &event.aggregate_id) % self.partitions as i32
+                == self.partition as i32)
+            && self
+                .event_types
+                .as_ref()
+                .is_none_or(|t| t.contains(&event.event_type))
+            && self
+                .aggregate_types
+                .as_ref()
+                .is_none_or(|t| t.contains(&event.aggregate_type))
+    }
+
+    /// Whether every event passes (a read for this filter can be shared).
+    pub fn is_everything(&self) -> bool {
+        self.partitions == 1 && self.event_types.is_none() && self.aggregate_types.is_none()
+    }
+}
+
 /// The page read of [`read_page`].
 pub fn read_sql(schema: &str) -> String {
     format!(

@@ -44,6 +44,10 @@ pub struct Metrics {
     pub dead_letters: Family<SubscriberLabel, Counter>,
     pub batch_size: HistogramFamily,
     pub apply_seconds: HistogramFamily,
+    /// Event-log pages projectors read from the log, and took from a page another
+    /// partition had read.
+    pub log_pages_read: Counter,
+    pub log_pages_shared: Counter,
     /// Partitions of a subscriber paused by an environment error, in this process.
     paused: Family<SubscriberLabel, Gauge>,
     /// 1 while ingest waits out an environment error of the target.
@@ -103,6 +107,8 @@ impl Metrics {
             dead_letters: reg!("dead_lettered", "Events dead-lettered by a subscriber (failed or waiting behind a parked aggregate)", Family::default()),
             batch_size: reg!("batch_size", "Events per projector batch", HistogramFamily::new_with_constructor(batch_histogram)),
             apply_seconds: reg!("apply_seconds", "Time to claim, apply and checkpoint one batch", HistogramFamily::new_with_constructor(seconds_histogram)),
+            log_pages_read: reg!("log_pages_read", "Event-log pages projectors read from the database", Counter::default()),
+            log_pages_shared: reg!("log_pages_shared", "Event-log pages projectors took from a page another partition had just read", Counter::default()),
             paused: reg!("projection_paused", "Partitions of the subscriber paused by an error of the environment (privileges, missing table or column, disk full); 0: running", Family::default()),
             ingest_paused: reg!("ingest_paused", "1 while ingest waits out an error of the environment of the target", Gauge::default()),
             paused_total: std::sync::atomic::AtomicI64::new(0),

@@ -1,0 +1,252 @@
+//! Pages of the event log read once and shared by every projector partition of the
+//! leader. In a drain, every subscriber reads the same ranges of the log; the server's
+//! work to read and send a page (the largest statement of a drain) is then done once.
+//!
+//! Only full pages of an unfiltered read are kept: all events with a seq in
+//! `(after, position]`. Such a range never changes (one appender numbers and commits the
+//! log in order; pruning deletes only what every subscriber has passed), so a kept page
+//! is as good as a fresh read. Unfiltered readers asking for the same page at the same
+//! time wait for one read. A partition with filters (a hash partition, event types)
+//! takes its events from consecutive kept pages. A miss reads the log as before.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OnceCell;
+use walfold_store::{Event, Filter, Page};
+
+/// Pages kept (each up to one batch of events), newest last.
+const KEPT: usize = 8;
+
+type Slot = Arc<OnceCell<Arc<Page>>>;
+
+#[derive(Debug, Default)]
+pub(crate) struct SharedPages {
+    /// `((after, limit), page)`: a page being read, or a full page read.
+    pages: Mutex<VecDeque<((i64, i64), Slot)>>,
+}
+
+impl SharedPages {
+    /// The page of events after `after` for `filter` (at most `limit`): taken from kept
+    /// pages, or read with `read` (and kept when it can be shared). Returns whether it
+    /// was taken from a page another partition read.
+    pub(crate) async fn page<E, F>(
+        &self,
+        after: i64,
+        filter: &Filter,
+        limit: i64,
+        read: impl FnOnce() -> F,
+    ) -> Result<(Arc<Page>, bool), E>
+    where
+        F: Future<Output = Result<Page, E>>,
+    {
+        if !filter.is_everything() {
+            if let Some(page) = self.take(after, filter, limit) {
+                return Ok((page, true));
+            }
+            return Ok((Arc::new(read().await?), false));
+        }
+        let slot = self.slot(after, limit);
+        let mut read_here = false;
+        let page = slot
+            .get_or_try_init(|| {
+                read_here = true;
+                async { read().await.map(Arc::new) }
+            })
+            .await?
+            .clone();
+        if read_here && (page.caught_up || page.events.len() as i64 != limit) {
+            // At the head: the next reader must see what was appended since.
+            self.forget(&slot);
+        }
+        Ok((page, !read_here))
+    }
+
+    /// The slot of an unfiltered page, made (and the oldest dropped) if new.
+    fn slot(&self, after: i64, limit: i64) -> Slot {
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, slot)) = pages.iter().find(|(k, _)| *k == (after, limit)) {
+            return slot.clone();
+        }
+        if pages.len() == KEPT {
+            pages.pop_front();
+        }
+        let slot = Slot::default();
+        pages.push_back(((after, limit), slot.clone()));
+        slot
+    }
+
+    fn forget(&self, slot: &Slot) {
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        pages.retain(|(_, s)| !Arc::ptr_eq(s, slot));
+    }
+
+    /// A filtered reader's events from consecutive kept full pages starting at `after`.
+    fn take(&self, after: i64, filter: &Filter, limit: i64) -> Option<Arc<Page>> {
+        let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let full = |slot: &Slot| {
+            slot.get()
+                .filter(|p| !p.caught_up && !p.events.is_empty())
+                .cloned()
+        };
+        let mut events = Vec::new();
+        let mut position = after;
+        let mut covered = false;
+        loop {
+            let next = pages
+                .iter()
+                .find(|((a, _), slot)| *a == position && full(slot).is_some())
+                .and_then(|(_, slot)| full(slot));
+            let Some(page) = next else { break };
+            covered = true;
+            events.extend(page.events.iter().filter(|e| filter.matches(e)).cloned());
+            position = page.position;
+            if events.len() as i64 >= limit {
+                break;
+            }
+        }
+        if !covered {
+            return None;
+        }
+        if events.len() as i64 > limit {
+            events.truncate(limit as usize);
+            position = events.last().map_or(position, |e: &Event| e.seq);
+        }
+        Some(Arc::new(Page {
+            events,
+            position,
+            // Never: the head may be further on.
+            caught_up: false,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: i64, aggregate: &str) -> Event {
+        Event {
+            seq,
+            id: uuid::Uuid::from_u64_pair(0, seq as u64),
+            aggregate_type: "order".into(),
+            aggregate_id: aggregate.into(),
+            event_type: if seq % 2 == 0 { "Paid" } else { "Placed" }.into(),
+            version: Some(seq),
+            payload: serde_json::json!({}),
+            headers: None,
+            occurred_at: None,
+            source_lsn: walfold_store::Lsn(0),
+            committed_at: None,
+        }
+    }
+
+    fn page(from: i64, to: i64, caught_up: bool) -> Page {
+        Page {
+            events: (from..=to).map(|s| event(s, &format!("o-{s}"))).collect(),
+            position: to,
+            caught_up,
+        }
+    }
+
+    fn all() -> Filter {
+        Filter {
+            partition: 0,
+            partitions: 1,
+            event_types: None,
+            aggregate_types: None,
+        }
+    }
+
+    async fn read(
+        pages: &SharedPages,
+        after: i64,
+        filter: &Filter,
+        limit: i64,
+        db: Page,
+    ) -> (Arc<Page>, bool) {
+        pages
+            .page(after, filter, limit, || async { Ok::<_, ()>(db) })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn full_pages_are_read_once_and_filtered_readers_take_their_share() {
+        let pages = SharedPages::default();
+        let (first, shared) = read(&pages, 0, &all(), 4, page(1, 4, false)).await;
+        assert!(!shared);
+        assert_eq!(first.position, 4);
+        // The same page again comes from memory, whatever the database would say now.
+        let (again, shared) = read(&pages, 0, &all(), 4, page(100, 103, false)).await;
+        assert!(shared);
+        assert_eq!(again.events[0].seq, 1);
+        read(&pages, 4, &all(), 4, page(5, 8, false)).await;
+        // A page at the head is not kept: the next reader reads again.
+        read(&pages, 8, &all(), 4, page(9, 9, true)).await;
+        let (fresh, shared) = read(&pages, 8, &all(), 4, page(9, 10, true)).await;
+        assert!(!shared);
+        assert_eq!(fresh.position, 10);
+        let paid = Filter {
+            event_types: Some(vec!["Paid".into()]),
+            ..all()
+        };
+        let (share, shared) = read(&pages, 0, &paid, 3, page(0, 0, true)).await;
+        assert!(shared);
+        let seqs: Vec<i64> = share.events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [2, 4, 6]);
+        assert_eq!(
+            share.position, 6,
+            "cut at the limit: position is the last taken"
+        );
+        let (rest, _) = read(&pages, 0, &paid, 10, page(0, 0, true)).await;
+        assert_eq!(rest.events.len(), 4);
+        assert_eq!(rest.position, 8, "every kept page consumed");
+        assert!(!rest.caught_up);
+        // Nothing kept from here: a filtered reader reads the database.
+        let (own, shared) = read(&pages, 8, &paid, 10, page(10, 10, true)).await;
+        assert!(!shared);
+        assert_eq!(own.position, 10);
+    }
+
+    #[tokio::test]
+    async fn readers_of_the_same_page_at_once_wait_for_one_read() {
+        let pages = Arc::new(SharedPages::default());
+        let reads = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let (pages, reads) = (pages.clone(), reads.clone());
+            tasks.push(tokio::spawn(async move {
+                pages
+                    .page(0, &all(), 4, || async move {
+                        reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        Ok::<_, ()>(page(1, 4, false))
+                    })
+                    .await
+                    .unwrap()
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().0.position, 4);
+        }
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_partition_filter_matches_what_the_read_selects() {
+        let f = Filter {
+            partition: 1,
+            partitions: 3,
+            event_types: None,
+            aggregate_types: Some(vec!["order".into()]),
+        };
+        for s in 1..50 {
+            let e = event(s, &format!("o-{s}"));
+            let expected =
+                walfold_store::partition_hash(&e.aggregate_type, &e.aggregate_id) % 3 == 1;
+            assert_eq!(f.matches(&e), expected);
+        }
+    }
+}
