@@ -30,7 +30,7 @@ pub enum Command {
     Init {
         /// The source database, e.g. postgresql://user@host:5432/app (the password, if
         /// any, is used to connect and left out of the file).
-        #[arg(long, env = "WALFOLD_SOURCE__URL")]
+        #[arg(long, env = "WALFOLD_SOURCE__URL", hide_env_values = true)]
         url: String,
         /// The outbox table (`schema.table`), when the database has several candidates;
         /// repeat for several outboxes.

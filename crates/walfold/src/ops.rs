@@ -356,9 +356,10 @@ async fn row_estimate(config: &Config, quoted_table: &str) -> Option<u64> {
     let source = walfold_store::connect(&config.source.url).await.ok()?;
     let row = source
         .query_one(
+            // pg_partition_tree has no rows for a plain table.
             "select coalesce(sum(greatest(c.reltuples, 0)), 0)::int8, coalesce(bool_or(c.reltuples < 0), true) \
-             from pg_partition_tree($1::text::regclass) t join pg_class c on c.oid = t.relid \
-             where t.isleaf",
+             from pg_class c where (c.oid = $1::text::regclass and c.relkind = 'r') \
+             or c.oid in (select relid from pg_partition_tree($1::text::regclass) where isleaf)",
             &[&quoted_table],
         )
         .await

@@ -28,6 +28,8 @@ pub struct Progress {
     what: String,
     unit: &'static str,
     bar: Option<ProgressBar>,
+    /// Whether the bar's style has a length (`None`: not styled yet).
+    bounded: Option<bool>,
     started: Instant,
     last_line: Option<Instant>,
 }
@@ -38,27 +40,44 @@ impl Progress {
         let what = what.into();
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            bar.set_style(
-                ProgressStyle::with_template(&format!(
-                    "{{prefix}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} {{msg}}"
-                ))
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
             bar.set_prefix(what.clone());
             bar
         });
-        Progress {
+        let mut p = Progress {
             what,
             unit,
             bar,
+            bounded: None,
             started: Instant::now(),
             last_line: None,
+        };
+        p.style(false);
+        p
+    }
+
+    /// A bar with a length when the remaining work is known, a spinner otherwise.
+    fn style(&mut self, bounded: bool) {
+        let Some(bar) = &self.bar else { return };
+        if self.bounded == Some(bounded) {
+            return;
         }
+        self.bounded = Some(bounded);
+        let unit = self.unit;
+        let template = if bounded {
+            format!("{{prefix}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} {{msg}}")
+        } else {
+            format!("{{prefix}} [{{elapsed_precise}}] {{spinner}} {{pos}} {unit} {{msg}}")
+        };
+        bar.set_style(
+            ProgressStyle::with_template(&template)
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
     }
 
     /// Shows `s`: redraws the bar, or prints a plain line when one is due.
     pub fn update(&mut self, s: Snapshot, extra: &str) {
         let line = self.describe(s, extra);
+        self.style(s.remaining.is_some());
         match &self.bar {
             Some(bar) => {
                 match s.remaining {

@@ -70,9 +70,13 @@ pub async fn watch(path: &Path) -> Result<(), Failure> {
             _ = &mut interrupt => break,
             _ = tick.tick() => {}
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now: String = target
+            .query_one(
+                "select to_char(now() at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"')",
+                &[],
+            )
+            .await
+            .map_or_else(|_| "-".into(), |r| r.get(0));
         let text = match read(&config, &source, &target).await {
             Ok(s) => render(&config, &s),
             // Keep watching through a restart of the database; say so meanwhile.
@@ -85,10 +89,16 @@ pub async fn watch(path: &Path) -> Result<(), Failure> {
                 format!("cannot read the status: {}\n", e.message)
             }
         };
-        let header = format!("walfold status (every 1s, Ctrl-C to stop) at unix time {now}\n");
+        let header = format!("walfold status at {now} (every 1s, Ctrl-C to stop)\n");
         match &screen {
             Some(bar) => bar.set_message(format!("{header}{}", text.trim_end())),
-            None => println!("{header}{text}"),
+            None => {
+                use std::io::Write as _;
+                // A closed pipe (`| head`) ends the watch quietly.
+                if writeln!(std::io::stdout().lock(), "{header}{text}").is_err() {
+                    break;
+                }
+            }
         }
     }
     if let Some(bar) = screen {
