@@ -1,5 +1,6 @@
 //! The observability pack (`deploy/observability/`) against a real Prometheus (Debian's
-//! `prometheus` package, which `.ci/run` installs): the rules pass `promtool check rules`,
+//! `prometheus` package, which `.ci/run` installs): the rules pass `promtool check rules`
+//! and their unit tests (`promtool test rules`),
 //! a live scrape passes `promtool check metrics`, and a Prometheus scraping a running
 //! walfold every second evaluates every dashboard expression to at least one series and
 //! fires the dead-letter and slot-inactive alerts for real.
@@ -64,6 +65,20 @@ fn the_alert_rules_pass_promtool() {
     assert!(
         out.status.success(),
         "promtool check rules:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The rules' unit tests: each alert fires once its threshold and `for` are met, not
+    // before, and the look-alikes stay quiet (synthetic series, promtool's evaluator).
+    let out = Command::new(&promtool)
+        .arg("test")
+        .arg("rules")
+        .arg(repo().join("deploy/observability/prometheus/walfold-alerts.test.yml"))
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool test rules:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
