@@ -267,9 +267,44 @@ listen = "127.0.0.1:{metrics_port}"
     )
     .await;
 
-    // What every panel shows: applied and stale events, a producer retry, a malformed
-    // row, a projection failing on an event's data (dead letter, parked aggregate), a
-    // paused projection and a rebuild.
+    // Before anything is set aside: scraped, and no dead-letter alert.
+    wait_for(Duration::from_secs(30), "a first scrape", || {
+        match prom.query("walfold_dead_letters_open == 0").len() {
+            1 => Ok(()),
+            n => Err(format!("{n} series")),
+        }
+    })
+    .await;
+    assert!(prom
+        .query("ALERTS{alertname=\"WalfoldDeadLetters\"}")
+        .is_empty());
+
+    // A malformed row (a null ID) alone fires the dead-letter alert.
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values (null, 'order', 'o-2', 'OrderPlaced', 1, '{}')",
+    );
+    wait_for(
+        Duration::from_secs(60),
+        "WalfoldDeadLetters to fire",
+        || {
+            if prom.firing("WalfoldDeadLetters") {
+                Ok(())
+            } else {
+                Err(format!("{:?}", prom.query("ALERTS")))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        db.psql("select string_agg(reason, ',') from walfold.dead_letter"),
+        "malformed",
+        "the malformed row is the only dead letter"
+    );
+
+    // What every other panel shows: applied and stale events, a producer retry, a
+    // projection failing on an event's data (dead letter, parked aggregate), a paused
+    // projection and a rebuild.
     let id = |n: u32| format!("00000000-0000-4000-8000-{n:012}");
     db.psql(
         &[
@@ -308,9 +343,6 @@ listen = "127.0.0.1:{metrics_port}"
                 1,
                 r#"{"status": "placed", "amount": "not a number"}"#,
             ),
-            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
-         values (null, 'order', 'o-2', 'OrderPlaced', 1, '{}');"
-                .to_owned(),
         ]
         .concat(),
     );
@@ -378,13 +410,13 @@ listen = "127.0.0.1:{metrics_port}"
         expressions.len()
     );
 
-    // The dead-letter alert fires (the malformed row, the failed event) while the
-    // slot-inactive alert stays quiet with the daemon streaming.
+    // The failed event parks its aggregate; the slot-inactive alert stays quiet with the
+    // daemon streaming.
     wait_for(
-        Duration::from_secs(60),
-        "WalfoldDeadLetters to fire",
+        Duration::from_secs(30),
+        "WalfoldParkedAggregates to fire",
         || {
-            if prom.firing("WalfoldDeadLetters") {
+            if prom.firing("WalfoldParkedAggregates") {
                 Ok(())
             } else {
                 Err(format!("{:?}", prom.query("ALERTS")))
@@ -392,7 +424,6 @@ listen = "127.0.0.1:{metrics_port}"
         },
     )
     .await;
-    assert!(prom.firing("WalfoldParkedAggregates"));
     assert!(!prom.firing("WalfoldSlotInactive"));
     assert!(
         prom.query("ALERTS{alertname=\"WalfoldSlotInactive\"}")
