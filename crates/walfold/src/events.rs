@@ -88,12 +88,16 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
     };
     let mut fold = Fold::default();
     let mut queue: VecDeque<Queued> = VecDeque::new();
+    // Set once the log's head was reached: from then on events are new, and a pending
+    // one is worth holding (history behind a lagging subscriber is printed as it is).
+    let mut tailing = false;
+    let mut caught_up = false;
     let interrupt = tokio::signal::ctrl_c();
     tokio::pin!(interrupt);
     loop {
         // A new page only once everything read is out: a held event keeps its place.
-        let mut caught_up = true;
         if queue.is_empty() {
+            tailing |= caught_up;
             let page = reader.next_page().await?;
             caught_up = (page.len() as i64) < PAGE;
             let now = Instant::now();
@@ -108,7 +112,11 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
             // to HOLD for the subscriber to reach it.
             let mut emitted = 0;
             for (item, outcome) in queue.iter().zip(outcomes) {
-                if q.follow && matches!(outcome, Outcome::Pending) && item.seen.elapsed() < HOLD {
+                if q.follow
+                    && tailing
+                    && matches!(outcome, Outcome::Pending)
+                    && item.seen.elapsed() < HOLD
+                {
                     break;
                 }
                 emitted += 1;
