@@ -91,7 +91,24 @@ fn dashboard_expressions() -> Vec<(String, String)> {
     let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     assert_eq!(dash["uid"], "walfold");
     let mut out = Vec::new();
+    let mut ids = std::collections::HashSet::new();
     for panel in dash["panels"].as_array().expect("panels") {
+        // What Grafana needs of each panel: a unique id, a place, and (for queries) the
+        // data source variable.
+        assert!(
+            ids.insert(panel["id"].as_i64().expect("a panel id")),
+            "duplicate panel id"
+        );
+        assert!(panel["gridPos"]["w"]
+            .as_i64()
+            .is_some_and(|w| (1..=24).contains(&w)));
+        if panel["type"] != "row" {
+            assert_eq!(
+                panel["datasource"]["uid"], "${datasource}",
+                "{}",
+                panel["title"]
+            );
+        }
         for target in panel["targets"].as_array().into_iter().flatten() {
             let expr = target["expr"].as_str().expect("a target has an expr");
             let expr = expr
