@@ -307,6 +307,36 @@ pub fn walfold(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
     )
 }
 
+/// Starts `walfold` with `args` as a child with piped standard output and error (for
+/// commands that keep running: `--follow`, `--watch`, `--wait`).
+pub fn spawn_walfold(args: &[&str], envs: &[(&str, &str)]) -> Child {
+    let mut cmd = Command::new(walfold_bin());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn walfold")
+}
+
+/// Collects a child's output lines in the background (a pipe read on its own thread).
+pub fn lines_of(
+    pipe: impl std::io::Read + Send + 'static,
+) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            sink.lock().unwrap().push(line);
+        }
+    });
+    lines
+}
+
 /// walfold's status, read in the test database (schema `walfold`, slot `walfold`).
 pub async fn status(client: &tokio_postgres::Client) -> Option<walfold_store::Status> {
     walfold_store::status(client, client, "walfold", "walfold")

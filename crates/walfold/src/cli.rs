@@ -25,14 +25,76 @@ pub enum Command {
     },
     /// Start a throwaway PostgreSQL, stream sample events through two projections, print them.
     Demo,
+    /// Connect to an existing database, find its outbox table and write a commented
+    /// walfold.toml for it (never overwriting a file), then check what `doctor` checks.
+    Init {
+        /// The source database, e.g. postgresql://user@host:5432/app (the password, if
+        /// any, is used to connect and left out of the file).
+        #[arg(long, env = "WALFOLD_SOURCE__URL", hide_env_values = true)]
+        url: String,
+        /// The outbox table (`schema.table`), when the database has several candidates;
+        /// repeat for several outboxes.
+        #[arg(long = "table", value_name = "SCHEMA.TABLE")]
+        tables: Vec<String>,
+        /// A read-model table to write a `table` projection for (without one, the
+        /// config carries a commented `sql` projection to start from).
+        #[arg(long, value_name = "SCHEMA.TABLE")]
+        read_model: Option<String>,
+        /// Where to write the config (`-` for standard output); an existing file is
+        /// never overwritten.
+        #[arg(short, long, default_value = "walfold.toml")]
+        output: PathBuf,
+    },
     /// Show slot lag, event-log head, subscriber positions and dead letters.
     Status {
         #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
         config: PathBuf,
         /// Print JSON instead of a table.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// Redraw every second until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
     },
+    /// Print events from the event log as JSON lines (oldest first), optionally with
+    /// what a subscriber did with each one.
+    Events {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// Only this aggregate ID.
+        #[arg(long)]
+        aggregate: Option<String>,
+        /// Only this aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Only this event type.
+        #[arg(long = "type", value_name = "EVENT_TYPE")]
+        event_type: Option<String>,
+        /// Only events after this position in the log (seq).
+        #[arg(long, value_name = "SEQ")]
+        after: Option<i64>,
+        /// Only events committed at or after this time: a timestamp
+        /// (`2026-11-30T12:00:00Z`) or a duration ago (`15m`, `2h`, `1d`).
+        #[arg(long)]
+        since: Option<String>,
+        /// Keep printing events as they are appended, until Ctrl-C.
+        #[arg(long)]
+        follow: bool,
+        /// Add, per event, what this subscriber did with it (applied, stale, claimed,
+        /// dead-lettered, parked, pending, filtered).
+        #[arg(long)]
+        subscriber: Option<String>,
+        /// Stop after this many events.
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// Print a shell completion script (e.g. `walfold completions bash > /etc/bash_completion.d/walfold`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `walfold man > walfold.1`.
+    Man,
     /// Create or upgrade walfold's schema in the target database, then exit.
     Migrate {
         #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
@@ -49,8 +111,13 @@ pub enum Command {
         /// The projection's name.
         projection: String,
         /// The new subscriber ID to replay under (never used before).
-        #[arg(long, required_unless_present_any = ["finish", "abort"])]
+        #[arg(long, required_unless_present_any = ["finish", "abort", "wait"])]
         subscriber: Option<String>,
+        /// Follow the rebuild (replayed, remaining, rate, ETA) until it switches over;
+        /// without --subscriber, follow the one already running. Ctrl-C stops following,
+        /// not the rebuild.
+        #[arg(long, conflicts_with_all = ["finish", "abort"])]
+        wait: bool,
         /// Drop the table a switched rebuild retired.
         #[arg(long, conflicts_with_all = ["abort", "subscriber"])]
         finish: bool,

@@ -10,7 +10,7 @@ use walfold_config::Config;
 use crate::run::load;
 use crate::Failure;
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {
     Ok,
     Warn,
@@ -18,7 +18,9 @@ enum Level {
 }
 
 struct Report {
-    worst: Level,
+    failures: usize,
+    /// Print to standard error (when standard output carries something else).
+    to_stderr: bool,
 }
 
 impl Report {
@@ -28,17 +30,43 @@ impl Report {
             Level::Warn => "warn",
             Level::Fail => "FAIL",
         };
-        println!("{tag}  {}", what.as_ref());
+        let mut text = format!("{tag}  {}", what.as_ref());
         if level != Level::Ok && !fix.as_ref().is_empty() {
-            println!("      fix: {}", fix.as_ref());
+            text.push_str(&format!("\n      fix: {}", fix.as_ref()));
         }
-        self.worst = self.worst.max(level);
+        if self.to_stderr {
+            eprintln!("{text}");
+        } else {
+            println!("{text}");
+        }
+        self.failures += usize::from(level == Level::Fail);
     }
 }
 
 pub async fn doctor(path: &Path, max_retained_mb: i64) -> Result<(), Failure> {
     let config = load(path)?;
-    let mut r = Report { worst: Level::Ok };
+    match check(&config, max_retained_mb, false).await? {
+        0 => Ok(()),
+        _ => Err(Failure::runtime("doctor found failing checks")),
+    }
+}
+
+/// Runs every check on `config`, printing each; returns how many failed. `walfold init`
+/// runs them on the config it wrote.
+pub async fn check(
+    config: &Config,
+    max_retained_mb: i64,
+    to_stderr: bool,
+) -> Result<usize, Failure> {
+    let mut r = Report {
+        failures: 0,
+        to_stderr,
+    };
+    run_checks(&mut r, config, max_retained_mb).await?;
+    Ok(r.failures)
+}
+
+async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Result<(), Failure> {
     let source = match walfold_store::connect(&config.source.url).await {
         Ok(c) => {
             r.check(Level::Ok, "source reachable", "");
@@ -50,27 +78,20 @@ pub async fn doctor(path: &Path, max_retained_mb: i64) -> Result<(), Failure> {
                 format!("source unreachable: {e}"),
                 "check source.url, the network and pg_hba.conf",
             );
-            return finish(&r);
+            return Ok(());
         }
     };
     let target = walfold_store::connect(config.target_url()).await.ok();
-    source_checks(&mut r, &config, &source, target.as_ref(), max_retained_mb)
+    source_checks(r, config, &source, target.as_ref(), max_retained_mb)
         .await
         .map_err(Failure::runtime)?;
     match &target {
-        Some(t) => target_checks(&mut r, &config, t)
+        Some(t) => target_checks(r, config, t)
             .await
             .map_err(Failure::runtime)?,
         None => r.check(Level::Fail, "target unreachable", "check target.url"),
     }
-    finish(&r)
-}
-
-fn finish(r: &Report) -> Result<(), Failure> {
-    match r.worst {
-        Level::Fail => Err(Failure::runtime("doctor found failing checks")),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 async fn setting(c: &Client, name: &str) -> Result<String, tokio_postgres::Error> {

@@ -73,12 +73,28 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Full<Bytes>> 
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/metrics" => match scrape(state).await {
             Ok(body) => {
+                // OpenMetrics for whoever asks for it (Prometheus does); the classic text
+                // format for everyone else (curl, `promtool check metrics`, older agents).
+                let openmetrics = req
+                    .headers()
+                    .get(hyper::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("application/openmetrics-text"));
+                let (body, content_type) = if openmetrics {
+                    (
+                        body,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )
+                } else {
+                    (
+                        classic_text(&body),
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )
+                };
                 let mut r = text(StatusCode::OK, body);
                 r.headers_mut().insert(
                     hyper::header::CONTENT_TYPE,
-                    hyper::header::HeaderValue::from_static(
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    ),
+                    hyper::header::HeaderValue::from_static(content_type),
                 );
                 r
             }
@@ -90,6 +106,36 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Full<Bytes>> 
         },
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
     }
+}
+
+/// OpenMetrics text as the classic Prometheus text format (0.0.4): a counter family is
+/// named like its samples (`x_total`, where OpenMetrics names it `x`), and there is no
+/// `# EOF` or `# UNIT`. Samples are the same in both.
+fn classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len() + 64 * counters.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(l.trim_end()),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
@@ -176,5 +222,30 @@ async fn ready(state: &State) -> Result<(), String> {
             s.lag_seconds.unwrap_or(0.0)
         )),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classic_text;
+
+    #[test]
+    fn counters_take_their_samples_name_in_the_classic_format() {
+        let om = "# HELP walfold_applied Events that changed a read model.\n\
+                  # TYPE walfold_applied counter\n\
+                  walfold_applied_total{subscriber=\"a\"} 3\n\
+                  # HELP walfold_leader 1 while this instance leads.\n\
+                  # TYPE walfold_leader gauge\n\
+                  walfold_leader 1\n\
+                  # EOF\n";
+        assert_eq!(
+            classic_text(om),
+            "# HELP walfold_applied_total Events that changed a read model.\n\
+             # TYPE walfold_applied_total counter\n\
+             walfold_applied_total{subscriber=\"a\"} 3\n\
+             # HELP walfold_leader 1 while this instance leads.\n\
+             # TYPE walfold_leader gauge\n\
+             walfold_leader 1\n"
+        );
     }
 }

@@ -6,8 +6,11 @@ mod cli;
 mod dead_letters;
 mod demo;
 mod doctor;
+mod events;
 mod http;
+mod init;
 mod ops;
+mod progress;
 mod run;
 mod shutdown;
 mod status;
@@ -82,7 +85,54 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run { config } => run::run(&config).await,
             Command::Demo => demo::demo().await,
-            Command::Status { config, json } => status::status(&config, json).await,
+            Command::Status {
+                config,
+                json,
+                watch,
+            } => match watch {
+                true => status::watch(&config).await,
+                false => status::status(&config, json).await,
+            },
+            Command::Init {
+                url,
+                tables,
+                read_model,
+                output,
+            } => init::init(&url, &tables, read_model.as_deref(), &output).await,
+            Command::Events {
+                config,
+                aggregate,
+                aggregate_type,
+                event_type,
+                after,
+                since,
+                follow,
+                subscriber,
+                limit,
+            } => {
+                let query = events::Query {
+                    aggregate,
+                    aggregate_type,
+                    event_type,
+                    after: after.unwrap_or(0),
+                    since,
+                    follow,
+                    subscriber,
+                    limit,
+                };
+                events::events(&config, query).await
+            }
+            Command::Completions { shell } => {
+                let mut command = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut command, "walfold", &mut std::io::stdout());
+                Ok(())
+            }
+            Command::Man => {
+                let command = <Cli as clap::CommandFactory>::command();
+                clap_mangen::Man::new(command)
+                    .render(&mut std::io::stdout())
+                    .map_err(Failure::runtime)
+            }
             Command::Migrate { config } => run::migrate_only(&config).await,
             Command::DeadLetters(command) => dead_letters::run(command).await,
             Command::Rebuild {
@@ -91,7 +141,16 @@ fn main() -> ExitCode {
                 subscriber,
                 finish,
                 abort,
-            } => ops::rebuild(&config, &projection, subscriber.as_deref(), finish, abort).await,
+                wait,
+            } => {
+                ops::rebuild(
+                    &config,
+                    &projection,
+                    subscriber.as_deref(),
+                    ops::RebuildAction::from_flags(finish, abort, wait),
+                )
+                .await
+            }
             Command::Backfill {
                 config,
                 outbox,

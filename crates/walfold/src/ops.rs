@@ -1,22 +1,49 @@
-//! `walfold rebuild`, `walfold backfill`, `walfold prune`.
+//! `walfold rebuild` (and following one to its switch-over), `walfold backfill` (with
+//! progress), `walfold prune`.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tokio_postgres::Client;
+use walfold_config::{quote_ident, Config};
 use walfold_engine::ops;
 
+use crate::progress::{Progress, Snapshot, POLL};
 use crate::run::load;
 use crate::{engine_failure, Failure};
+
+/// What `walfold rebuild` was asked to do besides starting one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebuildAction {
+    Start,
+    /// Start (when a subscriber is given) and follow it to its switch-over.
+    Wait,
+    Finish,
+    Abort,
+}
+
+impl RebuildAction {
+    pub fn from_flags(finish: bool, abort: bool, wait: bool) -> RebuildAction {
+        match (finish, abort, wait) {
+            (true, _, _) => RebuildAction::Finish,
+            (_, true, _) => RebuildAction::Abort,
+            (_, _, true) => RebuildAction::Wait,
+            _ => RebuildAction::Start,
+        }
+    }
+}
 
 pub async fn rebuild(
     path: &Path,
     projection: &str,
     subscriber: Option<&str>,
-    finish: bool,
-    abort: bool,
+    action: RebuildAction,
 ) -> Result<(), Failure> {
     let config = load(path)?;
-    if finish {
+    if action == RebuildAction::Wait && subscriber.is_none() {
+        return follow_rebuild(&config, projection, None).await;
+    }
+    if action == RebuildAction::Finish {
         let r = ops::finish_rebuild(&config, projection)
             .await
             .map_err(engine_failure)?;
@@ -36,7 +63,7 @@ pub async fn rebuild(
         }
         return Ok(());
     }
-    if abort {
+    if action == RebuildAction::Abort {
         let r = ops::abort_rebuild(&config, projection, Duration::from_secs(60))
             .await
             .map_err(engine_failure)?;
@@ -55,7 +82,149 @@ pub async fn rebuild(
          The leading daemon switches over when it has caught up; `walfold status` shows progress.",
         r.subscriber, r.shadow, r.live, r.previous
     );
+    if action == RebuildAction::Wait {
+        return follow_rebuild(&config, projection, Some(&r.subscriber)).await;
+    }
     Ok(())
+}
+
+/// How long a rebuild may make no progress before `--wait` says why it might not.
+const STALL: Duration = Duration::from_secs(15);
+
+/// Follows the open rebuild of `projection` (under `subscriber`, when given) until it
+/// switches over, showing its progress; Ctrl-C stops following, never the rebuild.
+async fn follow_rebuild(
+    config: &Config,
+    projection: &str,
+    subscriber: Option<&str>,
+) -> Result<(), Failure> {
+    let source = walfold_store::connect(&config.source.url)
+        .await
+        .map_err(Failure::runtime)?;
+    let target = walfold_store::connect(config.target_url())
+        .await
+        .map_err(Failure::runtime)?;
+    let schema = &config.target.schema;
+    let mut progress: Option<Progress> = None;
+    let mut last = Snapshot::default();
+    let mut moved = Instant::now();
+    let mut warned = false;
+    let mut following: Option<String> = subscriber.map(str::to_owned);
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut interrupt => {
+                if let Some(p) = progress.as_mut() {
+                    p.finish(last, "stopped following");
+                }
+                eprintln!(
+                    "walfold: stopped following; the rebuild of {projection} goes on in the daemon \
+                     (`walfold status` or `walfold rebuild {projection} --wait` shows it)"
+                );
+                return Ok(());
+            }
+            _ = tick.tick() => {}
+        }
+        let status = walfold_store::status(&source, &target, schema, &config.source.slot)
+            .await
+            .map_err(Failure::runtime)?;
+        let open = status.rebuilds.iter().find(|r| {
+            r.projection == projection && following.as_ref().is_none_or(|s| *s == r.subscriber)
+        });
+        let Some(r) = open else {
+            // Gone from the open rebuilds: finished (switched, then its retired table
+            // dropped) or aborted.
+            let Some(s) = &following else {
+                return Err(Failure::config(format!(
+                    "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
+                )));
+            };
+            let state = rebuild_state(&target, schema, s).await?;
+            if let Some(p) = progress.as_mut() {
+                p.finish(last, state.as_deref().unwrap_or("gone"));
+            }
+            return match state.as_deref() {
+                Some("finished") => {
+                    println!("rebuild of {projection} switched over and finished: {s} serves it");
+                    Ok(())
+                }
+                other => Err(Failure::runtime(format!(
+                    "the rebuild of {projection} under {s} ended without switching over (state {})",
+                    other.unwrap_or("unknown")
+                ))),
+            };
+        };
+        following.get_or_insert_with(|| r.subscriber.clone());
+        let p = progress.get_or_insert_with(|| {
+            Progress::new(
+                format!("rebuild of {projection} → {}", r.subscriber),
+                "events",
+            )
+        });
+        let snapshot = Snapshot {
+            done: r.replayed.max(0) as u64,
+            remaining: Some(r.remaining.max(0) as u64),
+            // The status computes a rate while replaying only: keep the last one.
+            rate: Some(r.rate_per_s)
+                .filter(|_| r.state == "running")
+                .or(last.rate),
+        };
+        if snapshot.done != last.done {
+            moved = Instant::now();
+        }
+        last = snapshot;
+        if r.state == "switched" {
+            p.finish(snapshot, "switched");
+            println!(
+                "rebuild of {projection} switched over: {} serves it; the retired table {} stays \
+                 until `walfold rebuild {projection} --finish` (or drop_retired_after)",
+                r.subscriber, r.retired_table
+            );
+            return Ok(());
+        }
+        p.update(snapshot, &r.state);
+        if !warned && moved.elapsed() >= STALL {
+            warned = true;
+            if r.remaining <= 100 {
+                eprintln!(
+                    "walfold: {} has caught up but has not switched over for {}s: open dead letters of \
+                     the new subscriber hold the switch (`walfold dead-letters list --subscriber {}`)",
+                    r.subscriber,
+                    STALL.as_secs(),
+                    r.subscriber
+                );
+            } else {
+                eprintln!(
+                    "walfold: no replay progress for {}s: the leading `walfold run` replays rebuilds; \
+                     is one running (`walfold status`)?",
+                    STALL.as_secs()
+                );
+            }
+        }
+    }
+}
+
+/// A rebuild's recorded state (`None`: no such rebuild).
+async fn rebuild_state(
+    target: &Client,
+    schema: &str,
+    subscriber: &str,
+) -> Result<Option<String>, Failure> {
+    Ok(target
+        .query_opt(
+            &format!(
+                "select state from {}.rebuild where subscriber_id = $1",
+                quote_ident(schema)
+            ),
+            &[&subscriber],
+        )
+        .await
+        .map_err(Failure::runtime)?
+        .map(|r| r.get(0)))
 }
 
 pub async fn backfill(
@@ -71,12 +240,37 @@ pub async fn backfill(
     walfold_store::migrate(config.target_url(), &config.target.schema)
         .await
         .map_err(Failure::runtime)?;
-    let r = ops::backfill(&config, outbox, order_by, batch)
-        .await
-        .map_err(|e| match e {
-            ops::SourceError::Store { source, .. } => crate::store_failure(source),
-            other => Failure::runtime(other),
-        })?;
+    let watcher = BackfillWatcher::open(&config, outbox).await;
+    let mut progress = Progress::new(format!("backfill of {outbox}"), "rows");
+    let work = ops::backfill(&config, outbox, order_by, batch);
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut work => break outcome,
+            _ = tick.tick() => {
+                if let Some(s) = watcher.as_ref() {
+                    if let Some(snapshot) = s.snapshot().await {
+                        progress.update(snapshot, "");
+                    }
+                }
+            }
+        }
+    };
+    let r = outcome.map_err(|e| match e {
+        ops::SourceError::Store { source, .. } => crate::store_failure(source),
+        other => Failure::runtime(other),
+    })?;
+    progress.finish(
+        Snapshot {
+            done: r.rows,
+            remaining: Some(0),
+            rate: None,
+        },
+        "done",
+    );
     if order_by.is_none() {
         eprintln!("walfold: paging in ID order, so each aggregate's events enter the log in ID order; pass --order-by <column> (e.g. created_at) to keep their order");
     }
@@ -94,4 +288,82 @@ pub async fn prune(path: &Path) -> Result<(), Failure> {
         .map_err(engine_failure)?;
     println!("pruned {} claims and {} events", p.claims, p.events);
     Ok(())
+}
+
+/// Reads a running backfill's progress from the outside: each page's rows are counted
+/// in the ingest position (appended, duplicates, ID conflicts, malformed) in the page's
+/// own transaction, and no daemon appends meanwhile (the backfill refuses to run beside
+/// one). The total is the planner's row estimate of the outbox (its partitions summed).
+struct BackfillWatcher {
+    target: Client,
+    counted: String,
+    slot: String,
+    baseline: i64,
+    estimate: Option<u64>,
+}
+
+impl BackfillWatcher {
+    /// `None` when progress cannot be read (the backfill itself then says what is wrong).
+    async fn open(config: &Config, outbox: &str) -> Option<BackfillWatcher> {
+        let target = walfold_store::connect(config.target_url()).await.ok()?;
+        let counted = format!(
+            "select coalesce(sum(appended + duplicates + id_conflicts + malformed), 0)::int8 \
+             from {}.ingest_position where slot = $1",
+            quote_ident(&config.target.schema)
+        );
+        let slot = config.source.slot.clone();
+        let baseline: i64 = target.query_one(&counted, &[&slot]).await.ok()?.get(0);
+        let estimate = match config
+            .outbox
+            .iter()
+            .find(|o| o.table_name().to_string() == outbox || o.table == outbox)
+        {
+            Some(o) => row_estimate(config, &o.table_name().quoted()).await,
+            None => None,
+        };
+        Some(BackfillWatcher {
+            target,
+            counted,
+            slot,
+            baseline,
+            estimate,
+        })
+    }
+
+    async fn snapshot(&self) -> Option<Snapshot> {
+        let now: i64 = self
+            .target
+            .query_one(&self.counted, &[&self.slot])
+            .await
+            .ok()?
+            .get(0);
+        let done = (now - self.baseline).max(0) as u64;
+        Some(Snapshot {
+            done,
+            // An estimate that the rows have passed is no estimate any more.
+            remaining: self
+                .estimate
+                .and_then(|e| e.checked_sub(done))
+                .filter(|r| *r > 0 || self.estimate == Some(done)),
+            rate: None,
+        })
+    }
+}
+
+/// The planner's estimate of a table's rows (a partitioned table's partitions summed);
+/// `None` while it was never analyzed.
+async fn row_estimate(config: &Config, quoted_table: &str) -> Option<u64> {
+    let source = walfold_store::connect(&config.source.url).await.ok()?;
+    let row = source
+        .query_one(
+            // pg_partition_tree has no rows for a plain table.
+            "select coalesce(sum(greatest(c.reltuples, 0)), 0)::int8, coalesce(bool_or(c.reltuples < 0), true) \
+             from pg_class c where (c.oid = $1::text::regclass and c.relkind = 'r') \
+             or c.oid in (select relid from pg_partition_tree($1::text::regclass) where isleaf)",
+            &[&quoted_table],
+        )
+        .await
+        .ok()?;
+    let (rows, unknown): (i64, bool) = (row.get(0), row.get(1));
+    (!unknown).then_some(rows.max(0) as u64)
 }

@@ -1,26 +1,119 @@
-//! `walfold status [--json]`.
+//! `walfold status [--json | --watch]`.
 
+use std::fmt::Write as _;
+use std::io::IsTerminal;
 use std::path::Path;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use walfold_config::Config;
 
 use crate::{run::load, Failure};
 
-pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
-    let config = load(path)?;
+async fn connect(config: &Config) -> Result<(Client, Client), Failure> {
     let source = walfold_store::connect(&config.source.url)
         .await
         .map_err(Failure::runtime)?;
     let target = walfold_store::connect(config.target_url())
         .await
         .map_err(Failure::runtime)?;
-    let s = walfold_store::status(&source, &target, &config.target.schema, &config.source.slot)
+    Ok((source, target))
+}
+
+async fn read(
+    config: &Config,
+    source: &Client,
+    target: &Client,
+) -> Result<walfold_store::Status, Failure> {
+    walfold_store::status(source, target, &config.target.schema, &config.source.slot)
         .await
-        .map_err(Failure::runtime)?;
+        .map_err(Failure::runtime)
+}
+
+pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
+    let config = load(path)?;
+    let (source, target) = connect(&config).await?;
+    let s = read(&config, &source, &target).await?;
     if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&s).map_err(Failure::runtime)?
         );
         return Ok(());
+    }
+    print!("{}", render(&config, &s));
+    Ok(())
+}
+
+/// Redraws the status every second until Ctrl-C: in place on a terminal (indicatif
+/// redraws the block), as a new timestamped block per second elsewhere.
+pub async fn watch(path: &Path) -> Result<(), Failure> {
+    let config = load(path)?;
+    let (mut source, mut target) = connect(&config).await?;
+    let terminal = std::io::stdout().is_terminal();
+    let screen = terminal.then(|| {
+        let bar =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stdout());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar
+    });
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut interrupt => break,
+            _ = tick.tick() => {}
+        }
+        let now: String = target
+            .query_one(
+                "select to_char(now() at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"')",
+                &[],
+            )
+            .await
+            .map_or_else(|_| "-".into(), |r| r.get(0));
+        let text = match read(&config, &source, &target).await {
+            Ok(s) => render(&config, &s),
+            // Keep watching through a restart of the database; say so meanwhile.
+            Err(e) => {
+                if source.is_closed() || target.is_closed() {
+                    if let Ok((s, t)) = connect(&config).await {
+                        (source, target) = (s, t);
+                    }
+                }
+                format!("cannot read the status: {}\n", e.message)
+            }
+        };
+        let header = format!("walfold status at {now} (every 1s, Ctrl-C to stop)\n");
+        match &screen {
+            Some(bar) => bar.set_message(format!("{header}{}", text.trim_end())),
+            None => {
+                use std::io::Write as _;
+                // A closed pipe (`| head`) ends the watch quietly.
+                if writeln!(std::io::stdout().lock(), "{header}{text}").is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(bar) = screen {
+        bar.abandon();
+    }
+    Ok(())
+}
+
+/// The status as `walfold status` prints it.
+fn render(config: &Config, s: &walfold_store::Status) -> String {
+    let mut out = String::new();
+    macro_rules! println {
+        ($($arg:tt)*) => {{
+            let _ = writeln!(out, $($arg)*);
+        }};
     }
     match &s.slot {
         Some(slot) => println!(
@@ -94,7 +187,7 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
         "processed_message rows (estimate): {}",
         s.processed_message_rows
     );
-    Ok(())
+    out
 }
 
 fn unix_now() -> f64 {

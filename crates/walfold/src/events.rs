@@ -1,0 +1,566 @@
+//! `walfold events`: the event log as JSON lines, filtered, optionally followed, and
+//! optionally with what one subscriber did with each event — what an operator reaches
+//! for when a read model looks wrong.
+//!
+//! What a subscriber did is read from what walfold keeps: its claims
+//! (`processed_message`), its dead letters, its parked aggregates and its checkpoints.
+//! A claim means the event went through the projection, applied or skipped as stale;
+//! walfold does not record which per event (the projector's hot path stays as it is).
+//! For a `table` projection the difference follows from the version guard alone: a
+//! claimed event was stale exactly when an earlier claimed event of its aggregate
+//! carried a version at least as high, because the guarded upsert keeps the highest
+//! applied version and a subscriber claims each aggregate's events in log order. So
+//! for `table` projections `events` reads each aggregate's claimed history from the
+//! start of the log and reports `applied` or `stale`; for `sql` and Rust projections,
+//! whose statements decide for themselves, it reports `claimed`.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+use walfold_config::{quote_ident, Config, ProjectionConfig, ProjectionKind};
+
+use crate::run::load;
+use crate::Failure;
+
+/// What `walfold events` was asked for.
+#[derive(Debug, Clone)]
+pub struct Query {
+    pub aggregate: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub event_type: Option<String>,
+    pub after: i64,
+    pub since: Option<String>,
+    pub follow: bool,
+    pub subscriber: Option<String>,
+    pub limit: Option<u64>,
+}
+
+/// Events read per statement.
+const PAGE: i64 = 1000;
+/// How often `--follow` looks for new events.
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
+/// With `--follow --subscriber`, how long a new event is held back while the subscriber
+/// has not reached it, so the line shows its outcome rather than `pending`.
+const HOLD: Duration = Duration::from_secs(5);
+/// Aggregates whose claimed versions are remembered for `applied`/`stale`; past this
+/// (a scan over a huge log without `--aggregate`) new aggregates are reported `claimed`.
+const MAX_TRACKED: usize = 1_000_000;
+
+pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
+    let config = load(path)?;
+    let client = walfold_store::connect(config.target_url())
+        .await
+        .map_err(Failure::runtime)?;
+    let schema = quote_ident(&config.target.schema);
+    let since = match &q.since {
+        Some(s) => Some(since(&client, s).await?),
+        None => None,
+    };
+    let subscriber = match &q.subscriber {
+        Some(s) => Some(Subscriber::resolve(&client, &config, &schema, s).await?),
+        None => None,
+    };
+    // Applied-or-stale needs each aggregate's claimed history from the log's start:
+    // then only the aggregate filters go into SQL and the others apply here.
+    let history = subscriber.as_ref().is_some_and(|s| s.guarded);
+    let sql_filters = Filters {
+        after: if history { 0 } else { q.after },
+        aggregate: q.aggregate.clone(),
+        aggregate_type: q.aggregate_type.clone(),
+        event_type: if history { None } else { q.event_type.clone() },
+        since: if history { None } else { since.clone() },
+    };
+    let mut reader = Reader {
+        client: &client,
+        sql: page_sql(&schema),
+        position: sql_filters.after,
+        filters: sql_filters,
+    };
+    let mut out = Output {
+        stdout: std::io::BufWriter::new(std::io::stdout().lock()),
+        printed: 0,
+        limit: q.limit,
+    };
+    let mut fold = Fold::default();
+    let mut queue: VecDeque<Queued> = VecDeque::new();
+    // Set once the log's head was reached: from then on events are new, and a pending
+    // one is worth holding (history behind a lagging subscriber is printed as it is).
+    let mut tailing = false;
+    let mut caught_up = false;
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
+    loop {
+        // A new page only once everything read is out: a held event keeps its place.
+        if queue.is_empty() {
+            tailing |= caught_up;
+            let page = reader.next_page().await?;
+            caught_up = (page.len() as i64) < PAGE;
+            let now = Instant::now();
+            queue.extend(page.into_iter().map(|row| Queued { row, seen: now }));
+        }
+        if !queue.is_empty() {
+            let outcomes = match &subscriber {
+                Some(s) => s.outcomes(&client, &schema, &queue).await?,
+                None => vec![Outcome::None; queue.len()],
+            };
+            // In log order; with --follow a pending event (and what follows it) waits up
+            // to HOLD for the subscriber to reach it.
+            let mut emitted = 0;
+            for (item, outcome) in queue.iter().zip(outcomes) {
+                if q.follow
+                    && tailing
+                    && matches!(outcome, Outcome::Pending)
+                    && item.seen.elapsed() < HOLD
+                {
+                    break;
+                }
+                emitted += 1;
+                let verdict = fold.verdict(&item.row, &outcome, history);
+                let shown = item.row.seq > q.after
+                    && q.event_type
+                        .as_ref()
+                        .is_none_or(|t| *t == item.row.event_type)
+                    && since
+                        .as_ref()
+                        .is_none_or(|s| item.row.at.as_deref().is_some_and(|at| at >= s.as_str()));
+                if shown && !out.print(&line(&item.row, subscriber.as_ref(), verdict))? {
+                    return Ok(());
+                }
+            }
+            queue.drain(..emitted);
+        }
+        out.flush()?;
+        if queue.is_empty() && !caught_up {
+            continue;
+        }
+        if queue.is_empty() && !q.follow {
+            return Ok(());
+        }
+        tokio::select! {
+            biased;
+            _ = &mut interrupt => return Ok(()),
+            _ = tokio::time::sleep(FOLLOW_POLL) => {}
+        }
+    }
+}
+
+/// `--since`: a duration ago or a timestamp, as the server's `timestamptz` text (so it
+/// compares with the log's times as the server orders them).
+async fn since(client: &Client, text: &str) -> Result<String, Failure> {
+    let ago = walfold_config::parse_retention(text).ok().flatten();
+    let row = match ago {
+        Some(d) => {
+            client
+                .query_one(
+                    "select to_char((now() - make_interval(secs => $1)) at time zone 'UTC', \
+                     'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+                    &[&d.as_secs_f64()],
+                )
+                .await
+        }
+        None => {
+            client
+                .query_one(
+                    "select to_char($1::text::timestamptz at time zone 'UTC', \
+                     'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+                    &[&text],
+                )
+                .await
+        }
+    };
+    row.map(|r| r.get(0)).map_err(|_| {
+        Failure::config(format!(
+            "--since `{text}` is neither a timestamp (2026-11-30T12:00:00Z) nor a duration (15m, 2h, 1d)"
+        ))
+    })
+}
+
+/// The filters a page read applies in SQL.
+struct Filters {
+    after: i64,
+    aggregate: Option<String>,
+    aggregate_type: Option<String>,
+    event_type: Option<String>,
+    since: Option<String>,
+}
+
+/// One event of the log, with its JSON rendering.
+struct Row {
+    seq: i64,
+    event_id: uuid::Uuid,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    version: Option<i64>,
+    partition_hash: i32,
+    /// Commit (else append) time, UTC, in the format of [`since`].
+    at: Option<String>,
+    json: Map<String, Value>,
+}
+
+struct Queued {
+    row: Row,
+    seen: Instant,
+}
+
+fn page_sql(schema: &str) -> String {
+    // Keyset pages over the primary key. The aggregate and type filters have no index
+    // in the log: on a big log they scan it (once, page by page), like any ad-hoc query.
+    format!(
+        "select seq, event_id, aggregate_type, aggregate_id, event_type, version, partition_hash, \
+         to_char(coalesce(committed_at, appended_at) at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+         json_build_object('seq', seq, 'event_id', event_id, 'aggregate_type', aggregate_type, \
+           'aggregate_id', aggregate_id, 'event_type', event_type, 'version', version, \
+           'payload', payload, 'headers', headers, 'occurred_at', occurred_at, \
+           'committed_at', committed_at, 'appended_at', appended_at, 'source_lsn', source_lsn::text)::text \
+         from {schema}.event_log \
+         where seq > $1 \
+           and ($2::text is null or aggregate_id = $2) \
+           and ($3::text is null or aggregate_type = $3) \
+           and ($4::text is null or event_type = $4) \
+           and ($5::text is null or coalesce(committed_at, appended_at) >= $5::text::timestamptz) \
+         order by seq limit $6"
+    )
+}
+
+struct Reader<'a> {
+    client: &'a Client,
+    sql: String,
+    position: i64,
+    filters: Filters,
+}
+
+impl Reader<'_> {
+    async fn next_page(&mut self) -> Result<Vec<Row>, Failure> {
+        let f = &self.filters;
+        let rows = self
+            .client
+            .query_typed(
+                &self.sql,
+                &[
+                    (&self.position, Type::INT8),
+                    (&f.aggregate, Type::TEXT),
+                    (&f.aggregate_type, Type::TEXT),
+                    (&f.event_type, Type::TEXT),
+                    (&f.since, Type::TEXT),
+                    (&PAGE, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(|e| Failure::runtime(format!("reading the event log: {e}")))?;
+        let mut page = Vec::with_capacity(rows.len());
+        for r in rows {
+            let json: String = r.get(8);
+            let json = match serde_json::from_str(&json) {
+                Ok(Value::Object(m)) => m,
+                _ => Map::new(),
+            };
+            page.push(Row {
+                seq: r.get(0),
+                event_id: r.get(1),
+                aggregate_type: r.get(2),
+                aggregate_id: r.get(3),
+                event_type: r.get(4),
+                version: r.get(5),
+                partition_hash: r.get(6),
+                at: r.get(7),
+                json,
+            });
+        }
+        if let Some(last) = page.last() {
+            self.position = last.seq;
+        }
+        Ok(page)
+    }
+}
+
+/// The subscriber `--subscriber` names, and what its projection makes knowable.
+struct Subscriber {
+    id: String,
+    /// The projection it serves (or rebuilds, or served), when the config has it.
+    projection: Option<ProjectionConfig>,
+    /// A `table` projection: claimed events are `applied` or `stale` by the guard.
+    guarded: bool,
+}
+
+/// What walfold recorded about one event for the subscriber.
+#[derive(Debug, Clone)]
+enum Outcome {
+    None,
+    Claimed {
+        at: Value,
+    },
+    /// Its latest dead letter for the subscriber (not claimed since).
+    DeadLetter(Value),
+    /// The projection's filters leave it out.
+    Filtered,
+    /// The subscriber's partition has not read it yet.
+    Pending,
+    /// Read but neither claimed nor dead-lettered: its claim was pruned
+    /// (`dedup_retention`) or the filters were different when it was read.
+    NotClaimed,
+}
+
+impl Subscriber {
+    async fn resolve(
+        client: &Client,
+        config: &Config,
+        schema: &str,
+        id: &str,
+    ) -> Result<Subscriber, Failure> {
+        let known: bool = client
+            .query_one(
+                &format!(
+                    "select exists (select 1 from {schema}.checkpoint where subscriber_id = $1) \
+                     or exists (select 1 from {schema}.processed_message where subscriber_id = $1)"
+                ),
+                &[&id],
+            )
+            .await
+            .map_err(Failure::runtime)?
+            .get(0);
+        if !known {
+            let names: Vec<String> = client
+                .query(
+                    &format!("select distinct subscriber_id from {schema}.checkpoint order by 1"),
+                    &[],
+                )
+                .await
+                .map_err(Failure::runtime)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            eprintln!(
+                "walfold: subscriber {id} has read nothing yet (known subscribers: {})",
+                if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                }
+            );
+        }
+        // The projection: by its configured subscriber, or through a rebuild or the
+        // registry (a rebuild's new ID, or the one it replaced).
+        let mut projection = config
+            .projection
+            .iter()
+            .find(|p| p.subscriber == id)
+            .cloned();
+        if projection.is_none() {
+            let name: Option<String> = client
+                .query_opt(
+                    &format!(
+                        "select projection from {schema}.rebuild \
+                         where subscriber_id = $1 or previous_subscriber = $1 \
+                         union all select name from {schema}.projection where subscriber_id = $1 \
+                         limit 1"
+                    ),
+                    &[&id],
+                )
+                .await
+                .map_err(Failure::runtime)?
+                .map(|r| r.get(0));
+            projection = name.and_then(|n| config.projection.iter().find(|p| p.name == n).cloned());
+        }
+        let guarded = projection
+            .as_ref()
+            .is_some_and(|p| matches!(p.kind(0), Ok(ProjectionKind::Table(_))));
+        Ok(Subscriber {
+            id: id.to_owned(),
+            projection,
+            guarded,
+        })
+    }
+
+    /// What was recorded for each queued event (a few indexed reads per page).
+    async fn outcomes(
+        &self,
+        client: &Client,
+        schema: &str,
+        queue: &VecDeque<Queued>,
+    ) -> Result<Vec<Outcome>, Failure> {
+        let ids: Vec<uuid::Uuid> = queue.iter().map(|q| q.row.event_id).collect();
+        let seqs: Vec<i64> = queue.iter().map(|q| q.row.seq).collect();
+        let claims: HashMap<uuid::Uuid, Value> = client
+            .query(
+                &format!(
+                    "select message_id, to_json(processed_at) from {schema}.processed_message \
+                     where subscriber_id = $1 and message_id = any($2)"
+                ),
+                &[&self.id, &ids],
+            )
+            .await
+            .map_err(Failure::runtime)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let mut letters: HashMap<i64, Value> = HashMap::new();
+        for r in client
+            .query(
+                &format!(
+                    "select seq, json_build_object('id', id, 'reason', reason, 'status', status, \
+                     'error', error, 'attempts', attempts, 'last_failed_at', last_failed_at) \
+                     from {schema}.dead_letter where subscriber_id = $1 and seq = any($2) order by id"
+                ),
+                &[&self.id, &seqs],
+            )
+            .await
+            .map_err(Failure::runtime)?
+        {
+            // The latest one wins.
+            letters.insert(r.get(0), r.get(1));
+        }
+        let positions: HashMap<i32, (i32, i64)> = client
+            .query(
+                &format!(
+                    "select partition, partitions, position from {schema}.checkpoint \
+                     where subscriber_id = $1"
+                ),
+                &[&self.id],
+            )
+            .await
+            .map_err(Failure::runtime)?
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2))))
+            .collect();
+        let partitions = positions.values().map(|p| p.0).max().unwrap_or(1).max(1);
+        Ok(queue
+            .iter()
+            .map(|q| {
+                let e = &q.row;
+                if let Some(at) = claims.get(&e.event_id) {
+                    return Outcome::Claimed { at: at.clone() };
+                }
+                if let Some(dl) = letters.get(&e.seq) {
+                    return Outcome::DeadLetter(dl.clone());
+                }
+                if let Some(p) = &self.projection {
+                    let skip_type = p
+                        .event_types
+                        .as_ref()
+                        .is_some_and(|t| !t.contains(&e.event_type));
+                    let skip_agg = p
+                        .aggregate_types
+                        .as_ref()
+                        .is_some_and(|t| !t.contains(&e.aggregate_type));
+                    if skip_type || skip_agg {
+                        return Outcome::Filtered;
+                    }
+                }
+                let partition = e.partition_hash % partitions;
+                match positions.get(&partition) {
+                    Some((_, position)) if *position >= e.seq => Outcome::NotClaimed,
+                    _ => Outcome::Pending,
+                }
+            })
+            .collect())
+    }
+}
+
+/// The highest claimed version per aggregate, in log order: what the guard compared.
+#[derive(Default)]
+struct Fold {
+    highest: HashMap<(String, String), Option<i64>>,
+    warned: bool,
+}
+
+impl Fold {
+    /// The outcome's name and details, folding a claimed event into the history.
+    fn verdict(&mut self, e: &Row, outcome: &Outcome, history: bool) -> Option<Value> {
+        let claimed_at = match outcome {
+            Outcome::None => return None,
+            Outcome::Claimed { at } => at.clone(),
+            Outcome::DeadLetter(dl) => {
+                let parked = dl["reason"] == "aggregate_parked";
+                let name = match (parked, dl["status"].as_str()) {
+                    (_, Some("discarded")) => "discarded",
+                    (true, _) => "parked",
+                    (false, _) => "dead_lettered",
+                };
+                return Some(json!({ "outcome": name, "dead_letter": dl }));
+            }
+            Outcome::Filtered => return Some(json!({ "outcome": "filtered" })),
+            Outcome::Pending => return Some(json!({ "outcome": "pending" })),
+            Outcome::NotClaimed => return Some(json!({ "outcome": "not_claimed" })),
+        };
+        let name = if !history {
+            "claimed"
+        } else {
+            let key = (e.aggregate_type.clone(), e.aggregate_id.clone());
+            let tracked = self.highest.len() < MAX_TRACKED || self.highest.contains_key(&key);
+            if !tracked && !self.warned {
+                self.warned = true;
+                eprintln!(
+                    "walfold: more than {MAX_TRACKED} aggregates: events of further ones show `claimed` \
+                     (pass --aggregate to see applied/stale)"
+                );
+            }
+            match (tracked, e.version) {
+                (true, Some(v)) => {
+                    let highest = self.highest.entry(key).or_insert(None);
+                    let stale = highest.is_some_and(|h| h >= v);
+                    if !stale {
+                        *highest = Some(v);
+                    }
+                    if stale {
+                        "stale"
+                    } else {
+                        "applied"
+                    }
+                }
+                _ => "claimed",
+            }
+        };
+        Some(json!({ "outcome": name, "claimed_at": claimed_at }))
+    }
+}
+
+fn line(e: &Row, subscriber: Option<&Subscriber>, verdict: Option<Value>) -> String {
+    let mut m = e.json.clone();
+    if let (Some(s), Some(Value::Object(v))) = (subscriber, verdict) {
+        let mut detail = Map::new();
+        detail.insert("id".into(), Value::String(s.id.clone()));
+        detail.extend(v);
+        m.insert("subscriber".into(), Value::Object(detail));
+    }
+    Value::Object(m).to_string()
+}
+
+/// Standard output, ending quietly when the reader goes away (`| head`).
+struct Output<W: Write> {
+    stdout: W,
+    printed: u64,
+    limit: Option<u64>,
+}
+
+impl<W: Write> Output<W> {
+    /// Prints a line; `false` when done (the limit reached or the pipe closed).
+    fn print(&mut self, line: &str) -> Result<bool, Failure> {
+        if self.limit.is_some_and(|l| self.printed >= l) {
+            return Ok(false);
+        }
+        match writeln!(self.stdout, "{line}") {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(false),
+            Err(e) => return Err(Failure::runtime(e)),
+        }
+        self.printed += 1;
+        if self.limit.is_some_and(|l| self.printed >= l) {
+            self.flush()?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn flush(&mut self) -> Result<(), Failure> {
+        match self.stdout.flush() {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::runtime(e)),
+            _ => Ok(()),
+        }
+    }
+}
