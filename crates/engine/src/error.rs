@@ -83,6 +83,17 @@ impl EngineError {
         }
     }
 
+    /// An event that can never apply as it is: retrying it would only wait.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Apply {
+                source: ProjectionError::Invalid(_),
+                ..
+            }
+        )
+    }
+
     /// Whether the server ran short of disk, memory or connections.
     pub fn is_resource(&self) -> bool {
         walfold_store::is_resource_code(self.sqlstate())

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
-use walfold_config::{Config, ProjectionConfig, QualifiedName};
+use walfold_config::{Config, ProjectionConfig, QualifiedName, VersionMode};
 use walfold_store::rebuild::Readiness;
 use walfold_store::{migrate, rebuild, Backoff, Checkpoints, Fence, Leadership, Rebuild};
 
@@ -391,6 +391,22 @@ async fn plan(
         )
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
+        if options.version_mode == VersionMode::Strict
+            && walfold_store::ran_without_versions(&client, schema, &options.subscriber)
+                .await
+                .map_err(EngineError::store("reading applied versions"))?
+        {
+            return Err(EngineError::Projection {
+                projection: options.name.clone(),
+                message: format!(
+                    "subscriber {} applied events in version_mode = \"guard\", so walfold does not \
+                     know which versions it applied: strict mode needs them from the first one. \
+                     Rebuild under a new subscriber (walfold rebuild {} --subscriber {}.strict) \
+                     with version_mode = \"strict\", or keep \"guard\"",
+                    options.subscriber, options.name, options.subscriber
+                ),
+            });
+        }
         push_workers(
             &mut generation,
             &mut client,

@@ -170,9 +170,9 @@ impl<'c> Work<'c> {
     }
 
     /// Applies claimed events in order.
-    async fn apply(&mut self, events: &[&Event]) -> Result<(), EngineError> {
+    async fn apply(&mut self, events: &[&Event]) -> Result<Vec<Applied>, EngineError> {
         if events.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let results = self
             .part
@@ -183,13 +183,13 @@ impl<'c> Work<'c> {
                 projection: self.part.options.name.clone(),
                 source,
             })?;
-        for r in results {
+        for r in &results {
             match r {
                 Applied::Changed => self.stats.applied += 1,
                 Applied::Stale => self.stats.stale += 1,
             }
         }
-        Ok(())
+        Ok(results)
     }
 
     /// Claims and applies `events` by the projection's version mode: in log order behind
@@ -204,6 +204,11 @@ impl<'c> Work<'c> {
                 let claimed = self.claim(events).await?;
                 self.apply(&claimed).await?;
                 Ok(StrictOutcome::default())
+            }
+            VersionMode::Strict if events.iter().any(|e| e.version.is_none()) => {
+                Err(self.part.invalid_event(
+                    "event has no version; a strict projection applies versions in order",
+                ))
             }
             VersionMode::Strict => self.apply_strict(events, held, &[], &[]).await,
         }
@@ -224,14 +229,6 @@ impl<'c> Work<'c> {
     ) -> Result<StrictOutcome, EngineError> {
         let part = self.part;
         let (schema, subscriber) = (part.schema.as_str(), part.subscriber());
-        if events.iter().any(|e| e.version.is_none()) {
-            return Err(EngineError::Apply {
-                projection: part.options.name.clone(),
-                source: crate::error::ProjectionError::Invalid(
-                    "event has no version; a strict projection applies versions in order".into(),
-                ),
-            });
-        }
         let mut aggregates: Vec<AggregateKey> = also.to_vec();
         for e in events {
             let k = key(e);
@@ -270,27 +267,49 @@ impl<'c> Work<'c> {
             }
         }
         let order = sequence(&claimed, &applied, part.options.first_version);
-        self.apply(&order.apply).await?;
+        if let Some(e) = order.below_first.first() {
+            return Err(part.invalid_event(&format!(
+                "version {} is below first_version = {} of an aggregate walfold has applied \
+                 nothing of yet: set first_version to the producer's first version, or fix the \
+                 producer",
+                e.version.unwrap_or_default(),
+                part.options.first_version
+            )));
+        }
+        // Events of types this projection does not take still carry the aggregate's
+        // versions: they advance it without being applied.
+        let (apply, passed): (Vec<&Event>, Vec<&Event>) = order.apply.iter().partition(|e| {
+            part.options
+                .event_types
+                .as_ref()
+                .is_none_or(|t| t.contains(&e.event_type))
+        });
+        self.stats.duplicates += passed.len() as i64;
+        let results = self.apply(&apply).await?;
+        if let Some(i) = results.iter().position(|r| *r == Applied::Stale) {
+            return Err(part.invalid_event(&format!(
+                "the statement changed no row for version {} of {} {}: in strict mode every \
+                 version must apply, or it would be consumed without effect",
+                apply[i].version.unwrap_or_default(),
+                apply[i].aggregate_type,
+                apply[i].aggregate_id
+            )));
+        }
         self.stats.stale += order.duplicates.len() as i64;
+        for e in &order.duplicates {
+            tracing::warn!(subscriber, event_id = %e.id, aggregate_type = %e.aggregate_type, aggregate_id = %e.aggregate_id, version = e.version.unwrap_or_default(), "a version already applied came again under another event ID: skipped");
+        }
         let waiting_ids: Vec<uuid::Uuid> = order.waiting.iter().map(|e| e.id).collect();
         walfold_store::unclaim(&self.tx, schema, subscriber, &waiting_ids)
             .await
             .map_err(EngineError::store("releasing claims"))?;
-        let resolved = |events: &[&Event]| -> Vec<i64> {
-            events.iter().filter_map(|e| letter_of(e)).collect()
-        };
+        let done: Vec<i64> = order
+            .apply
+            .iter()
+            .chain(&order.duplicates)
+            .filter_map(|e| letter_of(e))
+            .collect();
         let dl = &self.statements.dead_letters;
-        for (ids, why) in [
-            (resolved(&order.apply), "applied in version order"),
-            (
-                resolved(&order.duplicates),
-                "skipped: that version was already applied",
-            ),
-        ] {
-            DeadLetters::resolve(&self.tx, schema, &ids, why)
-                .await
-                .map_err(EngineError::store("resolving waiting events"))?;
-        }
         walfold_store::record_versions(&self.tx, schema, subscriber, &order.advanced)
             .await
             .map_err(EngineError::store("recording applied versions"))?;
@@ -315,13 +334,17 @@ impl<'c> Work<'c> {
                 };
                 first_letter = first_letter.or(id);
             }
-            if !held.gaps.contains(k) {
-                if let Some(id) = first_letter {
-                    dl.park(&self.tx, subscriber, &k.0, &k.1, id)
-                        .await
-                        .map_err(EngineError::store("parking"))?;
-                    outcome.gapped.push(k.clone());
-                }
+            let Some(id) = first_letter else { continue };
+            if held.gaps.contains(k) {
+                // The park may point at a waiting event that has just applied.
+                DeadLetters::repark_waiting(&self.tx, schema, subscriber, k, id)
+                    .await
+                    .map_err(EngineError::store("parking"))?;
+            } else {
+                dl.park(&self.tx, subscriber, &k.0, &k.1, id)
+                    .await
+                    .map_err(EngineError::store("parking"))?;
+                outcome.gapped.push(k.clone());
             }
         }
         for k in gapped {
@@ -342,6 +365,11 @@ impl<'c> Work<'c> {
                 .map_err(EngineError::store("releasing a parked aggregate"))?;
             outcome.released.push(k);
         }
+        // The waiting events that went through leave no dead letter behind: waiting is
+        // ordinary in strict mode, and the open gap letter (if any) is the record.
+        DeadLetters::forget_waiting(&self.tx, schema, &done)
+            .await
+            .map_err(EngineError::store("clearing waiting events"))?;
         Ok(outcome)
     }
 
@@ -557,6 +585,14 @@ impl Partition {
         &self.options.subscriber
     }
 
+    /// An event this projection can never apply as it is (retrying cannot help).
+    fn invalid_event(&self, message: &str) -> EngineError {
+        EngineError::Apply {
+            projection: self.options.name.clone(),
+            source: crate::error::ProjectionError::Invalid(message.into()),
+        }
+    }
+
     fn invalid(&self, message: &str) -> EngineError {
         EngineError::Projection {
             projection: self.options.name.clone(),
@@ -680,7 +716,12 @@ impl Partition {
         let filter = Filter {
             partition: self.partition,
             partitions: self.options.parallelism,
-            event_types: self.options.event_types.clone(),
+            // A strict projection sees every event type: each carries a version of its
+            // aggregate (those it does not take only advance it).
+            event_types: match self.options.version_mode {
+                VersionMode::Guard => self.options.event_types.clone(),
+                VersionMode::Strict => None,
+            },
             aggregate_types: self.options.aggregate_types.clone(),
         };
         let full = self.options.batch_size as i64;
@@ -689,13 +730,16 @@ impl Partition {
         tracing::info!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
         let mut retries_checked = tokio::time::Instant::now() - RETRY_CHECK;
         let mut idle_saved = false;
+        // Whether the last read reached the head: only then can a gap be judged too old
+        // (after downtime, the missing version may be in the backlog).
+        let mut at_head = false;
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
             if retries_checked.elapsed() >= RETRY_CHECK {
                 self.retries(&mut conn, &mut held, cancel).await?;
-                self.gap_checks(&mut conn, &mut held).await?;
+                self.gap_checks(&mut conn, &mut held, at_head).await?;
                 retries_checked = tokio::time::Instant::now();
             }
             head.borrow_and_update();
@@ -759,6 +803,7 @@ impl Partition {
             }
             pause.leave(self, &conn.client).await;
             position = page.position;
+            at_head = page.caught_up;
             if page.caught_up {
                 // The page reached the head: wait for the appender's signal (an append
                 // since the read has already signalled) or poll, for appends made by
@@ -833,7 +878,7 @@ impl Partition {
                 };
                 let label = Metrics::subscriber(self.subscriber());
                 metrics().failures.get_or_create(&label).inc();
-                if attempt < self.options.max_attempts {
+                if attempt < self.options.max_attempts && !e.is_permanent() {
                     metrics().retries.get_or_create(&label).inc();
                     tracing::warn!(subscriber = %self.subscriber(), event_id = %event.id, attempt, error = %e, "projection failed on the event's data, retrying");
                     if !backoff.sleep(cancel).await {
@@ -987,7 +1032,12 @@ impl Partition {
     /// discarded gives up on them (its waiting events apply from the first one on); one
     /// an operator retried is checked again and reopened if the versions are still
     /// missing.
-    async fn gap_checks(&self, conn: &mut Conn, held: &mut Held) -> Result<(), EngineError> {
+    async fn gap_checks(
+        &self,
+        conn: &mut Conn,
+        held: &mut Held,
+        at_head: bool,
+    ) -> Result<(), EngineError> {
         if self.options.version_mode != VersionMode::Strict || held.gaps.is_empty() {
             return Ok(());
         }
@@ -1003,7 +1053,7 @@ impl Partition {
             .filter(|g| self.owns(&g.aggregate_type, &g.aggregate_id))
         {
             let k = (gap.aggregate_type.clone(), gap.aggregate_id.clone());
-            let due = timeout.is_some_and(|t| now - gap.since_unix >= t.as_secs_f64());
+            let due = at_head && timeout.is_some_and(|t| now - gap.since_unix >= t.as_secs_f64());
             match gap.status.as_str() {
                 "waiting" if due => {
                     let work = Work::begin(conn, self).await?;

@@ -24,6 +24,9 @@ pub(crate) struct Sequenced<'e> {
     pub advanced: Vec<(AggregateRef, i64)>,
     /// Per aggregate that still waits: the next version it needs.
     pub needs: Vec<(AggregateRef, i64)>,
+    /// Below `first_version` for an aggregate with none applied: a misconfiguration
+    /// or a producer error, never skipped silently.
+    pub below_first: Vec<&'e Event>,
 }
 
 /// Sequences `candidates` (each with a version) given each aggregate's last applied
@@ -46,12 +49,15 @@ pub(crate) fn sequence<'e>(
     let mut out = Sequenced::default();
     for (key, mut events) in groups {
         events.sort_by_key(|e| (e.version.unwrap_or(i64::MIN), e.seq));
-        let start = applied.get(&key).map_or(first, |v| v + 1);
+        let known = applied.get(&key);
+        let start = known.map_or(first, |v| v + 1);
         let mut next = start;
         let mut blocked = false;
         for e in events {
             let v = e.version.unwrap_or(i64::MIN);
-            if v < next {
+            if known.is_none() && v < first {
+                out.below_first.push(e);
+            } else if v < next {
                 out.duplicates.push(e);
             } else if v == next && !blocked {
                 out.apply.push(e);
@@ -135,6 +141,16 @@ mod tests {
                 (("account".into(), "b".into()), 2)
             ]
         );
+    }
+
+    #[test]
+    fn a_version_below_first_version_of_a_new_aggregate_is_set_apart() {
+        let a0 = event(1, "a", 0);
+        let a1 = event(2, "a", 1);
+        let s = sequence(&[&a0, &a1], &HashMap::new(), 1);
+        assert_eq!(versions(&s.below_first), [("a".into(), 0)]);
+        assert_eq!(versions(&s.apply), [("a".into(), 1)]);
+        assert!(s.duplicates.is_empty());
     }
 
     #[test]

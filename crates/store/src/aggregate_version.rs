@@ -72,3 +72,25 @@ pub async fn record_versions(
     .map_err(StoreError::db("recording applied versions"))?;
     Ok(())
 }
+
+/// Whether `subscriber` has applied events without recording versions (it ran in
+/// `guard` mode): strict mode cannot know which versions those were.
+pub async fn ran_without_versions(
+    client: &impl GenericClient,
+    schema: &str,
+    subscriber: &str,
+) -> Result<bool, StoreError> {
+    Ok(client
+        .query_one(
+            &format!(
+                "select exists (select 1 from {s}.checkpoint where subscriber_id = $1 \
+                   and applied + stale > 0) \
+                 and not exists (select 1 from {s}.aggregate_version where subscriber_id = $1)",
+                s = q(schema)
+            ),
+            &[&subscriber],
+        )
+        .await
+        .map_err(StoreError::db("reading applied versions"))?
+        .get(0))
+}

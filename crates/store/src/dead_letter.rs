@@ -412,7 +412,8 @@ impl DeadLetters {
                 .execute(
                     &format!(
                         "update {s}.dead_letter set status = 'retrying' \
-                         where subscriber_id is not null and seq is not null \
+                         where subscriber_id is not null \
+                         and (seq is not null or reason = 'version_gap') \
                          and ($1::text is null or subscriber_id = $1) and status = 'open' \
                          and subscriber_id in (select subscriber_id from {s}.projection union \
                            select subscriber_id from {s}.rebuild where state = 'running')"
@@ -605,27 +606,50 @@ impl DeadLetters {
             .collect())
     }
 
-    /// Resolves dead letters (waiting events that went through, and their gaps) with
-    /// `resolution`, in the caller's transaction.
-    pub async fn resolve(
+    /// Deletes the letters of waiting events that went through, in the caller's
+    /// transaction (after any park pointing at them moved).
+    pub async fn forget_waiting(
         tx: &impl GenericClient,
         schema: &str,
         ids: &[i64],
-        resolution: &str,
     ) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
         }
         tx.execute(
             &format!(
-                "update {}.dead_letter set status = 'retried', resolution = $2, \
-                 resolved_at = now() where id = any($1) and status <> 'retried'",
+                "delete from {}.dead_letter where id = any($1) and status = 'waiting'",
                 q(schema)
             ),
-            &[&ids, &resolution],
+            &[&ids],
         )
         .await
-        .map_err(StoreError::db("resolving dead letters"))?;
+        .map_err(StoreError::db("clearing waiting events"))?;
+        Ok(())
+    }
+
+    /// Points a gap's park at its first waiting event, unless it points at the gap's own
+    /// letter (an open gap); the gap's age counts from then (a later version is missing
+    /// now).
+    pub async fn repark_waiting(
+        tx: &impl GenericClient,
+        schema: &str,
+        subscriber: &str,
+        aggregate: &(String, String),
+        letter: i64,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &format!(
+                "update {s}.parked_aggregate p set dead_letter_id = $4, parked_at = now() \
+                 where p.dead_letter_id <> $4 and p.subscriber_id = $1 and p.aggregate_key = {s}.aggregate_key($2, $3) \
+                   and exists (select 1 from {s}.dead_letter d where d.id = p.dead_letter_id \
+                               and d.status = 'waiting')",
+                s = q(schema)
+            ),
+            &[&subscriber, &aggregate.0, &aggregate.1, &letter],
+        )
+        .await
+        .map_err(StoreError::db("parking"))?;
         Ok(())
     }
 

@@ -23,7 +23,9 @@ mod registry;
 mod status;
 mod tls;
 
-pub use aggregate_version::{applied_versions, record_versions, AggregateRef};
+pub use aggregate_version::{
+    applied_versions, ran_without_versions, record_versions, AggregateRef,
+};
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql, unclaim};

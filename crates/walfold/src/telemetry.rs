@@ -4,8 +4,10 @@ use tracing_subscriber::EnvFilter;
 use walfold_config::{LogConfig, LogFormat};
 
 pub fn init(log: &LogConfig) {
+    // sqlx reports the server's notices at info ("schema … already exists, skipping" on
+    // every start): noise, unless asked for.
     let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&log.level))
+        .or_else(|_| EnvFilter::try_new(format!("sqlx::postgres::notice=warn,{}", log.level)))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
