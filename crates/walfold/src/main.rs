@@ -60,6 +60,21 @@ pub(crate) fn engine_failure(e: walfold_engine::EngineError) -> Failure {
 }
 
 fn main() -> ExitCode {
+    // `walfold status | head`: a closed stdout ends the command quietly, not with a
+    // panic and a backtrace.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.contains("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
     #[cfg(not(feature = "failpoints"))]
     if std::env::var_os("WALFOLD_FAILPOINTS").is_some() {
         eprintln!("walfold: WALFOLD_FAILPOINTS is set but this build has no failpoints (build with --features failpoints)");

@@ -135,15 +135,17 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
     }
     println!("event log head: {}", s.event_log_head);
     println!(
-        "{:<28} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}",
-        "subscriber", "position", "lag", "applied", "dupes", "stale", "dead", "parked"
+        "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}",
+        "subscriber", "position", "lag", "lag_s", "applied", "dupes", "stale", "dead", "parked"
     );
     for sub in &s.subscribers {
         println!(
-            "{:<28} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}",
+            "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}",
             sub.subscriber,
             sub.position,
             sub.lag_events,
+            sub.lag_seconds
+                .map_or_else(|| "-".into(), |l| format!("{l:.1}")),
             sub.applied,
             sub.duplicates,
             sub.stale,
