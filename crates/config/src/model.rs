@@ -115,6 +115,12 @@ pub struct SourceConfig {
     /// record the skipped WAL range in `slot_gap`, and go on).
     #[serde(default)]
     pub on_slot_lost: OnSlotLost,
+    /// pgoutput protocol version: `2` streams a large transaction while it runs (staged
+    /// in the target until its commit, so the source does not spill it to disk), `1`
+    /// sends each transaction only after its commit. Unset: 2 on PostgreSQL 14 and
+    /// later, else 1.
+    #[serde(default)]
+    pub protocol: Option<u8>,
 }
 
 /// `source.on_slot_lost`
@@ -134,6 +140,7 @@ impl fmt::Debug for SourceConfig {
             .field("publication", &self.publication)
             .field("heartbeat_interval_s", &self.heartbeat_interval_s)
             .field("on_slot_lost", &self.on_slot_lost)
+            .field("protocol", &self.protocol)
             .finish()
     }
 }
@@ -591,6 +598,14 @@ impl Config {
                     self.source.slot
                 ),
             );
+        }
+        if let Some(p) = self.source.protocol {
+            if !(1..=2).contains(&p) {
+                push(
+                    "source.protocol",
+                    format!("`{p}` is no pgoutput protocol walfold speaks: use 1 or 2"),
+                );
+            }
         }
         for (key, name) in [
             ("source.publication", &self.source.publication),

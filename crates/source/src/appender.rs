@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use walfold_store::{
-    failpoint, AppendOutcome, DeadLetter, EventLog, IngestCounts, Lsn, NewEvent, StoreError,
+    failpoint, AppendOutcome, DeadLetter, EventLog, IngestCounts, Lsn, NewEvent, StagedChange,
+    StoreError, StreamCommit,
 };
 
 use crate::error::SourceError;
@@ -30,6 +31,16 @@ pub(crate) struct Appender {
     pub linger: Duration,
     /// When the ingest position was last written.
     pub position_written: tokio::time::Instant,
+}
+
+/// What a batch holds until it is written.
+#[derive(Default)]
+struct Pending {
+    events: Vec<NewEvent>,
+    dead: Vec<DeadLetter>,
+    counts: IngestCounts,
+    through: Option<Lsn>,
+    staged: Vec<StagedChange>,
 }
 
 /// How often a position-only advance is written to `ingest_position`.
@@ -82,26 +93,132 @@ impl Appender {
         Ok(())
     }
 
+    /// Writes a batch in stream order: committed transactions' events and staged
+    /// changes accumulate; a streamed transaction's start, abort or commit first writes
+    /// what came before it.
     async fn flush_items(
         &mut self,
         batch: &mut Vec<Item>,
         totals: &mut AppendTotals,
     ) -> Result<(), SourceError> {
-        let mut events = Vec::new();
-        let mut dead = Vec::new();
-        let mut counts = IngestCounts::default();
-        let mut through: Option<Lsn> = None;
+        let mut pending = Pending::default();
         for item in batch.drain(..) {
             match item {
-                Item::Event(e) => events.push(e),
+                Item::Event(e) => pending.events.push(e),
                 Item::Rejected(d) => {
-                    counts.malformed += 1;
-                    dead.push(*d);
+                    pending.counts.malformed += 1;
+                    pending.dead.push(*d);
                 }
-                Item::Ignored => counts.ignored_changes += 1,
-                Item::Through(lsn) => through = Some(through.map_or(lsn, |t| t.max(lsn))),
+                Item::Ignored => pending.counts.ignored_changes += 1,
+                Item::Through(lsn) => {
+                    pending.through = Some(pending.through.map_or(lsn, |t| t.max(lsn)))
+                }
+                Item::Staged(c) => pending.staged.push(c),
+                Item::StreamStart { xid } => {
+                    self.write(&mut pending, totals).await?;
+                    self.log
+                        .discard_staged(xid, None)
+                        .await
+                        .map_err(SourceError::store("replacing a streamed transaction"))?;
+                }
+                Item::StreamAbort { xid, subxid } => {
+                    self.write(&mut pending, totals).await?;
+                    let n = self
+                        .log
+                        .discard_staged(xid, (subxid != xid).then_some(subxid))
+                        .await
+                        .map_err(SourceError::store("discarding an aborted transaction"))?;
+                    tracing::debug!(xid, subxid, rows = n, "streamed transaction aborted");
+                }
+                Item::StreamCommit {
+                    xid,
+                    commit_lsn,
+                    end_lsn,
+                    commit_time,
+                } => {
+                    self.write(&mut pending, totals).await?;
+                    let commit = StreamCommit {
+                        xid,
+                        commit_lsn,
+                        end_lsn,
+                        commit_time,
+                    };
+                    self.commit_stream(commit, totals).await?;
+                }
             }
         }
+        self.write(&mut pending, totals).await
+    }
+
+    /// Moves a committed streamed transaction into the event log.
+    async fn commit_stream(
+        &mut self,
+        commit: StreamCommit,
+        totals: &mut AppendTotals,
+    ) -> Result<(), SourceError> {
+        let started = std::time::Instant::now();
+        let moved = match self.log.commit_staged(commit, self.batch_size, false).await {
+            Ok(m) => m,
+            Err(e) if is_data_error(&e) => {
+                tracing::warn!(error = %e, "the event log refused a streamed transaction; moving its events one by one");
+                self.log
+                    .commit_staged(commit, self.batch_size, true)
+                    .await
+                    .map_err(SourceError::store("committing a streamed transaction"))?
+            }
+            Err(e) => return Err(SourceError::store("committing a streamed transaction")(e)),
+        };
+        let outcome = moved.outcome;
+        if outcome.appended > 0 {
+            failpoint::hit("after_append_commit");
+        }
+        tracing::debug!(xid = commit.xid, lsn = %commit.commit_lsn, appended = outcome.appended, elapsed_ms = started.elapsed().as_millis() as u64, "streamed transaction committed");
+        let malformed = moved.malformed + moved.refused;
+        let counts = IngestCounts {
+            malformed,
+            ignored_changes: 0,
+        };
+        let read = outcome.appended + outcome.duplicates + outcome.id_conflicts;
+        self.account(read, outcome, counts, totals);
+        if outcome.appended > 0 {
+            self.head.send_replace(self.log.head());
+        }
+        self.position_written = tokio::time::Instant::now();
+        self.durable.committed_through(commit.end_lsn);
+        Ok(())
+    }
+
+    /// Writes what has accumulated: staged changes, then committed transactions' events
+    /// with the position they complete.
+    async fn write(
+        &mut self,
+        pending: &mut Pending,
+        totals: &mut AppendTotals,
+    ) -> Result<(), SourceError> {
+        if !pending.staged.is_empty() {
+            self.log
+                .stage(&pending.staged)
+                .await
+                .map_err(SourceError::store("staging streamed changes"))?;
+            pending.staged.clear();
+            // Crash window: a streamed transaction partly staged.
+            failpoint::hit("after_stage");
+        }
+        let events = std::mem::take(&mut pending.events);
+        let dead = std::mem::take(&mut pending.dead);
+        let counts = std::mem::take(&mut pending.counts);
+        let through = pending.through.take();
+        self.append(events, dead, counts, through, totals).await
+    }
+
+    async fn append(
+        &mut self,
+        events: Vec<NewEvent>,
+        dead: Vec<DeadLetter>,
+        counts: IngestCounts,
+        through: Option<Lsn>,
+        totals: &mut AppendTotals,
+    ) -> Result<(), SourceError> {
         if events.is_empty() && dead.is_empty() && counts == IngestCounts::default() {
             // Only progress markers: everything before them is already committed, so the
             // position can be acknowledged without a write. Writing it every time would
@@ -139,8 +256,27 @@ impl Appender {
                 "repeated event IDs at the event log"
             );
         }
+        self.account(events_len, outcome, counts, totals);
+        if outcome.appended > 0 {
+            self.head.send_replace(self.log.head());
+        }
+        if let Some(lsn) = through {
+            self.position_written = tokio::time::Instant::now();
+            self.durable.committed_through(lsn);
+        }
+        Ok(())
+    }
+
+    /// Counts what an append did in the metrics and the run's totals.
+    fn account(
+        &self,
+        events_read: u64,
+        outcome: AppendOutcome,
+        counts: IngestCounts,
+        totals: &mut AppendTotals,
+    ) {
         let m = walfold_store::metrics::metrics();
-        m.events_read.inc_by(events_len + counts.malformed);
+        m.events_read.inc_by(events_read + counts.malformed);
         m.events_appended.inc_by(outcome.appended);
         m.log_duplicates.inc_by(outcome.duplicates);
         m.id_conflicts.inc_by(outcome.id_conflicts);
@@ -150,14 +286,6 @@ impl Appender {
         totals.id_conflicts += outcome.id_conflicts;
         totals.malformed += counts.malformed;
         totals.ignored += counts.ignored_changes;
-        if outcome.appended > 0 {
-            self.head.send_replace(self.log.head());
-        }
-        if let Some(lsn) = through {
-            self.position_written = tokio::time::Instant::now();
-            self.durable.committed_through(lsn);
-        }
-        Ok(())
     }
 
     /// A batch the event log refused for a reason that will not go away (e.g. a value

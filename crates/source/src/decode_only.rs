@@ -33,13 +33,19 @@ pub async fn decode_only(config: &Config, stop_at: Lsn) -> Result<DecodeStats, S
                 Item::Event(_) => stats.events += 1,
                 Item::Rejected(_) => stats.rejected += 1,
                 Item::Through(_) => stats.transactions += 1,
-                Item::Ignored => {}
+                Item::Staged(walfold_store::StagedChange {
+                    row: walfold_store::StagedRow::Event(_),
+                    ..
+                }) => stats.events += 1,
+                Item::Staged(_) => stats.rejected += 1,
+                Item::StreamCommit { .. } => stats.transactions += 1,
+                Item::Ignored | Item::StreamStart { .. } | Item::StreamAbort { .. } => {}
             }
         }
         stats
     });
     let cfg = replication_config(config)?
-        .with_stop_lsn(pgwire_replication::Lsn::from_u64(stop_at.0))
+        .with_stop_lsn(stop_at)
         .with_status_interval(Duration::from_secs(10));
     let reader = Reader::new(config, tx);
     reader.run(cfg, ack, &CancellationToken::new()).await?;

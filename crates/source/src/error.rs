@@ -35,7 +35,8 @@ pub enum SourceError {
         commit_lsn: walfold_store::Lsn,
     },
     #[error("replication stream: {0}")]
-    Replication(#[from] pgwire_replication::PgWireError),
+    Replication(#[from] crate::wire::WireError),
+
     #[error("replication stream: {0}")]
     Decode(String),
     #[error("replication stream ended")]
@@ -50,22 +51,25 @@ impl SourceError {
 
     /// Whose fault it is; the supervisor stops on definite errors and retries the rest.
     pub fn kind(&self) -> ErrorKind {
-        use pgwire_replication::PgWireError as W;
+        use crate::wire::WireError as W;
         match self {
             SourceError::WalLevel(_)
             | SourceError::MissingTable(_)
             | SourceError::Slot { .. }
             | SourceError::Refused(_)
-            | SourceError::Unmapped { .. } => ErrorKind::Definite,
+            | SourceError::Unmapped { .. }
+            | SourceError::Replication(W::Unsupported(_)) => ErrorKind::Definite,
             // walfold's own statements: an event is never at fault here (the appender
             // sets aside events the log refuses before this point).
             SourceError::Store { source, .. } => source.kind().own_statement(),
             // The slot or the publication does not exist (any more).
-            SourceError::Replication(W::Server(msg)) if sqlstate(msg) == Some("42704") => {
+            SourceError::Replication(W::Server { code, .. })
+                if code.as_deref() == Some("42704") =>
+            {
                 ErrorKind::Definite
             }
-            SourceError::Replication(W::Server(msg)) => {
-                kind_for_code(sqlstate(msg)).own_statement()
+            SourceError::Replication(W::Server { code, .. }) => {
+                kind_for_code(code.as_deref()).own_statement()
             }
             SourceError::Replication(W::Auth(_) | W::Tls(_)) => ErrorKind::Environment,
             SourceError::Replication(_) => ErrorKind::Transient,
@@ -77,31 +81,21 @@ impl SourceError {
     }
 }
 
-/// The SQLSTATE in a pgwire-replication server error (`message (SQLSTATE 42704)`).
-fn sqlstate(msg: &str) -> Option<&str> {
-    let start = msg.rfind("(SQLSTATE ")? + "(SQLSTATE ".len();
-    msg.get(start..start + 5)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn server_errors_are_classified_by_sqlstate() {
-        let e =
-            |m: &str| SourceError::Replication(pgwire_replication::PgWireError::Server(m.into()));
-        assert_eq!(
-            e("replication slot \"x\" does not exist (SQLSTATE 42704)").kind(),
-            ErrorKind::Definite
-        );
-        assert_eq!(
-            e("replication slot \"x\" is active for PID 1 (SQLSTATE 55006)").kind(),
-            ErrorKind::Transient
-        );
-        assert_eq!(
-            e("terminating connection due to administrator command (SQLSTATE 57P01)").kind(),
-            ErrorKind::Transient
-        );
+        let e = |code: &str| {
+            SourceError::Replication(crate::wire::WireError::Server {
+                code: Some(code.into()),
+                message: "m".into(),
+            })
+        };
+        assert_eq!(e("42704").kind(), ErrorKind::Definite);
+        assert_eq!(e("55006").kind(), ErrorKind::Transient);
+        assert_eq!(e("57P01").kind(), ErrorKind::Transient);
+        assert_eq!(e("28P01").kind(), ErrorKind::Environment);
     }
 }

@@ -21,6 +21,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use walfold_store::Lsn;
 
+use crate::wire::ReplicationClient;
+
 /// The appender's side: publishes positions whose events are durably in the event log.
 #[derive(Debug)]
 pub struct Durable(watch::Sender<Lsn>);
@@ -62,9 +64,9 @@ impl Durable {
 
 impl Acknowledger {
     /// Counts standby status updates that advanced the reported position.
-    pub fn observer(&self) -> pgwire_replication::FeedbackObserver {
+    pub fn observer(&self) -> Arc<dyn Fn() + Send + Sync> {
         let sent = self.sent.clone();
-        pgwire_replication::FeedbackObserver::new(move |_| {
+        Arc::new(move || {
             sent.fetch_add(1, Ordering::Relaxed);
             walfold_store::metrics::metrics().feedback_sent();
         })
@@ -78,18 +80,18 @@ impl Acknowledger {
     }
 
     /// Hands `lsn` to the replication client, which reports it as flushed.
-    pub fn acknowledge(&mut self, client: &pgwire_replication::ReplicationClient, lsn: Lsn) {
+    pub fn acknowledge(&mut self, client: &ReplicationClient, lsn: Lsn) {
         if lsn > self.last_passed {
             self.last_passed = lsn;
             self.unsent_since = Some(self.sent.load(Ordering::Relaxed));
-            client.update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn.0));
+            client.update_applied_lsn(lsn);
             tracing::trace!(lsn = %lsn, "acknowledged");
         }
     }
 
     /// On a clean stop: takes the appender's final position and waits (bounded) until
     /// the client has reported it to the server.
-    pub async fn finish(&mut self, client: &pgwire_replication::ReplicationClient) {
+    pub async fn finish(&mut self, client: &ReplicationClient) {
         while let Some(lsn) = self.next().await {
             self.acknowledge(client, lsn);
         }

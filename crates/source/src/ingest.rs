@@ -82,6 +82,17 @@ async fn attempt(
         .map_err(SourceError::store("connecting to the source"))?;
     prepare_source(&source, config, &mut log).await?;
     drop(source);
+    // The server sends every unfinished transaction again from its first segment.
+    let cleared = log
+        .clear_staged()
+        .await
+        .map_err(SourceError::store("clearing staged changes"))?;
+    if cleared > 0 {
+        tracing::info!(
+            rows = cleared,
+            "cleared changes staged by an earlier session"
+        );
+    }
     head.send_replace(log.head());
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);

@@ -11,6 +11,7 @@ mod ingest;
 mod outbox;
 mod reader;
 mod setup;
+mod wire;
 
 pub use backfill::{backfill, BackfillReport};
 pub use decode_only::{decode_only, DecodeStats};

@@ -4,18 +4,20 @@
 //! durable positions as feedback.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_pgoutput::{decode, Message};
-use walfold_store::{ConnectOptions, DeadLetter, Lsn, NewEvent, RowOrigin, SslMode};
+use walfold_store::{
+    ConnectOptions, DeadLetter, Lsn, NewEvent, RowOrigin, StagedChange, StagedRow,
+};
 
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
 use crate::outbox::{pg_time, Mapping, TxContext};
+use crate::wire::{ReplicationClient, ReplicationEvent, WireConfig};
 
 /// What the reader hands the appender, in stream order.
 // Events are nearly every item: boxing them would cost an allocation per event.
@@ -28,10 +30,29 @@ pub enum Item {
     Ignored,
     /// Every source transaction ending at or before this LSN has been sent in full.
     Through(Lsn),
+    /// Protocol 2: a change of a transaction still in progress, staged until it ends.
+    Staged(StagedChange),
+    /// The first segment of a streamed transaction: anything still staged for its xid
+    /// is from an earlier attempt and is replaced.
+    StreamStart {
+        xid: u32,
+    },
+    /// A streamed transaction (`subxid == xid`) or one of its subtransactions aborted.
+    StreamAbort {
+        xid: u32,
+        subxid: u32,
+    },
+    /// A streamed transaction committed: its staged changes go into the event log.
+    StreamCommit {
+        xid: u32,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time: Option<SystemTime>,
+    },
 }
 
 /// The replication connection settings for the source URL.
-pub fn replication_config(config: &Config) -> Result<ReplicationConfig, SourceError> {
+pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
     let options = ConnectOptions::parse(&config.source.url)
         .map_err(SourceError::store("reading source.url"))?;
     let pg = options
@@ -41,46 +62,34 @@ pub fn replication_config(config: &Config) -> Result<ReplicationConfig, SourceEr
     let user = pg.get_user().unwrap_or("postgres").to_owned();
     let password = pg
         .get_password()
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .unwrap_or_default();
+        .map(|p| String::from_utf8_lossy(p).into_owned());
     let database = pg.get_dbname().unwrap_or(&user).to_owned();
     let host = match pg.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
         None => "127.0.0.1".into(),
     };
-    let root = options.root_cert.as_ref().map(std::path::PathBuf::from);
-    let tls = match options.ssl_mode {
-        SslMode::Disable => TlsConfig::disabled(),
-        SslMode::Prefer => {
-            let mut t = TlsConfig::require();
-            t.mode = pgwire_replication::SslMode::Prefer;
-            t
-        }
-        SslMode::Require => TlsConfig::require(),
-        SslMode::VerifyCa => TlsConfig::verify_ca(root),
-        SslMode::VerifyFull => TlsConfig::verify_full(root),
-    };
-    // pgoutput splits publication_names like an identifier list, folding unquoted names
-    // to lower case: quoted, `PubQuoted` is used as written. (The crate escapes the
-    // single quotes of the option value; validated names hold none.)
-    let mut cfg = ReplicationConfig::new(
+    Ok(WireConfig {
         host,
+        port,
         user,
         password,
         database,
-        config.source.slot.clone(),
-        walfold_config::quote_ident(&config.source.publication),
-    )
-    .with_port(port)
-    .with_tls(tls)
-    .with_status_interval(Duration::from_secs(1))
-    .with_wakeup_interval(Duration::from_secs(5))
-    .with_buffer_size(1024)
-    .with_application_name("walfold");
-    // Deterministic text output for the values we parse.
-    cfg = cfg.with_options("-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3");
-    Ok(cfg)
+        ssl_mode: options.ssl_mode,
+        root_cert: options.root_cert,
+        slot: config.source.slot.clone(),
+        // pgoutput splits publication_names like an identifier list, folding unquoted
+        // names to lower case: quoted, `PubQuoted` is used as written.
+        publication: walfold_config::quote_ident(&config.source.publication),
+        protocol: config.source.protocol,
+        // Deterministic text output for the values we parse.
+        options: Some("-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3".into()),
+        application_name: "walfold".into(),
+        status_interval: Duration::from_secs(1),
+        buffer: 1024,
+        stop_lsn: None,
+        observer: None,
+    })
 }
 
 /// A relation as its Relation message announced it.
@@ -97,7 +106,22 @@ pub(crate) struct Reader<'a> {
     tx: Option<TxContext>,
     /// The WAL record of the last insert and how many rows it held before this one.
     change: Option<(Lsn, i32)>,
+    /// Protocol 2: the top-level xid of the streamed block being read (between Stream
+    /// Start and Stream Stop).
+    stream: Option<u32>,
+    /// Protocol 2: streamed transactions not yet committed or aborted.
+    streamed: HashMap<u32, Streamed>,
     items: mpsc::Sender<Item>,
+}
+
+/// What the reader keeps of a streamed transaction between its segments: a bounded
+/// amount, whatever its size.
+#[derive(Debug, Default)]
+struct Streamed {
+    /// The next change's order.
+    ord: i64,
+    /// As [`Reader::change`], for this transaction.
+    change: Option<(Lsn, i32)>,
 }
 
 impl<'a> Reader<'a> {
@@ -107,6 +131,8 @@ impl<'a> Reader<'a> {
             relations: HashMap::new(),
             tx: None,
             change: None,
+            stream: None,
+            streamed: HashMap::new(),
             items,
         }
     }
@@ -114,13 +140,13 @@ impl<'a> Reader<'a> {
     /// Streams until cancelled (then drains cleanly) or an error.
     pub(crate) async fn run(
         mut self,
-        cfg: ReplicationConfig,
+        mut cfg: WireConfig,
         mut ack: Acknowledger,
         cancel: &CancellationToken,
     ) -> Result<(), SourceError> {
-        let cfg = cfg.with_feedback_observer(ack.observer());
+        cfg.observer = Some(ack.observer());
         let mut client = ReplicationClient::connect(cfg).await?;
-        tracing::info!(slot = %self.config.source.slot, "streaming from slot");
+        tracing::info!(slot = %self.config.source.slot, protocol = client.protocol, server_version = client.server_version, "streaming from slot");
         let metrics = walfold_store::metrics::metrics();
         metrics.set_streaming(true);
         let result = loop {
@@ -203,8 +229,37 @@ impl<'a> Reader<'a> {
 
     /// `at`: where the server says the message is; for a change, its WAL record's LSN.
     async fn data(&mut self, at: Lsn, data: &[u8]) -> Result<(), SourceError> {
-        let message = decode(data, false).map_err(|e| SourceError::Decode(e.to_string()))?;
+        let message =
+            decode(data, self.stream.is_some()).map_err(|e| SourceError::Decode(e.to_string()))?;
         match message {
+            Message::StreamStart(start) => {
+                self.stream = Some(start.xid);
+                if start.first_segment {
+                    self.streamed.insert(start.xid, Streamed::default());
+                    self.send(Item::StreamStart { xid: start.xid }).await?;
+                }
+            }
+            Message::StreamStop => self.stream = None,
+            Message::StreamAbort(abort) => {
+                if abort.subxid == abort.xid {
+                    self.streamed.remove(&abort.xid);
+                }
+                self.send(Item::StreamAbort {
+                    xid: abort.xid,
+                    subxid: abort.subxid,
+                })
+                .await?;
+            }
+            Message::StreamCommit(commit) => {
+                self.streamed.remove(&commit.xid);
+                self.send(Item::StreamCommit {
+                    xid: commit.xid,
+                    commit_lsn: Lsn(commit.commit_lsn),
+                    end_lsn: Lsn(commit.end_lsn),
+                    commit_time: pg_time(commit.commit_time),
+                })
+                .await?;
+            }
             // A partition's own Relation message comes beside its root's even when the
             // publication publishes through the root: only a change for it is a problem.
             Message::Relation(rel) => {
@@ -221,11 +276,23 @@ impl<'a> Reader<'a> {
                 self.relations.insert(rel.id, Relation { name, mapping });
             }
             Message::Insert(insert) => {
-                let origin = origin(&mut self.change, at);
+                let streamed = self.stream.map(|xid| (xid, insert.xid.unwrap_or(xid)));
+                let origin = match streamed {
+                    Some((xid, _)) => origin(&mut self.streamed.entry(xid).or_default().change, at),
+                    None => origin(&mut self.change, at),
+                };
                 let mapping = self.mapping(insert.relation_id, "an insert")?;
-                let tx = self
-                    .tx
-                    .ok_or_else(|| SourceError::Decode("insert outside a transaction".into()))?;
+                // A streamed transaction's commit LSN and time are known at its commit;
+                // the move into the event log sets them.
+                let tx = match streamed {
+                    Some(_) => TxContext {
+                        commit_lsn: Lsn::ZERO,
+                        commit_time: None,
+                    },
+                    None => self.tx.ok_or_else(|| {
+                        SourceError::Decode("insert outside a transaction".into())
+                    })?,
+                };
                 let item = match mapping.map(&insert.new, tx, origin) {
                     Ok(event) => Item::Event(event),
                     Err(dead) => {
@@ -233,7 +300,7 @@ impl<'a> Reader<'a> {
                         Item::Rejected(dead)
                     }
                 };
-                self.send(item).await?;
+                self.emit(streamed, item).await?;
             }
             Message::Update(u) => {
                 self.mapping(u.relation_id, "an update")?;
@@ -287,6 +354,29 @@ impl<'a> Reader<'a> {
                 "change for relation {relation_id} before its Relation message"
             ))),
         }
+    }
+
+    /// Sends an event or a rejected row: as it is, or staged when it belongs to a
+    /// streamed transaction (`streamed`: its top-level xid and the change's own xid).
+    async fn emit(&mut self, streamed: Option<(u32, u32)>, item: Item) -> Result<(), SourceError> {
+        let Some((xid, subxid)) = streamed else {
+            return self.send(item).await;
+        };
+        let row = match item {
+            Item::Event(e) => StagedRow::Event(e),
+            Item::Rejected(d) => StagedRow::Rejected(d),
+            other => return self.send(other).await,
+        };
+        let state = self.streamed.entry(xid).or_default();
+        let ord = state.ord;
+        state.ord += 1;
+        self.send(Item::Staged(StagedChange {
+            xid,
+            subxid,
+            ord,
+            row,
+        }))
+        .await
     }
 
     async fn send(&self, item: Item) -> Result<(), SourceError> {

@@ -216,14 +216,86 @@ impl EventLog {
             .transaction()
             .await
             .map_err(StoreError::db("starting an append"))?;
+        let writer = Writer {
+            insert: &self.insert,
+            compare: &self.compare,
+            dead_letters: &self.dead_letters,
+        };
+        let (outcome, next_seq) = writer.write(&tx, self.head, events, dead).await?;
+        let ending = Ending {
+            position: &self.position,
+            fence: self.fence.as_ref(),
+            slot: &self.slot,
+        };
+        ending.commit(tx, through, outcome, counts).await?;
+        self.head = next_seq;
+        Ok(outcome)
+    }
 
+    pub(crate) fn parts(&mut self) -> Parts<'_> {
+        Parts {
+            client: &mut self.client,
+            writer: Writer {
+                insert: &self.insert,
+                compare: &self.compare,
+                dead_letters: &self.dead_letters,
+            },
+            ending: Ending {
+                position: &self.position,
+                fence: self.fence.as_ref(),
+                slot: &self.slot,
+            },
+            schema: &self.schema,
+            slot: &self.slot,
+            head: &mut self.head,
+        }
+    }
+}
+
+/// The event log's connection and statements, borrowed apart for a transaction that
+/// writes in several steps (a streamed transaction's move from its staging rows).
+pub(crate) struct Parts<'a> {
+    pub(crate) client: &'a mut Client,
+    pub(crate) writer: Writer<'a>,
+    pub(crate) ending: Ending<'a>,
+    pub(crate) schema: &'a str,
+    pub(crate) slot: &'a str,
+    pub(crate) head: &'a mut i64,
+}
+
+/// Appends events with the duplicate and `id_conflict` rules, inside a transaction.
+#[derive(Clone, Copy)]
+pub(crate) struct Writer<'a> {
+    insert: &'a Statement,
+    compare: &'a Statement,
+    dead_letters: &'a DeadLetters,
+}
+
+/// Ends an append: the ingest position, the leader fence, the commit.
+#[derive(Clone, Copy)]
+pub(crate) struct Ending<'a> {
+    position: &'a Statement,
+    fence: Option<&'a crate::leader::PreparedFence>,
+    slot: &'a str,
+}
+
+impl Writer<'_> {
+    /// Writes `events` after `head` and the `dead` rows; returns what happened and the
+    /// new head. Nothing is committed.
+    pub(crate) async fn write(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        head: i64,
+        events: &[NewEvent],
+        dead: &[DeadLetter],
+    ) -> Result<(AppendOutcome, i64), StoreError> {
         // One insert; an ID already in the log (or earlier in this batch) is not inserted
         // and is compared below against what the log holds. Skipped rows leave gaps in
         // `seq`, which only orders events.
         let mut inserted: HashSet<Uuid> = if events.is_empty() {
             HashSet::new()
         } else {
-            insert_rows(&tx, &self.insert, self.head, events)
+            insert_rows(tx, self.insert, head, events)
                 .await?
                 .iter()
                 .map(|r| r.get(0))
@@ -239,11 +311,11 @@ impl EventLog {
             }
         }
         let mut quarantined = Vec::new();
-        let mut next_seq = self.head + events.len() as i64;
+        let mut next_seq = head + events.len() as i64;
         if !compare.is_empty() {
             // Tests: a prune deleting the repeated IDs between the two statements.
             crate::failpoint::delay("append_before_compare").await;
-            let rows = compare_rows(&tx, &self.compare, &compare).await?;
+            let rows = compare_rows(tx, self.compare, &compare).await?;
             let mut matched = vec![false; compare.len()];
             for row in rows {
                 let ord: i64 = row.get(0);
@@ -269,14 +341,28 @@ impl EventLog {
                 .map(|(e, _)| (*e).clone())
                 .collect();
             if !pruned.is_empty() {
-                let again = insert_rows(&tx, &self.insert, next_seq, &pruned).await?;
+                let again = insert_rows(tx, self.insert, next_seq, &pruned).await?;
                 outcome.appended += again.len() as u64;
                 next_seq += pruned.len() as i64;
             }
         }
         for dl in dead.iter().chain(&quarantined) {
-            self.dead_letters.record(&tx, dl).await?;
+            self.dead_letters.record(tx, dl).await?;
         }
+        Ok((outcome, next_seq))
+    }
+}
+
+impl Ending<'_> {
+    /// Moves the ingest position to `through` (when given) with the counters, proves
+    /// leadership, and commits.
+    pub(crate) async fn commit(
+        &self,
+        tx: tokio_postgres::Transaction<'_>,
+        through: Option<Lsn>,
+        outcome: AppendOutcome,
+        counts: IngestCounts,
+    ) -> Result<(), StoreError> {
         let lsn: PgLsn = through.unwrap_or(Lsn::ZERO).into();
         let (appended, duplicates, conflicts) = (
             outcome.appended as i64,
@@ -286,7 +372,7 @@ impl EventLog {
         let (malformed, ignored) = (counts.malformed as i64, counts.ignored_changes as i64);
         let position = async {
             tx.execute(
-                &self.position,
+                self.position,
                 &[
                     &self.slot,
                     &lsn,
@@ -301,7 +387,7 @@ impl EventLog {
             .map_err(StoreError::db("moving the ingest position"))
         };
         // Sent together: one round trip.
-        match &self.fence {
+        match self.fence {
             Some(fence) => {
                 futures::try_join!(fence.check(&tx), position)?;
             }
@@ -311,9 +397,18 @@ impl EventLog {
         }
         tx.commit()
             .await
-            .map_err(StoreError::db("committing an append"))?;
-        self.head = next_seq;
-        Ok(outcome)
+            .map_err(StoreError::db("committing an append"))
+    }
+
+    /// Proves leadership inside `tx` (a write that moves no position).
+    pub(crate) async fn check_fence(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), StoreError> {
+        match self.fence {
+            Some(fence) => fence.check(tx).await,
+            None => Ok(()),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod prune;
 pub mod rebuild;
 mod registry;
 mod status;
+mod stream_stage;
 mod tls;
 
 pub use aggregate_version::{
@@ -50,6 +51,8 @@ pub use registry::{active_subscriber, active_subscribers};
 pub use status::{
     status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, Status, SubscriberStatus,
 };
+pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
+pub use tls::client_config as tls_client_config;
 
 /// Quotes an identifier (the configured schema) for SQL.
 pub(crate) fn q(ident: &str) -> String {

@@ -11,6 +11,14 @@ pub struct Lsn(pub u64);
 impl Lsn {
     pub const ZERO: Lsn = Lsn(0);
 
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
     /// Moves forward to `other` if it is later; never back.
     pub fn advance(&mut self, other: Lsn) {
         if other > *self {

@@ -59,6 +59,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dead letter row digest",
         include_str!("../../../migrations/20261201000101_dead_letter_row_digest.sql"),
     ),
+    (
+        20261201000200,
+        "stream staging",
+        include_str!("../../../migrations/20261201000200_stream_staging.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

@@ -14,10 +14,7 @@ use crate::connect::SslMode;
 use crate::error::StoreError;
 
 /// A rustls client config for `mode`; `root_cert` is a PEM file (else the webpki roots).
-pub(crate) fn client_config(
-    mode: SslMode,
-    root_cert: Option<&str>,
-) -> Result<ClientConfig, StoreError> {
+pub fn client_config(mode: SslMode, root_cert: Option<&str>) -> Result<ClientConfig, StoreError> {
     let provider = Arc::new(ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

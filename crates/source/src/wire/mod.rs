@@ -1,0 +1,247 @@
+//! walfold's own logical replication client: one CopyBoth session on the replication
+//! protocol, built on `postgres-protocol` (framing, SCRAM) and the rustls settings every
+//! other walfold connection uses.
+//!
+//! Why our own: the crate we used before asks for `proto_version '1'` only, so a large
+//! transaction reached us after its commit and the source server spilled it to its
+//! disk meanwhile. This client speaks pgoutput 1 and 2 (`streaming 'on'`).
+//!
+//! ```text
+//!  socket ──frames──► worker task ──events (bounded)──► reader
+//!                       ▲    │
+//!   applied LSN ────────┘    └──► standby status update every status_interval,
+//!   (update_applied_lsn)          at once when the server asks, and while the
+//!                                 reader pushes back (the channel is full)
+//! ```
+//!
+//! The worker alone owns the socket. When the reader is slow the worker stops reading
+//! (TCP pushes back to the server) but keeps sending status updates, so the server's
+//! `wal_sender_timeout` never ends a session that is merely busy.
+
+mod session;
+mod stream;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch, Notify};
+use walfold_store::{Lsn, SslMode};
+
+/// How to open and start one replication session.
+#[derive(Clone)]
+pub struct WireConfig {
+    /// A host name, an address, or a Unix socket directory (starting with `/`).
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub database: String,
+    pub ssl_mode: SslMode,
+    pub root_cert: Option<String>,
+    pub slot: String,
+    /// The publication as pgoutput's `publication_names` expects it (quoted).
+    pub publication: String,
+    /// pgoutput `proto_version`: 1, or 2 with `streaming 'on'`; `None`: 2 where the
+    /// server is 14 or later.
+    pub protocol: Option<u8>,
+    /// Session `options` (`-c name=value ...`).
+    pub options: Option<String>,
+    pub application_name: String,
+    /// Longest time between two standby status updates.
+    pub status_interval: Duration,
+    /// Capacity of the channel between the worker and the reader.
+    pub buffer: usize,
+    /// Stop once a transaction boundary at or after this position has been delivered.
+    pub stop_lsn: Option<Lsn>,
+    /// Called each time a status update reports a new position.
+    pub observer: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for WireConfig {
+    // The password is left out.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("database", &self.database)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("protocol", &self.protocol)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WireConfig {
+    pub fn with_stop_lsn(mut self, lsn: Lsn) -> Self {
+        self.stop_lsn = Some(lsn);
+        self
+    }
+
+    pub fn with_status_interval(mut self, interval: Duration) -> Self {
+        self.status_interval = interval;
+        self
+    }
+}
+
+/// What the server sent, in stream order. Transaction boundaries and logical messages
+/// are told apart here; every other pgoutput message comes as [`ReplicationEvent::XLogData`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicationEvent {
+    /// A server keepalive; a reply, when asked for, has been sent already.
+    KeepAlive {
+        wal_end: Lsn,
+        reply_requested: bool,
+        server_time_micros: i64,
+    },
+    /// pgoutput Begin.
+    Begin {
+        final_lsn: Lsn,
+        xid: u32,
+        commit_time_micros: i64,
+    },
+    /// Any other pgoutput message, undecoded (`wal_start`: the change's WAL record).
+    XLogData {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        server_time_micros: i64,
+        data: Bytes,
+    },
+    /// pgoutput Commit.
+    Commit {
+        lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time_micros: i64,
+    },
+    /// A logical decoding message (`pg_logical_emit_message`). Inside a streamed
+    /// transaction (protocol 2) it carries that transaction's xid.
+    Message {
+        transactional: bool,
+        lsn: Lsn,
+        prefix: String,
+        content: Bytes,
+        xid: Option<u32>,
+    },
+    /// The configured stop position was reached; nothing follows.
+    StoppedAt { reached: Lsn },
+}
+
+/// Errors of the replication session.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("{context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tls: {0}")]
+    Tls(String),
+    #[error("authentication: {0}")]
+    Auth(String),
+    #[error("{message} (SQLSTATE {})", code.as_deref().unwrap_or("?"))]
+    Server {
+        code: Option<String>,
+        message: String,
+    },
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl WireError {
+    pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> WireError {
+        move |source| WireError::Io { context, source }
+    }
+}
+
+/// The handle the reader holds: events in, applied positions out.
+pub struct ReplicationClient {
+    events: mpsc::Receiver<Result<ReplicationEvent, WireError>>,
+    progress: Arc<Progress>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    /// `server_version_num` of the source.
+    pub server_version: u32,
+    /// The pgoutput protocol version in use.
+    pub protocol: u8,
+}
+
+/// The applied position shared by the reader and the worker.
+pub(crate) struct Progress {
+    applied: AtomicU64,
+    raised: Notify,
+}
+
+impl Progress {
+    pub(crate) fn applied(&self) -> Lsn {
+        Lsn(self.applied.load(Ordering::Acquire))
+    }
+}
+
+impl ReplicationClient {
+    /// Connects, authenticates and starts streaming from the slot's confirmed position.
+    pub async fn connect(cfg: WireConfig) -> Result<ReplicationClient, WireError> {
+        let (io, server_version, protocol) =
+            tokio::time::timeout(Duration::from_secs(30), session::open(&cfg))
+                .await
+                .map_err(|_| WireError::Io {
+                    context: "connecting to the source",
+                    source: std::io::ErrorKind::TimedOut.into(),
+                })??;
+        let (tx, rx) = mpsc::channel(cfg.buffer.max(1));
+        let progress = Arc::new(Progress {
+            applied: AtomicU64::new(0),
+            raised: Notify::new(),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let worker = stream::Worker::new(io, cfg, tx, progress.clone(), stop_rx);
+        let task = tokio::spawn(worker.run());
+        Ok(ReplicationClient {
+            events: rx,
+            progress,
+            stop,
+            task,
+            server_version,
+            protocol,
+        })
+    }
+
+    /// The next event; `None` once the session has ended without an error.
+    pub async fn recv(&mut self) -> Result<Option<ReplicationEvent>, WireError> {
+        match self.events.recv().await {
+            Some(Ok(e)) => Ok(Some(e)),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    /// Everything up to `lsn` is durable: report it as flushed (monotonic).
+    pub fn update_applied_lsn(&self, lsn: Lsn) {
+        let before = self.progress.applied.fetch_max(lsn.0, Ordering::AcqRel);
+        if lsn.0 > before {
+            self.progress.raised.notify_one();
+        }
+    }
+
+    /// Reports the final position, ends the stream and closes the session.
+    pub async fn shutdown(self) -> Result<(), WireError> {
+        let _ = self.stop.send(true);
+        drop(self.events);
+        match tokio::time::timeout(Duration::from_secs(5), self.task).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(WireError::Protocol(
+                "the session did not close in 5 s".into(),
+            )),
+        }
+    }
+
+    /// Drops the session at once.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,408 @@
+//! Opening a replication session: TCP or Unix socket, TLS per `sslmode`, the startup
+//! message with `replication=database`, authentication (cleartext, MD5, SCRAM-SHA-256),
+//! then `START_REPLICATION` until the server answers with CopyBoth.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::backend::{ErrorFields, Message};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use walfold_store::SslMode;
+
+use super::{WireConfig, WireError};
+
+/// The socket, encrypted or not.
+pub(crate) enum Io {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// A socket with its read buffer: whole backend messages out.
+pub(crate) struct Conn {
+    pub(crate) io: Io,
+    pub(crate) buf: BytesMut,
+}
+
+/// One backend message: its tag and its body (without tag and length).
+pub(crate) struct Frame {
+    pub(crate) tag: u8,
+    pub(crate) body: BytesMut,
+}
+
+/// Largest backend message accepted (PostgreSQL's own limit for a CopyData is 1 GB).
+const MAX_FRAME: usize = 1 << 30;
+
+impl Conn {
+    /// A whole message from the buffer, if one is there (no I/O).
+    pub(crate) fn try_frame(&mut self) -> Result<Option<Frame>, WireError> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let tag = self.buf[0];
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if !(4..=MAX_FRAME).contains(&len) {
+            return Err(WireError::Protocol(format!(
+                "message {:?} of invalid length {len}",
+                tag as char
+            )));
+        }
+        if self.buf.len() < len + 1 {
+            self.buf.reserve(len + 1 - self.buf.len());
+            return Ok(None);
+        }
+        let mut frame = self.buf.split_to(len + 1);
+        frame.advance(5);
+        Ok(Some(Frame { tag, body: frame }))
+    }
+
+    /// Reads more bytes into the buffer; cancel-safe. EOF is an error.
+    pub(crate) async fn fill(&mut self) -> Result<(), WireError> {
+        if self.buf.capacity() - self.buf.len() < 8192 {
+            self.buf.reserve(64 * 1024);
+        }
+        let n = self
+            .io
+            .read_buf(&mut self.buf)
+            .await
+            .map_err(WireError::io("reading from the source"))?;
+        if n == 0 {
+            return Err(WireError::Io {
+                context: "reading from the source",
+                source: std::io::ErrorKind::UnexpectedEof.into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn frame(&mut self) -> Result<Frame, WireError> {
+        loop {
+            if let Some(f) = self.try_frame()? {
+                return Ok(f);
+            }
+            self.fill().await?;
+        }
+    }
+
+    pub(crate) async fn send(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        self.io
+            .write_all(bytes)
+            .await
+            .map_err(WireError::io("writing to the source"))?;
+        self.io
+            .flush()
+            .await
+            .map_err(WireError::io("writing to the source"))
+    }
+}
+
+/// Opens a session that is streaming from the slot. Returns it with the server's
+/// `server_version_num` and the protocol version in use.
+pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8), WireError> {
+    let io = socket(cfg).await?;
+    let mut conn = Conn {
+        io,
+        buf: BytesMut::with_capacity(64 * 1024),
+    };
+    let mut out = BytesMut::new();
+    let mut params: Vec<(&str, &str)> = vec![
+        ("user", &cfg.user),
+        ("database", &cfg.database),
+        ("replication", "database"),
+        ("client_encoding", "UTF8"),
+        ("application_name", &cfg.application_name),
+    ];
+    if let Some(options) = &cfg.options {
+        params.push(("options", options));
+    }
+    frontend::startup_message(params.iter().copied(), &mut out)
+        .map_err(WireError::io("encoding the startup message"))?;
+    conn.send(&out).await?;
+    let server_version = authenticate(&mut conn, cfg).await?;
+    // Streaming of in-progress transactions (protocol 2) came with PostgreSQL 14.
+    let protocol = match cfg.protocol {
+        Some(2) if server_version < 140000 => {
+            return Err(WireError::Unsupported(format!(
+                "source.protocol = 2 needs PostgreSQL 14 or later; the source is {server_version}. \
+                 Fix: set source.protocol = 1, or remove it"
+            )))
+        }
+        Some(p) => p,
+        None if server_version >= 140000 => 2,
+        None => 1,
+    };
+    start(&mut conn, cfg, protocol).await?;
+    Ok((conn, server_version, protocol))
+}
+
+async fn socket(cfg: &WireConfig) -> Result<Io, WireError> {
+    if cfg.host.starts_with('/') {
+        let path = format!("{}/.s.PGSQL.{}", cfg.host, cfg.port);
+        let s = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(WireError::io("connecting to the source"))?;
+        return Ok(Io::Unix(s));
+    }
+    let mut tcp = tokio::net::TcpStream::connect((cfg.host.as_str(), cfg.port))
+        .await
+        .map_err(WireError::io("connecting to the source"))?;
+    let _ = tcp.set_nodelay(true);
+    if cfg.ssl_mode == SslMode::Disable {
+        return Ok(Io::Tcp(tcp));
+    }
+    let mut out = BytesMut::new();
+    frontend::ssl_request(&mut out);
+    tcp.write_all(&out)
+        .await
+        .map_err(WireError::io("requesting TLS"))?;
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer)
+        .await
+        .map_err(WireError::io("requesting TLS"))?;
+    match answer[0] {
+        b'S' => {}
+        b'N' if cfg.ssl_mode == SslMode::Prefer => return Ok(Io::Tcp(tcp)),
+        b'N' => {
+            return Err(WireError::Tls(format!(
+                "the source server does not accept TLS but sslmode is {:?}",
+                cfg.ssl_mode
+            )))
+        }
+        other => {
+            return Err(WireError::Protocol(format!(
+                "unexpected answer {other:#x} to the TLS request"
+            )))
+        }
+    }
+    let config = walfold_store::tls_client_config(cfg.ssl_mode, cfg.root_cert.as_deref())
+        .map_err(|e| WireError::Tls(e.to_string()))?;
+    let name = rustls::pki_types::ServerName::try_from(cfg.host.clone())
+        .map_err(|e| WireError::Tls(format!("host {}: {e}", cfg.host)))?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| WireError::Tls(e.to_string()))?;
+    Ok(Io::Tls(Box::new(tls)))
+}
+
+/// Runs the authentication exchange up to ReadyForQuery.
+async fn authenticate(conn: &mut Conn, cfg: &WireConfig) -> Result<u32, WireError> {
+    let password = || {
+        cfg.password.as_deref().ok_or_else(|| {
+            WireError::Auth("the server asks for a password and source.url has none".into())
+        })
+    };
+    let mut scram: Option<ScramSha256> = None;
+    let mut server_version = 0;
+    loop {
+        let frame = conn.frame().await?;
+        let mut out = BytesMut::new();
+        match parse(frame)? {
+            Message::AuthenticationOk => {}
+            Message::AuthenticationCleartextPassword => {
+                frontend::password_message(password()?.as_bytes(), &mut out)
+                    .map_err(WireError::io("encoding the password"))?;
+            }
+            Message::AuthenticationMd5Password(body) => {
+                let hash = md5_hash(cfg.user.as_bytes(), password()?.as_bytes(), body.salt());
+                frontend::password_message(hash.as_bytes(), &mut out)
+                    .map_err(WireError::io("encoding the password"))?;
+            }
+            Message::AuthenticationSasl(body) => {
+                let mut mechanisms = body.mechanisms();
+                let mut offered = false;
+                while let Some(m) = mechanisms
+                    .next()
+                    .map_err(|e| WireError::Protocol(e.to_string()))?
+                {
+                    offered |= m == SCRAM_SHA_256;
+                }
+                if !offered {
+                    return Err(WireError::Auth(
+                        "the server offers no SASL mechanism walfold supports (SCRAM-SHA-256)"
+                            .into(),
+                    ));
+                }
+                // Channel binding is not used: TLS verify-full already authenticates the
+                // server, and 'n' is accepted whatever the server offers.
+                let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut out)
+                    .map_err(WireError::io("encoding SCRAM"))?;
+                scram = Some(s);
+            }
+            Message::AuthenticationSaslContinue(body) => {
+                let s = scram
+                    .as_mut()
+                    .ok_or_else(|| WireError::Protocol("SASL continue before SASL".into()))?;
+                s.update(body.data())
+                    .map_err(|e| WireError::Auth(e.to_string()))?;
+                frontend::sasl_response(s.message(), &mut out)
+                    .map_err(WireError::io("encoding SCRAM"))?;
+            }
+            Message::AuthenticationSaslFinal(body) => {
+                let s = scram
+                    .as_mut()
+                    .ok_or_else(|| WireError::Protocol("SASL final before SASL".into()))?;
+                s.finish(body.data())
+                    .map_err(|e| WireError::Auth(format!("the server's SCRAM proof: {e}")))?;
+            }
+            Message::ParameterStatus(body) => {
+                let name = body
+                    .name()
+                    .map_err(|e| WireError::Protocol(e.to_string()))?;
+                if name == "server_version" {
+                    let value = body
+                        .value()
+                        .map_err(|e| WireError::Protocol(e.to_string()))?;
+                    server_version = version_num(value);
+                }
+            }
+            Message::ReadyForQuery(_) => return Ok(server_version),
+            Message::ErrorResponse(body) => return Err(server_error(body.fields())),
+            Message::BackendKeyData(_) | Message::NoticeResponse(_) => {}
+            _ => {
+                return Err(WireError::Auth(
+                    "the server asks for an authentication method walfold does not support".into(),
+                ))
+            }
+        }
+        if !out.is_empty() {
+            conn.send(&out).await?;
+        }
+    }
+}
+
+/// Sends START_REPLICATION and waits for CopyBothResponse.
+async fn start(conn: &mut Conn, cfg: &WireConfig, protocol: u8) -> Result<(), WireError> {
+    let streaming = if protocol >= 2 {
+        ", streaming 'on'"
+    } else {
+        ""
+    };
+    // Slot names hold only [a-z0-9_]; the publication is quoted by the caller and its
+    // single quotes (none in a validated name) are doubled for the option value.
+    let sql = format!(
+        "START_REPLICATION SLOT {} LOGICAL 0/0 (proto_version '{}'{streaming}, \
+         publication_names '{}', messages 'true')",
+        cfg.slot,
+        protocol,
+        cfg.publication.replace('\'', "''"),
+    );
+    let mut out = BytesMut::new();
+    frontend::query(&sql, &mut out).map_err(WireError::io("encoding START_REPLICATION"))?;
+    conn.send(&out).await?;
+    loop {
+        let frame = conn.frame().await?;
+        if frame.tag == b'W' {
+            return Ok(());
+        }
+        match parse(frame)? {
+            Message::ErrorResponse(body) => return Err(server_error(body.fields())),
+            Message::NoticeResponse(_) | Message::ParameterStatus(_) => {}
+            _ => {
+                return Err(WireError::Protocol(
+                    "unexpected answer to START_REPLICATION".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// Parses a frame with postgres-protocol (which does not know CopyBothResponse).
+pub(crate) fn parse(frame: Frame) -> Result<Message, WireError> {
+    let mut whole = BytesMut::with_capacity(frame.body.len() + 5);
+    whole.extend_from_slice(&[frame.tag]);
+    whole.extend_from_slice(&((frame.body.len() + 4) as u32).to_be_bytes());
+    whole.extend_from_slice(&frame.body);
+    Message::parse(&mut whole)
+        .map_err(|e| WireError::Protocol(e.to_string()))?
+        .ok_or_else(|| WireError::Protocol("truncated message".into()))
+}
+
+pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> WireError {
+    let (mut code, mut message) = (None, String::new());
+    while let Ok(Some(f)) = fields.next() {
+        let value = String::from_utf8_lossy(f.value_bytes()).into_owned();
+        match f.type_() {
+            b'C' => code = Some(value),
+            b'M' => message = value,
+            _ => {}
+        }
+    }
+    WireError::Server { code, message }
+}
+
+/// `15.4` → 150004, `9.6.1` → 90601.
+fn version_num(v: &str) -> u32 {
+    let mut parts = v
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    if major >= 10 {
+        major * 10000 + minor
+    } else {
+        major * 10000 + minor * 100 + parts.next().unwrap_or(0)
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Unix(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_num;
+
+    #[test]
+    fn server_versions_become_numbers() {
+        assert_eq!(version_num("15.4"), 150004);
+        assert_eq!(version_num("14.10 (Debian 14.10-1)"), 140010);
+        assert_eq!(version_num("9.6.24"), 90624);
+    }
+}

@@ -1,0 +1,386 @@
+//! Staging of streamed transactions (pgoutput protocol 2). The source sends a large
+//! transaction in segments while it runs; its outbox rows wait here, keyed by the
+//! top-level xid, the subtransaction and their order, until Stream Commit moves them
+//! into the event log in one transaction (with the ingest position, under the same
+//! duplicate and `id_conflict` rules as any append) or Stream Abort deletes them.
+//!
+//! Why staged rows never double: after any reconnect the server sends every
+//! transaction that had not committed before the acknowledged position again, from its
+//! first segment. A session therefore starts by deleting what an earlier one staged,
+//! and a first segment replaces whatever its xid still has.
+
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+use tokio_postgres::types::PgLsn;
+use uuid::Uuid;
+
+use crate::dead_letter::{DeadLetter, Reason, RowOrigin};
+use crate::error::StoreError;
+use crate::event::NewEvent;
+use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
+use crate::lsn::Lsn;
+use crate::q;
+
+/// One change of a streamed transaction, in stream order.
+#[derive(Debug, Clone)]
+pub struct StagedChange {
+    /// The top-level transaction.
+    pub xid: u32,
+    /// The (sub)transaction that made the change.
+    pub subxid: u32,
+    /// Order within the transaction, from 0 at its first segment.
+    pub ord: i64,
+    pub row: StagedRow,
+}
+
+/// What a staged change becomes at commit.
+#[derive(Debug, Clone)]
+pub enum StagedRow {
+    Event(NewEvent),
+    /// A row that cannot be an event: a dead letter once its transaction commits.
+    Rejected(Box<DeadLetter>),
+}
+
+/// What a streamed transaction's commit did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamOutcome {
+    pub outcome: AppendOutcome,
+    pub malformed: u64,
+    /// Events the event log refused (dead-lettered), when moved one by one.
+    pub refused: u64,
+}
+
+/// The commit of a streamed transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamCommit {
+    pub xid: u32,
+    pub commit_lsn: Lsn,
+    pub end_lsn: Lsn,
+    pub commit_time: Option<SystemTime>,
+}
+
+impl EventLog {
+    /// Deletes everything staged for this slot (a new session: the server sends every
+    /// unfinished transaction again). Returns the number of rows deleted.
+    pub async fn clear_staged(&mut self) -> Result<u64, StoreError> {
+        let parts = self.parts();
+        let tx = parts
+            .client
+            .transaction()
+            .await
+            .map_err(StoreError::db("clearing staged changes"))?;
+        let n = tx
+            .execute(
+                &format!(
+                    "delete from {}.stream_stage where slot = $1",
+                    q(parts.schema)
+                ),
+                &[&parts.slot],
+            )
+            .await
+            .map_err(StoreError::db("clearing staged changes"))?;
+        parts.ending.check_fence(&tx).await?;
+        tx.commit()
+            .await
+            .map_err(StoreError::db("clearing staged changes"))?;
+        Ok(n)
+    }
+
+    /// Stages `changes` in one transaction.
+    pub async fn stage(&mut self, changes: &[StagedChange]) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let parts = self.parts();
+        let sql = format!(
+            "insert into {}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
+             aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
+             change_index, rejected) \
+             select $1, * from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
+             $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[]) \
+             on conflict (slot, xid, ord) do nothing",
+            q(parts.schema)
+        );
+        let n = changes.len();
+        let mut xids = Vec::with_capacity(n);
+        let mut subxids = Vec::with_capacity(n);
+        let mut ords = Vec::with_capacity(n);
+        let mut ids: Vec<Option<Uuid>> = Vec::with_capacity(n);
+        let mut agg_types: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut agg_ids: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut types: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut versions: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut payloads: Vec<Option<&Value>> = Vec::with_capacity(n);
+        let mut headers: Vec<Option<&Value>> = Vec::with_capacity(n);
+        let mut occurred: Vec<Option<SystemTime>> = Vec::with_capacity(n);
+        let mut lsns: Vec<Option<PgLsn>> = Vec::with_capacity(n);
+        let mut indexes: Vec<Option<i32>> = Vec::with_capacity(n);
+        let mut rejected: Vec<Option<Value>> = Vec::with_capacity(n);
+        for c in changes {
+            xids.push(i64::from(c.xid));
+            subxids.push(i64::from(c.subxid));
+            ords.push(c.ord);
+            let origin = match &c.row {
+                StagedRow::Event(e) => e.origin,
+                StagedRow::Rejected(d) => d.origin,
+            };
+            let (lsn, index) = match origin {
+                Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index)),
+                _ => (None, None),
+            };
+            lsns.push(lsn);
+            indexes.push(index);
+            match &c.row {
+                StagedRow::Event(e) => {
+                    ids.push(Some(e.id));
+                    agg_types.push(Some(&e.aggregate_type));
+                    agg_ids.push(Some(&e.aggregate_id));
+                    types.push(Some(&e.event_type));
+                    versions.push(e.version);
+                    payloads.push(Some(&e.payload));
+                    headers.push(e.headers.as_ref());
+                    occurred.push(e.occurred_at);
+                    rejected.push(None);
+                }
+                StagedRow::Rejected(d) => {
+                    ids.push(None);
+                    agg_types.push(None);
+                    agg_ids.push(None);
+                    types.push(None);
+                    versions.push(None);
+                    payloads.push(None);
+                    headers.push(None);
+                    occurred.push(None);
+                    rejected.push(Some(json!({
+                        "event_id": d.event_id,
+                        "aggregate_type": d.aggregate_type,
+                        "aggregate_id": d.aggregate_id,
+                        "error": d.error,
+                        "raw": d.raw,
+                    })));
+                }
+            }
+        }
+        let tx = parts
+            .client
+            .transaction()
+            .await
+            .map_err(StoreError::db("staging streamed changes"))?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+            &parts.slot,
+            &xids,
+            &subxids,
+            &ords,
+            &ids,
+            &agg_types,
+            &agg_ids,
+            &types,
+            &versions,
+            &payloads,
+            &headers,
+            &occurred,
+            &lsns,
+            &indexes,
+            &rejected,
+        ];
+        let insert = async {
+            tx.execute(&sql, &params)
+                .await
+                .map_err(StoreError::db("staging streamed changes"))
+        };
+        futures::try_join!(insert, parts.ending.check_fence(&tx))?;
+        tx.commit()
+            .await
+            .map_err(StoreError::db("staging streamed changes"))
+    }
+
+    /// Deletes what is staged for `xid` (the whole transaction) or, with `subxid`, for
+    /// that subtransaction only.
+    pub async fn discard_staged(
+        &mut self,
+        xid: u32,
+        subxid: Option<u32>,
+    ) -> Result<u64, StoreError> {
+        let parts = self.parts();
+        let s = q(parts.schema);
+        let tx = parts
+            .client
+            .transaction()
+            .await
+            .map_err(StoreError::db("discarding staged changes"))?;
+        let xid = i64::from(xid);
+        let n = match subxid {
+            None => {
+                tx.execute(
+                    &format!("delete from {s}.stream_stage where slot = $1 and xid = $2"),
+                    &[&parts.slot, &xid],
+                )
+                .await
+            }
+            Some(sub) => {
+                tx.execute(
+                    &format!(
+                        "delete from {s}.stream_stage where slot = $1 and xid = $2 and subxid = $3"
+                    ),
+                    &[&parts.slot, &xid, &i64::from(sub)],
+                )
+                .await
+            }
+        }
+        .map_err(StoreError::db("discarding staged changes"))?;
+        parts.ending.check_fence(&tx).await?;
+        tx.commit()
+            .await
+            .map_err(StoreError::db("discarding staged changes"))?;
+        Ok(n)
+    }
+
+    /// Moves everything staged for the committed transaction into the event log, in
+    /// order, `page` rows at a time, in one transaction that also deletes the staged
+    /// rows and moves the ingest position to the commit's end. With `one_by_one`, each
+    /// event is written in its own savepoint and one the log refuses (a value it cannot
+    /// store) is dead-lettered instead.
+    pub async fn commit_staged(
+        &mut self,
+        commit: StreamCommit,
+        page: usize,
+        one_by_one: bool,
+    ) -> Result<StreamOutcome, StoreError> {
+        let parts = self.parts();
+        let s = q(parts.schema);
+        let select = format!(
+            "select ord, event_id, aggregate_type, aggregate_id, event_type, version, payload, \
+             headers, occurred_at, change_lsn, change_index, rejected from {s}.stream_stage \
+             where slot = $1 and xid = $2 and ord > $3 order by ord limit $4"
+        );
+        let mut tx = parts
+            .client
+            .transaction()
+            .await
+            .map_err(StoreError::db("committing a streamed transaction"))?;
+        let xid = i64::from(commit.xid);
+        let limit = page.max(1) as i64;
+        let mut head = *parts.head;
+        let mut result = StreamOutcome::default();
+        let mut after = -1i64;
+        loop {
+            let rows = tx
+                .query(&select, &[&parts.slot, &xid, &after, &limit])
+                .await
+                .map_err(StoreError::db("reading staged changes"))?;
+            let Some(last) = rows.last() else { break };
+            after = last.get(0);
+            let mut events = Vec::with_capacity(rows.len());
+            let mut dead = Vec::new();
+            for row in &rows {
+                match staged_row(row, commit) {
+                    StagedRow::Event(e) => events.push(e),
+                    StagedRow::Rejected(d) => dead.push(*d),
+                }
+            }
+            result.malformed += dead.len() as u64;
+            if !one_by_one {
+                let (o, next) = parts.writer.write(&tx, head, &events, &dead).await?;
+                add(&mut result.outcome, o);
+                head = next;
+                continue;
+            }
+            for event in &events {
+                let sp = tx
+                    .savepoint("walfold_event")
+                    .await
+                    .map_err(StoreError::db("committing a streamed transaction"))?;
+                match parts
+                    .writer
+                    .write(&sp, head, std::slice::from_ref(event), &[])
+                    .await
+                {
+                    Ok((o, next)) => {
+                        sp.commit()
+                            .await
+                            .map_err(StoreError::db("committing a streamed transaction"))?;
+                        add(&mut result.outcome, o);
+                        head = next;
+                    }
+                    Err(e) if e.kind() == crate::ErrorKind::Data => {
+                        sp.rollback()
+                            .await
+                            .map_err(StoreError::db("committing a streamed transaction"))?;
+                        tracing::warn!(event_id = %event.id, error = %e, "event refused by the event log, dead-lettered");
+                        dead.push(DeadLetter::refused(event, &e.to_string()));
+                        result.refused += 1;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            parts.writer.write(&tx, head, &[], &dead).await?;
+        }
+        tx.execute(
+            &format!("delete from {s}.stream_stage where slot = $1 and xid = $2"),
+            &[&parts.slot, &xid],
+        )
+        .await
+        .map_err(StoreError::db("deleting staged changes"))?;
+        let counts = IngestCounts {
+            malformed: result.malformed + result.refused,
+            ignored_changes: 0,
+        };
+        parts
+            .ending
+            .commit(tx, Some(commit.end_lsn), result.outcome, counts)
+            .await?;
+        *parts.head = head;
+        Ok(result)
+    }
+}
+
+fn add(total: &mut AppendOutcome, o: AppendOutcome) {
+    total.appended += o.appended;
+    total.duplicates += o.duplicates;
+    total.id_conflicts += o.id_conflicts;
+}
+
+/// A staged row as it enters the log: with its transaction's commit LSN and time.
+fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> StagedRow {
+    let lsn: Option<PgLsn> = row.get("change_lsn");
+    let index: Option<i32> = row.get("change_index");
+    let origin = match (lsn, index) {
+        (Some(lsn), Some(index)) => Some(RowOrigin::Wal {
+            lsn: lsn.into(),
+            index,
+        }),
+        _ => None,
+    };
+    if let Some(rejected) = row.get::<_, Option<Value>>("rejected") {
+        let text = |k: &str| rejected.get(k).and_then(Value::as_str).map(str::to_owned);
+        return StagedRow::Rejected(Box::new(DeadLetter {
+            subscriber_id: None,
+            event_id: text("event_id").and_then(|s| Uuid::try_parse(&s).ok()),
+            seq: None,
+            aggregate_type: text("aggregate_type"),
+            aggregate_id: text("aggregate_id"),
+            reason: Reason::Malformed,
+            error: text("error").unwrap_or_default(),
+            raw: rejected.get("raw").cloned().filter(|v| !v.is_null()),
+            existing: None,
+            attempts: 1,
+            source_lsn: Some(commit.commit_lsn),
+            origin,
+        }));
+    }
+    StagedRow::Event(NewEvent {
+        id: row.get("event_id"),
+        aggregate_type: row.get("aggregate_type"),
+        aggregate_id: row.get("aggregate_id"),
+        event_type: row.get("event_type"),
+        version: row.get("version"),
+        payload: row.get("payload"),
+        headers: row.get("headers"),
+        occurred_at: row.get("occurred_at"),
+        source_lsn: commit.commit_lsn,
+        origin,
+        committed_at: commit.commit_time,
+    })
+}
