@@ -94,7 +94,7 @@ impl Appender {
     }
 
     /// Writes a batch in stream order: committed transactions' events and staged
-    /// changes accumulate; a streamed transaction's start, abort or commit first writes
+    /// changes accumulate; a streamed transaction's abort or commit first writes
     /// what came before it.
     async fn flush_items(
         &mut self,
@@ -114,13 +114,6 @@ impl Appender {
                     pending.through = Some(pending.through.map_or(lsn, |t| t.max(lsn)))
                 }
                 Item::Staged(c) => pending.staged.push(c),
-                Item::StreamStart { xid } => {
-                    self.write(&mut pending, totals).await?;
-                    self.log
-                        .discard_staged(xid, None)
-                        .await
-                        .map_err(SourceError::store("replacing a streamed transaction"))?;
-                }
                 Item::StreamAbort { xid, subxid } => {
                     self.write(&mut pending, totals).await?;
                     let n = self
@@ -195,6 +188,10 @@ impl Appender {
         pending: &mut Pending,
         totals: &mut AppendTotals,
     ) -> Result<(), SourceError> {
+        if !pending.staged.is_empty() || !pending.events.is_empty() {
+            // Tests: a slow target, so the reader and the replication client push back.
+            failpoint::delay("append").await;
+        }
         if !pending.staged.is_empty() {
             self.log
                 .stage(&pending.staged)

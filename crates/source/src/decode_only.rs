@@ -39,7 +39,7 @@ pub async fn decode_only(config: &Config, stop_at: Lsn) -> Result<DecodeStats, S
                 }) => stats.events += 1,
                 Item::Staged(_) => stats.rejected += 1,
                 Item::StreamCommit { .. } => stats.transactions += 1,
-                Item::Ignored | Item::StreamStart { .. } | Item::StreamAbort { .. } => {}
+                Item::Ignored | Item::StreamAbort { .. } => {}
             }
         }
         stats

@@ -32,11 +32,6 @@ pub enum Item {
     Through(Lsn),
     /// Protocol 2: a change of a transaction still in progress, staged until it ends.
     Staged(StagedChange),
-    /// The first segment of a streamed transaction: anything still staged for its xid
-    /// is from an earlier attempt and is replaced.
-    StreamStart {
-        xid: u32,
-    },
     /// A streamed transaction (`subxid == xid`) or one of its subtransactions aborted.
     StreamAbort {
         xid: u32,
@@ -232,33 +227,46 @@ impl<'a> Reader<'a> {
         let message =
             decode(data, self.stream.is_some()).map_err(|e| SourceError::Decode(e.to_string()))?;
         match message {
+            // What an earlier session staged was cleared when this one began (the
+            // server sends every unfinished transaction again from its first segment),
+            // so a first segment has nothing to replace.
             Message::StreamStart(start) => {
                 self.stream = Some(start.xid);
                 if start.first_segment {
                     self.streamed.insert(start.xid, Streamed::default());
-                    self.send(Item::StreamStart { xid: start.xid }).await?;
                 }
             }
             Message::StreamStop => self.stream = None,
             Message::StreamAbort(abort) => {
+                let staged = self.streamed.get(&abort.xid).is_some_and(|s| s.ord > 0);
                 if abort.subxid == abort.xid {
                     self.streamed.remove(&abort.xid);
                 }
-                self.send(Item::StreamAbort {
-                    xid: abort.xid,
-                    subxid: abort.subxid,
-                })
-                .await?;
+                if staged {
+                    self.send(Item::StreamAbort {
+                        xid: abort.xid,
+                        subxid: abort.subxid,
+                    })
+                    .await?;
+                }
             }
             Message::StreamCommit(commit) => {
-                self.streamed.remove(&commit.xid);
-                self.send(Item::StreamCommit {
-                    xid: commit.xid,
-                    commit_lsn: Lsn(commit.commit_lsn),
-                    end_lsn: Lsn(commit.end_lsn),
-                    commit_time: pg_time(commit.commit_time),
-                })
-                .await?;
+                let staged = self.streamed.remove(&commit.xid).is_some_and(|s| s.ord > 0);
+                let end_lsn = Lsn(commit.end_lsn);
+                // A streamed transaction without outbox rows (a large write elsewhere,
+                // walfold's own appends when the target is the source) ends like any
+                // committed transaction without events.
+                let item = if staged {
+                    Item::StreamCommit {
+                        xid: commit.xid,
+                        commit_lsn: Lsn(commit.commit_lsn),
+                        end_lsn,
+                        commit_time: pg_time(commit.commit_time),
+                    }
+                } else {
+                    Item::Through(end_lsn)
+                };
+                self.send(item).await?;
             }
             // A partition's own Relation message comes beside its root's even when the
             // publication publishes through the root: only a change for it is a problem.

@@ -119,15 +119,21 @@ impl EventLog {
                     .map_err(StoreError::db(format!("preparing {what}")))
             }
         };
+        // Not `on conflict do nothing`: that is a speculative insertion, and a source
+        // that decodes this database (the target is often the source) cannot stream a
+        // transaction while one is half done, so it spills a large append to disk. One
+        // appender holds the lock, so nobody else inserts between the check and the row.
         let insert = prepare(
             format!(
                 "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
                  event_type, version, payload, headers, occurred_at, partition_hash, \
                  source_lsn, committed_at) \
-                 select * from unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], \
-                 $5::text[], $6::int8[], $7::jsonb[], $8::jsonb[], $9::timestamptz[], \
-                 $10::int4[], $11::pg_lsn[], $12::timestamptz[]) \
-                 on conflict (event_id) do nothing returning event_id"
+                 select * from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
+                 $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
+                 $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
+                 $12::timestamptz[]) as u(seq, event_id) order by u.event_id, u.seq) u \
+                 where not exists (select from {s}.event_log e where e.event_id = u.event_id) \
+                 returning event_id"
             ),
             "the event insert",
         )

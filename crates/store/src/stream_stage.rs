@@ -7,7 +7,7 @@
 //! Why staged rows never double: after any reconnect the server sends every
 //! transaction that had not committed before the acknowledged position again, from its
 //! first segment. A session therefore starts by deleting what an earlier one staged,
-//! and a first segment replaces whatever its xid still has.
+//! and within a session a transaction has one first segment.
 
 use std::time::SystemTime;
 
@@ -99,8 +99,7 @@ impl EventLog {
              change_index, rejected) \
              select $1, * from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
              $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
-             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[]) \
-             on conflict (slot, xid, ord) do nothing",
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[])",
             q(parts.schema)
         );
         let n = changes.len();
@@ -253,7 +252,8 @@ impl EventLog {
         let select = format!(
             "select ord, event_id, aggregate_type, aggregate_id, event_type, version, payload, \
              headers, occurred_at, change_lsn, change_index, rejected from {s}.stream_stage \
-             where slot = $1 and xid = $2 and ord > $3 order by ord limit $4"
+             where slot = $1 and xid = $2 and ord > $3 and (rejected is not null) = $5 \
+             order by ord limit $4"
         );
         let mut tx = parts
             .client
@@ -264,13 +264,24 @@ impl EventLog {
         let limit = page.max(1) as i64;
         let mut head = *parts.head;
         let mut result = StreamOutcome::default();
+        // Rejected rows first, then the events. A dead letter's insert is speculative
+        // (`on conflict do nothing`): done while this transaction is still small, it
+        // cannot make the source spill it (see the event insert in `event_log`).
         let mut after = -1i64;
+        let mut rejected = true;
         loop {
             let rows = tx
-                .query(&select, &[&parts.slot, &xid, &after, &limit])
+                .query(&select, &[&parts.slot, &xid, &after, &limit, &rejected])
                 .await
                 .map_err(StoreError::db("reading staged changes"))?;
-            let Some(last) = rows.last() else { break };
+            let Some(last) = rows.last() else {
+                if rejected {
+                    rejected = false;
+                    after = -1;
+                    continue;
+                }
+                break;
+            };
             after = last.get(0);
             let mut events = Vec::with_capacity(rows.len());
             let mut dead = Vec::new();

@@ -1,0 +1,346 @@
+//! Streaming of in-progress transactions (pgoutput protocol 2): a large transaction is
+//! staged while it runs, reaches the event log only at its commit, leaves nothing when it
+//! (or a subtransaction) aborts, and survives crashes without doubling. Protocol 1 stays
+//! a choice. The walsender here streams early: `logical_decoding_work_mem` is 64kB for
+//! the test database.
+
+use std::time::Duration;
+
+use walfold_tests::{count, eventually, slot_active, Daemon, TestDb};
+
+/// A transaction bigger than 64kB of decoded changes.
+const ROWS: i64 = 3000;
+
+fn streaming_db(prefix: &str) -> TestDb {
+    let db = TestDb::new(prefix);
+    db.psql(&format!(
+        "alter database {} set logical_decoding_work_mem = '64kB'",
+        db.name
+    ));
+    db
+}
+
+/// `n` outbox rows for aggregates `{tag}-1..n`.
+fn rows(tag: &str, n: i64) -> String {
+    format!(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         select gen_random_uuid(), 'order', '{tag}-' || g, 'OrderPlaced', 1, \
+                jsonb_build_object('status', 'placed', 'amount', '1', 'note', repeat('n', 100)) \
+         from generate_series(1, {n}) g;"
+    )
+}
+
+const MALFORMED: &str =
+    "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+     values (null, 'order', 'bad-1', 'Broken', 1, '{}');";
+
+/// `(spill_bytes, stream_txns)` of the slot.
+async fn slot_stats(client: &tokio_postgres::Client) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "select coalesce(spill_bytes, 0), coalesce(stream_txns, 0) \
+             from pg_stat_replication_slots where slot_name = 'walfold'",
+            &[],
+        )
+        .await
+        .expect("slot stats");
+    (row.get(0), row.get(1))
+}
+
+async fn staged(client: &tokio_postgres::Client) -> i64 {
+    count(client, "select count(*) from walfold.stream_stage").await
+}
+
+async fn logged(client: &tokio_postgres::Client) -> i64 {
+    count(client, "select count(*) from walfold.event_log").await
+}
+
+async fn wait_for(client: &tokio_postgres::Client, what: &str, sql: &str, at_least: i64) {
+    eventually(Duration::from_secs(60), what, || async {
+        count(client, sql).await >= at_least
+    })
+    .await;
+}
+
+async fn wait_logged(client: &tokio_postgres::Client, n: i64) {
+    eventually(
+        Duration::from_secs(90),
+        &format!("{n} events in the log"),
+        || async { logged(client).await == n },
+    )
+    .await;
+}
+
+/// The daemon's log comes to hold `needle` (colours left out).
+async fn log_says(d: &Daemon, needle: &str) {
+    eventually(Duration::from_secs(10), needle, || {
+        let found = plain(&d.log_text()).contains(needle);
+        async move { found }
+    })
+    .await;
+}
+
+/// `text` without ANSI colour sequences.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn without_projections(db: &TestDb) -> String {
+    db.config("")
+        .split("[[projection]]")
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+fn malformed_dead_letters(db: &TestDb) -> String {
+    db.psql("select count(*) from walfold.dead_letter where subscriber_id is null and reason = 'malformed'")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_transaction_is_staged_while_it_runs_and_appended_at_its_commit() {
+    let db = streaming_db("stream");
+    // No projections: at 64kB the source would spill their batches (upserts and claims
+    // are speculative inserts, which it cannot stream half done), not ours.
+    let d = Daemon::start(&without_projections(&db), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let writer = db.client().await;
+    writer
+        .batch_execute(&format!("begin; {} {MALFORMED}", rows("a", ROWS)))
+        .await
+        .unwrap();
+    wait_for(
+        &client,
+        "changes staged while the transaction runs",
+        "select count(*) from walfold.stream_stage",
+        ROWS / 2,
+    )
+    .await;
+    assert_eq!(
+        logged(&client).await,
+        0,
+        "nothing is visible before the commit"
+    );
+    writer
+        .batch_execute(&format!("{} commit;", rows("b", 500)))
+        .await
+        .unwrap();
+    wait_logged(&client, ROWS + 500).await;
+    eventually(Duration::from_secs(30), "staging to empty", || async {
+        staged(&client).await == 0
+    })
+    .await;
+    // In order: the events of the transaction in the order they were written.
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from walfold.event_log where aggregate_id like 'b-%' \
+             and seq < (select max(seq) from walfold.event_log where aggregate_id like 'a-%')"
+        )
+        .await,
+        0,
+        "the rows written last come last"
+    );
+    assert_eq!(malformed_dead_letters(&db), "1");
+    let (spill, streamed) = slot_stats(&client).await;
+    assert_eq!(spill, 0, "spill_bytes");
+    assert!(streamed >= 1, "stream_txns {streamed}");
+    log_says(&d, "protocol=2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_streamed_transaction_or_subtransaction_leaves_nothing() {
+    let db = streaming_db("streamabort");
+    let _d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let writer = db.client().await;
+    writer
+        .batch_execute(&format!(
+            "begin; {} savepoint s; {}",
+            rows("keep", ROWS),
+            rows("drop", ROWS)
+        ))
+        .await
+        .unwrap();
+    wait_for(
+        &client,
+        "the subtransaction's changes staged",
+        "select count(distinct subxid) from walfold.stream_stage",
+        2,
+    )
+    .await;
+    writer
+        .batch_execute(&format!(
+            "rollback to savepoint s; {} commit;",
+            rows("late", 100)
+        ))
+        .await
+        .unwrap();
+    wait_logged(&client, ROWS + 100).await;
+
+    // A whole streamed transaction that rolls back.
+    writer
+        .batch_execute(&format!("begin; {}", rows("gone", ROWS)))
+        .await
+        .unwrap();
+    wait_for(
+        &client,
+        "the doomed transaction staged",
+        "select count(*) from walfold.stream_stage",
+        1,
+    )
+    .await;
+    writer.batch_execute("rollback").await.unwrap();
+    writer.batch_execute(&rows("after", 1)).await.unwrap();
+    wait_logged(&client, ROWS + 101).await;
+    eventually(Duration::from_secs(30), "staging to empty", || async {
+        staged(&client).await == 0
+    })
+    .await;
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from walfold.event_log where aggregate_id like 'drop-%' or aggregate_id like 'gone-%'"
+        )
+        .await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_stream_restages_from_the_first_segment_without_doubling() {
+    let db = streaming_db("streamcrash");
+    let mut d = Daemon::start(&db.config(""), &[("WALFOLD_FAILPOINTS", "after_stage=2")]);
+    d.assert_failpoints_compiled();
+    let client = db.client().await;
+    slot_active(&client).await;
+    let writer = db.client().await;
+    writer
+        .batch_execute(&format!("begin; {MALFORMED} {}", rows("a", ROWS)))
+        .await
+        .unwrap();
+    d.wait_exit("the failpoint after a staged batch").await;
+    let before = staged(&client).await;
+    assert!(before > 0, "the crash left staged rows");
+    d.kill_and_restart(Some(&[]));
+    slot_active(&client).await;
+    writer
+        .batch_execute(&format!("{} commit;", rows("b", 10)))
+        .await
+        .unwrap();
+    wait_logged(&client, ROWS + 10).await;
+    assert_eq!(
+        count(
+            &client,
+            "select count(distinct event_id) from walfold.event_log"
+        )
+        .await,
+        ROWS + 10
+    );
+    assert_eq!(staged(&client).await, 0);
+    assert_eq!(malformed_dead_letters(&db), "1");
+    log_says(&d, "cleared changes staged by an earlier session").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_a_streamed_commit_replays_as_duplicates_and_dead_letters_once() {
+    let db = streaming_db("streamreplay");
+    let mut d = Daemon::start(
+        &db.config(""),
+        &[("WALFOLD_FAILPOINTS", "after_append_commit=1")],
+    );
+    d.assert_failpoints_compiled();
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&format!("begin; {} {MALFORMED} commit;", rows("a", ROWS)));
+    d.wait_exit("the failpoint after the streamed commit").await;
+    assert_eq!(logged(&client).await, ROWS, "the move committed whole");
+    d.kill_and_restart(Some(&[]));
+    // The replay (the slot was not acknowledged) meets every event as a duplicate.
+    eventually(Duration::from_secs(60), "the replay counted", || async {
+        count(
+            &client,
+            "select duplicates from walfold.ingest_position where slot = 'walfold'",
+        )
+        .await
+            >= ROWS
+    })
+    .await;
+    db.psql(&rows("after", 1));
+    wait_logged(&client, ROWS + 1).await;
+    assert_eq!(malformed_dead_letters(&db), "1");
+    assert_eq!(staged(&client).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_1_is_still_a_choice_and_the_source_spills_instead() {
+    let db = streaming_db("proto1");
+    let config = db
+        .config("")
+        .replacen("[source]\n", "[source]\nprotocol = 1\n", 1);
+    let d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&format!("begin; {} commit;", rows("a", ROWS)));
+    wait_logged(&client, ROWS).await;
+    let (spill, streamed) = slot_stats(&client).await;
+    assert!(spill > 0, "protocol 1: the source spills ({spill} bytes)");
+    assert_eq!(streamed, 0);
+    log_says(&d, "protocol=1").await;
+}
+
+/// The target stalls for longer than the server's `wal_sender_timeout` while a large
+/// transaction arrives: the reader and the replication client push back, and the
+/// status updates they keep sending hold the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_updates_go_on_while_the_target_pushes_back() {
+    let db = streaming_db("pushback");
+    db.psql(&format!(
+        "alter database {} set wal_sender_timeout = '2s'",
+        db.name
+    ));
+    let config = db
+        .config("")
+        .replacen("[pipeline]\n", "[pipeline]\nchannel_capacity = 1\n", 1);
+    let d = Daemon::start(&config, &[("WALFOLD_FAILPOINTS", "append=stall:8000")]);
+    d.assert_failpoints_compiled();
+    let client = db.client().await;
+    slot_active(&client).await;
+    let pid = count(
+        &client,
+        "select pid::int8 from pg_stat_replication where application_name = 'walfold'",
+    )
+    .await;
+    db.psql(&format!("begin; {} commit;", rows("a", ROWS)));
+    wait_logged(&client, ROWS).await;
+    assert_eq!(
+        count(
+            &client,
+            "select pid::int8 from pg_stat_replication where application_name = 'walfold'"
+        )
+        .await,
+        pid,
+        "the walsender was replaced: {}",
+        d.log_text()
+    );
+    assert!(
+        !plain(&d.log_text()).contains("reconnecting"),
+        "{}",
+        d.log_text()
+    );
+}
