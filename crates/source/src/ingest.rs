@@ -82,6 +82,10 @@ async fn attempt(
         .map_err(SourceError::store("connecting to the source"))?;
     prepare_source(&source, config, &mut log).await?;
     drop(source);
+    let ingested = log
+        .durable_lsn()
+        .await
+        .map_err(SourceError::store("reading the ingest position"))?;
     head.send_replace(log.head());
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
@@ -93,7 +97,7 @@ async fn attempt(
         linger: Duration::from_millis(config.pipeline.append_linger_ms),
         position_written: tokio::time::Instant::now(),
     };
-    let reader = Reader::new(config, items_tx);
+    let reader = Reader::new(config, items_tx, ingested);
     let cfg = replication_config(config)?;
     let _heartbeat = heartbeat(
         config.source.url.clone(),
@@ -134,8 +138,8 @@ fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
             let Some(c) = &client else { continue };
             if let Err(e) = c
                 .execute(
-                    "select pg_logical_emit_message(false, 'walfold.heartbeat', '')",
-                    &[],
+                    "select pg_logical_emit_message(false, $1, '')",
+                    &[&walfold_config::HEARTBEAT_PREFIX],
                 )
                 .await
             {
