@@ -822,6 +822,41 @@ async fn every_backfilled_id_conflict_is_recorded_once() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_rejected_by_the_stream_and_by_backfill_is_one_dead_letter() {
+    let db = TestDb::new("bf_after_stream");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(&format!(
+        "{} insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values ('00000000-0000-4000-8000-000000000009', 'order', null, 'OrderPaid', 1, '{{}}');",
+        insert_event(ID[0], "o-1", "OrderPaid", 1, r#"{"amount": "1"}"#)
+    ));
+    caught_up(&client, 1, 3).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "1");
+    // Backfill reads the same rows; then the stream replays them from a copied slot.
+    assert!(backfill(&db, "10").contains("1 malformed"));
+    assert_eq!(
+        db.psql("select count(*) from walfold.dead_letter"),
+        "1",
+        "the streamed rejection is the backfilled one"
+    );
+    // A second, identical malformed row is another row: recorded.
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values ('00000000-0000-4000-8000-000000000009', 'order', null, 'OrderPaid', 1, '{}');",
+    );
+    let mut d = Daemon::start(&db.config(""), &[]);
+    eventually(Duration::from_secs(30), "the second row", || async {
+        db.psql("select count(*) from walfold.dead_letter") != "1"
+    })
+    .await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "2");
+}
+
 /// `pg_logical_emit_message(true, prefix, json)` as an SQL statement.
 fn emit(transactional: bool, prefix: &str, content: &str) -> String {
     format!("select 'x' from pg_logical_emit_message({transactional}, '{prefix}', '{content}');")
