@@ -626,3 +626,25 @@ fn completions_and_the_man_page_come_from_the_cli() {
     );
     assert!(out.contains("init") && out.contains("events"));
 }
+
+#[test]
+fn the_demo_folds_every_kind_of_outbox_and_projection_and_cleans_up() {
+    let (code, out, err) = walfold(&["demo"], &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    for line in [
+        "  o-1   paid        30.00  v2",
+        "  o-2   cancelled   12.50  v3",
+        "  EUR  42.50",
+        "  acc-1  90.00  v3",
+        "event log: 9 events appended, 1 duplicate IDs skipped, 1 malformed rows dead-lettered",
+        "dead letter: malformed — column `id` is null",
+        "throwaway PostgreSQL stopped and removed",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+    assert_eq!(
+        out.matches("dead letter:").count(),
+        1,
+        "only the malformed row: {out}"
+    );
+}

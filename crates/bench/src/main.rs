@@ -29,6 +29,9 @@ pub struct Args {
     /// Rows in the single big transaction of the memory scenario (0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     pub big_txn: u64,
+    /// The cluster's `fsync`: on (as users run PostgreSQL) or off (the test clusters').
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub fsync: String,
 }
 
 fn main() {

@@ -26,10 +26,11 @@ struct Line {
 }
 
 pub async fn run_all(args: Args) -> Result<(), BoxError> {
-    let cluster = tokio::task::spawn_blocking(setup::start_cluster).await??;
+    let fsync = args.fsync.clone();
+    let cluster = tokio::task::spawn_blocking(move || setup::start_cluster(&fsync)).await??;
     let cluster: &'static Cluster = Box::leak(Box::new(cluster));
     let mut lines = Vec::new();
-    eprintln!("cluster on port {}", cluster.port());
+    eprintln!("cluster on port {}, fsync={}", cluster.port(), args.fsync);
 
     decode_and_drain(cluster, &args, &mut lines).await?;
     live(cluster, &args, &mut lines).await?;

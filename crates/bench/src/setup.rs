@@ -9,8 +9,9 @@ use walfold_tempdb::{Cluster, Options};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub fn start_cluster() -> Result<Cluster, BoxError> {
+pub fn start_cluster(fsync: &str) -> Result<Cluster, BoxError> {
     let settings = [
+        ("fsync", fsync),
         ("shared_buffers", "512MB"),
         ("max_wal_size", "8GB"),
         ("checkpoint_timeout", "30min"),

@@ -15,7 +15,7 @@ pub use ident::{quote_ident, QualifiedName};
 pub use model::{
     Config, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig, PipelineConfig,
     ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, TableProjection, TargetConfig,
-    VersionMode,
+    VersionMode, HEARTBEAT_PREFIX,
 };
 pub use redact::redact_url;
 pub use template::{ParamType, Placeholder, Template, TemplateError};

@@ -16,7 +16,7 @@ use crate::template::Template;
 pub struct Config {
     /// The database whose outbox tables are followed through logical replication.
     pub source: SourceConfig,
-    /// The outbox tables to follow (at least one).
+    /// The outboxes to follow (at least one): tables, or transactional logical messages.
     #[serde(default)]
     pub outbox: Vec<OutboxConfig>,
     /// Where walfold keeps its state and the read models; defaults to the source database.
@@ -145,12 +145,18 @@ impl fmt::Debug for SourceConfig {
     }
 }
 
-/// `[[outbox]]`: an outbox table and the columns an event is read from.
+/// `[[outbox]]`: where events are read from (a table, or transactional logical decoding
+/// messages under a prefix) and the columns (or JSON keys) each field is read from.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
-    /// `schema.table` (or `table`, meaning `public.table`).
-    pub table: String,
+    /// A table outbox: `schema.table` (or `table`, meaning `public.table`).
+    #[serde(default)]
+    pub table: Option<String>,
+    /// A message outbox: the prefix of `pg_logical_emit_message(true, prefix, json)`
+    /// calls; the field names below are then the JSON object's keys. Set this or `table`.
+    #[serde(default)]
+    pub message_prefix: Option<String>,
     /// The producer's event ID (uuid). Required, non-null.
     #[serde(default = "col_id")]
     pub id: String,
@@ -572,6 +578,19 @@ impl ProjectionConfig {
 }
 
 impl Config {
+    /// The table outboxes with their tables (message outboxes have none).
+    pub fn table_outboxes(&self) -> impl Iterator<Item = (&OutboxConfig, QualifiedName)> {
+        self.outbox
+            .iter()
+            .filter_map(|o| o.table_name().map(|t| (o, t)))
+    }
+
+    /// The table outbox named `table` (`schema.table`, or as written in the config).
+    pub fn table_outbox(&self, table: &str) -> Option<(&OutboxConfig, QualifiedName)> {
+        self.table_outboxes()
+            .find(|(o, t)| t.to_string() == table || o.table.as_deref() == Some(table))
+    }
+
     /// The target database URL (`target.url`, else `source.url`).
     pub fn target_url(&self) -> &str {
         self.target.url.as_deref().unwrap_or(&self.source.url)
@@ -625,19 +644,45 @@ impl Config {
             );
         }
         let mut tables = Vec::new();
+        let mut prefixes = Vec::new();
         for (i, o) in self.outbox.iter().enumerate() {
-            match QualifiedName::parse(&o.table) {
-                Ok(n) if tables.contains(&n) => {
-                    push(&format!("outbox[{i}].table"), "listed twice".into())
-                }
-                Ok(n) => tables.push(n),
-                Err(m) => push(&format!("outbox[{i}].table"), m),
+            match (&o.table, &o.message_prefix) {
+                (Some(table), None) => match QualifiedName::parse(table) {
+                    Ok(n) if tables.contains(&n) => {
+                        push(&format!("outbox[{i}].table"), "listed twice".into())
+                    }
+                    Ok(n) => tables.push(n),
+                    Err(m) => push(&format!("outbox[{i}].table"), m),
+                },
+                (None, Some(prefix)) => match check_prefix(prefix) {
+                    Err(m) => push(&format!("outbox[{i}].message_prefix"), m),
+                    Ok(()) if prefixes.contains(&prefix) => {
+                        push(&format!("outbox[{i}].message_prefix"), "listed twice".into())
+                    }
+                    Ok(()) => prefixes.push(prefix),
+                },
+                (None, None) => push(
+                    &format!("outbox[{i}].table"),
+                    "missing: set table (an outbox table) or message_prefix (transactional \
+                     pg_logical_emit_message calls)"
+                        .into(),
+                ),
+                (Some(_), Some(_)) => push(
+                    &format!("outbox[{i}].message_prefix"),
+                    "set either table or message_prefix, not both: one [[outbox]] per source of events"
+                        .into(),
+                ),
             }
+            let what = if o.message_prefix.is_some() {
+                "JSON key"
+            } else {
+                "column name"
+            };
             for (k, v) in o.columns() {
                 if !is_identifier(v) {
                     push(
                         &format!("outbox[{i}].{k}"),
-                        format!("`{v}` is not a valid column name: {IDENTIFIER_RULE}"),
+                        format!("`{v}` is not a valid {what}: {IDENTIFIER_RULE}"),
                     );
                 }
             }
@@ -750,13 +795,45 @@ impl OutboxConfig {
         ]
     }
 
-    /// The table as a parsed name (valid after [`Config::validate`]).
-    pub fn table_name(&self) -> QualifiedName {
-        QualifiedName::parse(&self.table).unwrap_or_else(|_| QualifiedName {
-            schema: "public".into(),
-            name: self.table.clone(),
-        })
+    /// A table outbox's table as a parsed name (valid after [`Config::validate`]); `None`
+    /// for a message outbox.
+    pub fn table_name(&self) -> Option<QualifiedName> {
+        let table = self.table.as_ref()?;
+        Some(
+            QualifiedName::parse(table).unwrap_or_else(|_| QualifiedName {
+                schema: "public".into(),
+                name: table.clone(),
+            }),
+        )
     }
+
+    /// What this outbox follows, for messages: `public.outbox` or `messages 'orders'`.
+    pub fn describe(&self) -> String {
+        match (self.table_name(), &self.message_prefix) {
+            (Some(t), _) => t.to_string(),
+            (None, Some(p)) => format!("messages '{p}'"),
+            (None, None) => "an outbox without table or message_prefix".into(),
+        }
+    }
+}
+
+/// The prefix walfold's own heartbeats use (non-transactional messages).
+pub const HEARTBEAT_PREFIX: &str = "walfold.heartbeat";
+
+/// A message prefix: 1-255 printable characters, not the heartbeats' own.
+fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() || prefix.len() > 255 {
+        return Err("must be 1-255 characters".into());
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    if prefix == HEARTBEAT_PREFIX {
+        return Err(format!(
+            "`{HEARTBEAT_PREFIX}` is walfold's own heartbeat prefix"
+        ));
+    }
+    Ok(())
 }
 
 fn check_url(push: &mut impl FnMut(&str, String), key: &str, url: &str) {

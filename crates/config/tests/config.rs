@@ -227,7 +227,7 @@ fn names_are_used_as_written_and_names_outside_the_rule_are_refused_by_key() {
         .replace("[[outbox]]", "publication = \"PubQuoted\"\n\n[[outbox]]");
     let c = Config::from_toml(&mixed, vec![]).unwrap();
     assert_eq!(
-        c.outbox[0].table_name().quoted(),
+        c.outbox[0].table_name().unwrap().quoted(),
         "\"Sales\".\"OutboxEvent\""
     );
     assert_eq!(c.outbox[0].aggregate_id, "aggregateId");
@@ -304,4 +304,54 @@ fn strict_projections_name_their_mode_and_a_valid_gap_timeout() {
         "{:?}",
         problems(&bad)
     );
+}
+
+#[test]
+fn a_message_outbox_names_its_prefix_and_each_mistake_its_key() {
+    let messages = MINIMAL.replace(
+        "[[outbox]]\ntable = \"public.outbox\"\n",
+        "[[outbox]]\ntable = \"public.outbox\"\n\n[[outbox]]\nmessage_prefix = \"walfold:orders\"\naggregate_id = \"aggregateId\"\n",
+    );
+    let c = Config::from_toml(&messages, vec![]).unwrap();
+    assert_eq!(
+        c.outbox[1].message_prefix.as_deref(),
+        Some("walfold:orders")
+    );
+    assert_eq!(c.outbox[1].table_name(), None);
+    assert_eq!(c.outbox[1].describe(), "messages 'walfold:orders'");
+    assert_eq!(c.table_outboxes().count(), 1);
+    for (outbox, key, says) in [
+        ("aggregate_id = \"x\"", "outbox[1].table", "set table"),
+        (
+            "table = \"t\"\nmessage_prefix = \"p\"",
+            "outbox[1].message_prefix",
+            "not both",
+        ),
+        ("message_prefix = \"\"", "outbox[1].message_prefix", "1-255"),
+        (
+            "message_prefix = \"walfold.heartbeat\"",
+            "outbox[1].message_prefix",
+            "heartbeat",
+        ),
+        (
+            "message_prefix = \"p\"\n\n[[outbox]]\nmessage_prefix = \"p\"",
+            "outbox[2].message_prefix",
+            "listed twice",
+        ),
+        (
+            "message_prefix = \"p\"\nid = \"event id\"",
+            "outbox[1].id",
+            "not a valid JSON key",
+        ),
+    ] {
+        let text = MINIMAL.replace(
+            "[[outbox]]\ntable = \"public.outbox\"\n",
+            &format!("[[outbox]]\ntable = \"public.outbox\"\n\n[[outbox]]\n{outbox}\n"),
+        );
+        let found = problems(&text);
+        assert!(
+            found.iter().any(|p| p.contains(key) && p.contains(says)),
+            "{outbox}: {found:?}"
+        );
+    }
 }

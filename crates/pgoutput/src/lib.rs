@@ -21,4 +21,5 @@ pub use message::{
     Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, Origin, Relation,
     RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage, Update,
 };
+pub use timestamp::parse_time;
 pub use value::{oid, parse_text, Value};

@@ -8,6 +8,17 @@ const SECONDS_PER_DAY: i64 = 86_400;
 /// Parses `YYYY-MM-DD HH:MM:SS[.ffffff]±HH[:MM[:SS]]` (DateStyle ISO, as sent by
 /// pgoutput), `infinity` or `-infinity`. BC dates are rejected.
 pub(crate) fn parse_timestamptz(text: &str) -> Result<i64, ValueError> {
+    parse(text, false, false)
+}
+
+/// Like `timestamptz` text, also in ISO 8601 (`T` between date and time, `Z` for UTC),
+/// as JSON producers write it. With `assume_utc`, a time without an offset (a
+/// `timestamp without time zone`) is taken as UTC.
+pub fn parse_time(text: &str, assume_utc: bool) -> Result<i64, ValueError> {
+    parse(text, true, assume_utc)
+}
+
+fn parse(text: &str, iso_8601: bool, assume_utc: bool) -> Result<i64, ValueError> {
     match text {
         "infinity" => return Ok(i64::MAX),
         "-infinity" => return Ok(i64::MIN),
@@ -26,7 +37,9 @@ pub(crate) fn parse_timestamptz(text: &str) -> Result<i64, ValueError> {
     let (month, _) = s.digits(2, 2)?;
     s.expect(b'-')?;
     let (day, _) = s.digits(2, 2)?;
-    s.expect(b' ')?;
+    if !(iso_8601 && s.eat(b'T')) {
+        s.expect(b' ')?;
+    }
     let (hour, _) = s.digits(2, 2)?;
     s.expect(b':')?;
     let (minute, _) = s.digits(2, 2)?;
@@ -40,17 +53,20 @@ pub(crate) fn parse_timestamptz(text: &str) -> Result<i64, ValueError> {
         let (fraction, count) = s.digits(1, 6)?;
         micros = scale_fraction(fraction, count);
     }
+    let (mut offset_hours, mut offset_minutes, mut offset_seconds) = (0, 0, 0);
     let sign = if s.eat(b'+') {
         1
     } else if s.eat(b'-') {
         -1
+    } else if (iso_8601 && s.eat(b'Z')) || (assume_utc && s.pos == s.bytes.len()) {
+        0
     } else {
         return Err(ValueError::InvalidTimestamptz);
     };
-    let (offset_hours, _) = s.digits(2, 2)?;
-    let mut offset_minutes = 0;
-    let mut offset_seconds = 0;
-    if s.eat(b':') {
+    if sign != 0 {
+        offset_hours = s.digits(2, 2)?.0;
+    }
+    if sign != 0 && s.eat(b':') {
         offset_minutes = s.digits(2, 2)?.0;
         if s.eat(b':') {
             offset_seconds = s.digits(2, 2)?.0;
@@ -203,6 +219,23 @@ mod tests {
             let text = format!("2026-11-30 02:25:48.{frac}+00");
             assert_eq!(parse_timestamptz(&text), Ok(base + add), "{text}");
         }
+    }
+
+    #[test]
+    fn iso_8601_and_naive_times() {
+        let at = 1_796_005_548_500_000; // 2026-11-30 02:25:48.5 UTC
+        assert_eq!(parse_time("2026-11-30T02:25:48.5Z", false), Ok(at));
+        assert_eq!(parse_time("2026-11-30T03:25:48.5+01:00", false), Ok(at));
+        assert_eq!(parse_time("2026-11-30 02:25:48.5", true), Ok(at));
+        assert_eq!(
+            parse_time("2026-11-30 02:25:48.5", false),
+            Err(ValueError::InvalidTimestamptz),
+            "a timestamptz always has an offset"
+        );
+        assert_eq!(
+            parse_time("2026-11-30T02:25:48.5Zx", false),
+            Err(ValueError::InvalidTimestamptz)
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub mod oid {
     pub const BPCHAR: u32 = 1042;
     /// `varchar`
     pub const VARCHAR: u32 = 1043;
+    /// `timestamp` (without time zone)
+    pub const TIMESTAMP: u32 = 1114;
     /// `timestamptz`
     pub const TIMESTAMPTZ: u32 = 1184;
     /// `numeric`

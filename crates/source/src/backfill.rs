@@ -43,13 +43,11 @@ pub async fn backfill(
     order_by: Option<&str>,
     batch: i64,
 ) -> Result<BackfillReport, SourceError> {
-    let outbox = config
-        .outbox
-        .iter()
-        .find(|o| o.table_name().to_string() == table || o.table == table)
-        .ok_or_else(|| {
-            SourceError::MissingTable(format!("{table} (not an [[outbox]] in the config)"))
-        })?;
+    let (outbox, _) = config.table_outbox(table).ok_or_else(|| {
+        SourceError::MissingTable(format!(
+            "{table} (not a table [[outbox]] in the config; a message outbox has no rows to backfill)"
+        ))
+    })?;
     let target = connect(config.target_url())
         .await
         .map_err(SourceError::store("connecting to the target"))?;
@@ -182,7 +180,9 @@ impl Pager {
         outbox: &OutboxConfig,
         order_by: Option<&str>,
     ) -> Result<Pager, SourceError> {
-        let table = outbox.table_name();
+        let table = outbox
+            .table_name()
+            .ok_or_else(|| SourceError::MissingTable("a message outbox".into()))?;
         let rows = source
             .query(
                 "select a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod) \

@@ -47,7 +47,7 @@ pub async fn decode_only(config: &Config, stop_at: Lsn) -> Result<DecodeStats, S
     let cfg = replication_config(config)?
         .with_stop_lsn(stop_at)
         .with_status_interval(Duration::from_secs(10));
-    let reader = Reader::new(config, tx);
+    let reader = Reader::new(config, tx, Lsn::ZERO);
     reader.run(cfg, ack, &CancellationToken::new()).await?;
     counter
         .await

@@ -26,12 +26,29 @@ pub enum SourceError {
          {relation} as an [[outbox]]; if it is a partition of an outbox, run alter publication \
          \"{publication}\" set (publish_via_partition_root = true) and restart; if its changes \
          are no events, remove it from the publication (changes written before that are still \
-         sent: to skip this transaction, and its outbox rows, advance the slot past it)"
+         sent: to skip this transaction, and its outbox rows, stop walfold and run \
+         select pg_replication_slot_advance('{slot}', '{skip_to}'); each such transaction \
+         stops ingest once, so repeat for the next)"
     )]
     Unmapped {
         change: &'static str,
         relation: String,
         publication: String,
+        slot: String,
+        commit_lsn: walfold_store::Lsn,
+        /// Just past the commit: where the slot must be advanced to skip the transaction.
+        skip_to: walfold_store::Lsn,
+    },
+    #[error(
+        "outbox {table} has no column `{column}` any more (outbox.{key}): it was renamed or \
+         dropped while walfold ran, and every row would be a dead letter; ingest stopped \
+         before acknowledging the transaction at commit {commit_lsn} and retries. Fix: set \
+         outbox.{key} to the column's new name and restart, or restore the column"
+    )]
+    OutboxChanged {
+        table: String,
+        key: &'static str,
+        column: String,
         commit_lsn: walfold_store::Lsn,
     },
     #[error("replication stream: {0}")]
@@ -72,6 +89,8 @@ impl SourceError {
                 kind_for_code(code.as_deref()).own_statement()
             }
             SourceError::Replication(W::Auth(_) | W::Tls(_)) => ErrorKind::Environment,
+            // Someone changed the outbox table; putting it back heals without a restart.
+            SourceError::OutboxChanged { .. } => ErrorKind::Environment,
             SourceError::Replication(_) => ErrorKind::Transient,
             // A decode error means we misread the stream; a fresh stream from the
             // durable point is the only safe move, and it is logged loudly.

@@ -82,6 +82,10 @@ async fn attempt(
         .map_err(SourceError::store("connecting to the source"))?;
     prepare_source(&source, config, &mut log).await?;
     drop(source);
+    let ingested = log
+        .durable_lsn()
+        .await
+        .map_err(SourceError::store("reading the ingest position"))?;
     // The server sends every unfinished transaction again from its first segment.
     let cleared = log
         .clear_staged()
@@ -104,7 +108,7 @@ async fn attempt(
         linger: Duration::from_millis(config.pipeline.append_linger_ms),
         position_written: tokio::time::Instant::now(),
     };
-    let reader = Reader::new(config, items_tx);
+    let reader = Reader::new(config, items_tx, ingested);
     let cfg = replication_config(config)?;
     let _heartbeat = heartbeat(
         config.source.url.clone(),
@@ -145,8 +149,8 @@ fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
             let Some(c) = &client else { continue };
             if let Err(e) = c
                 .execute(
-                    "select pg_logical_emit_message(false, 'walfold.heartbeat', '')",
-                    &[],
+                    "select pg_logical_emit_message(false, $1, '')",
+                    &[&walfold_config::HEARTBEAT_PREFIX],
                 )
                 .await
             {

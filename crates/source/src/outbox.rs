@@ -1,28 +1,42 @@
-//! Outbox mapping: an inserted outbox row becomes an [`NewEvent`] with the producer's ID,
-//! or, when it cannot, a dead letter with the reason and the raw row. Pure: no I/O.
+//! Outbox mapping: an inserted outbox row, or a transactional logical decoding message,
+//! becomes a [`NewEvent`] with the producer's ID or, when it cannot, a dead letter with
+//! the reason and the raw content. One rule for both ([`build`]). Pure: no I/O.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
-use walfold_pgoutput::{oid, parse_text, Column, Relation, Tuple, Value as PgValue};
+use walfold_pgoutput::{oid, parse_time, Column, Relation, Tuple};
 use walfold_store::{DeadLetter, Lsn, NewEvent, Reason, RowOrigin};
 
-/// Where each mapped column sits in a relation (as announced by its Relation message).
-#[derive(Debug, Clone)]
-pub struct Mapping {
-    pub table: QualifiedName,
-    columns: Vec<(String, u32)>,
-    id: Option<usize>,
-    aggregate_type: Option<usize>,
-    aggregate_id: Option<usize>,
-    event_type: Option<usize>,
-    version: Option<usize>,
-    payload: Option<usize>,
-    headers: Option<usize>,
-    occurred_at: Option<usize>,
-    names: [String; 8],
+/// The fields of an event, indexes into [`OutboxConfig::columns`].
+const ID: usize = 0;
+const AGGREGATE_TYPE: usize = 1;
+const AGGREGATE_ID: usize = 2;
+const EVENT_TYPE: usize = 3;
+const VERSION: usize = 4;
+const PAYLOAD: usize = 5;
+const HEADERS: usize = 6;
+const OCCURRED_AT: usize = 7;
+
+/// The column (or key) name of each field, as configured.
+type Names = [String; 8];
+
+fn names(config: &OutboxConfig) -> Names {
+    config.columns().map(|(_, name)| name.to_owned())
+}
+
+/// Where an event's fields are read from: a row's columns or a message's JSON keys.
+trait Fields {
+    /// `column` or `key`, for messages.
+    const WHAT: &'static str;
+    /// A field's text; `None` for null, or for an optional field that is absent.
+    fn text(&self, field: usize, required: bool) -> Result<Option<String>, String>;
+    /// A JSON field (payload, headers).
+    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String>;
+    /// A time without an offset is UTC (a `timestamp without time zone` column).
+    fn naive_time_is_utc(&self) -> bool;
 }
 
 /// The source transaction an insert belongs to.
@@ -32,35 +46,144 @@ pub struct TxContext {
     pub commit_time: Option<SystemTime>,
 }
 
+/// The one rule that makes an event of an outbox row or message.
+fn build<F: Fields>(
+    f: &F,
+    names: &Names,
+    tx: TxContext,
+    origin: Option<RowOrigin>,
+) -> Result<NewEvent, String> {
+    let what = F::WHAT;
+    let required = |field: usize| -> Result<String, String> {
+        f.text(field, true)?
+            .ok_or_else(|| format!("{what} `{}` is null", names[field]))
+    };
+    let id_text = required(ID)?;
+    let id = Uuid::try_parse(id_text.trim()).map_err(|_| {
+        format!(
+            "{what} `{}` is not a UUID: `{}`",
+            names[ID],
+            truncate(&id_text)
+        )
+    })?;
+    let aggregate_type = required(AGGREGATE_TYPE)?;
+    let aggregate_id = required(AGGREGATE_ID)?;
+    let event_type = required(EVENT_TYPE)?;
+    let version = match f.text(VERSION, false)? {
+        None => None,
+        Some(v) => Some(v.trim().parse::<i64>().map_err(|_| {
+            format!(
+                "{what} `{}` is not an integer: `{}`",
+                names[VERSION],
+                truncate(&v)
+            )
+        })?),
+    };
+    let payload = f
+        .json(PAYLOAD, true)?
+        .ok_or_else(|| format!("{what} `{}` is null", names[PAYLOAD]))?;
+    let headers = f.json(HEADERS, false)?;
+    let occurred_at = match f.text(OCCURRED_AT, false)? {
+        None => None,
+        Some(t) => match parse_time(&t, f.naive_time_is_utc()) {
+            Ok(us) => Some(unix_micros(us)),
+            Err(_) => {
+                return Err(format!(
+                    "{what} `{}` is not a timestamptz: `{}`",
+                    names[OCCURRED_AT],
+                    truncate(&t)
+                ))
+            }
+        },
+    };
+    Ok(NewEvent {
+        id,
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        version,
+        payload,
+        headers,
+        occurred_at,
+        source_lsn: tx.commit_lsn,
+        origin,
+        committed_at: tx.commit_time,
+    })
+}
+
+/// A dead letter for content that could not be an event, with what could be read of it.
+fn rejected(
+    f: &impl Fields,
+    error: String,
+    raw: Value,
+    tx: TxContext,
+    origin: Option<RowOrigin>,
+) -> Box<DeadLetter> {
+    let text = |field| f.text(field, true).ok().flatten();
+    Box::new(DeadLetter {
+        subscriber_id: None,
+        event_id: text(ID).and_then(|s| Uuid::try_parse(s.trim()).ok()),
+        seq: None,
+        aggregate_type: text(AGGREGATE_TYPE),
+        aggregate_id: text(AGGREGATE_ID),
+        reason: Reason::Malformed,
+        error,
+        raw: Some(raw),
+        existing: None,
+        attempts: 1,
+        source_lsn: Some(tx.commit_lsn),
+        origin,
+    })
+}
+
+/// Where each mapped column sits in a relation (as announced by its Relation message).
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub table: QualifiedName,
+    columns: Vec<(String, u32)>,
+    /// Each field's column index; `None`: the table has no such column.
+    index: [Option<usize>; 8],
+    names: Names,
+}
+
 impl Mapping {
+    /// `config` is a table outbox.
     pub fn new(config: &OutboxConfig, relation: &Relation) -> Mapping {
-        let find = |name: &str| relation.columns.iter().position(|c| c.name == name);
+        let names = names(config);
+        let index = names
+            .clone()
+            .map(|name| relation.columns.iter().position(|c| c.name == name));
         Mapping {
-            table: config.table_name(),
+            table: config.table_name().unwrap_or_else(|| QualifiedName {
+                schema: relation.namespace.clone(),
+                name: relation.name.clone(),
+            }),
             columns: relation
                 .columns
                 .iter()
                 .map(|c| (c.name.clone(), c.type_oid))
                 .collect(),
-            id: find(&config.id),
-            aggregate_type: find(&config.aggregate_type),
-            aggregate_id: find(&config.aggregate_id),
-            event_type: find(&config.event_type),
-            version: find(&config.version),
-            payload: find(&config.payload),
-            headers: find(&config.headers),
-            occurred_at: find(&config.occurred_at),
-            names: [
-                config.id.clone(),
-                config.aggregate_type.clone(),
-                config.aggregate_id.clone(),
-                config.event_type.clone(),
-                config.version.clone(),
-                config.payload.clone(),
-                config.headers.clone(),
-                config.occurred_at.clone(),
-            ],
+            index,
+            names,
         }
+    }
+
+    /// A required field whose column the table does not have: (config key, column).
+    pub fn missing_required(&self) -> Option<(&'static str, String)> {
+        const KEYS: [&str; 8] = [
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "version",
+            "payload",
+            "headers",
+            "occurred_at",
+        ];
+        [ID, AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, PAYLOAD]
+            .into_iter()
+            .find(|&f| self.index[f].is_none())
+            .map(|f| (KEYS[f], self.names[f].clone()))
     }
 
     /// Maps an inserted row read at `origin`. A row that cannot be an event comes back
@@ -71,121 +194,9 @@ impl Mapping {
         tx: TxContext,
         origin: Option<RowOrigin>,
     ) -> Result<NewEvent, Box<DeadLetter>> {
-        self.try_map(row, tx, origin).map_err(|error| {
-            Box::new(DeadLetter {
-                subscriber_id: None,
-                event_id: self
-                    .text(row, self.id)
-                    .ok()
-                    .flatten()
-                    .and_then(|s| Uuid::try_parse(&s).ok()),
-                seq: None,
-                aggregate_type: self.text(row, self.aggregate_type).ok().flatten(),
-                aggregate_id: self.text(row, self.aggregate_id).ok().flatten(),
-                reason: Reason::Malformed,
-                error,
-                raw: Some(self.raw(row)),
-                existing: None,
-                attempts: 1,
-                source_lsn: Some(tx.commit_lsn),
-                origin,
-            })
-        })
-    }
-
-    fn try_map(
-        &self,
-        row: &Tuple<'_>,
-        tx: TxContext,
-        origin: Option<RowOrigin>,
-    ) -> Result<NewEvent, String> {
-        let required = |idx: Option<usize>, name: &str| -> Result<String, String> {
-            match self.text(row, idx) {
-                Ok(Some(v)) => Ok(v),
-                Ok(None) => Err(format!("column `{name}` is null")),
-                Err(e) => Err(e),
-            }
-        };
-        let [id_col, at_col, aid_col, et_col, v_col, p_col, h_col, o_col] = &self.names;
-        let id_text = required(self.id, id_col)?;
-        let id = Uuid::try_parse(id_text.trim())
-            .map_err(|_| format!("column `{id_col}` is not a UUID: `{}`", truncate(&id_text)))?;
-        let aggregate_type = required(self.aggregate_type, at_col)?;
-        let aggregate_id = required(self.aggregate_id, aid_col)?;
-        let event_type = required(self.event_type, et_col)?;
-        let version =
-            match self.optional(row, self.version)? {
-                None => None,
-                Some(v) => Some(v.trim().parse::<i64>().map_err(|_| {
-                    format!("column `{v_col}` is not an integer: `{}`", truncate(&v))
-                })?),
-            };
-        let payload_text = required(self.payload, p_col)?;
-        refuse_nul(&payload_text, p_col)?;
-        let payload: Value = serde_json::from_str(&payload_text)
-            .map_err(|e| format!("column `{p_col}` is not JSON: {e}"))?;
-        let headers = match self.optional(row, self.headers)? {
-            None => None,
-            Some(h) => {
-                refuse_nul(&h, h_col)?;
-                Some(
-                    serde_json::from_str(&h)
-                        .map_err(|e| format!("column `{h_col}` is not JSON: {e}"))?,
-                )
-            }
-        };
-        let occurred_at = match self.optional(row, self.occurred_at)? {
-            None => None,
-            Some(t) => match parse_text(oid::TIMESTAMPTZ, t.as_bytes()) {
-                Ok(PgValue::Timestamptz(us)) => Some(unix_micros(us)),
-                _ => {
-                    return Err(format!(
-                        "column `{o_col}` is not a timestamptz: `{}`",
-                        truncate(&t)
-                    ))
-                }
-            },
-        };
-        Ok(NewEvent {
-            id,
-            aggregate_type,
-            aggregate_id,
-            event_type,
-            version,
-            payload,
-            headers,
-            occurred_at,
-            source_lsn: tx.commit_lsn,
-            origin,
-            committed_at: tx.commit_time,
-        })
-    }
-
-    /// A column's text, `None` for SQL null. A column missing from the table is an error
-    /// for required columns, handled by the caller for optional ones.
-    fn text(&self, row: &Tuple<'_>, idx: Option<usize>) -> Result<Option<String>, String> {
-        let Some(i) = idx else {
-            return Err("a required column is missing from the outbox table".into());
-        };
-        match row.columns.get(i) {
-            None => Err(format!(
-                "row has {} columns, expected more",
-                row.columns.len()
-            )),
-            Some(Column::Null) => Ok(None),
-            Some(Column::Unchanged) => Err("column value not sent (unchanged TOAST)".into()),
-            Some(Column::Text(b)) | Some(Column::Binary(b)) => std::str::from_utf8(b)
-                .map(|s| Some(s.to_owned()))
-                .map_err(|_| "column value is not UTF-8".into()),
-        }
-    }
-
-    /// An optional column: absent from the table or null is `None`.
-    fn optional(&self, row: &Tuple<'_>, idx: Option<usize>) -> Result<Option<String>, String> {
-        match idx {
-            None => Ok(None),
-            some => self.text(row, some),
-        }
+        let fields = RowFields { mapping: self, row };
+        build(&fields, &self.names, tx, origin)
+            .map_err(|error| rejected(&fields, error, self.raw(row), tx, origin))
     }
 
     /// The raw row as JSON (column → text), for dead letters.
@@ -209,6 +220,218 @@ impl Mapping {
     }
 }
 
+struct RowFields<'a, 'r> {
+    mapping: &'a Mapping,
+    row: &'a Tuple<'r>,
+}
+
+impl Fields for RowFields<'_, '_> {
+    const WHAT: &'static str = "column";
+
+    /// A column missing from the table is an error for required fields.
+    fn text(&self, field: usize, required: bool) -> Result<Option<String>, String> {
+        let Some(i) = self.mapping.index[field] else {
+            return if required {
+                Err(format!(
+                    "the outbox table has no column `{}`",
+                    self.mapping.names[field]
+                ))
+            } else {
+                Ok(None)
+            };
+        };
+        match self.row.columns.get(i) {
+            None => Err(format!(
+                "row has {} columns, expected more",
+                self.row.columns.len()
+            )),
+            Some(Column::Null) => Ok(None),
+            Some(Column::Unchanged) => Err("column value not sent (unchanged TOAST)".into()),
+            Some(Column::Text(b)) | Some(Column::Binary(b)) => std::str::from_utf8(b)
+                .map(|s| Some(s.to_owned()))
+                .map_err(|_| "column value is not UTF-8".into()),
+        }
+    }
+
+    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
+        let name = &self.mapping.names[field];
+        let Some(text) = self.text(field, required)? else {
+            return Ok(None);
+        };
+        refuse_nul(&text, &format!("column `{name}`"))?;
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| format!("column `{name}` is not JSON: {e}"))
+    }
+
+    fn naive_time_is_utc(&self) -> bool {
+        let column = self.mapping.index[OCCURRED_AT].and_then(|i| self.mapping.columns.get(i));
+        matches!(column, Some((_, oid::TIMESTAMP)))
+    }
+}
+
+/// A message outbox: transactional `pg_logical_emit_message` calls under one prefix,
+/// each a JSON object whose keys are the configured field names.
+#[derive(Debug, Clone)]
+pub struct MessageMapping {
+    pub prefix: String,
+    names: Names,
+}
+
+impl MessageMapping {
+    /// `None` for a table outbox.
+    pub fn new(config: &OutboxConfig) -> Option<MessageMapping> {
+        Some(MessageMapping {
+            prefix: config.message_prefix.clone()?,
+            names: names(config),
+        })
+    }
+
+    /// Maps a message's content read at `origin`. Content that cannot be an event comes
+    /// back as a dead letter.
+    pub fn map(
+        &self,
+        content: &[u8],
+        tx: TxContext,
+        origin: Option<RowOrigin>,
+    ) -> Result<NewEvent, Box<DeadLetter>> {
+        let raw = |content: Value| self.raw(content);
+        let object = match parse_message(content) {
+            Ok(object) => object,
+            Err(error) => {
+                let text = Value::String(String::from_utf8_lossy(content).into_owned());
+                let fields = JsonFields {
+                    object: &Map::new(),
+                    names: &self.names,
+                };
+                return Err(rejected(&fields, error, raw(text), tx, origin));
+            }
+        };
+        let fields = JsonFields {
+            object: &object,
+            names: &self.names,
+        };
+        build(&fields, &self.names, tx, origin).map_err(|error| {
+            rejected(
+                &fields,
+                error,
+                raw(Value::Object(object.clone())),
+                tx,
+                origin,
+            )
+        })
+    }
+}
+
+impl MessageMapping {
+    /// A non-transactional message under an outbox's prefix is sent even when its
+    /// transaction rolls back, so it is never an event: a dead letter that says so.
+    pub fn reject_nontransactional(&self, content: &[u8], tx: TxContext) -> Box<DeadLetter> {
+        let origin = Some(RowOrigin::Wal {
+            lsn: tx.commit_lsn,
+            index: 0,
+        });
+        let problem = "emitted non-transactional (pg_logical_emit_message(false, …)): such a \
+                       message is sent even when its transaction rolls back, so it cannot be an \
+                       event; emit it with true";
+        match self.map(content, tx, origin) {
+            Err(mut dead) => {
+                dead.error = format!("{problem}; also: {}", dead.error);
+                dead
+            }
+            Ok(event) => {
+                let fields = JsonFields {
+                    object: &Map::new(),
+                    names: &self.names,
+                };
+                let mut dead = rejected(
+                    &fields,
+                    problem.into(),
+                    self.raw(Value::String(String::from_utf8_lossy(content).into_owned())),
+                    tx,
+                    origin,
+                );
+                dead.event_id = Some(event.id);
+                dead.aggregate_type = Some(event.aggregate_type);
+                dead.aggregate_id = Some(event.aggregate_id);
+                dead
+            }
+        }
+    }
+
+    fn raw(&self, content: Value) -> Value {
+        let mut map = Map::new();
+        map.insert("message_prefix".into(), Value::String(self.prefix.clone()));
+        map.insert("content".into(), content);
+        Value::Object(map)
+    }
+}
+
+fn parse_message(content: &[u8]) -> Result<Map<String, Value>, String> {
+    let text = std::str::from_utf8(content).map_err(|_| "message content is not UTF-8")?;
+    refuse_nul(text, "the message")?;
+    match serde_json::from_str(text) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(other) => Err(format!(
+            "message content must be a JSON object, not {}",
+            kind(&other)
+        )),
+        Err(e) => Err(format!("message content is not JSON: {e}")),
+    }
+}
+
+struct JsonFields<'a> {
+    object: &'a Map<String, Value>,
+    names: &'a Names,
+}
+
+impl JsonFields<'_> {
+    fn value(&self, field: usize, required: bool) -> Result<Option<&Value>, String> {
+        let name = &self.names[field];
+        match self.object.get(name) {
+            None if required => Err(format!("key `{name}` is missing")),
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => Ok(Some(v)),
+        }
+    }
+}
+
+impl Fields for JsonFields<'_> {
+    const WHAT: &'static str = "key";
+
+    fn text(&self, field: usize, required: bool) -> Result<Option<String>, String> {
+        match self.value(field, required)? {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v @ (Value::Number(_) | Value::Bool(_))) => Ok(Some(v.to_string())),
+            Some(other) => Err(format!(
+                "key `{}` must be a string or a number, not {}",
+                self.names[field],
+                kind(other)
+            )),
+        }
+    }
+
+    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
+        Ok(self.value(field, required)?.cloned())
+    }
+
+    fn naive_time_is_utc(&self) -> bool {
+        false
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// PostgreSQL epoch (2000-01-01) microseconds → `SystemTime`.
 pub fn pg_time(pg_micros: i64) -> Option<SystemTime> {
     const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
@@ -225,11 +448,9 @@ fn unix_micros(us: i64) -> SystemTime {
 
 /// jsonb cannot hold `\u0000`; a `json` or `text` column can. Such a row would make the
 /// event-log insert fail, so it is rejected here with its reason.
-fn refuse_nul(text: &str, column: &str) -> Result<(), String> {
+fn refuse_nul(text: &str, what: &str) -> Result<(), String> {
     if has_nul_escape(text) {
-        Err(format!(
-            "column `{column}` contains \\u0000, which jsonb cannot store"
-        ))
+        Err(format!("{what} contains \\u0000, which jsonb cannot store"))
     } else {
         Ok(())
     }
@@ -500,12 +721,125 @@ mod tests {
         assert!(dl.error.contains("jsonb cannot store"), "{}", dl.error);
     }
 
+    fn message_outbox() -> MessageMapping {
+        let c = walfold_config::Config::from_toml(
+            "[source]\nurl = \"postgresql://h/db\"\n[[outbox]]\nmessage_prefix = \"orders\"\naggregate_id = \"aggregateId\"\n",
+            vec![],
+        )
+        .unwrap();
+        MessageMapping::new(&c.outbox[0]).unwrap()
+    }
+
+    #[test]
+    fn a_message_maps_by_its_keys() {
+        let m = message_outbox();
+        let e = m
+            .map(
+                format!(r#"{{"id": "{ID}", "aggregate_type": "order", "aggregateId": 12, "event_type": "Paid", "version": "3", "payload": {{"amount": 1.50}}, "headers": null, "occurred_at": "2026-11-30T02:25:48.5Z"}}"#).as_bytes(),
+                tx(),
+                None,
+            )
+            .unwrap();
+        assert_eq!(e.id.to_string(), ID);
+        assert_eq!(e.aggregate_id, "12");
+        assert_eq!(e.version, Some(3));
+        assert_eq!(e.payload["amount"].to_string(), "1.50");
+        assert_eq!(e.headers, None);
+        assert!(e.occurred_at.is_some());
+    }
+
+    #[test]
+    fn a_message_that_is_no_event_is_a_dead_letter_with_what_could_be_read() {
+        let m = message_outbox();
+        let cases = [
+            ("{", "message content is not JSON"),
+            ("\"x\"", "must be a JSON object, not a string"),
+            (r#"{"aggregate_type": "a"}"#, "key `id` is missing"),
+            (
+                &format!(
+                    r#"{{"id": "{ID}", "aggregate_type": "a", "aggregateId": "1", "event_type": "T", "payload": null}}"#
+                ),
+                "key `payload` is null",
+            ),
+            (
+                &format!(
+                    r#"{{"id": "{ID}", "aggregate_type": ["a"], "aggregateId": "1", "event_type": "T", "payload": {{}}}}"#
+                ),
+                "key `aggregate_type` must be a string or a number, not an array",
+            ),
+        ];
+        for (content, error) in cases {
+            let dl = m.map(content.as_bytes(), tx(), None).unwrap_err();
+            assert!(dl.error.contains(error), "{content}: {}", dl.error);
+            assert_eq!(dl.raw.as_ref().unwrap()["message_prefix"], "orders");
+        }
+        let dl = m
+            .map(
+                format!(r#"{{"id": "{ID}", "aggregateId": "o-1"}}"#).as_bytes(),
+                tx(),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(dl.event_id.map(|u| u.to_string()).as_deref(), Some(ID));
+        assert_eq!(dl.aggregate_id.as_deref(), Some("o-1"));
+        assert_eq!(dl.raw.unwrap()["content"]["aggregateId"], "o-1");
+        let good = format!(
+            r#"{{"id": "{ID}", "aggregate_type": "a", "aggregateId": "1", "event_type": "T", "payload": {{}}}}"#
+        );
+        let dl = m.reject_nontransactional(good.as_bytes(), tx());
+        assert!(
+            dl.error.starts_with("emitted non-transactional"),
+            "{}",
+            dl.error
+        );
+        assert_eq!(dl.event_id.map(|u| u.to_string()).as_deref(), Some(ID));
+    }
+
+    #[test]
+    fn a_timestamp_without_time_zone_column_is_read_as_utc() {
+        let mut cols = COLS.to_vec();
+        cols[6].1 = oid::TIMESTAMP;
+        let m = Mapping::new(&config(), &relation(&cols));
+        let e = m
+            .map(
+                &row(&[
+                    Some(ID),
+                    Some("a"),
+                    Some("1"),
+                    Some("T"),
+                    None,
+                    Some("{}"),
+                    Some("2026-11-30 02:25:48.5"),
+                ]),
+                tx(),
+                None,
+            )
+            .unwrap();
+        let us = e
+            .occurred_at
+            .unwrap()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros();
+        assert_eq!(us, 1_796_005_548_500_000);
+    }
+
     #[test]
     fn a_missing_required_column_is_a_dead_letter_not_a_crash() {
         let m = Mapping::new(&config(), &relation(&COLS[..3]));
         let dl = m
             .map(&row(&[Some(ID), Some("a"), Some("1")]), tx(), None)
             .unwrap_err();
-        assert!(dl.error.contains("missing"), "{}", dl.error);
+        assert!(
+            dl.error.contains("has no column `event_type`"),
+            "{}",
+            dl.error
+        );
+        assert_eq!(
+            m.missing_required(),
+            Some(("event_type", "event_type".into()))
+        );
+        let full = Mapping::new(&config(), &relation(COLS));
+        assert_eq!(full.missing_required(), None);
     }
 }

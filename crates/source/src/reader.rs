@@ -3,7 +3,7 @@
 //! (a full channel stops reading, so back-pressure reaches the server), and forwards
 //! durable positions as feedback.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
@@ -16,7 +16,7 @@ use walfold_store::{
 
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
-use crate::outbox::{pg_time, Mapping, TxContext};
+use crate::outbox::{pg_time, Mapping, MessageMapping, TxContext};
 use crate::wire::{ReplicationClient, ReplicationEvent, WireConfig};
 
 /// What the reader hands the appender, in stream order.
@@ -98,6 +98,9 @@ struct Relation {
 pub(crate) struct Reader<'a> {
     config: &'a Config,
     relations: HashMap<u32, Relation>,
+    messages: Vec<MessageMapping>,
+    /// Prefixes of transactional messages that are no outbox's, warned about once.
+    unknown_prefixes: HashSet<String>,
     tx: Option<TxContext>,
     /// The WAL record of the last insert and how many rows it held before this one.
     change: Option<(Lsn, i32)>,
@@ -107,6 +110,9 @@ pub(crate) struct Reader<'a> {
     /// Protocol 2: streamed transactions not yet committed or aborted.
     streamed: HashMap<u32, Streamed>,
     items: mpsc::Sender<Item>,
+    /// The ingest position when this attempt started: transactions committed before it
+    /// are in the log already.
+    durable: Lsn,
 }
 
 /// What the reader keeps of a streamed transaction between its segments: a bounded
@@ -120,10 +126,17 @@ struct Streamed {
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<Item>) -> Self {
+    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<Item>, durable: Lsn) -> Self {
         Reader {
+            durable,
             config,
             relations: HashMap::new(),
+            messages: config
+                .outbox
+                .iter()
+                .filter_map(MessageMapping::new)
+                .collect(),
+            unknown_prefixes: HashSet::new(),
             tx: None,
             change: None,
             stream: None,
@@ -208,16 +221,91 @@ impl<'a> Reader<'a> {
             ReplicationEvent::XLogData {
                 wal_start, data, ..
             } => self.data(Lsn(wal_start.as_u64()), &data).await?,
-            // A heartbeat (non-transactional message) between transactions: like a
-            // keepalive, everything before it has reached us.
             ReplicationEvent::Message {
-                transactional: false,
+                transactional,
                 lsn,
-                ..
-            } if self.tx.is_none() => {
-                self.send(Item::Through(Lsn(lsn.as_u64()))).await?;
+                prefix,
+                content,
+                xid,
+            } => {
+                self.message(transactional, Lsn(lsn.as_u64()), &prefix, &content, xid)
+                    .await?
             }
-            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
+            ReplicationEvent::StoppedAt { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// A logical decoding message: an event of a message outbox when transactional and
+    /// under its prefix; a heartbeat (or anyone's non-transactional message) otherwise.
+    /// `xid`: the (sub)transaction of a message in a streamed block (protocol 2),
+    /// staged like a streamed insert.
+    async fn message(
+        &mut self,
+        transactional: bool,
+        at: Lsn,
+        prefix: &str,
+        content: &[u8],
+        xid: Option<u32>,
+    ) -> Result<(), SourceError> {
+        let streamed = match (transactional, self.stream) {
+            (true, Some(top)) => Some((top, xid.unwrap_or(top))),
+            _ => None,
+        };
+        let Some(mapping) = self.messages.iter().find(|m| m.prefix == prefix) else {
+            if transactional && self.unknown_prefixes.len() < 32 {
+                if self.unknown_prefixes.insert(prefix.to_owned()) {
+                    tracing::info!(prefix, "transactional messages with this prefix are no [[outbox]]'s message_prefix; ignored");
+                }
+            } else if !transactional && self.tx.is_none() {
+                // Between transactions: like a keepalive, everything before it has
+                // reached us.
+                self.send(Item::Through(at)).await?;
+            }
+            return Ok(());
+        };
+        let (tx, item) = match (transactional, streamed, self.tx) {
+            // The move into the event log sets the commit LSN and time.
+            (true, Some((top, _)), _) => {
+                let origin = origin(&mut self.streamed.entry(top).or_default().change, at);
+                let tx = TxContext {
+                    commit_lsn: Lsn::ZERO,
+                    commit_time: None,
+                };
+                (
+                    tx,
+                    mapping
+                        .map(content, tx, origin)
+                        .map_or_else(Item::Rejected, Item::Event),
+                )
+            }
+            (true, None, Some(tx)) => {
+                let origin = origin(&mut self.change, at);
+                (
+                    tx,
+                    mapping
+                        .map(content, tx, origin)
+                        .map_or_else(Item::Rejected, Item::Event),
+                )
+            }
+            // Sent at once, whether its transaction commits or not: never an event.
+            _ => {
+                let tx = TxContext {
+                    commit_lsn: at,
+                    commit_time: None,
+                };
+                (
+                    tx,
+                    Item::Rejected(mapping.reject_nontransactional(content, tx)),
+                )
+            }
+        };
+        if let Item::Rejected(dead) = &item {
+            tracing::warn!(prefix, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox message sent to dead letters");
+        }
+        self.emit(streamed, item).await?;
+        if !transactional && self.tx.is_none() {
+            self.send(Item::Through(at)).await?;
         }
         Ok(())
     }
@@ -276,8 +364,8 @@ impl<'a> Reader<'a> {
                     .outbox
                     .iter()
                     .find(|o| {
-                        let t = o.table_name();
-                        t.schema == rel.namespace && t.name == rel.name
+                        o.table_name()
+                            .is_some_and(|t| t.schema == rel.namespace && t.name == rel.name)
                     })
                     .map(|o| Mapping::new(o, &rel));
                 let name = format!("{}.{}", rel.namespace, rel.name);
@@ -301,6 +389,21 @@ impl<'a> Reader<'a> {
                         SourceError::Decode("insert outside a transaction".into())
                     })?,
                 };
+                // A column renamed or dropped while running: every row would be a dead
+                // letter. Stop ingest before the transaction is acknowledged instead,
+                // unless the log holds it already (read before the change). A streamed
+                // transaction's commit is not known yet: it stops.
+                if let Some((key, column)) = mapping.missing_required() {
+                    if streamed.is_none() && tx.commit_lsn < self.durable {
+                        return self.send(Item::Ignored).await;
+                    }
+                    return Err(SourceError::OutboxChanged {
+                        table: mapping.table.to_string(),
+                        key,
+                        column,
+                        commit_lsn: tx.commit_lsn,
+                    });
+                }
                 let item = match mapping.map(&insert.new, tx, origin) {
                     Ok(event) => Item::Event(event),
                     Err(dead) => {
@@ -352,12 +455,17 @@ impl<'a> Reader<'a> {
             Some(Relation {
                 mapping: Some(m), ..
             }) => Ok(m),
-            Some(Relation { name, .. }) => Err(SourceError::Unmapped {
-                change,
-                relation: name.clone(),
-                publication: self.config.source.publication.clone(),
-                commit_lsn: self.tx.map_or(Lsn::ZERO, |t| t.commit_lsn),
-            }),
+            Some(Relation { name, .. }) => {
+                let commit_lsn = self.tx.map_or(Lsn::ZERO, |t| t.commit_lsn);
+                Err(SourceError::Unmapped {
+                    change,
+                    relation: name.clone(),
+                    publication: self.config.source.publication.clone(),
+                    slot: self.config.source.slot.clone(),
+                    commit_lsn,
+                    skip_to: Lsn(commit_lsn.0 + 1),
+                })
+            }
             None => Err(SourceError::Decode(format!(
                 "change for relation {relation_id} before its Relation message"
             ))),

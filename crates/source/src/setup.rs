@@ -73,11 +73,16 @@ pub async fn prepare_source(
             .join(", ")
     };
     if !shape.publication_exists {
-        let tables: Vec<QualifiedName> = config.outbox.iter().map(|o| o.table_name()).collect();
+        let tables: Vec<QualifiedName> = config.table_outboxes().map(|(_, t)| t).collect();
+        // Message outboxes need no table; the publication then starts empty.
+        let for_tables = if tables.is_empty() {
+            String::new()
+        } else {
+            format!("for table {}", list(&tables))
+        };
         source
             .batch_execute(&format!(
-                "create publication {quoted_pub} for table {} with ({PUBLISH})",
-                list(&tables)
+                "create publication {quoted_pub} {for_tables} with ({PUBLISH})"
             ))
             .await
             .map_err(db("creating the publication"))?;
@@ -254,7 +259,9 @@ pub async fn inspect(
         .get(0);
     let mut outboxes = Vec::new();
     for (i, outbox) in config.outbox.iter().enumerate() {
-        let name = outbox.table_name();
+        let Some(name) = outbox.table_name() else {
+            continue;
+        };
         let row = source
             .query_opt(
                 "select c.relkind::text, c.relispartition, rn.nspname::text, rc.relname::text, \
@@ -424,7 +431,7 @@ pub async fn inspect(
     let extra: Vec<&QualifiedName> = members
         .iter()
         .map(|(m, _)| m)
-        .filter(|m| !config.outbox.iter().any(|o| o.table_name() == **m))
+        .filter(|m| !config.table_outboxes().any(|(_, t)| t == **m))
         .collect();
     if !extra.is_empty() {
         let names = extra.iter().map(ToString::to_string).collect::<Vec<_>>();

@@ -125,11 +125,19 @@ impl DeadLetters {
         let insert = client
             .prepare(&format!(
                 // Any conflict is on one of the ingest identities (a change, a backfilled
-                // row): that row was recorded before.
+                // row): that row was recorded before. A row read both by the stream and
+                // by `walfold backfill` has one identity of each kind: the same reason and
+                // raw row recorded under the other kind is that row, recorded before.
                 "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
                  aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
                  change_index, row_digest, status) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+                 select $1::text, $2::uuid, $3::int8, $4::text, $5::text, $6::text, $7::text, \
+                 $8::jsonb, $9::jsonb, $10::int4, $11::pg_lsn, $12::pg_lsn, $13::int4, $14::uuid, \
+                 $15::text \
+                 where not exists (select 1 from {s}.dead_letter d where $1::text is null \
+                   and d.subscriber_id is null and d.reason = $6::text and d.raw = $8::jsonb \
+                   and (($12::pg_lsn is not null and d.row_digest is not null) \
+                     or ($14::uuid is not null and d.change_lsn is not null))) \
                  on conflict do nothing returning id"
             ))
             .await

@@ -227,8 +227,11 @@ pub async fn status(
         .get(0);
     let processed_message_rows: i64 = target
         .query_one(
-            "select greatest(reltuples, 0)::int8 from pg_class c join pg_namespace n \
-             on n.oid = c.relnamespace where n.nspname = $1 and c.relname = 'processed_message'",
+            // reltuples is -1 until the first analyze; the live count is kept from the start.
+            "select greatest(c.reltuples::int8, coalesce(t.n_live_tup, 0), 0) from pg_class c \
+             join pg_namespace n on n.oid = c.relnamespace \
+             left join pg_stat_all_tables t on t.relid = c.oid \
+             where n.nspname = $1 and c.relname = 'processed_message'",
             &[&schema],
         )
         .await

@@ -1,6 +1,7 @@
-//! `walfold demo`: a throwaway PostgreSQL with `wal_level=logical`, an outbox, two
-//! projections, sample events (with a duplicate, an out-of-order version and a malformed
-//! row), the real pipeline, the resulting read models; then everything is cleaned up.
+//! `walfold demo`: a throwaway PostgreSQL with `wal_level=logical`, an outbox table and a
+//! message outbox, three projections (version-guarded, a sum, strict-sequence), sample
+//! events (a duplicate, out-of-order versions, a malformed row), the real pipeline, the
+//! resulting read models; then everything is cleaned up.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ create table outbox (
     version bigint, payload jsonb, headers jsonb, occurred_at timestamptz default now());
 create table order_state (order_id text primary key, status text not null, total numeric, version bigint not null);
 create table revenue (currency text primary key, total numeric not null);
+create table account_balance (account_id text primary key, balance numeric not null);
 ";
 
 const EVENTS: &str = "
@@ -37,6 +39,11 @@ insert into outbox (id, aggregate_type, aggregate_id, event_type, version, paylo
  (null, 'order', 'o-3', 'OrderPlaced', 1, '{}');
 insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values
  ('00000000-0000-4000-8000-000000000006', 'order', 'o-3', 'OrderPlaced', 1, '{\"status\": \"placed\", \"total\": \"7.00\", \"currency\": \"USD\"}');
+-- Delta events without an outbox table: transactional logical decoding messages. The
+-- debit (v3) commits before the second credit (v2): the strict projection holds it back.
+select pg_logical_emit_message(true, 'walfold:accounts', '{\"id\": \"00000000-0000-4000-8000-0000000000a1\", \"aggregate_type\": \"account\", \"aggregate_id\": \"acc-1\", \"event_type\": \"Credited\", \"version\": 1, \"payload\": {\"amount\": \"100.00\"}}');
+select pg_logical_emit_message(true, 'walfold:accounts', '{\"id\": \"00000000-0000-4000-8000-0000000000a3\", \"aggregate_type\": \"account\", \"aggregate_id\": \"acc-1\", \"event_type\": \"Debited\", \"version\": 3, \"payload\": {\"amount\": \"-30.00\"}}');
+select pg_logical_emit_message(true, 'walfold:accounts', '{\"id\": \"00000000-0000-4000-8000-0000000000a2\", \"aggregate_type\": \"account\", \"aggregate_id\": \"acc-1\", \"event_type\": \"Credited\", \"version\": 2, \"payload\": {\"amount\": \"20.00\"}}');
 ";
 
 fn config(url: &str) -> String {
@@ -50,12 +57,16 @@ publication = "walfold_demo"
 [[outbox]]
 table = "public.outbox"
 
+[[outbox]]
+message_prefix = "walfold:accounts"
+
 [log]
 level = "warn"
 
 [[projection]]
 name = "order_state"
 subscriber = "orders.state.v1"
+aggregate_types = ["order"]
 table = "public.order_state"
 key = "order_id"
 version_column = "version"
@@ -68,6 +79,16 @@ event_types = ["OrderPaid"]
 sql = """
 insert into revenue (currency, total) values (:payload.currency, :payload.amount::numeric)
 on conflict (currency) do update set total = revenue.total + excluded.total
+"""
+
+[[projection]]
+name = "account_balance"
+subscriber = "accounts.balance.v1"
+aggregate_types = ["account"]
+version_mode = "strict"
+sql = """
+insert into account_balance (account_id, balance) values (:aggregate_id, :payload.amount::numeric)
+on conflict (account_id) do update set balance = account_balance.balance + excluded.balance
 """
 "#
     )
@@ -112,7 +133,7 @@ pub async fn demo() -> Result<(), Failure> {
     })
     .await
     .map_err(|_| Failure::runtime("the replication slot did not become active"))?;
-    println!("writing 8 outbox rows (one duplicate ID, one stale version, one malformed row)…");
+    println!("writing 8 outbox rows (one duplicate ID, one stale version, one malformed row) and 3 messages (one ahead of its turn)…");
     client
         .batch_execute(EVENTS)
         .await
@@ -121,8 +142,8 @@ pub async fn demo() -> Result<(), Failure> {
         let Ok(s) = walfold_store::status(&client, &client, "walfold", "walfold_demo").await else {
             return false;
         };
-        s.ingest.as_ref().is_some_and(|i| i.appended >= 6)
-            && s.subscribers.len() == 2
+        s.ingest.as_ref().is_some_and(|i| i.appended >= 9)
+            && s.subscribers.len() == 3
             && s.subscribers.iter().all(|sub| sub.lag_events == 0)
     })
     .await;
@@ -158,6 +179,24 @@ pub async fn demo() -> Result<(), Failure> {
         .map_err(Failure::runtime)?
     {
         println!("  {}  {}", r.get::<_, String>(0), r.get::<_, String>(1));
+    }
+    println!("\naccount_balance (strict projection of delta events from a message outbox; v3 waited for v2):");
+    for r in client
+        .query(
+            "select b.account_id, b.balance::text, v.version from account_balance b \
+             left join walfold.aggregate_version v on v.subscriber_id = 'accounts.balance.v1' \
+             and v.aggregate_type = 'account' and v.aggregate_id = b.account_id order by 1",
+            &[],
+        )
+        .await
+        .map_err(Failure::runtime)?
+    {
+        println!(
+            "  {}  {}  v{}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, Option<i64>>(2).unwrap_or(0)
+        );
     }
     let s = walfold_store::status(&client, &client, "walfold", "walfold_demo")
         .await

@@ -187,8 +187,7 @@ async fn source_checks(
         )
         .await?
         .is_some_and(|row| row.get(0));
-    for o in &config.outbox {
-        let t = o.table_name();
+    for (o, t) in config.table_outboxes() {
         let exists: bool = source
             .query_one("select to_regclass($1) is not null", &[&t.quoted()])
             .await?
@@ -197,6 +196,24 @@ async fn source_checks(
             continue;
         }
         r.check(Level::Ok, format!("outbox table {t} exists"), "");
+        let occurred_at: Option<String> = source
+            .query_opt(
+                "select format_type(atttypid, atttypmod) from pg_attribute \
+                 where attrelid = $1::text::regclass and attname = $2 and not attisdropped",
+                &[&t.quoted(), &o.occurred_at],
+            )
+            .await?
+            .map(|row| row.get(0));
+        if occurred_at.as_deref() == Some("timestamp without time zone") {
+            r.check(
+                Level::Warn,
+                format!(
+                    "{t}.{}: timestamp without time zone, read as UTC",
+                    o.occurred_at
+                ),
+                "write UTC times into it, or make it timestamptz",
+            );
+        }
         let select: bool = source
             .query_one("select has_table_privilege($1, 'select')", &[&t.quoted()])
             .await?
@@ -220,6 +237,20 @@ async fn source_checks(
                 format!("publish only inserts (alter publication {publication} set (publish = 'insert, truncate')), or give {t} a primary key"),
             );
         }
+    }
+    for o in config.outbox.iter().filter(|o| o.message_prefix.is_some()) {
+        let version: i32 = source
+            .query_one("select current_setting('server_version_num')::int", &[])
+            .await?
+            .get(0);
+        r.check(
+            if version >= 140000 { Level::Ok } else { Level::Fail },
+            format!(
+                "{}: transactional messages under this prefix are events (the server sends them from PostgreSQL 14)",
+                o.describe()
+            ),
+            "upgrade the source to PostgreSQL 14 or later, or write events to an outbox table",
+        );
     }
     if !shape.publication_exists {
         r.check(

@@ -313,12 +313,8 @@ impl BackfillWatcher {
         );
         let slot = config.source.slot.clone();
         let baseline: i64 = target.query_one(&counted, &[&slot]).await.ok()?.get(0);
-        let estimate = match config
-            .outbox
-            .iter()
-            .find(|o| o.table_name().to_string() == outbox || o.table == outbox)
-        {
-            Some(o) => row_estimate(config, &o.table_name().quoted()).await,
+        let estimate = match config.table_outbox(outbox) {
+            Some((_, table)) => row_estimate(config, &table.quoted()).await,
             None => None,
         };
         Some(BackfillWatcher {
