@@ -344,3 +344,66 @@ async fn status_updates_go_on_while_the_target_pushes_back() {
         d.log_text()
     );
 }
+
+/// Transactional messages of a message outbox inside a streamed transaction are staged
+/// with its rows and arrive at its commit; those of a rolled-back subtransaction never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_in_a_streamed_transaction_are_staged_like_its_rows() {
+    let db = streaming_db("streammsg");
+    let config = without_projections(&db)
+        + "\n[[outbox]]\nmessage_prefix = \"walfold:orders\"\n";
+    let _d = Daemon::start(&config, &[]);
+    let client = db.client().await;
+    slot_active(&client).await;
+    let message = |aggregate: &str| {
+        format!(
+            "select pg_logical_emit_message(true, 'walfold:orders', jsonb_build_object(\
+             'id', gen_random_uuid(), 'aggregate_type', 'order', 'aggregate_id', '{aggregate}', \
+             'event_type', 'OrderPlaced', 'version', 1, 'payload', jsonb_build_object('n', 1))::text);"
+        )
+    };
+    let writer = db.client().await;
+    writer
+        .batch_execute(&format!(
+            "begin; {} {} savepoint s; {} {}",
+            rows("a", ROWS),
+            message("m-kept"),
+            rows("drop", 500),
+            message("m-dropped"),
+        ))
+        .await
+        .unwrap();
+    wait_for(
+        &client,
+        "the first message staged",
+        "select count(*) from walfold.stream_stage where aggregate_id = 'm-kept'",
+        1,
+    )
+    .await;
+    assert_eq!(logged(&client).await, 0);
+    writer
+        .batch_execute(&format!(
+            "rollback to savepoint s; {} commit;",
+            message("m-last")
+        ))
+        .await
+        .unwrap();
+    wait_logged(&client, ROWS + 2).await;
+    assert_eq!(
+        db.psql(
+            "select string_agg(aggregate_id, ',' order by seq) from walfold.event_log where aggregate_id like 'm-%'"
+        ),
+        "m-kept,m-last"
+    );
+    assert_eq!(
+        db.psql("select max(seq) from walfold.event_log where aggregate_id = 'm-kept'")
+            .parse::<i64>()
+            .unwrap(),
+        ROWS + 1,
+        "the message comes after the rows written before it"
+    );
+    eventually(Duration::from_secs(30), "staging to empty", || async {
+        staged(&client).await == 0
+    })
+    .await;
+}
