@@ -196,8 +196,10 @@ async fn a_1gb_non_outbox_transaction_passes_without_growing_memory() {
     db.psql("drop table bulk");
 }
 
-/// One source transaction of 1M outbox rows: appended in bounded batches, with the
-/// daemon's memory bounded (no projections here: the bound is about ingest).
+/// One source transaction of 1M outbox rows with `logical_decoding_work_mem` at its
+/// default: streamed while it runs (protocol 2), staged in bounded batches and moved into
+/// the log at its commit. The source spills nothing and the daemon's memory stays
+/// bounded (no projections here: the bound is about ingest).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_1m_row_outbox_transaction_streams_through_in_bounded_memory() {
     let db = TestDb::new("millionrows");
@@ -217,18 +219,34 @@ async fn a_1m_row_outbox_transaction_streams_through_in_bounded_memory() {
                                    'note', repeat('n', 120)) \
          from generate_series(1, 1000000) g",
     );
+    let committed = Instant::now();
     walfold_tests::eventually(Duration::from_secs(300), "1M events in the log", || async {
         client
-            .query_one("select count(*) from walfold.event_log", &[])
+            .query_one("select count(*) from walfold.event_log where seq > 0", &[])
             .await
             .is_ok_and(|r| r.get::<_, i64>(0) == 1_000_000)
     })
     .await;
+    let after_commit = committed.elapsed();
     let peak_kib = peak_rss_kib(&d);
+    let stats = client
+        .query_one(
+            "select spill_bytes, stream_txns, stream_bytes from pg_stat_replication_slots \
+             where slot_name = 'walfold'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (spill, streams, stream_bytes): (i64, i64, i64) =
+        (stats.get(0), stats.get(1), stats.get(2));
     println!(
-        "1M-row transaction: in the event log {:.1} s after the insert started; daemon peak RSS {} MiB",
-        started.elapsed().as_secs_f64(),
+        "1M-row transaction: insert+commit {:.1} s, in the event log {:.1} s after its commit; \
+         source spill_bytes {spill}, stream_txns {streams}, stream_bytes {stream_bytes}; daemon peak RSS {} MiB",
+        (committed - started).as_secs_f64(),
+        after_commit.as_secs_f64(),
         peak_kib / 1024
     );
+    assert_eq!(spill, 0, "the source spilled the transaction");
+    assert!(streams >= 1, "the transaction was not streamed");
     assert!(peak_kib < 128 * 1024, "peak RSS {peak_kib} KiB");
 }

@@ -350,8 +350,7 @@ async fn status_updates_go_on_while_the_target_pushes_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_in_a_streamed_transaction_are_staged_like_its_rows() {
     let db = streaming_db("streammsg");
-    let config = without_projections(&db)
-        + "\n[[outbox]]\nmessage_prefix = \"walfold:orders\"\n";
+    let config = without_projections(&db) + "\n[[outbox]]\nmessage_prefix = \"walfold:orders\"\n";
     let _d = Daemon::start(&config, &[]);
     let client = db.client().await;
     slot_active(&client).await;
