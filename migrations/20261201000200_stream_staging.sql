@@ -17,6 +17,7 @@ create table stream_stage (
     payload jsonb,
     headers jsonb,
     occurred_at timestamptz,
+    partition_hash int4,
     -- The change's WAL record and its index in it: identifies a rejected row across
     -- replays, as for a committed transaction.
     change_lsn pg_lsn,

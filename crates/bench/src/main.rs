@@ -29,6 +29,13 @@ pub struct Args {
     /// Rows in the single big transaction of the memory scenario (0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     pub big_txn: u64,
+    /// Rows in the single transaction of the protocol scenario (one run with pgoutput
+    /// protocol 1, one with 2; 0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub stream_txn: u64,
+    /// Run only the protocol scenario (`--only protocols`).
+    #[arg(long, value_parser = ["protocols"])]
+    pub only: Option<String>,
     /// The cluster's `fsync`: on (as users run PostgreSQL) or off (the test clusters').
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub fsync: String,

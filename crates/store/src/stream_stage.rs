@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::dead_letter::{DeadLetter, Reason, RowOrigin};
 use crate::error::StoreError;
-use crate::event::NewEvent;
+use crate::event::{partition_hash, NewEvent};
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
 use crate::lsn::Lsn;
 use crate::q;
@@ -96,10 +96,10 @@ impl EventLog {
         let sql = format!(
             "insert into {}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
-             change_index, rejected) \
+             change_index, rejected, partition_hash) \
              select $1, * from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
              $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
-             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[])",
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[])",
             q(parts.schema)
         );
         let n = changes.len();
@@ -117,6 +117,7 @@ impl EventLog {
         let mut lsns: Vec<Option<PgLsn>> = Vec::with_capacity(n);
         let mut indexes: Vec<Option<i32>> = Vec::with_capacity(n);
         let mut rejected: Vec<Option<Value>> = Vec::with_capacity(n);
+        let mut hashes: Vec<Option<i32>> = Vec::with_capacity(n);
         for c in changes {
             xids.push(i64::from(c.xid));
             subxids.push(i64::from(c.subxid));
@@ -142,6 +143,7 @@ impl EventLog {
                     headers.push(e.headers.as_ref());
                     occurred.push(e.occurred_at);
                     rejected.push(None);
+                    hashes.push(Some(partition_hash(&e.aggregate_type, &e.aggregate_id)));
                 }
                 StagedRow::Rejected(d) => {
                     ids.push(None);
@@ -152,6 +154,7 @@ impl EventLog {
                     payloads.push(None);
                     headers.push(None);
                     occurred.push(None);
+                    hashes.push(None);
                     rejected.push(Some(json!({
                         "event_id": d.event_id,
                         "aggregate_type": d.aggregate_type,
@@ -167,7 +170,7 @@ impl EventLog {
             .transaction()
             .await
             .map_err(StoreError::db("staging streamed changes"))?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
             &parts.slot,
             &xids,
             &subxids,
@@ -183,6 +186,7 @@ impl EventLog {
             &lsns,
             &indexes,
             &rejected,
+            &hashes,
         ];
         let insert = async {
             tx.execute(&sql, &params)
@@ -255,6 +259,16 @@ impl EventLog {
              where slot = $1 and xid = $2 and ord > $3 and (rejected is not null) = $5 \
              order by ord limit $4"
         );
+        let move_all = format!(
+            "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
+             event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
+             committed_at) \
+             select $3 + row_number() over (order by ord), event_id, aggregate_type, \
+             aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
+             $4, $5 from {s}.stream_stage \
+             where slot = $1 and xid = $2 and rejected is null"
+        );
+        let source_lsn: PgLsn = commit.commit_lsn.into();
         let mut tx = parts
             .client
             .transaction()
@@ -275,12 +289,45 @@ impl EventLog {
                 .await
                 .map_err(StoreError::db("reading staged changes"))?;
             let Some(last) = rows.last() else {
-                if rejected {
-                    rejected = false;
-                    after = -1;
+                if !rejected {
+                    break;
+                }
+                rejected = false;
+                after = -1;
+                if one_by_one {
                     continue;
                 }
-                break;
+                // Every event in one statement, in order, unless an ID is already in
+                // the log or repeats in the transaction (a replay, a producer retry):
+                // then the unique index refuses it, and the pages below sort the
+                // duplicates from the conflicts as any append does.
+                let sp = tx
+                    .savepoint("walfold_move")
+                    .await
+                    .map_err(StoreError::db("committing a streamed transaction"))?;
+                let moved = sp
+                    .execute(
+                        &move_all,
+                        &[&parts.slot, &xid, &head, &source_lsn, &commit.commit_time],
+                    )
+                    .await;
+                match moved {
+                    Ok(n) => {
+                        sp.commit()
+                            .await
+                            .map_err(StoreError::db("committing a streamed transaction"))?;
+                        result.outcome.appended += n;
+                        head += n as i64;
+                        break;
+                    }
+                    Err(e) if crate::sqlstate(&e) == Some("23505") => {
+                        sp.rollback()
+                            .await
+                            .map_err(StoreError::db("committing a streamed transaction"))?;
+                        continue;
+                    }
+                    Err(e) => return Err(StoreError::db("moving staged events")(e)),
+                }
             };
             after = last.get(0);
             let mut events = Vec::with_capacity(rows.len());

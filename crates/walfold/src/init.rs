@@ -580,7 +580,10 @@ fn render(
         "# Seconds between heartbeats, so the slot advances on an idle database (0: off).\n\
          heartbeat_interval_s = 10\n\
          # A lost slot: \"stop\" (exit with the fix) or \"recreate\" (record the gap, go on).\n\
-         on_slot_lost = \"stop\"\n",
+         on_slot_lost = \"stop\"\n\
+         # pgoutput protocol: 2 streams large transactions while they run (PostgreSQL 14+;\n\
+         # the default there), 1 waits for each commit.\n\
+         # protocol = 2\n",
     );
     for m in outboxes {
         t.push_str("\n[[outbox]]\n");
