@@ -1,7 +1,14 @@
 -- Changes of in-progress transactions that the source streams (pgoutput protocol 2),
 -- held until their commit moves them into the event log in one transaction, or their
 -- abort deletes them. Projectors never read this table.
-create table stream_stage (
+--
+-- Unlogged: no staged row is ever the durable point. Every replication session starts
+-- by clearing what an earlier one staged, because the server sends every transaction
+-- that was not acknowledged again from its first segment; so a target crash that
+-- empties this table (or a failover to a standby, where it is empty) loses nothing.
+-- Logged, every streamed row would be written to WAL twice (staged, then moved), and a
+-- source that is also the target would decode both.
+create unlogged table stream_stage (
     slot text not null,
     -- The top-level transaction, and the (sub)transaction that made the change: an
     -- aborted subtransaction's rows are deleted alone.

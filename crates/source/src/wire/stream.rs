@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use postgres_protocol::message::backend::Message as Backend;
 use postgres_protocol::message::frontend;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -31,7 +32,7 @@ pub(crate) struct Worker {
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
-/// Why the loop ended without an error.
+/// Why the loop ended without an error: asked to stop, or the stop position reached.
 enum End {
     Stopped,
     Reached,
@@ -63,7 +64,7 @@ impl Worker {
         match result {
             Ok(_) => {
                 // A clean end: the final position, CopyDone, Terminate.
-                let _ = self.status(false).await;
+                let _ = self.status().await;
                 let mut out = BytesMut::new();
                 frontend::copy_done(&mut out);
                 frontend::terminate(&mut out);
@@ -89,10 +90,10 @@ impl Worker {
                 _ = self.stop.changed() => return Ok(End::Stopped),
                 _ = progress.raised.notified() => {
                     if self.progress.applied() > self.reported {
-                        self.status(false).await?;
+                        self.status().await?;
                     }
                 }
-                _ = tokio::time::sleep_until(due) => self.status(false).await?,
+                _ = tokio::time::sleep_until(due) => self.status().await?,
                 r = self.conn.fill() => r?,
             }
         }
@@ -104,9 +105,9 @@ impl Worker {
             b'd' => self.copy_data(frame.body.freeze()).await,
             b'c' => Err(WireError::Protocol("the server ended the stream".into())),
             _ => match parse(frame)? {
-                Message2::ErrorResponse(body) => Err(server_error(body.fields())),
-                Message2::NoticeResponse(_) | Message2::ParameterStatus(_) => Ok(None),
-                Message2::CommandComplete(_) | Message2::ReadyForQuery(_) => {
+                Backend::ErrorResponse(body) => Err(server_error(body.fields())),
+                Backend::NoticeResponse(_) | Backend::ParameterStatus(_) => Ok(None),
+                Backend::CommandComplete(_) | Backend::ReadyForQuery(_) => {
                     Err(WireError::Protocol("the server ended the stream".into()))
                 }
                 _ => Err(WireError::Protocol(
@@ -140,7 +141,7 @@ impl Worker {
                 let server_time_micros = data.get_i64();
                 let reply_requested = data.get_u8() == 1;
                 if reply_requested {
-                    self.status(false).await?;
+                    self.status().await?;
                 }
                 // A keepalive only moves the position: when the reader is behind, the
                 // next one does the same, so it is dropped rather than waited for.
@@ -249,14 +250,14 @@ impl Worker {
                     }
                     Err(_) => return Ok(false),
                 },
-                _ = tokio::time::sleep_until(due) => self.status(false).await?,
+                _ = tokio::time::sleep_until(due) => self.status().await?,
             }
         }
     }
 
     /// Sends a standby status update reporting the applied position as written,
     /// flushed and applied.
-    async fn status(&mut self, reply: bool) -> Result<(), WireError> {
+    async fn status(&mut self) -> Result<(), WireError> {
         let applied = self.progress.applied();
         let mut body = BytesMut::with_capacity(34);
         body.put_u8(b'r');
@@ -264,7 +265,8 @@ impl Worker {
         body.put_u64(applied.0);
         body.put_u64(applied.0);
         body.put_i64(now_pg_micros());
-        body.put_u8(u8::from(reply));
+        // No reply requested: the server's keepalives already ask when they need one.
+        body.put_u8(0);
         let mut out = BytesMut::new();
         frontend::CopyData::new(&body[..])
             .map_err(WireError::io("encoding a status update"))?
@@ -281,12 +283,154 @@ impl Worker {
     }
 }
 
-use postgres_protocol::message::backend::Message as Message2;
-
 fn now_pg_micros() -> i64 {
     let unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_micros() as i64;
     unix - PG_EPOCH_MICROS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::session::Io;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+    use tokio::sync::Notify;
+
+    fn config(status_interval: Duration) -> WireConfig {
+        WireConfig {
+            host: "/tmp".into(),
+            port: 5432,
+            user: "u".into(),
+            password: None,
+            database: "d".into(),
+            ssl_mode: walfold_store::SslMode::Disable,
+            root_cert: None,
+            slot: "s".into(),
+            publication: "p".into(),
+            protocol: Some(2),
+            options: None,
+            application_name: "t".into(),
+            status_interval,
+            buffer: 1,
+            stop_lsn: None,
+            observer: None,
+        }
+    }
+
+    /// A worker on one end of a socket pair; the test is the server on the other.
+    fn worker(
+        status_interval: Duration,
+        capacity: usize,
+    ) -> (
+        UnixStream,
+        mpsc::Receiver<Result<ReplicationEvent, WireError>>,
+        Arc<Progress>,
+        watch::Sender<bool>,
+    ) {
+        let (ours, server) = UnixStream::pair().unwrap();
+        let conn = Conn {
+            io: Io::Unix(ours),
+            buf: BytesMut::new(),
+        };
+        let (tx, rx) = mpsc::channel(capacity);
+        let progress = Arc::new(Progress {
+            applied: AtomicU64::new(0),
+            raised: Notify::new(),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let w = Worker::new(conn, config(status_interval), tx, progress.clone(), stop_rx);
+        tokio::spawn(w.run());
+        (server, rx, progress, stop)
+    }
+
+    fn copy_data(body: &[u8]) -> Vec<u8> {
+        let mut f = vec![b'd'];
+        f.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        f.extend_from_slice(body);
+        f
+    }
+
+    fn keepalive(wal_end: u64, reply: bool) -> Vec<u8> {
+        let mut b = vec![b'k'];
+        b.extend_from_slice(&wal_end.to_be_bytes());
+        b.extend_from_slice(&0i64.to_be_bytes());
+        b.push(u8::from(reply));
+        copy_data(&b)
+    }
+
+    fn xlog(lsn: u64, data: &[u8]) -> Vec<u8> {
+        let mut b = vec![b'w'];
+        b.extend_from_slice(&lsn.to_be_bytes());
+        b.extend_from_slice(&lsn.to_be_bytes());
+        b.extend_from_slice(&0i64.to_be_bytes());
+        b.extend_from_slice(data);
+        copy_data(&b)
+    }
+
+    /// The flushed position of the next standby status update.
+    async fn status(server: &mut UnixStream) -> u64 {
+        let mut head = [0u8; 5];
+        server.read_exact(&mut head).await.unwrap();
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize - 4;
+        let mut body = vec![0u8; len];
+        server.read_exact(&mut body).await.unwrap();
+        assert_eq!((head[0], body[0]), (b'd', b'r'), "a standby status update");
+        u64::from_be_bytes(body[9..17].try_into().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_keepalive_asking_for_a_reply_is_answered_at_once() {
+        let (mut server, mut events, progress, _stop) = worker(Duration::from_secs(3600), 8);
+        assert_eq!(status(&mut server).await, 0, "the first update on start");
+        progress.applied.store(0x42, Ordering::Release);
+        server.write_all(&keepalive(0x100, true)).await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(2), status(&mut server))
+            .await
+            .expect("an answer long before the status interval");
+        assert_eq!(answered, 0x42);
+        assert!(matches!(
+            events.recv().await,
+            Some(Ok(ReplicationEvent::KeepAlive {
+                wal_end: Lsn(0x100),
+                reply_requested: true,
+                ..
+            }))
+        ));
+    }
+
+    #[tokio::test]
+    async fn status_updates_go_on_while_the_reader_pushes_back() {
+        let (mut server, events, progress, _stop) = worker(Duration::from_millis(50), 1);
+        status(&mut server).await;
+        // The reader takes nothing: after one event the worker waits for room.
+        for lsn in 1..=4u64 {
+            server.write_all(&xlog(lsn, b"E")).await.unwrap();
+        }
+        progress.applied.store(7, Ordering::Release);
+        progress.raised.notify_one();
+        let mut reported = 0;
+        for _ in 0..5 {
+            reported = tokio::time::timeout(Duration::from_secs(2), status(&mut server))
+                .await
+                .expect("status updates while the reader is full");
+        }
+        assert_eq!(reported, 7);
+        drop(events);
+    }
+
+    #[tokio::test]
+    async fn a_raised_position_is_reported_without_waiting_for_the_interval() {
+        let (mut server, _events, progress, _stop) = worker(Duration::from_secs(3600), 8);
+        status(&mut server).await;
+        progress.applied.store(0x99, Ordering::Release);
+        progress.raised.notify_one();
+        let reported = tokio::time::timeout(Duration::from_secs(2), status(&mut server))
+            .await
+            .expect("reported at once");
+        assert_eq!(reported, 0x99);
+    }
 }
