@@ -35,6 +35,8 @@ pub struct StagedChange {
 }
 
 /// What a staged change becomes at commit.
+// Events are nearly every row: boxing them would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum StagedRow {
     Event(NewEvent),

@@ -321,16 +321,13 @@ mod tests {
         }
     }
 
+    type Events = mpsc::Receiver<Result<ReplicationEvent, WireError>>;
+
     /// A worker on one end of a socket pair; the test is the server on the other.
     fn worker(
         status_interval: Duration,
         capacity: usize,
-    ) -> (
-        UnixStream,
-        mpsc::Receiver<Result<ReplicationEvent, WireError>>,
-        Arc<Progress>,
-        watch::Sender<bool>,
-    ) {
+    ) -> (UnixStream, Events, Arc<Progress>, watch::Sender<bool>) {
         let (ours, server) = UnixStream::pair().unwrap();
         let conn = Conn {
             io: Io::Unix(ours),
