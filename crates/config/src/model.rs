@@ -625,7 +625,8 @@ impl Config {
         if self.outbox.is_empty() {
             push(
                 "outbox",
-                "missing: add at least one [[outbox]] table to follow".into(),
+                "missing: add at least one [[outbox]] (a table, or a message_prefix) to follow"
+                    .into(),
             );
         }
         let mut tables = Vec::new();
@@ -812,6 +813,9 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
     }
     if prefix.chars().any(char::is_control) {
         return Err("must not contain control characters".into());
+    }
+    if prefix.trim() != prefix {
+        return Err("must not start or end with spaces (prefixes are compared exactly)".into());
     }
     if prefix == HEARTBEAT_PREFIX {
         return Err(format!(
