@@ -1034,6 +1034,10 @@ async fn an_outbox_column_renamed_while_running_stops_ingest_instead_of_dead_let
         d.exited().is_none(),
         "an environment error: the daemon stays and retries"
     );
+    assert!(
+        !d.log_text().contains('\u{1b}'),
+        "a log file gets no terminal colours"
+    );
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
     assert!(
         slot_before(&db, &after),
