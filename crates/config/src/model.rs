@@ -324,7 +324,7 @@ pub struct ProjectionConfig {
     /// `guard` (default): an event applies when the stored version is lower (events
     /// carrying a whole state; a late, older one is stale). `strict`: every version applies
     /// exactly once, in order (delta events): a higher version waits for the missing
-    /// ones, a version already applied is skipped as a duplicate.
+    /// ones; one the aggregate has passed, under a new event ID, is dead-lettered.
     #[serde(default)]
     pub version_mode: VersionMode,
     /// `strict`: the first version of an aggregate walfold has not seen yet.
@@ -335,6 +335,13 @@ pub struct ProjectionConfig {
     /// waits without one.
     #[serde(default = "default_gap_timeout")]
     pub gap_timeout: String,
+    /// `false`: this projection's transactions commit without waiting for the target's
+    /// WAL flush (`synchronous_commit = off`). A crash of the target server may then lose
+    /// its last commits (claims, changes and checkpoint together, never one without the
+    /// others), which are applied again from the event log; readers may see the read
+    /// model step back until then. The event log itself always commits synchronously.
+    #[serde(default = "default_true")]
+    pub synchronous_commit: bool,
 }
 
 /// `projection.version_mode`
@@ -387,6 +394,7 @@ impl ProjectionConfig {
             version_mode: VersionMode::default(),
             first_version: default_first_version(),
             gap_timeout: default_gap_timeout(),
+            synchronous_commit: true,
         }
     }
 
@@ -857,6 +865,10 @@ fn is_slot_name(s: &str) -> bool {
 fn default_slot() -> String {
     "walfold".into()
 }
+fn default_true() -> bool {
+    true
+}
+
 fn default_heartbeat() -> u64 {
     10
 }
