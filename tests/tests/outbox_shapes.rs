@@ -909,12 +909,13 @@ table = "public.outbox_naive"
             "begin; {} rollback;",
             emit(true, "walfold:orders", &event(ID[2], 3, "refunded"))
         ),
-        // Keys of its own; an ISO 8601 time; a version as a string; a number as the ID.
+        // Keys of its own; an ISO 8601 time without offset (UTC); a version as a string;
+        // a number as the aggregate ID.
         emit(
             true,
             "shop",
             &format!(
-                r#"{{"id": "{}", "aggregateType": "order", "aggregateId": 7, "type": "OrderStatus", "version": "1", "payload": {{"status": "placed"}}, "occurredAt": "2026-12-01T10:00:00.5Z"}}"#,
+                r#"{{"id": "{}", "aggregateType": "order", "aggregateId": 7, "type": "OrderStatus", "version": "1", "payload": {{"status": "placed"}}, "occurredAt": "2026-12-01T10:00:00.5"}}"#,
                 ID[3]
             ),
         ),
@@ -983,8 +984,11 @@ table = "public.outbox_naive"
         "paid 2"
     );
     assert_eq!(
-        db.psql("select sum(duplicates) from walfold.ingest_position"),
-        "1"
+        db.psql(
+            "select sum(duplicates) || ' ' || sum(ignored_changes) from walfold.ingest_position"
+        ),
+        "1 1",
+        "the repeated event; the message under another prefix"
     );
 
     // The same WAL again from a copied slot, after a SIGKILL: nothing twice.
@@ -1022,13 +1026,17 @@ async fn an_outbox_column_renamed_while_running_stops_ingest_instead_of_dead_let
         "ingest stops naming the column",
         || {
             let log = d.log_text();
-            async move { log.contains("has no column `event_type` any more (outbox.event_type)") }
+            async move { log.contains("wrote rows without column `event_type` (outbox.event_type); its rows have the columns (id, aggregate_type, aggregate_id, kind,") }
         },
     )
     .await;
     assert!(
         d.exited().is_none(),
         "an environment error: the daemon stays and retries"
+    );
+    assert!(
+        !d.log_text().contains('\u{1b}'),
+        "a log file gets no terminal colours"
     );
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
     assert!(
@@ -1045,6 +1053,41 @@ async fn an_outbox_column_renamed_while_running_stops_ingest_instead_of_dead_let
     );
     let mut d = Daemon::start(&fixed, &[]);
     caught_up(&client, 2, 3).await;
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+
+    // Renamed while walfold is stopped, with rows of both shapes in the slot: the old
+    // name until ingest passes the old rows, then the new one.
+    db.psql(
+        &insert_event(ID[2], "o-3", "OrderPaid", 1, r#"{"amount": "3"}"#)
+            .replace("event_type", "kind"),
+    );
+    db.psql("alter table outbox rename column kind to type");
+    db.psql(
+        &insert_event(ID[3], "o-4", "OrderPaid", 1, r#"{"amount": "4"}"#)
+            .replace("event_type", "type"),
+    );
+    let new_name = config.replace(
+        "table = \"public.outbox\"\n",
+        "table = \"public.outbox\"\nevent_type = \"type\"\n",
+    );
+    let mut d = Daemon::start(&new_name, &[]);
+    eventually(Duration::from_secs(30), "the old rows to stop it", || {
+        let log = d.log_text();
+        async move { log.contains("wrote rows without column `type`") }
+    })
+    .await;
+    d.kill();
+    let mut d = Daemon::start(&fixed, &[]);
+    caught_up(&client, 3, 3).await;
+    eventually(Duration::from_secs(30), "the new rows to stop it", || {
+        let log = d.log_text();
+        async move { log.contains("wrote rows without column `kind`") }
+    })
+    .await;
+    d.kill();
+    let mut d = Daemon::start(&new_name, &[]);
+    caught_up(&client, 4, 3).await;
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }
@@ -1077,4 +1120,13 @@ async fn a_pipeline_of_message_outboxes_alone_runs_on_an_empty_publication() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("messages 'orders'"), "{out}");
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let (code, out, err) = walfold_tests::walfold(
+        &["backfill", "--outbox", "orders", "-c", d.config_path()],
+        &[],
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("'orders' is a message outbox: its events exist only in the WAL"),
+        "{err}"
+    );
 }

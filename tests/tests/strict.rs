@@ -106,7 +106,8 @@ async fn late_versions_fill_the_gap_and_everything_applies_once_in_order() {
     db.psql(&credit("a-1", 2, 20));
     db.psql(&credit("a-1", 4, 40));
     versions_become(&client, "a-1", "1,2,3,4").await;
-    // A second event carrying an applied version is a duplicate by version: skipped.
+    // A second event carrying an applied version, under a new ID: not applied, and an
+    // open dead letter (a person tells a retry from a second delta); the rest goes on.
     db.psql(&credit("a-1", 2, 999));
     db.psql(&credit("a-1", 5, 50));
     versions_become(&client, "a-1", "1,2,3,4,5").await;
@@ -115,12 +116,11 @@ async fn late_versions_fill_the_gap_and_everything_applies_once_in_order() {
         "150"
     );
     assert_eq!(
-        count(
-            &client,
-            "select count(*) from walfold.dead_letter where status in ('open', 'waiting')"
-        )
-        .await,
-        0
+        db.psql(
+            "select reason || ' ' || (raw->'payload'->>'amount') from walfold.dead_letter \
+             where status in ('open', 'waiting')"
+        ),
+        "version_conflict 999"
     );
     assert_eq!(
         count(&client, "select count(*) from walfold.parked_aggregate").await,
@@ -134,7 +134,7 @@ async fn late_versions_fill_the_gap_and_everything_applies_once_in_order() {
         "5"
     );
     assert_eq!(
-        db.psql("select stale from walfold.checkpoint where subscriber_id = 'balance.v1'"),
+        db.psql("select dead_lettered from walfold.checkpoint where subscriber_id = 'balance.v1'"),
         "1",
         "the repeated version 2 is counted"
     );
@@ -160,7 +160,7 @@ async fn a_gap_that_never_fills_becomes_a_dead_letter_and_discarding_it_releases
         count(
             &client,
             "select count(*) from walfold.dead_letter where reason = 'version_gap' \
-             and status = 'open' and seq is null and error like 'versions 2..2 of account a-1 are missing%'",
+             and status = 'open' and seq is null and error like 'version 2 of account a-1 is missing%'",
         )
         .await
             == 1
@@ -222,6 +222,30 @@ async fn a_gap_that_never_fills_becomes_a_dead_letter_and_discarding_it_releases
         .await,
         0
     );
+    // The operator's decision stands, with their reason.
+    assert_eq!(
+        db.psql(&format!(
+            "select status || ': ' || resolution from walfold.dead_letter where id = {id}"
+        )),
+        "discarded: v2 was never written; its waiting versions applied without the missing ones"
+    );
+    // The missing version arrives after all: not applied, and not silently either.
+    db.psql(&credit("a-1", 2, 2));
+    eventually(Duration::from_secs(30), "the late version's dead letter", || async {
+        count(
+            &client,
+            "select count(*) from walfold.dead_letter where reason = 'version_conflict' \
+             and status = 'open' and error like 'version 2 of account a-1 came under a new event ID after the aggregate had applied through version 5%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    db.psql(&credit("a-1", 6, 6));
+    versions_become(&client, "a-1", "1,3,4,5,6").await;
+    let (code, out, _) = walfold(&["status", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("dead letters open: 1"), "{out}");
 }
 
 /// Shuffled versions over many accounts, several per transaction and across

@@ -331,7 +331,7 @@ pub struct ProjectionConfig {
     /// `guard` (default): an event applies when the stored version is lower (events
     /// carrying a whole state; a late, older one is stale). `strict`: every version applies
     /// exactly once, in order (delta events): a higher version waits for the missing
-    /// ones, a version already applied is skipped as a duplicate.
+    /// ones; one the aggregate has passed, under a new event ID, is dead-lettered.
     #[serde(default)]
     pub version_mode: VersionMode,
     /// `strict`: the first version of an aggregate walfold has not seen yet.
@@ -342,6 +342,13 @@ pub struct ProjectionConfig {
     /// waits without one.
     #[serde(default = "default_gap_timeout")]
     pub gap_timeout: String,
+    /// `false`: this projection's transactions commit without waiting for the target's
+    /// WAL flush (`synchronous_commit = off`). A crash of the target server may then lose
+    /// its last commits (claims, changes and checkpoint together, never one without the
+    /// others), which are applied again from the event log; readers may see the read
+    /// model step back until then. The event log itself always commits synchronously.
+    #[serde(default = "default_true")]
+    pub synchronous_commit: bool,
 }
 
 /// `projection.version_mode`
@@ -394,6 +401,7 @@ impl ProjectionConfig {
             version_mode: VersionMode::default(),
             first_version: default_first_version(),
             gap_timeout: default_gap_timeout(),
+            synchronous_commit: true,
         }
     }
 
@@ -640,7 +648,8 @@ impl Config {
         if self.outbox.is_empty() {
             push(
                 "outbox",
-                "missing: add at least one [[outbox]] table to follow".into(),
+                "missing: add at least one [[outbox]] (a table, or a message_prefix) to follow"
+                    .into(),
             );
         }
         let mut tables = Vec::new();
@@ -828,6 +837,9 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
     if prefix.chars().any(char::is_control) {
         return Err("must not contain control characters".into());
     }
+    if prefix.trim() != prefix {
+        return Err("must not start or end with spaces (prefixes are compared exactly)".into());
+    }
     if prefix == HEARTBEAT_PREFIX {
         return Err(format!(
             "`{HEARTBEAT_PREFIX}` is walfold's own heartbeat prefix"
@@ -868,6 +880,10 @@ fn is_slot_name(s: &str) -> bool {
 fn default_slot() -> String {
     "walfold".into()
 }
+fn default_true() -> bool {
+    true
+}
+
 fn default_heartbeat() -> u64 {
     10
 }

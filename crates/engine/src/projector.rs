@@ -129,6 +129,8 @@ struct Work<'c> {
     stats: PartitionStats,
     started: std::time::Instant,
     events: usize,
+    /// Retrying a dead letter: what its event does resolves that letter, never a new one.
+    retrying: bool,
 }
 
 impl<'c> Work<'c> {
@@ -145,6 +147,7 @@ impl<'c> Work<'c> {
             stats: PartitionStats::default(),
             started: std::time::Instant::now(),
             events: 0,
+            retrying: false,
         })
     }
 
@@ -295,9 +298,31 @@ impl<'c> Work<'c> {
                 apply[i].aggregate_id
             )));
         }
-        self.stats.stale += order.duplicates.len() as i64;
+        // A version the aggregate has passed, under an event ID never claimed: a producer
+        // retry with a fresh ID, a second delta claiming the same version, or the missing
+        // version of a discarded gap arriving late. Which one, only a person can tell, and
+        // a delta skipped unseen is money lost: not applied, and an open dead letter.
         for e in &order.duplicates {
-            tracing::warn!(subscriber, event_id = %e.id, aggregate_type = %e.aggregate_type, aggregate_id = %e.aggregate_id, version = e.version.unwrap_or_default(), "a version already applied came again under another event ID: skipped");
+            let held = letter_of(e).is_some();
+            if held || self.retrying {
+                self.stats.stale += 1;
+                continue;
+            }
+            let version = e.version.unwrap_or_default();
+            let through = applied.get(&key(e)).copied().unwrap_or_default();
+            tracing::error!(subscriber, event_id = %e.id, aggregate_type = %e.aggregate_type, aggregate_id = %e.aggregate_id, version, applied_through = through, "a version the aggregate has passed came under a new event ID: not applied, dead-lettered");
+            let mut letter = waiting_letter(subscriber, e);
+            letter.reason = Reason::VersionConflict;
+            letter.attempts = 1;
+            letter.error = format!(
+                "version {version} of {} {} came under a new event ID after the aggregate had \
+                 applied through version {through}: not applied. If it repeats an applied \
+                 delta (a producer retry with a fresh ID), discard this letter; if it is \
+                 another delta, or the missing version of a discarded gap arriving late, \
+                 apply its effect by hand, then discard this letter",
+                e.aggregate_type, e.aggregate_id
+            );
+            self.dead_letter(&letter, false).await?;
         }
         let waiting_ids: Vec<uuid::Uuid> = order.waiting.iter().map(|e| e.id).collect();
         walfold_store::unclaim(&self.tx, schema, subscriber, &waiting_ids)
@@ -351,15 +376,14 @@ impl<'c> Work<'c> {
             if order.needs.iter().any(|(n, _)| *n == k) {
                 continue;
             }
-            DeadLetters::resolve_gap(
-                &self.tx,
-                schema,
-                subscriber,
-                &k,
-                "the missing versions arrived",
-            )
-            .await
-            .map_err(EngineError::store("resolving a version gap"))?;
+            let resolution = if accept.contains(&k) {
+                "its waiting versions applied without the missing ones"
+            } else {
+                "the missing versions arrived"
+            };
+            DeadLetters::resolve_gap(&self.tx, schema, subscriber, &k, resolution)
+                .await
+                .map_err(EngineError::store("resolving a version gap"))?;
             DeadLetters::unpark(&self.tx, schema, subscriber, &k.0, &k.1)
                 .await
                 .map_err(EngineError::store("releasing a parked aggregate"))?;
@@ -399,13 +423,14 @@ impl<'c> Work<'c> {
             .min()
             .unwrap_or(next);
         let open = timeout.map_or_else(String::new, |t| format!(" for over {}s", t.as_secs()));
+        let missing = if first - 1 == next {
+            format!("version {next} of {} {} is", k.0, k.1)
+        } else {
+            format!("versions {next}..{} of {} {} are", first - 1, k.0, k.1)
+        };
         Ok(format!(
-            "versions {next}..{} of {} {} are missing{open}: {} events wait from version {first}; \
-             they apply once the missing versions arrive (discard this dead letter to apply \
-             them without)",
-            first - 1,
-            k.0,
-            k.1,
+            "{missing} missing{open}: {} events wait from version {first}; they apply once \
+             the missing versions arrive (discard this dead letter to apply them without)",
             events.len()
         ))
     }
@@ -645,6 +670,15 @@ impl Partition {
             .batch_execute(walfold_store::WORKER_SESSION)
             .await
             .map_err(db("configuring the projector session"))?;
+        if !self.options.synchronous_commit {
+            // Safe for the claim rule: a lost commit loses its claims, change and
+            // checkpoint together, and any synchronous commit that saw them (a prune, a
+            // rebuild switch) flushes them first, the WAL being one sequence.
+            client
+                .batch_execute("set synchronous_commit = off")
+                .await
+                .map_err(db("configuring the projector session"))?;
+        }
         // Install (or check) the projection on every connect: a pause caused by a
         // missing table or right ends here once it is fixed.
         self.projection
@@ -1016,6 +1050,7 @@ impl Partition {
         held: &mut Held,
     ) -> Result<(), EngineError> {
         let mut work = Work::begin(conn, self).await?;
+        work.retrying = true;
         if release {
             work.release(&key(event)).await?;
         }

@@ -44,9 +44,28 @@ pub async fn backfill(
     batch: i64,
 ) -> Result<BackfillReport, SourceError> {
     let (outbox, _) = config.table_outbox(table).ok_or_else(|| {
-        SourceError::MissingTable(format!(
-            "{table} (not a table [[outbox]] in the config; a message outbox has no rows to backfill)"
-        ))
+        let tables: Vec<String> = config
+            .table_outboxes()
+            .map(|(_, t)| t.to_string())
+            .collect();
+        SourceError::NoSuchOutbox(
+            if config
+                .outbox
+                .iter()
+                .any(|o| o.message_prefix.as_deref() == Some(table))
+            {
+                format!(
+                    "'{table}' is a message outbox: its events exist only in the WAL behind the \
+                     slot, there are no rows to backfill (table outboxes: {})",
+                    tables.join(", ")
+                )
+            } else {
+                format!(
+                    "{table} is no table [[outbox]] of the config (table outboxes: {})",
+                    tables.join(", ")
+                )
+            },
+        )
     })?;
     let target = connect(config.target_url())
         .await

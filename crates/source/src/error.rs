@@ -12,6 +12,8 @@ pub enum SourceError {
     MissingTable(String),
     #[error("{}; {}", .0.problem, .0.fix)]
     Refused(crate::setup::Refusal),
+    #[error("{0}")]
+    NoSuchOutbox(String),
     #[error("replication slot {slot} {problem}")]
     Slot { slot: String, problem: String },
     #[error("{context}: {source}")]
@@ -40,15 +42,19 @@ pub enum SourceError {
         skip_to: walfold_store::Lsn,
     },
     #[error(
-        "outbox {table} has no column `{column}` any more (outbox.{key}): it was renamed or \
-         dropped while walfold ran, and every row would be a dead letter; ingest stopped \
-         before acknowledging the transaction at commit {commit_lsn} and retries. Fix: set \
-         outbox.{key} to the column's new name and restart, or restore the column"
+        "outbox {table}: the transaction at commit {commit_lsn} wrote rows without column \
+         `{column}` (outbox.{key}); its rows have the columns {columns}. The column was \
+         renamed or dropped: ingest stopped before acknowledging the transaction and \
+         retries; nothing is dead-lettered. Fix: set outbox.{key} to the name those rows \
+         use and restart (once walfold has ingested it starts with a column the table no \
+         longer has), then, when ingest stops at the first row of the new shape, set the \
+         new name and restart again; or restore the column"
     )]
     OutboxChanged {
         table: String,
         key: &'static str,
         column: String,
+        columns: String,
         commit_lsn: walfold_store::Lsn,
     },
     #[error("replication stream: {0}")]
@@ -74,6 +80,7 @@ impl SourceError {
             | SourceError::MissingTable(_)
             | SourceError::Slot { .. }
             | SourceError::Refused(_)
+            | SourceError::NoSuchOutbox(_)
             | SourceError::Unmapped { .. }
             | SourceError::Replication(W::Unsupported(_)) => ErrorKind::Definite,
             // walfold's own statements: an event is never at fault here (the appender

@@ -168,6 +168,12 @@ impl Mapping {
         }
     }
 
+    /// The relation's columns, for messages: `(id, kind, body)`.
+    pub fn column_names(&self) -> String {
+        let names: Vec<&str> = self.columns.iter().map(|(n, _)| n.as_str()).collect();
+        format!("({})", names.join(", "))
+    }
+
     /// A required field whose column the table does not have: (config key, column).
     pub fn missing_required(&self) -> Option<(&'static str, String)> {
         const KEYS: [&str; 8] = [
@@ -416,8 +422,9 @@ impl Fields for JsonFields<'_> {
         Ok(self.value(field, required)?.cloned())
     }
 
+    /// As for a `timestamp` column: a time without an offset is UTC.
     fn naive_time_is_utc(&self) -> bool {
-        false
+        true
     }
 }
 

@@ -253,11 +253,16 @@ impl<'a> Reader<'a> {
             _ => None,
         };
         let Some(mapping) = self.messages.iter().find(|m| m.prefix == prefix) else {
-            if transactional && self.unknown_prefixes.len() < 32 {
-                if self.unknown_prefixes.insert(prefix.to_owned()) {
-                    tracing::info!(prefix, "transactional messages with this prefix are no [[outbox]]'s message_prefix; ignored");
+            if transactional {
+                // Counted with the ignored changes (`status`, metrics): a mistyped prefix
+                // shows there, and its messages exist only in the WAL.
+                if self.unknown_prefixes.len() < 32
+                    && self.unknown_prefixes.insert(prefix.to_owned())
+                {
+                    tracing::warn!(prefix, "transactional messages with this prefix are no [[outbox]]'s message_prefix: ignored (counted as ignored changes)");
                 }
-            } else if !transactional && self.tx.is_none() {
+                self.send(Item::Ignored).await?;
+            } else if self.tx.is_none() {
                 // Between transactions: like a keepalive, everything before it has
                 // reached us.
                 self.send(Item::Through(at)).await?;
@@ -401,6 +406,7 @@ impl<'a> Reader<'a> {
                         table: mapping.table.to_string(),
                         key,
                         column,
+                        columns: mapping.column_names(),
                         commit_lsn: tx.commit_lsn,
                     });
                 }

@@ -63,6 +63,15 @@ pub async fn prepare_source(
     if let Some(refusal) = shape.refusals.into_iter().next() {
         return Err(SourceError::Refused(refusal));
     }
+    if ingested_through == Lsn::ZERO {
+        if let Some(refusal) = shape.missing_columns.into_iter().next() {
+            return Err(SourceError::Refused(refusal));
+        }
+    } else {
+        for m in &shape.missing_columns {
+            tracing::warn!(problem = %m.problem, fix = %m.fix, "rows still in the slot may have the column; ingest stops at the first row without it");
+        }
+    }
     let publication = &config.source.publication;
     let quoted_pub = walfold_config::quote_ident(publication);
     let list = |tables: &[QualifiedName]| {
@@ -235,6 +244,10 @@ pub struct SourceShape {
     pub refusals: Vec<Refusal>,
     /// Worth a look, not wrong (a column that differs from the config only in case).
     pub warnings: Vec<String>,
+    /// Required columns the outbox tables lack now. Refused on a first start; once
+    /// walfold has ingested, rows in the slot may still have them (a column renamed
+    /// since), so the stream decides per transaction ([`SourceError::OutboxChanged`]).
+    pub missing_columns: Vec<Refusal>,
     pub publication_exists: bool,
     /// Outboxes not yet in the existing publication (walfold adds them).
     pub unpublished: Vec<QualifiedName>,
@@ -326,7 +339,7 @@ pub async fn inspect(
             }
             let similar = columns.iter().find(|c| c.eq_ignore_ascii_case(column));
             if REQUIRED.contains(&key) {
-                shape.refusals.push(Refusal {
+                shape.missing_columns.push(Refusal {
                     problem: format!(
                         "outbox table {name} has no column `{column}` (outbox[{i}].{key})"
                     ),

@@ -25,6 +25,9 @@ pub enum Reason {
     /// A strict projection's event waiting for a missing version (status `waiting`), or,
     /// once the gap has outlived `gap_timeout`, the gap itself (no event; `open`).
     VersionGap,
+    /// A strict projection's event whose version its aggregate had passed, under an event
+    /// ID never applied: not applied.
+    VersionConflict,
 }
 
 impl Reason {
@@ -35,6 +38,7 @@ impl Reason {
             Reason::ProjectionFailed => "projection_failed",
             Reason::AggregateParked => "aggregate_parked",
             Reason::VersionGap => "version_gap",
+            Reason::VersionConflict => "version_conflict",
         }
     }
 
@@ -740,7 +744,12 @@ impl DeadLetters {
     ) -> Result<(), StoreError> {
         tx.execute(
             &format!(
-                "update {}.dead_letter set status = 'retried', resolution = $4, resolved_at = now() \
+                // A gap an operator discarded stays discarded, with their reason kept.
+                "update {}.dead_letter set \
+                 status = case when status = 'discarded' then 'discarded' else 'retried' end, \
+                 resolution = case when status = 'discarded' \
+                   then concat_ws('; ', resolution, $4::text) else $4::text end, \
+                 resolved_at = now() \
                  where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
                    and reason = 'version_gap' and seq is null \
                    and status in ('open', 'retrying', 'discarded')",

@@ -334,7 +334,9 @@ impl Writer<'_> {
                     outcome.duplicates += 1;
                 } else {
                     outcome.id_conflicts += 1;
-                    quarantined.push(id_conflict(compare[i], row.get(2)));
+                    let e = compare[i];
+                    tracing::warn!(event_id = %e.id, aggregate_type = %e.aggregate_type, aggregate_id = %e.aggregate_id, source_lsn = %e.source_lsn, "event ID already in the log with different content: quarantined as id_conflict (dead letter)");
+                    quarantined.push(id_conflict(e, row.get(2)));
                 }
             }
             // An ID that conflicted on insert but is gone by the comparison was pruned in

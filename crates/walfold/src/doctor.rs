@@ -174,7 +174,7 @@ async fn source_checks(
     // Outbox tables and the publication: what `walfold run` refuses is a FAIL here.
     let publication = &config.source.publication;
     let shape = walfold_source::inspect(source, config).await?;
-    for refusal in &shape.refusals {
+    for refusal in shape.refusals.iter().chain(&shape.missing_columns) {
         r.check(Level::Fail, &refusal.problem, &refusal.fix);
     }
     for warning in &shape.warnings {

@@ -1,5 +1,7 @@
 //! Logs through `tracing`: text or JSON on stderr, filter from `RUST_LOG` or config.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 use walfold_config::{LogConfig, LogFormat};
 
@@ -9,8 +11,10 @@ pub fn init(log: &LogConfig) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(format!("sqlx::postgres::notice=warn,{}", log.level)))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a log file or journald gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match log.format {
         LogFormat::Json => builder.json().try_init(),
