@@ -132,7 +132,11 @@ level = "warn"
 "#,
         url = cluster.url(db)
     );
-    Ok(Config::from_toml(&text, Vec::<(String, String)>::new())?)
+    // WALFOLD_* overrides apply as for the daemon (e.g. a projection's synchronous_commit).
+    let vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("WALFOLD_PROJECTION__") && !projections.is_empty())
+        .collect();
+    Ok(Config::from_toml(&text, vars)?)
 }
 
 /// The two projections of the drain scenario: a guarded state upsert and a running sum.

@@ -633,6 +633,16 @@ impl Config {
                     format!("`{p}` is no pgoutput protocol walfold speaks: use 1 or 2"),
                 );
             }
+            if p == 2 && self.outbox.iter().any(|o| o.message_prefix.is_some()) {
+                push(
+                    "source.protocol",
+                    "2 cannot carry message outboxes: pgoutput 2 streams a transaction's \
+                     messages under its top-level transaction, so a message in a savepoint \
+                     rolled back after it streamed would become an event; remove \
+                     source.protocol (message outboxes are read with 1) or set 1"
+                        .into(),
+                );
+            }
         }
         for (key, name) in [
             ("source.publication", &self.source.publication),

@@ -67,6 +67,53 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// What a deferred change is, without the position it does not have yet.
+    pub(crate) fn summary(&self) -> String {
+        match self {
+            SourceError::Unmapped {
+                change, relation, ..
+            } => format!("{change} of {relation}, which is no [[outbox]]"),
+            SourceError::OutboxChanged { table, column, .. } => {
+                format!("rows of {table} without column `{column}`")
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The error of a streamed transaction's change, once its commit position is known.
+    pub(crate) fn at_commit(self, at: walfold_store::Lsn) -> SourceError {
+        match self {
+            SourceError::Unmapped {
+                change,
+                relation,
+                publication,
+                slot,
+                ..
+            } => SourceError::Unmapped {
+                change,
+                relation,
+                publication,
+                slot,
+                commit_lsn: at,
+                skip_to: walfold_store::Lsn(at.0 + 1),
+            },
+            SourceError::OutboxChanged {
+                table,
+                key,
+                column,
+                columns,
+                ..
+            } => SourceError::OutboxChanged {
+                table,
+                key,
+                column,
+                columns,
+                commit_lsn: at,
+            },
+            other => other,
+        }
+    }
+
     pub(crate) fn store(context: impl Into<String>) -> impl FnOnce(StoreError) -> Self {
         let context = context.into();
         move |source| SourceError::Store { context, source }

@@ -76,7 +76,14 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         // pgoutput splits publication_names like an identifier list, folding unquoted
         // names to lower case: quoted, `PubQuoted` is used as written.
         publication: walfold_config::quote_ident(&config.source.publication),
-        protocol: config.source.protocol,
+        // pgoutput 2 sends a streamed transaction's messages under its top-level xid: a
+        // message in a savepoint rolled back after it streamed could not be told apart,
+        // so message outboxes are read with protocol 1 (config refuses an explicit 2).
+        protocol: config.source.protocol.or(config
+            .outbox
+            .iter()
+            .any(|o| o.message_prefix.is_some())
+            .then_some(1)),
         // Deterministic text output for the values we parse.
         options: Some("-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3".into()),
         application_name: "walfold".into(),
@@ -123,6 +130,10 @@ struct Streamed {
     ord: i64,
     /// As [`Reader::change`], for this transaction.
     change: Option<(Lsn, i32)>,
+    /// A change that stops ingest (an unmapped table, a missing column) and the
+    /// subtransaction that made it: raised at the commit, with its position, and
+    /// forgotten when that (sub)transaction aborts.
+    problem: Option<(u32, SourceError)>,
 }
 
 impl<'a> Reader<'a> {
@@ -334,6 +345,13 @@ impl<'a> Reader<'a> {
                 let staged = self.streamed.get(&abort.xid).is_some_and(|s| s.ord > 0);
                 if abort.subxid == abort.xid {
                     self.streamed.remove(&abort.xid);
+                } else if let Some(s) = self.streamed.get_mut(&abort.xid) {
+                    if s.problem
+                        .as_ref()
+                        .is_some_and(|(sub, _)| *sub == abort.subxid)
+                    {
+                        s.problem = None;
+                    }
                 }
                 if staged {
                     self.send(Item::StreamAbort {
@@ -344,7 +362,16 @@ impl<'a> Reader<'a> {
                 }
             }
             Message::StreamCommit(commit) => {
-                let staged = self.streamed.remove(&commit.xid).is_some_and(|s| s.ord > 0);
+                let state = self.streamed.remove(&commit.xid).unwrap_or_default();
+                let commit_lsn = Lsn(commit.commit_lsn);
+                if let Some((_, problem)) = state.problem {
+                    let already_in_log = commit_lsn < self.durable;
+                    match problem.at_commit(commit_lsn) {
+                        SourceError::OutboxChanged { .. } if already_in_log => {}
+                        problem => return Err(problem),
+                    }
+                }
+                let staged = state.ord > 0;
                 let end_lsn = Lsn(commit.end_lsn);
                 // A streamed transaction without outbox rows (a large write elsewhere,
                 // walfold's own appends when the target is the source) ends like any
@@ -382,7 +409,10 @@ impl<'a> Reader<'a> {
                     Some((xid, _)) => origin(&mut self.streamed.entry(xid).or_default().change, at),
                     None => origin(&mut self.change, at),
                 };
-                let mapping = self.mapping(insert.relation_id, "an insert")?;
+                let mapping = match self.mapping(insert.relation_id, "an insert") {
+                    Ok(m) => m,
+                    Err(e) => return self.defer(streamed, e),
+                };
                 // A streamed transaction's commit LSN and time are known at its commit;
                 // the move into the event log sets them.
                 let tx = match streamed {
@@ -397,18 +427,19 @@ impl<'a> Reader<'a> {
                 // A column renamed or dropped while running: every row would be a dead
                 // letter. Stop ingest before the transaction is acknowledged instead,
                 // unless the log holds it already (read before the change). A streamed
-                // transaction's commit is not known yet: it stops.
+                // transaction's commit is not known yet: decided at its commit.
                 if let Some((key, column)) = mapping.missing_required() {
                     if streamed.is_none() && tx.commit_lsn < self.durable {
                         return self.send(Item::Ignored).await;
                     }
-                    return Err(SourceError::OutboxChanged {
+                    let e = SourceError::OutboxChanged {
                         table: mapping.table.to_string(),
                         key,
                         column,
                         columns: mapping.column_names(),
                         commit_lsn: tx.commit_lsn,
-                    });
+                    };
+                    return self.defer(streamed, e);
                 }
                 let item = match mapping.map(&insert.new, tx, origin) {
                     Ok(event) => Item::Event(event),
@@ -420,11 +451,17 @@ impl<'a> Reader<'a> {
                 self.emit(streamed, item).await?;
             }
             Message::Update(u) => {
-                self.mapping(u.relation_id, "an update")?;
+                let streamed = self.stream.map(|xid| (xid, u.xid.unwrap_or(xid)));
+                if let Err(e) = self.mapping(u.relation_id, "an update") {
+                    return self.defer(streamed, e);
+                }
                 self.send(Item::Ignored).await?;
             }
             Message::Delete(d) => {
-                self.mapping(d.relation_id, "a delete")?;
+                let streamed = self.stream.map(|xid| (xid, d.xid.unwrap_or(xid)));
+                if let Err(e) = self.mapping(d.relation_id, "a delete") {
+                    return self.defer(streamed, e);
+                }
                 self.send(Item::Ignored).await?;
             }
             // A truncate removes rows, it writes none: never an event, whatever the table.
@@ -449,6 +486,21 @@ impl<'a> Reader<'a> {
             }
             // Begin/Commit arrive as boundary events; the rest carries nothing for us.
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// A change that stops ingest: at once in a committed transaction; in a streamed one
+    /// (`streamed`: its xid and the change's own) at its commit, unless the
+    /// (sub)transaction aborts first.
+    fn defer(&mut self, streamed: Option<(u32, u32)>, e: SourceError) -> Result<(), SourceError> {
+        let Some((xid, subxid)) = streamed else {
+            return Err(e);
+        };
+        let state = self.streamed.entry(xid).or_default();
+        if state.problem.is_none() {
+            tracing::warn!(xid, change = %e.summary(), "a streamed transaction holds a change walfold cannot take: ingest stops at its commit unless it rolls back");
+            state.problem = Some((subxid, e));
         }
         Ok(())
     }

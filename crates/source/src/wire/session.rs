@@ -137,7 +137,7 @@ pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8), WireError>
         None if server_version >= 140000 => 2,
         None => 1,
     };
-    start(&mut conn, cfg, protocol).await?;
+    start(&mut conn, cfg, protocol, server_version >= 140_000).await?;
     Ok((conn, server_version, protocol))
 }
 
@@ -187,7 +187,12 @@ async fn socket(cfg: &WireConfig) -> Result<Io, WireError> {
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| WireError::Tls(e.to_string()))?;
+        // A refused certificate or TLS protocol error is the environment's; a connection
+        // cut during the handshake (a failover) is transient.
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => WireError::Tls(e.to_string()),
+            _ => WireError::io("the TLS handshake")(e),
+        })?;
     Ok(Io::Tls(Box::new(tls)))
 }
 
@@ -279,17 +284,25 @@ async fn authenticate(conn: &mut Conn, cfg: &WireConfig) -> Result<u32, WireErro
 }
 
 /// Sends START_REPLICATION and waits for CopyBothResponse.
-async fn start(conn: &mut Conn, cfg: &WireConfig, protocol: u8) -> Result<(), WireError> {
+async fn start(
+    conn: &mut Conn,
+    cfg: &WireConfig,
+    protocol: u8,
+    messages: bool,
+) -> Result<(), WireError> {
     let streaming = if protocol >= 2 {
         ", streaming 'on'"
     } else {
         ""
     };
+    // pgoutput takes `messages` from PostgreSQL 14 on; before, heartbeats are not seen
+    // (keepalives still move the position between transactions).
+    let messages = if messages { ", messages 'true'" } else { "" };
     // Slot names hold only [a-z0-9_]; the publication is quoted by the caller and its
     // single quotes (none in a validated name) are doubled for the option value.
     let sql = format!(
         "START_REPLICATION SLOT {} LOGICAL 0/0 (proto_version '{}'{streaming}, \
-         publication_names '{}', messages 'true')",
+         publication_names '{}'{messages})",
         cfg.slot,
         protocol,
         cfg.publication.replace('\'', "''"),
