@@ -88,6 +88,7 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         options: Some("-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3".into()),
         application_name: "walfold".into(),
         status_interval: Duration::from_secs(1),
+        silence: Duration::from_secs(30),
         buffer: 1024,
         stop_lsn: None,
         observer: None,

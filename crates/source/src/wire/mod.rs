@@ -51,6 +51,10 @@ pub struct WireConfig {
     pub application_name: String,
     /// Longest time between two standby status updates.
     pub status_interval: Duration,
+    /// Longest wait for any message from the server while reading. A third of it
+    /// without one, status updates ask the server for a reply; past it the connection
+    /// counts as dead (a network that drops every packet sends no reset).
+    pub silence: Duration,
     /// Capacity of the channel between the worker and the reader.
     pub buffer: usize,
     /// Stop once a transaction boundary at or after this position has been delivered.

@@ -25,6 +25,8 @@ pub(crate) struct Worker {
     /// The position the last status update reported.
     reported: Lsn,
     last_status: Instant,
+    /// When the server was last heard from (or reading resumed after back-pressure).
+    last_heard: Instant,
     /// Between Stream Start and Stream Stop (protocol 2): messages carry an xid.
     in_stream: bool,
 }
@@ -55,6 +57,7 @@ impl Worker {
             stop,
             reported: Lsn::ZERO,
             last_status,
+            last_heard: Instant::now(),
             in_stream: false,
         }
     }
@@ -78,12 +81,18 @@ impl Worker {
 
     async fn stream(&mut self) -> Result<End, WireError> {
         loop {
+            let mut heard = false;
             while let Some(frame) = self.conn.try_frame()? {
+                heard = true;
                 if let Some(end) = self.frame(frame).await? {
                     return Ok(end);
                 }
             }
+            if heard {
+                self.last_heard = Instant::now();
+            }
             let due = self.last_status + self.cfg.status_interval;
+            let dead = self.last_heard + self.cfg.silence;
             let progress = self.progress.clone();
             tokio::select! {
                 biased;
@@ -95,6 +104,15 @@ impl Worker {
                 }
                 _ = tokio::time::sleep_until(due) => self.status().await?,
                 r = self.conn.fill() => r?,
+                _ = tokio::time::sleep_until(dead) => {
+                    return Err(WireError::io("reading the replication stream")(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no message from the source server for {} s, though asked for one",
+                            self.cfg.silence.as_secs()
+                        ),
+                    )));
+                }
             }
         }
     }
@@ -265,8 +283,9 @@ impl Worker {
         body.put_u64(applied.0);
         body.put_u64(applied.0);
         body.put_i64(now_pg_micros());
-        // No reply requested: the server's keepalives already ask when they need one.
-        body.put_u8(0);
+        // A reply is asked for once the server has been quiet for a third of the
+        // silence allowed: a live server answers with a keepalive at once.
+        body.put_u8(u8::from(self.last_heard.elapsed() >= self.cfg.silence / 3));
         let mut out = BytesMut::new();
         frontend::CopyData::new(&body[..])
             .map_err(WireError::io("encoding a status update"))?
@@ -315,6 +334,7 @@ mod tests {
             options: None,
             application_name: "t".into(),
             status_interval,
+            silence: Duration::from_secs(3600),
             buffer: 1,
             stop_lsn: None,
             observer: None,
@@ -328,6 +348,13 @@ mod tests {
         status_interval: Duration,
         capacity: usize,
     ) -> (UnixStream, Events, Arc<Progress>, watch::Sender<bool>) {
+        worker_with(config(status_interval), capacity)
+    }
+
+    fn worker_with(
+        cfg: WireConfig,
+        capacity: usize,
+    ) -> (UnixStream, Events, Arc<Progress>, watch::Sender<bool>) {
         let (ours, server) = UnixStream::pair().unwrap();
         let conn = Conn {
             io: Io::Unix(ours),
@@ -339,7 +366,7 @@ mod tests {
             raised: Notify::new(),
         });
         let (stop, stop_rx) = watch::channel(false);
-        let w = Worker::new(conn, config(status_interval), tx, progress.clone(), stop_rx);
+        let w = Worker::new(conn, cfg, tx, progress.clone(), stop_rx);
         tokio::spawn(w.run());
         (server, rx, progress, stop)
     }
@@ -377,6 +404,68 @@ mod tests {
         server.read_exact(&mut body).await.unwrap();
         assert_eq!((head[0], body[0]), (b'd', b'r'), "a standby status update");
         u64::from_be_bytes(body[9..17].try_into().unwrap())
+    }
+
+    /// A standby status update's reply-requested flag.
+    async fn asks_for_reply(server: &mut UnixStream) -> bool {
+        let mut head = [0u8; 5];
+        server.read_exact(&mut head).await.unwrap();
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize - 4;
+        let mut body = vec![0u8; len];
+        server.read_exact(&mut body).await.unwrap();
+        assert_eq!(
+            (head[0], body[0], len),
+            (b'd', b'r', 34),
+            "a standby status update"
+        );
+        body[33] == 1
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_is_asked_for_a_reply_then_given_up_on() {
+        let cfg = WireConfig {
+            silence: Duration::from_millis(600),
+            ..config(Duration::from_millis(100))
+        };
+        let (mut server, mut events, _progress, _stop) = worker_with(cfg, 8);
+        assert!(!asks_for_reply(&mut server).await, "heard from just now");
+        let mut asked = false;
+        for _ in 0..5 {
+            if asks_for_reply(&mut server).await {
+                asked = true;
+                break;
+            }
+        }
+        assert!(
+            asked,
+            "quiet for a third of the silence allowed: a reply is asked for"
+        );
+        // A keepalive answers: the silence starts over.
+        server.write_all(&keepalive(10, false)).await.unwrap();
+        assert!(matches!(
+            events.recv().await,
+            Some(Ok(ReplicationEvent::KeepAlive { .. }))
+        ));
+        let started = Instant::now();
+        // The status updates go on meanwhile; the server reads and ignores them.
+        tokio::spawn(async move {
+            let mut sink = [0u8; 256];
+            while server.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        let ended = events.recv().await;
+        let error = ended
+            .expect("an event")
+            .expect_err("the connection given up on");
+        assert!(
+            error
+                .to_string()
+                .contains("no message from the source server"),
+            "{error}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(500),
+            "not before the silence"
+        );
     }
 
     #[tokio::test]
