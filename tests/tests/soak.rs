@@ -32,12 +32,7 @@ async fn soak_200k_events_through_kills_restarts_and_cut_connections() {
         Cluster::start(Options::default()).expect("private cluster"),
     ));
     let db = TestDb::on(cluster, "soak");
-    // The running sum commits without waiting for the WAL flush: an immediate server
-    // restart may lose its last commits, which must then apply again, exactly once.
-    let mut d = Daemon::start(
-        &db.config(""),
-        &[("WALFOLD_PROJECTION__1__SYNCHRONOUS_COMMIT", "false")],
-    );
+    let mut d = Daemon::start(&db.config(""), &[]);
     slot_active(&db.client().await).await;
     let started = Instant::now();
     let mut rng = Rng::from_time();

@@ -342,13 +342,6 @@ pub struct ProjectionConfig {
     /// waits without one.
     #[serde(default = "default_gap_timeout")]
     pub gap_timeout: String,
-    /// `false`: this projection's transactions commit without waiting for the target's
-    /// WAL flush (`synchronous_commit = off`). A crash of the target server may then lose
-    /// its last commits (claims, changes and checkpoint together, never one without the
-    /// others), which are applied again from the event log; readers may see the read
-    /// model step back until then. The event log itself always commits synchronously.
-    #[serde(default = "default_true")]
-    pub synchronous_commit: bool,
 }
 
 /// `projection.version_mode`
@@ -401,7 +394,6 @@ impl ProjectionConfig {
             version_mode: VersionMode::default(),
             first_version: default_first_version(),
             gap_timeout: default_gap_timeout(),
-            synchronous_commit: true,
         }
     }
 
@@ -890,10 +882,6 @@ fn is_slot_name(s: &str) -> bool {
 fn default_slot() -> String {
     "walfold".into()
 }
-fn default_true() -> bool {
-    true
-}
-
 fn default_heartbeat() -> u64 {
     10
 }

@@ -355,15 +355,3 @@ fn a_message_outbox_names_its_prefix_and_each_mistake_its_key() {
         );
     }
 }
-
-#[test]
-fn a_projection_may_commit_without_waiting_for_the_flush() {
-    let c = Config::from_toml(MINIMAL, vec![]).unwrap();
-    assert!(c.projection[0].synchronous_commit, "synchronous by default");
-    let c = Config::from_toml(
-        MINIMAL,
-        vars(&[("WALFOLD_PROJECTION__0__SYNCHRONOUS_COMMIT", "false")]),
-    )
-    .unwrap();
-    assert!(!c.projection[0].synchronous_commit);
-}

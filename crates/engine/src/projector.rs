@@ -670,15 +670,6 @@ impl Partition {
             .batch_execute(walfold_store::WORKER_SESSION)
             .await
             .map_err(db("configuring the projector session"))?;
-        if !self.options.synchronous_commit {
-            // Safe for the claim rule: a lost commit loses its claims, change and
-            // checkpoint together, and any synchronous commit that saw them (a prune, a
-            // rebuild switch) flushes them first, the WAL being one sequence.
-            client
-                .batch_execute("set synchronous_commit = off")
-                .await
-                .map_err(db("configuring the projector session"))?;
-        }
         // Install (or check) the projection on every connect: a pause caused by a
         // missing table or right ends here once it is fixed.
         self.projection
