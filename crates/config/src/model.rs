@@ -792,6 +792,15 @@ impl Config {
 }
 
 impl OutboxConfig {
+    /// The fields an event cannot do without, as config keys.
+    pub const REQUIRED: [&'static str; 5] = [
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+    ];
+
     /// The mapped columns, as (config key, column name).
     pub fn columns(&self) -> [(&'static str, &str); 8] {
         [

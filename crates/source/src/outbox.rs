@@ -27,6 +27,11 @@ fn names(config: &OutboxConfig) -> Names {
     config.columns().map(|(_, name)| name.to_owned())
 }
 
+/// Each field's config key.
+fn keys(config: &OutboxConfig) -> [&'static str; 8] {
+    config.columns().map(|(key, _)| key)
+}
+
 /// Where an event's fields are read from: a row's columns or a message's JSON keys.
 trait Fields {
     /// `column` or `key`, for messages.
@@ -144,6 +149,7 @@ pub struct Mapping {
     /// Each field's column index; `None`: the table has no such column.
     index: [Option<usize>; 8],
     names: Names,
+    keys: [&'static str; 8],
 }
 
 impl Mapping {
@@ -165,6 +171,7 @@ impl Mapping {
                 .collect(),
             index,
             names,
+            keys: keys(config),
         }
     }
 
@@ -176,20 +183,9 @@ impl Mapping {
 
     /// A required field whose column the table does not have: (config key, column).
     pub fn missing_required(&self) -> Option<(&'static str, String)> {
-        const KEYS: [&str; 8] = [
-            "id",
-            "aggregate_type",
-            "aggregate_id",
-            "event_type",
-            "version",
-            "payload",
-            "headers",
-            "occurred_at",
-        ];
-        [ID, AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, PAYLOAD]
-            .into_iter()
-            .find(|&f| self.index[f].is_none())
-            .map(|f| (KEYS[f], self.names[f].clone()))
+        (0..self.keys.len())
+            .find(|&f| OutboxConfig::REQUIRED.contains(&self.keys[f]) && self.index[f].is_none())
+            .map(|f| (self.keys[f], self.names[f].clone()))
     }
 
     /// Maps an inserted row read at `origin`. A row that cannot be an event comes back

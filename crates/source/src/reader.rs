@@ -366,9 +366,8 @@ impl<'a> Reader<'a> {
                 let state = self.streamed.remove(&commit.xid).unwrap_or_default();
                 let commit_lsn = Lsn(commit.commit_lsn);
                 if let Some((_, problem)) = state.problem {
-                    let already_in_log = commit_lsn < self.durable;
                     match problem.at_commit(commit_lsn) {
-                        SourceError::OutboxChanged { .. } if already_in_log => {}
+                        SourceError::OutboxChanged { .. } if self.in_log(commit_lsn) => {}
                         problem => return Err(problem),
                     }
                 }
@@ -430,7 +429,7 @@ impl<'a> Reader<'a> {
                 // unless the log holds it already (read before the change). A streamed
                 // transaction's commit is not known yet: decided at its commit.
                 if let Some((key, column)) = mapping.missing_required() {
-                    if streamed.is_none() && tx.commit_lsn < self.durable {
+                    if streamed.is_none() && self.in_log(tx.commit_lsn) {
                         return self.send(Item::Ignored).await;
                     }
                     let e = SourceError::OutboxChanged {
@@ -489,6 +488,12 @@ impl<'a> Reader<'a> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Whether the transaction committed at `commit_lsn` was in the log before this
+    /// attempt started (read again after a reconnect, before the slot moved past it).
+    fn in_log(&self, commit_lsn: Lsn) -> bool {
+        commit_lsn < self.durable
     }
 
     /// A change that stops ingest: at once in a committed transaction; in a streamed one

@@ -11,7 +11,7 @@
 //! or columns, one that names a partitioned outbox's rows by partition.
 
 use tokio_postgres::Client;
-use walfold_config::{quote_ident, Config, OnSlotLost, QualifiedName};
+use walfold_config::{quote_ident, Config, OnSlotLost, OutboxConfig, QualifiedName};
 use walfold_store::{EventLog, IngestCounts, Lsn};
 
 use crate::error::SourceError;
@@ -338,7 +338,7 @@ pub async fn inspect(
                 continue;
             }
             let similar = columns.iter().find(|c| c.eq_ignore_ascii_case(column));
-            if REQUIRED.contains(&key) {
+            if OutboxConfig::REQUIRED.contains(&key) {
                 shape.missing_columns.push(Refusal {
                     problem: format!(
                         "outbox table {name} has no column `{column}` (outbox[{i}].{key})"
@@ -491,12 +491,3 @@ pub async fn inspect(
         .collect();
     Ok(shape)
 }
-
-/// The mapped columns an event cannot do without.
-const REQUIRED: [&str; 5] = [
-    "id",
-    "aggregate_type",
-    "aggregate_id",
-    "event_type",
-    "payload",
-];

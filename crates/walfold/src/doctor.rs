@@ -238,11 +238,20 @@ async fn source_checks(
             );
         }
     }
-    for o in config.outbox.iter().filter(|o| o.message_prefix.is_some()) {
-        let version: i32 = source
+    let message_outboxes: Vec<_> = config
+        .outbox
+        .iter()
+        .filter(|o| o.message_prefix.is_some())
+        .collect();
+    let version: i32 = if message_outboxes.is_empty() {
+        0
+    } else {
+        source
             .query_one("select current_setting('server_version_num')::int", &[])
             .await?
-            .get(0);
+            .get(0)
+    };
+    for o in message_outboxes {
         r.check(
             if version >= 140000 { Level::Ok } else { Level::Fail },
             format!(
