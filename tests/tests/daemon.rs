@@ -396,10 +396,10 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     let (status, body) = http_get(port, "/metrics");
     assert_eq!(status, 200, "{body}");
     for line in [
-        "walfold_slot_gaps 1",
+        "walfold_slot_gaps{source=\"default\"} 1",
         "walfold_database_up 1",
         "walfold_leader 1",
-        "walfold_slot_active 1",
+        "walfold_slot_active{source=\"default\"} 1",
         "walfold_applied_total{subscriber=\"orders.ledger.v1\"}",
         "walfold_subscriber_lag_events{subscriber=\"orders.ledger.v1\"} 0",
         "walfold_apply_seconds_bucket{",
@@ -407,7 +407,8 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
         assert!(body.contains(line), "no `{line}` in:\n{body}");
     }
     assert!(
-        !body.contains("walfold_events_appended_total 0"),
+        body.contains("walfold_events_appended_total{source=\"default\"} ")
+            && !body.contains("walfold_events_appended_total{source=\"default\"} 0"),
         "appends are counted:\n{body}"
     );
     assert_eq!(http_get(port, "/healthz").0, 200);

@@ -659,9 +659,19 @@ async fn a_long_retry_chain_applies_in_order_in_pages() {
 async fn an_event_pruned_during_an_append_is_appended_not_lost() {
     let db = TestDb::new("prunerace");
     walfold_store::migrate(&db.url(), "walfold").await.unwrap();
-    let mut log = walfold_store::EventLog::open(db.client().await, "walfold", "walfold")
+    let order = walfold_store::LogOrder::acquire(&db.url(), "walfold")
         .await
         .unwrap();
+    let mut log =
+        walfold_store::EventLog::open(
+        db.client().await,
+        "walfold",
+        "walfold",
+        "default",
+        order.into(),
+    )
+            .await
+            .unwrap();
     let event = walfold_store::NewEvent {
         id: uuid::Uuid::new_v4(),
         aggregate_type: "order".into(),

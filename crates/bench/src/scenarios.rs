@@ -574,7 +574,7 @@ async fn one_transaction(
     blocking(move || setup::create_db(cluster, db)).await?;
     let slot = format!("walfold_{db}");
     let mut config = setup::config(cluster, db, &slot, "")?;
-    config.source.protocol = Some(protocol);
+    config.source[0].protocol = Some(protocol);
     let client = connect(cluster, db).await?;
     let (cancel, task) = start(config);
     slot_active(&client).await?;

@@ -14,8 +14,10 @@ use crate::template::Template;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// The database whose outbox tables are followed through logical replication.
-    pub source: SourceConfig,
+    /// The databases whose outboxes are followed through logical replication: one
+    /// `[source]`, or several `[[source]]` entries, each with its own `name`.
+    #[serde(deserialize_with = "one_or_many")]
+    pub source: Vec<SourceConfig>,
     /// The outboxes to follow (at least one): tables, or transactional logical messages.
     #[serde(default)]
     pub outbox: Vec<OutboxConfig>,
@@ -97,6 +99,10 @@ impl RetentionConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
+    /// The source's name: `[[outbox]] source` and `[[projection]] sources` refer to it,
+    /// and events carry it (`:source`). Required with several sources.
+    #[serde(default = "default_source_name")]
+    pub name: String,
     /// libpq-style URL: `postgresql://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`.
     /// `sslmode` may be `disable`, `prefer`, `require`, `verify-ca` or `verify-full`.
     pub url: String,
@@ -135,6 +141,7 @@ pub enum OnSlotLost {
 impl fmt::Debug for SourceConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SourceConfig")
+            .field("name", &self.name)
             .field("url", &redact_url(&self.url))
             .field("slot", &self.slot)
             .field("publication", &self.publication)
@@ -150,6 +157,10 @@ impl fmt::Debug for SourceConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
+    /// The `[[source]]` whose database holds this outbox (by name); defaults to the only
+    /// source.
+    #[serde(default)]
+    pub source: Option<String>,
     /// A table outbox: `schema.table` (or `table`, meaning `public.table`).
     #[serde(default)]
     pub table: Option<String>,
@@ -289,6 +300,8 @@ pub struct ProjectionConfig {
     pub event_types: Option<Vec<String>>,
     /// Only these aggregate types are applied (all when absent).
     pub aggregate_types: Option<Vec<String>>,
+    /// Only events from these sources (`[[source]] name`) are applied (all when absent).
+    pub sources: Option<Vec<String>>,
     /// A `sql` projection: a statement with named placeholders (`:aggregate_id`,
     /// `:payload.a.b`, …), always bound as parameters.
     pub sql: Option<String>,
@@ -378,6 +391,7 @@ impl ProjectionConfig {
             subscriber: subscriber.to_owned(),
             event_types: None,
             aggregate_types: None,
+            sources: None,
             sql: None,
             table: None,
             key: None,
@@ -591,9 +605,53 @@ impl Config {
             .find(|(o, t)| t.to_string() == table || o.table.as_deref() == Some(table))
     }
 
-    /// The target database URL (`target.url`, else `source.url`).
+    /// The target database URL (`target.url`, else the only source's URL).
     pub fn target_url(&self) -> &str {
-        self.target.url.as_deref().unwrap_or(&self.source.url)
+        self.target.url.as_deref().unwrap_or(&self.source().url)
+    }
+
+    /// The first source: the only one in a single-source config, and in every view made
+    /// by [`Config::for_source`].
+    pub fn source(&self) -> &SourceConfig {
+        &self.source[0]
+    }
+
+    /// Every source, in config order.
+    pub fn sources(&self) -> &[SourceConfig] {
+        &self.source
+    }
+
+    /// The source an outbox belongs to (valid after [`Config::validate`]).
+    pub fn source_of<'a>(&'a self, outbox: &'a OutboxConfig) -> &'a str {
+        outbox.source.as_deref().unwrap_or(&self.source().name)
+    }
+
+    /// The config as one source sees it: only that source, only its outboxes, the
+    /// target made explicit. Readers, setup and backfill work on such a view.
+    pub fn for_source(&self, name: &str) -> Option<Config> {
+        let source = self.source.iter().find(|s| s.name == name)?.clone();
+        let mut view = self.clone();
+        view.target.url = Some(self.target_url().to_owned());
+        view.outbox = self
+            .outbox
+            .iter()
+            .filter(|o| self.source_of(o) == name)
+            .cloned()
+            .map(|mut o| {
+                o.source = Some(name.to_owned());
+                o
+            })
+            .collect();
+        view.source = vec![source];
+        Some(view)
+    }
+
+    /// One view per source ([`Config::for_source`]), in config order.
+    pub fn source_views(&self) -> Vec<Config> {
+        self.source
+            .iter()
+            .filter_map(|s| self.for_source(&s.name))
+            .collect()
     }
 
     /// Checks everything and reports every problem at once.
@@ -605,47 +663,18 @@ impl Config {
                 message,
             })
         };
-        check_url(&mut push, "source.url", &self.source.url);
+        self.validate_sources(&mut push);
         if let Some(url) = &self.target.url {
             check_url(&mut push, "target.url", url);
         }
-        if !is_slot_name(&self.source.slot) {
+        if !is_identifier(&self.target.schema) {
             push(
-                "source.slot",
+                "target.schema",
                 format!(
-                    "`{}` is not a valid slot name: 1-63 lowercase letters, digits or _ (PostgreSQL's rule for slots)",
-                    self.source.slot
+                    "`{}` is not a valid name: {IDENTIFIER_RULE}",
+                    self.target.schema
                 ),
             );
-        }
-        if let Some(p) = self.source.protocol {
-            if !(1..=2).contains(&p) {
-                push(
-                    "source.protocol",
-                    format!("`{p}` is no pgoutput protocol walfold speaks: use 1 or 2"),
-                );
-            }
-            if p == 2 && self.outbox.iter().any(|o| o.message_prefix.is_some()) {
-                push(
-                    "source.protocol",
-                    "2 cannot carry message outboxes: pgoutput 2 streams a transaction's \
-                     messages under its top-level transaction, so a message in a savepoint \
-                     rolled back after it streamed would become an event; remove \
-                     source.protocol (message outboxes are read with 1) or set 1"
-                        .into(),
-                );
-            }
-        }
-        for (key, name) in [
-            ("source.publication", &self.source.publication),
-            ("target.schema", &self.target.schema),
-        ] {
-            if !is_identifier(name) {
-                push(
-                    key,
-                    format!("`{name}` is not a valid name: {IDENTIFIER_RULE}"),
-                );
-            }
         }
         if self.outbox.is_empty() {
             push(
@@ -657,6 +686,20 @@ impl Config {
         let mut tables = Vec::new();
         let mut prefixes = Vec::new();
         for (i, o) in self.outbox.iter().enumerate() {
+            match &o.source {
+                Some(name) if !self.source.iter().any(|s| s.name == *name) => push(
+                    &format!("outbox[{i}].source"),
+                    format!("no [[source]] is named `{name}` (sources: {})", self.source_names()),
+                ),
+                None if self.source.len() > 1 => push(
+                    &format!("outbox[{i}].source"),
+                    format!(
+                        "missing: with several sources, name the one whose database holds this outbox ({})",
+                        self.source_names()
+                    ),
+                ),
+                _ => {}
+            }
             match (&o.table, &o.message_prefix) {
                 (Some(table), None) => match QualifiedName::parse(table) {
                     Ok(n) if tables.contains(&n) => {
@@ -736,6 +779,14 @@ impl Config {
                 );
             }
             subscribers.push(&proj.subscriber);
+            for name in proj.sources.iter().flatten() {
+                if !self.source.iter().any(|s| s.name == *name) {
+                    push(
+                        &key("sources"),
+                        format!("no [[source]] is named `{name}` (sources: {})", self.source_names()),
+                    );
+                }
+            }
             if !(1..=64).contains(&proj.parallelism) {
                 push(&key("parallelism"), "must be between 1 and 64".into());
             }
@@ -787,6 +838,106 @@ impl Config {
             Ok(())
         } else {
             Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+impl Config {
+    fn source_names(&self) -> String {
+        self.source
+            .iter()
+            .map(|s| format!("`{}`", s.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Each source on its own, and what sources must not share.
+    fn validate_sources(&self, push: &mut impl FnMut(&str, String)) {
+        let several = self.source.len() > 1;
+        if self.source.is_empty() {
+            push("source", "missing: add a [source] with the url to follow".into());
+        }
+        if several && self.target.url.is_none() {
+            push(
+                "target.url",
+                "missing: with several sources, name the database walfold writes to".into(),
+            );
+        }
+        for (i, source) in self.source.iter().enumerate() {
+            let key = |k: &str| {
+                if several {
+                    format!("source[{i}].{k}")
+                } else {
+                    format!("source.{k}")
+                }
+            };
+            check_url(push, &key("url"), &source.url);
+            if !is_identifier(&source.name) {
+                push(
+                    &key("name"),
+                    format!("`{}` is not a valid name: {IDENTIFIER_RULE}", source.name),
+                );
+            } else if several && source.name == DEFAULT_SOURCE {
+                push(
+                    &key("name"),
+                    "missing: with several sources, each needs its own name".into(),
+                );
+            } else if self.source[..i].iter().any(|s| s.name == source.name) {
+                push(&key("name"), format!("`{}` is used twice", source.name));
+            }
+            if !is_slot_name(&source.slot) {
+                push(
+                    &key("slot"),
+                    format!(
+                        "`{}` is not a valid slot name: 1-63 lowercase letters, digits or _ (PostgreSQL's rule for slots)",
+                        source.slot
+                    ),
+                );
+            } else if let Some(other) = self.source[..i].iter().find(|s| s.slot == source.slot) {
+                push(
+                    &key("slot"),
+                    format!(
+                        "`{}` is also the slot of source `{}`: each source needs its own slot name \
+                         (the target keeps each slot's ingest position under it)",
+                        source.slot, other.name
+                    ),
+                );
+            }
+            if !is_identifier(&source.publication) {
+                push(
+                    &key("publication"),
+                    format!("`{}` is not a valid name: {IDENTIFIER_RULE}", source.publication),
+                );
+            }
+            let outboxes = || {
+                self.outbox
+                    .iter()
+                    .filter(|o| o.source.as_deref().is_none_or(|n| n == source.name))
+            };
+            if several && outboxes().next().is_none() {
+                push(
+                    &key("name"),
+                    format!("no [[outbox]] has source = \"{}\"", source.name),
+                );
+            }
+            if let Some(p) = source.protocol {
+                if !(1..=2).contains(&p) {
+                    push(
+                        &key("protocol"),
+                        format!("`{p}` is no pgoutput protocol walfold speaks: use 1 or 2"),
+                    );
+                }
+                if p == 2 && outboxes().any(|o| o.message_prefix.is_some()) {
+                    push(
+                        &key("protocol"),
+                        "2 cannot carry message outboxes: pgoutput 2 streams a transaction's \
+                         messages under its top-level transaction, so a message in a savepoint \
+                         rolled back after it streamed would become an event; remove \
+                         the protocol key (message outboxes are read with 1) or set 1"
+                            .into(),
+                    );
+                }
+            }
         }
     }
 }
@@ -888,6 +1039,35 @@ fn is_slot_name(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
+/// `source`: one `[source]` table or several `[[source]]` entries. Each entry is read
+/// by `SourceConfig`'s own deserializer, so its errors keep their key.
+fn one_or_many<'de, D>(d: D) -> Result<Vec<SourceConfig>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct OneOrMany;
+    impl<'de> serde::de::Visitor<'de> for OneOrMany {
+        type Value = Vec<SourceConfig>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a [source] table or [[source]] entries")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            let one = SourceConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+            Ok(vec![one])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Vec::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+        }
+    }
+    d.deserialize_any(OneOrMany)
+}
+
+/// The name of a source that has none (a single `[source]`).
+pub const DEFAULT_SOURCE: &str = "default";
+
+fn default_source_name() -> String {
+    DEFAULT_SOURCE.into()
+}
 fn default_slot() -> String {
     "walfold".into()
 }

@@ -31,6 +31,8 @@ pub enum Placeholder {
     OccurredAt,
     /// `:sequence` (bigint): the event's position in the event log
     Sequence,
+    /// `:source` (text): the name of the `[[source]]` the event came from
+    Source,
 }
 
 /// The PostgreSQL type a placeholder is bound as.
@@ -63,6 +65,7 @@ impl Placeholder {
             ("headers", false) => Placeholder::HeadersPath(path),
             ("occurred_at", true) => Placeholder::OccurredAt,
             ("sequence", true) => Placeholder::Sequence,
+            ("source", true) => Placeholder::Source,
             _ => return None,
         })
     }
@@ -105,7 +108,7 @@ impl fmt::Display for TemplateError {
                 f,
                 "unknown placeholder `:{name}`; use :event_id, :event_type, :aggregate_type, \
                  :aggregate_id, :version, :payload, :payload.a.b, :headers, :headers.a.b, \
-                 :occurred_at or :sequence"
+                 :occurred_at, :sequence or :source"
             ),
             TemplateError::Unterminated(what) => write!(f, "unterminated {what}"),
             TemplateError::Empty => write!(f, "the statement is empty"),

@@ -49,10 +49,10 @@ fn the_shipped_examples_parse() {
 #[test]
 fn defaults_fill_the_outbox_mapping_and_target() {
     let c = Config::from_toml(MINIMAL, vec![]).unwrap();
-    assert_eq!(c.source.slot, "walfold");
+    assert_eq!(c.source().slot, "walfold");
     assert_eq!(c.outbox[0].aggregate_id, "aggregate_id");
     assert_eq!(c.target.schema, "walfold");
-    assert_eq!(c.target_url(), c.source.url);
+    assert_eq!(c.target_url(), c.source().url);
     assert!(matches!(
         c.projection[0].kind(0),
         Ok(ProjectionKind::Sql(_))
@@ -72,7 +72,7 @@ fn environment_overrides_any_value() {
         ]),
     )
     .unwrap();
-    assert_eq!(c.source.slot, "other_slot");
+    assert_eq!(c.source().slot, "other_slot");
     assert_eq!(c.target.schema, "wf");
     assert_eq!(c.projection[0].batch_size, 42);
     assert_eq!(
@@ -231,7 +231,7 @@ fn names_are_used_as_written_and_names_outside_the_rule_are_refused_by_key() {
         "\"Sales\".\"OutboxEvent\""
     );
     assert_eq!(c.outbox[0].aggregate_id, "aggregateId");
-    assert_eq!(c.source.publication, "PubQuoted");
+    assert_eq!(c.source().publication, "PubQuoted");
     assert_eq!(c.target.schema, "Walfold");
 
     let long = "a".repeat(64);

@@ -139,6 +139,7 @@ mod tests {
             occurred_at: None,
             source_lsn: walfold_store::Lsn(0),
             committed_at: None,
+            source: "default".into(),
         }
     }
 
@@ -156,6 +157,7 @@ mod tests {
             partitions: 1,
             event_types: None,
             aggregate_types: None,
+            sources: None,
         }
     }
 
@@ -241,6 +243,7 @@ mod tests {
             partitions: 3,
             event_types: None,
             aggregate_types: Some(vec!["order".into()]),
+            sources: None,
         };
         for s in 1..50 {
             let e = event(s, &format!("o-{s}"));

@@ -748,6 +748,7 @@ impl Partition {
                 VersionMode::Strict => None,
             },
             aggregate_types: self.options.aggregate_types.clone(),
+            sources: self.options.sources.clone(),
         };
         let full = self.options.batch_size as i64;
         let mut limit = full;

@@ -94,6 +94,7 @@ mod tests {
             occurred_at: None,
             source_lsn: walfold_store::Lsn(0),
             committed_at: None,
+            source: "default".into(),
         }
     }
 

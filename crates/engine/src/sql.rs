@@ -269,6 +269,7 @@ fn column(p: &Placeholder, events: &[&Event]) -> Column {
         Placeholder::AggregateId => text(&|e| Some(e.aggregate_id.clone())),
         Placeholder::Version => Column::Int(events.iter().map(|e| e.version).collect()),
         Placeholder::Sequence => Column::Int(events.iter().map(|e| Some(e.seq)).collect()),
+        Placeholder::Source => text(&|e| Some(e.source.clone())),
         Placeholder::Payload => {
             Column::Json(events.iter().map(|e| Some(e.payload.clone())).collect())
         }

@@ -26,7 +26,10 @@ pub struct AppendTotals {
 pub(crate) struct Appender {
     pub log: EventLog,
     pub durable: Durable,
-    pub head: watch::Sender<i64>,
+    /// The log's head, published for every source's appender (it only moves up).
+    pub head: std::sync::Arc<watch::Sender<i64>>,
+    /// The source's name, for its metrics.
+    pub source: String,
     pub batch_size: usize,
     pub linger: Duration,
     /// When the ingest position was last written.
@@ -89,7 +92,7 @@ impl Appender {
     ) -> Result<(), SourceError> {
         self.flush_items(batch, totals).await?;
         // Whatever paused ingest (see `run_ingest`) is over once a flush succeeds.
-        walfold_store::metrics::metrics().set_ingest_paused(false);
+        walfold_store::metrics::metrics().set_ingest_paused(&self.source, false);
         Ok(())
     }
 
@@ -174,7 +177,7 @@ impl Appender {
         let read = outcome.appended + outcome.duplicates + outcome.id_conflicts;
         self.account(read, outcome, counts, totals);
         if outcome.appended > 0 {
-            self.head.send_replace(self.log.head());
+            self.publish_head();
         }
         self.position_written = tokio::time::Instant::now();
         self.durable.committed_through(commit.end_lsn);
@@ -255,13 +258,22 @@ impl Appender {
         }
         self.account(events_len, outcome, counts, totals);
         if outcome.appended > 0 {
-            self.head.send_replace(self.log.head());
+            self.publish_head();
         }
         if let Some(lsn) = through {
             self.position_written = tokio::time::Instant::now();
             self.durable.committed_through(lsn);
         }
         Ok(())
+    }
+
+    fn publish_head(&self) {
+        let head = self.log.head();
+        self.head.send_if_modified(|h| {
+            let moved = head > *h;
+            *h = (*h).max(head);
+            moved
+        });
     }
 
     /// Counts what an append did in the metrics and the run's totals.
@@ -272,12 +284,14 @@ impl Appender {
         counts: IngestCounts,
         totals: &mut AppendTotals,
     ) {
-        let m = walfold_store::metrics::metrics();
-        m.events_read.inc_by(events_read + counts.malformed);
-        m.events_appended.inc_by(outcome.appended);
-        m.log_duplicates.inc_by(outcome.duplicates);
-        m.id_conflicts.inc_by(outcome.id_conflicts);
-        m.malformed.inc_by(counts.malformed);
+        walfold_store::metrics::metrics().appended(
+            &self.source,
+            events_read + counts.malformed,
+            outcome.appended,
+            outcome.duplicates,
+            outcome.id_conflicts,
+            counts.malformed,
+        );
         totals.appended += outcome.appended;
         totals.duplicates += outcome.duplicates;
         totals.id_conflicts += outcome.id_conflicts;
@@ -315,7 +329,7 @@ impl Appender {
                 Err(e) if is_data_error(&e) => {
                     tracing::warn!(event_id = %event.id, error = %e, "event refused by the event log, dead-lettered");
                     counts.malformed += 1;
-                    walfold_store::metrics::metrics().malformed.inc();
+                    walfold_store::metrics::metrics().appended(&self.source, 0, 0, 0, 0, 1);
                     dead.push(DeadLetter::refused(&event, &e.to_string()));
                 }
                 Err(e) => return Err(SourceError::store("appending to the event log")(e)),

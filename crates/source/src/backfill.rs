@@ -16,7 +16,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
 use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
-use walfold_store::{connect, EventLog, IngestCounts, Lsn, RowOrigin, StoreError};
+use walfold_store::{connect, EventLog, IngestCounts, LogOrder, Lsn, RowOrigin, StoreError};
 
 use crate::error::SourceError;
 use crate::outbox::{Mapping, TxContext};
@@ -70,7 +70,7 @@ pub async fn backfill(
     let target = connect(config.target_url())
         .await
         .map_err(SourceError::store("connecting to the target"))?;
-    let mut log = EventLog::open(target, &config.target.schema, &config.source.slot)
+    let order = LogOrder::acquire(config.target_url(), &config.target.schema)
         .await
         .map_err(|e| match e {
             StoreError::Busy(_) => SourceError::Store {
@@ -83,7 +83,16 @@ pub async fn backfill(
             },
             other => SourceError::store("opening the event log")(other),
         })?;
-    let source = connect(&config.source.url)
+    let mut log = EventLog::open(
+        target,
+        &config.target.schema,
+        &config.source().slot,
+        &config.source().name,
+        std::sync::Arc::new(order),
+    )
+    .await
+    .map_err(SourceError::store("opening the event log"))?;
+    let source = connect(&config.source().url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
     // Values as text exactly as the replication stream renders them (its session sets

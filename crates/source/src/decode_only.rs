@@ -20,7 +20,7 @@ pub struct DecodeStats {
     pub transactions: u64,
 }
 
-/// Streams `config.source.slot` from its confirmed position until a transaction at or
+/// Streams `config.source().slot` from its confirmed position until a transaction at or
 /// after `stop_at` begins. The slot is not moved.
 pub async fn decode_only(config: &Config, stop_at: Lsn) -> Result<DecodeStats, SourceError> {
     let (durable, ack) = feedback::channel();

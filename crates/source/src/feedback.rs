@@ -64,11 +64,12 @@ impl Durable {
 
 impl Acknowledger {
     /// Counts standby status updates that advanced the reported position.
-    pub fn observer(&self) -> Arc<dyn Fn() + Send + Sync> {
+    pub fn observer(&self, source: &str) -> Arc<dyn Fn() + Send + Sync> {
         let sent = self.sent.clone();
+        let source = source.to_owned();
         Arc::new(move || {
             sent.fetch_add(1, Ordering::Relaxed);
-            walfold_store::metrics::metrics().feedback_sent();
+            walfold_store::metrics::metrics().feedback_sent(&source);
         })
     }
 

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
-use walfold_store::{connect, Backoff, ErrorKind, EventLog, Fence};
+use walfold_store::{connect, Backoff, ErrorKind, EventLog, Fence, LogOrder};
 
 use crate::appender::Appender;
 use crate::error::SourceError;
@@ -17,44 +18,76 @@ use crate::feedback;
 use crate::reader::{replication_config, Reader};
 use crate::setup::prepare_source;
 
-/// Follows the slot into the event log until `cancel`, publishing the log head on `head`.
+/// Follows every source's slot into the event log until `cancel`, publishing the log
+/// head on `head`. Each source has its own reader, appender, ingest position and
+/// backoff, so one that is down or slow never holds up the others; their appends take
+/// turns in one [`LogOrder`], so the log stays one sequence. A definite error of any
+/// source stops them all.
 pub async fn run_ingest(
     config: Arc<Config>,
     cancel: CancellationToken,
     head: watch::Sender<i64>,
     fence: Fence,
 ) -> Result<(), SourceError> {
+    let order = Arc::new(LogOrder::new(config.target_url(), &config.target.schema));
+    let head = Arc::new(head);
+    let stop = cancel.child_token();
+    let mut sources = JoinSet::new();
+    for view in config.source_views() {
+        let (stop, head, fence, order) = (stop.clone(), head.clone(), fence.clone(), order.clone());
+        sources.spawn(follow(Arc::new(view), stop, head, fence, order));
+    }
+    let mut first_error = None;
+    while let Some(done) = sources.join_next().await {
+        let result = done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        if let Err(e) = result {
+            stop.cancel();
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Follows one source (`config` is its view, see [`Config::for_source`]).
+async fn follow(
+    config: Arc<Config>,
+    cancel: CancellationToken,
+    head: Arc<watch::Sender<i64>>,
+    fence: Fence,
+    order: Arc<LogOrder>,
+) -> Result<(), SourceError> {
     let max = Duration::from_millis(config.pipeline.max_backoff_ms);
     let mut backoff = Backoff::new(Duration::from_millis(100), max);
     let metrics = walfold_store::metrics::metrics();
+    let name = config.source().name.clone();
     let mut reported: Option<String> = None;
     loop {
         let started = tokio::time::Instant::now();
-        let result = attempt(&config, &cancel, &head, &fence).await;
+        let result = attempt(&config, &cancel, &head, &fence, &order).await;
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.kind().retries() && !cancel.is_cancelled() => {
                 if started.elapsed() > Duration::from_secs(30) {
                     backoff.reset();
                 }
-                let slot = &config.source.slot;
+                let slot = &config.source().slot;
                 if e.kind() == ErrorKind::Environment {
-                    metrics.set_ingest_paused(true);
+                    metrics.set_ingest_paused(&name, true);
                     // Once per change of cause, not once per retry.
                     let message = e.to_string();
                     if reported.as_deref() != Some(message.as_str()) {
-                        tracing::error!(error = %e, slot = %slot, "ingest paused: the environment is wrong (fix it; walfold retries by itself)");
+                        tracing::error!(error = %e, source = %name, slot = %slot, "ingest paused: the environment is wrong (fix it; walfold retries by itself)");
                         reported = Some(message);
                     }
                 } else {
-                    tracing::warn!(error = %e, slot = %slot, "ingest failed, reconnecting");
+                    tracing::warn!(error = %e, source = %name, slot = %slot, "ingest failed, reconnecting");
                 }
                 if !backoff.sleep(&cancel).await {
                     return Ok(());
                 }
             }
             Err(e) if cancel.is_cancelled() => {
-                tracing::warn!(error = %e, "ingest error during shutdown");
+                tracing::warn!(error = %e, source = %name, "ingest error during shutdown");
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -65,19 +98,21 @@ pub async fn run_ingest(
 async fn attempt(
     config: &Config,
     cancel: &CancellationToken,
-    head: &watch::Sender<i64>,
+    head: &Arc<watch::Sender<i64>>,
     fence: &Fence,
+    order: &Arc<LogOrder>,
 ) -> Result<(), SourceError> {
     let target = connect(config.target_url())
         .await
         .map_err(SourceError::store("connecting to the target"))?;
-    let mut log = EventLog::open(target, &config.target.schema, &config.source.slot)
+    let slot = &config.source().slot;
+    let mut log = EventLog::open(target, &config.target.schema, slot, &config.source().name, order.clone())
         .await
         .map_err(SourceError::store("opening the event log"))?;
     log.fence_with(fence)
         .await
         .map_err(SourceError::store("preparing the leadership check"))?;
-    let source = connect(&config.source.url)
+    let source = connect(&config.source().url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
     prepare_source(&source, config, &mut log).await?;
@@ -97,7 +132,7 @@ async fn attempt(
             "cleared changes staged by an earlier session"
         );
     }
-    head.send_replace(log.head());
+    head.send_modify(|h| *h = (*h).max(log.head()));
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
     let appender = Appender {
@@ -107,12 +142,13 @@ async fn attempt(
         batch_size: config.pipeline.append_batch_size,
         linger: Duration::from_millis(config.pipeline.append_linger_ms),
         position_written: tokio::time::Instant::now(),
+        source: config.source().name.clone(),
     };
     let reader = Reader::new(config, items_tx, ingested);
     let cfg = replication_config(config)?;
     let _heartbeat = heartbeat(
-        config.source.url.clone(),
-        config.source.heartbeat_interval_s,
+        config.source().url.clone(),
+        config.source().heartbeat_interval_s,
     );
     let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
     // The appender's error explains a reader that stopped because the channel closed.

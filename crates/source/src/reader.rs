@@ -48,7 +48,7 @@ pub enum Item {
 
 /// The replication connection settings for the source URL.
 pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
-    let options = ConnectOptions::parse(&config.source.url)
+    let options = ConnectOptions::parse(&config.source().url)
         .map_err(SourceError::store("reading source.url"))?;
     let pg = options
         .pg_config()
@@ -72,14 +72,14 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         database,
         ssl_mode: options.ssl_mode,
         root_cert: options.root_cert,
-        slot: config.source.slot.clone(),
+        slot: config.source().slot.clone(),
         // pgoutput splits publication_names like an identifier list, folding unquoted
         // names to lower case: quoted, `PubQuoted` is used as written.
-        publication: walfold_config::quote_ident(&config.source.publication),
+        publication: walfold_config::quote_ident(&config.source().publication),
         // pgoutput 2 sends a streamed transaction's messages under its top-level xid: a
         // message in a savepoint rolled back after it streamed could not be told apart,
         // so message outboxes are read with protocol 1 (config refuses an explicit 2).
-        protocol: config.source.protocol.or(config
+        protocol: config.source().protocol.or(config
             .outbox
             .iter()
             .any(|o| o.message_prefix.is_some())
@@ -164,11 +164,12 @@ impl<'a> Reader<'a> {
         mut ack: Acknowledger,
         cancel: &CancellationToken,
     ) -> Result<(), SourceError> {
-        cfg.observer = Some(ack.observer());
+        let name = self.config.source().name.clone();
+        cfg.observer = Some(ack.observer(&name));
         let mut client = ReplicationClient::connect(cfg).await?;
-        tracing::info!(slot = %self.config.source.slot, protocol = client.protocol, server_version = client.server_version, "streaming from slot");
+        tracing::info!(source = %name, slot = %self.config.source().slot, protocol = client.protocol, server_version = client.server_version, "streaming from slot");
         let metrics = walfold_store::metrics::metrics();
-        metrics.set_streaming(true);
+        metrics.set_streaming(&name, true);
         let result = loop {
             tokio::select! {
                 biased;
@@ -191,7 +192,7 @@ impl<'a> Reader<'a> {
                 },
             }
         };
-        metrics.set_streaming(false);
+        metrics.set_streaming(&name, false);
         // Let the appender finish what it has, then report its final position.
         drop(self.items);
         if result.is_ok() {
@@ -472,7 +473,7 @@ impl<'a> Reader<'a> {
                             mapping: Some(_), ..
                         }) => {}
                         Some(Relation { name, .. }) => {
-                            tracing::warn!(relation = %name, publication = %self.config.source.publication, "truncate of a table that is no [[outbox]], ignored; remove it from the publication");
+                            tracing::warn!(relation = %name, publication = %self.config.source().publication, "truncate of a table that is no [[outbox]], ignored; remove it from the publication");
                         }
                         None => {
                             tracing::warn!(
@@ -524,8 +525,8 @@ impl<'a> Reader<'a> {
                 Err(SourceError::Unmapped {
                     change,
                     relation: name.clone(),
-                    publication: self.config.source.publication.clone(),
-                    slot: self.config.source.slot.clone(),
+                    publication: self.config.source().publication.clone(),
+                    slot: self.config.source().slot.clone(),
                     commit_lsn,
                     skip_to: Lsn(commit_lsn.0 + 1),
                 })

@@ -72,7 +72,7 @@ pub async fn prepare_source(
             tracing::warn!(problem = %m.problem, fix = %m.fix, "rows still in the slot may have the column; ingest stops at the first row without it");
         }
     }
-    let publication = &config.source.publication;
+    let publication = &config.source().publication;
     let quoted_pub = walfold_config::quote_ident(publication);
     let list = |tables: &[QualifiedName]| {
         tables
@@ -106,7 +106,7 @@ pub async fn prepare_source(
             .map_err(db("adding tables to the publication"))?;
         tracing::info!(publication = %publication, added = %missing, "added outbox tables to publication");
     }
-    let slot = &config.source.slot;
+    let slot = &config.source().slot;
     let existing = source
         .query_opt(
             "select plugin, slot_type, database = current_database(), wal_status, \
@@ -115,7 +115,7 @@ pub async fn prepare_source(
         )
         .await
         .map_err(db("reading the slot"))?;
-    let recreate = config.source.on_slot_lost == OnSlotLost::Recreate;
+    let recreate = config.source().on_slot_lost == OnSlotLost::Recreate;
     let create = || async {
         let lsn: String = source
             .query_one(
@@ -360,7 +360,7 @@ pub async fn inspect(
         outboxes.push(name);
     }
 
-    let publication = &config.source.publication;
+    let publication = &config.source().publication;
     let quoted_pub = quote_ident(publication);
     let Some(row) = source
         .query_opt(

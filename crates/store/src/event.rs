@@ -43,6 +43,8 @@ pub struct Event {
     pub occurred_at: Option<SystemTime>,
     pub source_lsn: Lsn,
     pub committed_at: Option<SystemTime>,
+    /// The name of the `[[source]]` it came from.
+    pub source: String,
 }
 
 /// The hash that assigns an aggregate to a projector partition (FNV-1a, stable across

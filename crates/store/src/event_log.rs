@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::dead_letter::{DeadLetter, DeadLetters, Reason};
 use crate::error::StoreError;
 use crate::event::{partition_hash, Event, NewEvent};
+use crate::log_order::{LogOrder, Turn};
 use crate::lsn::Lsn;
 use crate::q;
 
@@ -48,15 +49,17 @@ pub const WORKER_SESSION: &str = "set tcp_keepalives_idle = 30; \
     set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; \
     set idle_in_transaction_session_timeout = '60s';";
 
-/// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
-const APPENDER_LOCK: i32 = 0x7761_6c66;
-
-/// The appender's handle on the event log. Exactly one exists per schema at a time.
+/// An appender's handle on the event log: one per slot, all of a schema in one process
+/// (the appender lock of [`LogOrder`]).
 pub struct EventLog {
     client: Client,
     schema: String,
     slot: String,
+    /// The log's head as of this appender's last turn.
     head: i64,
+    order: std::sync::Arc<LogOrder>,
+    /// The `[[source]]` whose events this handle appends.
+    source: String,
     insert: Statement,
     compare: Statement,
     position: Statement,
@@ -68,38 +71,25 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    /// Opens the log for appending on its own connection.
-    pub async fn open(client: Client, schema: &str, slot: &str) -> Result<Self, StoreError> {
+    /// Opens the log for appending `slot`'s events (of the source named `source`) on its own connection, in turns
+    /// taken from `order` (shared by every slot appending to this schema).
+    pub async fn open(
+        client: Client,
+        schema: &str,
+        slot: &str,
+        source: &str,
+        order: std::sync::Arc<LogOrder>,
+    ) -> Result<Self, StoreError> {
         let s = q(schema);
-        // One appender per event log: sequence numbers come from this process's head.
-        // The lock is held by this session and released when it ends.
-        let locked: bool = client
-            .query_one(
-                "select pg_try_advisory_lock($1::int4, hashtext($2))",
-                &[&APPENDER_LOCK, &schema],
-            )
-            .await
-            .map_err(StoreError::db("taking the appender lock"))?
-            .get(0);
-        if !locked {
-            return Err(StoreError::Busy(format!(
-                "another walfold is appending to {schema}.event_log; waiting for it to stop"
-            )));
-        }
         // The slot is acknowledged after this connection's commits: they must be durable
         // whatever the server's or role's default.
         client
             .batch_execute(&format!("set synchronous_commit = on; {SERVER_KEEPALIVES}"))
             .await
             .map_err(StoreError::db("configuring the appender session"))?;
-        let head: i64 = client
-            .query_one(
-                &format!("select coalesce(max(seq), 0) from {s}.event_log"),
-                &[],
-            )
-            .await
-            .map_err(StoreError::db("reading the event log head"))?
-            .get(0);
+        let turn = order.turn().await?;
+        let head = turn.head();
+        turn.advance_none();
         client
             .execute(
                 &format!(
@@ -127,8 +117,8 @@ impl EventLog {
             format!(
                 "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
                  event_type, version, payload, headers, occurred_at, partition_hash, \
-                 source_lsn, committed_at) \
-                 select * from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
+                 source_lsn, committed_at, source) \
+                 select u.*, $13::text from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
                  $12::timestamptz[]) as u(seq, event_id) order by u.event_id, u.seq) u \
@@ -178,6 +168,8 @@ impl EventLog {
             schema: schema.to_owned(),
             slot: slot.to_owned(),
             head,
+            order,
+            source: source.to_owned(),
             insert,
             compare,
             position,
@@ -217,24 +209,35 @@ impl EventLog {
         through: Option<Lsn>,
         counts: IngestCounts,
     ) -> Result<AppendOutcome, StoreError> {
+        // Only a transaction that assigns seqs needs the turn.
+        let turn = if events.is_empty() {
+            None
+        } else {
+            Some(self.order.turn().await?)
+        };
+        let head = turn.as_ref().map_or(self.head, Turn::head);
         let tx = self
             .client
             .transaction()
             .await
             .map_err(StoreError::db("starting an append"))?;
         let writer = Writer {
+            source: &self.source,
             insert: &self.insert,
             compare: &self.compare,
             dead_letters: &self.dead_letters,
         };
-        let (outcome, next_seq) = writer.write(&tx, self.head, events, dead).await?;
+        let (outcome, next_seq) = writer.write(&tx, head, events, dead).await?;
         let ending = Ending {
             position: &self.position,
             fence: self.fence.as_ref(),
             slot: &self.slot,
         };
         ending.commit(tx, through, outcome, counts).await?;
-        self.head = next_seq;
+        if let Some(turn) = turn {
+            turn.advance(next_seq);
+            self.head = next_seq;
+        }
         Ok(outcome)
     }
 
@@ -242,6 +245,7 @@ impl EventLog {
         Parts {
             client: &mut self.client,
             writer: Writer {
+                source: &self.source,
                 insert: &self.insert,
                 compare: &self.compare,
                 dead_letters: &self.dead_letters,
@@ -254,6 +258,7 @@ impl EventLog {
             schema: &self.schema,
             slot: &self.slot,
             head: &mut self.head,
+            order: &self.order,
         }
     }
 }
@@ -267,11 +272,14 @@ pub(crate) struct Parts<'a> {
     pub(crate) schema: &'a str,
     pub(crate) slot: &'a str,
     pub(crate) head: &'a mut i64,
+    pub(crate) order: &'a LogOrder,
 }
 
 /// Appends events with the duplicate and `id_conflict` rules, inside a transaction.
 #[derive(Clone, Copy)]
 pub(crate) struct Writer<'a> {
+    /// The source whose events this appender writes.
+    source: &'a str,
     insert: &'a Statement,
     compare: &'a Statement,
     dead_letters: &'a DeadLetters,
@@ -285,7 +293,11 @@ pub(crate) struct Ending<'a> {
     slot: &'a str,
 }
 
-impl Writer<'_> {
+impl<'a> Writer<'a> {
+    pub(crate) fn source(&self) -> &'a str {
+        self.source
+    }
+
     /// Writes `events` after `head` and the `dead` rows; returns what happened and the
     /// new head. Nothing is committed.
     pub(crate) async fn write(
@@ -301,7 +313,7 @@ impl Writer<'_> {
         let mut inserted: HashSet<Uuid> = if events.is_empty() {
             HashSet::new()
         } else {
-            insert_rows(tx, self.insert, head, events)
+            insert_rows(tx, self.insert, self.source, head, events)
                 .await?
                 .iter()
                 .map(|r| r.get(0))
@@ -349,7 +361,7 @@ impl Writer<'_> {
                 .map(|(e, _)| (*e).clone())
                 .collect();
             if !pruned.is_empty() {
-                let again = insert_rows(tx, self.insert, next_seq, &pruned).await?;
+                let again = insert_rows(tx, self.insert, self.source, next_seq, &pruned).await?;
                 outcome.appended += again.len() as u64;
                 next_seq += pruned.len() as i64;
             }
@@ -423,6 +435,7 @@ impl Ending<'_> {
 async fn insert_rows(
     tx: &tokio_postgres::Transaction<'_>,
     insert: &Statement,
+    source: &str,
     head: i64,
     new: &[NewEvent],
 ) -> Result<Vec<Row>, StoreError> {
@@ -446,7 +459,7 @@ async fn insert_rows(
         insert,
         &[
             &seqs, &ids, &agg_types, &agg_ids, &types, &versions, &payloads, &headers, &occurred,
-            &hashes, &lsns, &committed,
+            &hashes, &lsns, &committed, &source,
         ],
     )
     .await
@@ -575,6 +588,7 @@ pub struct Filter {
     pub partitions: u32,
     pub event_types: Option<Vec<String>>,
     pub aggregate_types: Option<Vec<String>>,
+    pub sources: Option<Vec<String>>,
 }
 
 impl Filter {
@@ -592,11 +606,18 @@ impl Filter {
                 .aggregate_types
                 .as_ref()
                 .is_none_or(|t| t.contains(&event.aggregate_type))
+            && self
+                .sources
+                .as_ref()
+                .is_none_or(|t| t.contains(&event.source))
     }
 
     /// Whether every event passes (a read for this filter can be shared).
     pub fn is_everything(&self) -> bool {
-        self.partitions == 1 && self.event_types.is_none() && self.aggregate_types.is_none()
+        self.partitions == 1
+            && self.event_types.is_none()
+            && self.aggregate_types.is_none()
+            && self.sources.is_none()
     }
 }
 
@@ -605,13 +626,15 @@ pub fn read_sql(schema: &str) -> String {
     format!(
         "with head as (select coalesce(max(seq), 0) as h from {s}.event_log) \
          select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
-         e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at \
+         e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at, \
+         e.source \
          from head left join lateral ( \
            select * from {s}.event_log l \
            where l.seq > $1 and l.seq <= head.h \
              and ($2::int4 = 1 or l.partition_hash % $2::int4 = $3::int4) \
              and ($4::text[] is null or l.event_type = any($4::text[])) \
              and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
+             and ($7::text[] is null or l.source = any($7::text[])) \
            order by l.seq limit $6) e on true",
         s = q(schema)
     )
@@ -640,6 +663,7 @@ pub async fn read_page(
                 (&filter.event_types, Type::TEXT_ARRAY),
                 (&filter.aggregate_types, Type::TEXT_ARRAY),
                 (&limit, Type::INT8),
+                (&filter.sources, Type::TEXT_ARRAY),
             ],
         )
         .await
@@ -678,6 +702,7 @@ fn event_from_row(r: &Row, at: usize) -> Event {
         occurred_at: r.get(at + 8),
         source_lsn: r.get::<_, PgLsn>(at + 9).into(),
         committed_at: r.get(at + 10),
+        source: r.get(at + 11),
     }
 }
 
@@ -691,7 +716,7 @@ pub async fn read_events(
         .query(
             &format!(
                 "select seq, event_id, aggregate_type, aggregate_id, event_type, version, \
-                 payload, headers, occurred_at, source_lsn, committed_at \
+                 payload, headers, occurred_at, source_lsn, committed_at, source \
                  from {}.event_log where seq = any($1) order by seq",
                 q(schema)
             ),

@@ -13,6 +13,7 @@ mod event_log;
 pub mod failpoint;
 mod kind;
 mod leader;
+mod log_order;
 mod lsn;
 pub mod metrics;
 mod migrate;
@@ -42,6 +43,7 @@ pub use event_log::{
 };
 pub use kind::{is_resource_code, kind_for_code, kind_of, sqlstate, ErrorKind};
 pub use leader::{Fence, Leadership, PreparedFence};
+pub use log_order::LogOrder;
 pub use lsn::Lsn;
 pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
@@ -49,7 +51,8 @@ pub use prune::{prune, PrunePolicy, Pruned};
 pub use rebuild::Rebuild;
 pub use registry::{active_subscriber, active_subscribers};
 pub use status::{
-    status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, Status, SubscriberStatus,
+    status, status_of, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe,
+    SourceStatus, Status, SubscriberStatus,
 };
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use tls::client_config as tls_client_config;

@@ -3,7 +3,7 @@
 //! the database (lag, retained WAL, table sizes) are read from it at scrape time, so
 //! they are right whichever instance leads.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
@@ -23,18 +23,23 @@ pub struct SubscriberLabel {
     pub subscriber: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 type HistogramFamily = Family<SubscriberLabel, Histogram, fn() -> Histogram>;
 
 /// Every metric walfold exports.
 pub struct Metrics {
     registry: Registry,
-    // Ingest, counted by the appender.
-    pub events_read: Counter,
-    pub events_appended: Counter,
-    pub log_duplicates: Counter,
-    pub id_conflicts: Counter,
-    pub malformed: Counter,
+    // Ingest, counted by each source's appender.
+    pub events_read: Family<SourceLabel, Counter>,
+    pub events_appended: Family<SourceLabel, Counter>,
+    pub log_duplicates: Family<SourceLabel, Counter>,
+    pub id_conflicts: Family<SourceLabel, Counter>,
+    pub malformed: Family<SourceLabel, Counter>,
     // Projectors, per subscriber.
     pub applied: Family<SubscriberLabel, Counter>,
     pub claim_duplicates: Family<SubscriberLabel, Counter>,
@@ -50,29 +55,34 @@ pub struct Metrics {
     pub log_pages_shared: Counter,
     /// Partitions of a subscriber paused by an environment error, in this process.
     paused: Family<SubscriberLabel, Gauge>,
-    /// 1 while ingest waits out an environment error of the target.
-    ingest_paused: Gauge,
+    /// 1 while a source's ingest waits out an environment error.
+    ingest_paused: Family<SourceLabel, Gauge>,
     /// Paused partitions over every subscriber, and ingest (for `/readyz`).
     paused_total: std::sync::atomic::AtomicI64,
     // Read from the database at scrape time.
     lag_events: Family<SubscriberLabel, Gauge>,
     lag_seconds: Family<SubscriberLabel, FloatGauge>,
     parked: Family<SubscriberLabel, Gauge>,
-    slot_retained_bytes: Gauge,
-    slot_lag_bytes: Gauge,
-    slot_confirmed_flush_lsn: Gauge,
-    slot_active: Gauge,
-    seconds_since_feedback: FloatGauge,
+    slot_retained_bytes: Family<SourceLabel, Gauge>,
+    slot_lag_bytes: Family<SourceLabel, Gauge>,
+    slot_confirmed_flush_lsn: Family<SourceLabel, Gauge>,
+    slot_active: Family<SourceLabel, Gauge>,
+    seconds_since_feedback: Family<SourceLabel, FloatGauge>,
     dead_letters_open: Gauge,
     processed_message_rows: Gauge,
     event_log_rows: Gauge,
     leader: Gauge,
-    slot_gaps: Gauge,
+    slot_gaps: Family<SourceLabel, Gauge>,
     database_up: Gauge,
-    /// Set by the reader while it streams from the slot.
-    streaming: AtomicBool,
-    /// Unix milliseconds of the last standby status update sent (0: none yet).
-    last_feedback_ms: AtomicU64,
+    /// Per source: whether its reader streams from the slot, and the Unix milliseconds
+    /// of its last standby status update (0: none yet).
+    sources: std::sync::Mutex<std::collections::BTreeMap<String, SourceState>>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct SourceState {
+    streaming: bool,
+    last_feedback_ms: u64,
 }
 
 fn batch_histogram() -> Histogram {
@@ -94,11 +104,11 @@ impl Metrics {
             }};
         }
         Metrics {
-            events_read: reg!("events_read", "Outbox inserts read from the slot", Counter::default()),
-            events_appended: reg!("events_appended", "Events appended to the event log", Counter::default()),
-            log_duplicates: reg!("event_log_duplicates", "Events already in the log with the same content (replays, producer retries)", Counter::default()),
-            id_conflicts: reg!("id_conflicts", "Event IDs already in the log with different content (dead-lettered)", Counter::default()),
-            malformed: reg!("malformed", "Outbox rows that could not become events (dead-lettered)", Counter::default()),
+            events_read: reg!("events_read", "Outbox inserts read from the slot", Family::default()),
+            events_appended: reg!("events_appended", "Events appended to the event log", Family::default()),
+            log_duplicates: reg!("event_log_duplicates", "Events already in the log with the same content (replays, producer retries)", Family::default()),
+            id_conflicts: reg!("id_conflicts", "Event IDs already in the log with different content (dead-lettered)", Family::default()),
+            malformed: reg!("malformed", "Outbox rows that could not become events (dead-lettered)", Family::default()),
             applied: reg!("applied", "Events that changed a read model", Family::default()),
             claim_duplicates: reg!("claim_duplicates", "Events skipped because the subscriber had claimed them", Family::default()),
             stale: reg!("stale", "Events skipped by a version guard", Family::default()),
@@ -110,25 +120,24 @@ impl Metrics {
             log_pages_read: reg!("log_pages_read", "Event-log pages projectors read from the database", Counter::default()),
             log_pages_shared: reg!("log_pages_shared", "Event-log pages projectors took from a page another partition had just read", Counter::default()),
             paused: reg!("projection_paused", "Partitions of the subscriber paused by an error of the environment (privileges, missing table or column, disk full); 0: running", Family::default()),
-            ingest_paused: reg!("ingest_paused", "1 while ingest waits out an error of the environment of the target", Gauge::default()),
+            ingest_paused: reg!("ingest_paused", "1 while ingest waits out an error of the environment of the target", Family::default()),
             paused_total: std::sync::atomic::AtomicI64::new(0),
             lag_events: reg!("subscriber_lag_events", "Events in the log the subscriber's slowest partition has not read", Family::default()),
             lag_seconds: reg!("subscriber_lag_seconds", "Age of the last applied event's source commit, while behind", Family::default()),
             parked: reg!("parked_aggregates", "Aggregates whose events wait behind a dead letter", Family::default()),
-            slot_retained_bytes: reg!("slot_retained_wal_bytes", "WAL the slot keeps on the source (current LSN - restart_lsn)", Gauge::default()),
-            slot_lag_bytes: reg!("slot_lag_bytes", "WAL not yet confirmed (current LSN - confirmed_flush_lsn)", Gauge::default()),
-            slot_confirmed_flush_lsn: reg!("slot_confirmed_flush_lsn", "The slot's confirmed flush LSN, as a number", Gauge::default()),
-            slot_active: reg!("slot_active", "1 while a walsender streams the slot", Gauge::default()),
-            seconds_since_feedback: reg!("seconds_since_feedback", "Seconds since this process last sent a standby status update (-1: never)", FloatGauge::default()),
+            slot_retained_bytes: reg!("slot_retained_wal_bytes", "WAL the slot keeps on the source (current LSN - restart_lsn)", Family::default()),
+            slot_lag_bytes: reg!("slot_lag_bytes", "WAL not yet confirmed (current LSN - confirmed_flush_lsn)", Family::default()),
+            slot_confirmed_flush_lsn: reg!("slot_confirmed_flush_lsn", "The slot's confirmed flush LSN, as a number", Family::default()),
+            slot_active: reg!("slot_active", "1 while a walsender streams the slot", Family::default()),
+            seconds_since_feedback: reg!("seconds_since_feedback", "Seconds since this process last sent a standby status update (-1: never)", Family::default()),
             dead_letters_open: reg!("dead_letters_open", "Dead letters not retried or discarded", Gauge::default()),
             processed_message_rows: reg!("processed_message_rows", "Dedup claims (planner estimate)", Gauge::default()),
             event_log_rows: reg!("event_log_rows", "Events in the log (planner estimate)", Gauge::default()),
             leader: reg!("leader", "1 while this instance leads", Gauge::default()),
-            slot_gaps: reg!("slot_gaps", "WAL ranges skipped by recreating a lost slot (walfold.slot_gap rows; page on any increase)", Gauge::default()),
+            slot_gaps: reg!("slot_gaps", "WAL ranges skipped by recreating a lost slot (walfold.slot_gap rows; page on any increase)", Family::default()),
             database_up: reg!("database_up", "1 when the last scrape could read the database gauges (0: they hold older values)", Gauge::default()),
             registry: r,
-            streaming: AtomicBool::new(false),
-            last_feedback_ms: AtomicU64::new(0),
+            sources: Default::default(),
         }
     }
 
@@ -138,12 +147,28 @@ impl Metrics {
         }
     }
 
-    pub fn set_streaming(&self, on: bool) {
-        self.streaming.store(on, Ordering::Relaxed);
+    pub fn source(source: &str) -> SourceLabel {
+        SourceLabel {
+            source: source.to_owned(),
+        }
     }
 
-    pub fn streaming(&self) -> bool {
-        self.streaming.load(Ordering::Relaxed)
+    fn with_source<T>(&self, source: &str, f: impl FnOnce(&mut SourceState) -> T) -> T {
+        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        f(sources.entry(source.to_owned()).or_default())
+    }
+
+    pub fn set_streaming(&self, source: &str, on: bool) {
+        self.with_source(source, |s| s.streaming = on);
+    }
+
+    /// The sources this process follows that are not streaming from their slots.
+    pub fn not_streaming(&self, sources: &[&str]) -> Vec<String> {
+        sources
+            .iter()
+            .filter(|s| !self.with_source(s, |st| st.streaming))
+            .map(|s| (*s).to_owned())
+            .collect()
     }
 
     pub fn set_leader(&self, on: bool) {
@@ -163,9 +188,12 @@ impl Metrics {
         self.paused_total.fetch_add(delta, Ordering::Relaxed);
     }
 
-    /// Ingest paused (`true`) or resumed.
-    pub fn set_ingest_paused(&self, paused: bool) {
-        let was = self.ingest_paused.set(i64::from(paused));
+    /// A source's ingest paused (`true`) or resumed.
+    pub fn set_ingest_paused(&self, source: &str, paused: bool) {
+        let was = self
+            .ingest_paused
+            .get_or_create(&Self::source(source))
+            .set(i64::from(paused));
         self.paused_total
             .fetch_add(i64::from(paused) - was, Ordering::Relaxed);
     }
@@ -175,8 +203,18 @@ impl Metrics {
         self.paused_total.load(Ordering::Relaxed) > 0
     }
 
-    pub fn feedback_sent(&self) {
-        self.last_feedback_ms.store(unix_ms(), Ordering::Relaxed);
+    pub fn feedback_sent(&self, source: &str) {
+        self.with_source(source, |s| s.last_feedback_ms = unix_ms());
+    }
+
+    /// Counts what one append of `source` did.
+    pub fn appended(&self, source: &str, read: u64, appended: u64, duplicates: u64, conflicts: u64, malformed: u64) {
+        let l = Self::source(source);
+        self.events_read.get_or_create(&l).inc_by(read);
+        self.events_appended.get_or_create(&l).inc_by(appended);
+        self.log_duplicates.get_or_create(&l).inc_by(duplicates);
+        self.id_conflicts.get_or_create(&l).inc_by(conflicts);
+        self.malformed.get_or_create(&l).inc_by(malformed);
     }
 
     /// Records one projector batch.
@@ -205,13 +243,11 @@ impl Metrics {
     /// Reads the gauges that describe the database.
     pub async fn refresh(
         &self,
-        source: &Client,
+        sources: &[crate::status::SourceProbe<'_>],
         target: &Client,
         schema: &str,
-        slot: &str,
     ) -> Result<(), StoreError> {
-        let s = crate::status::status(source, target, schema, slot).await?;
-        self.slot_gaps.set(s.slot_gaps);
+        let s = crate::status::status_of(target, schema, sources).await?;
         self.lag_events.clear();
         self.lag_seconds.clear();
         self.parked.clear();
@@ -223,24 +259,35 @@ impl Metrics {
                 .set(sub.lag_seconds.unwrap_or(0.0));
             self.parked.get_or_create(&l).set(sub.parked_aggregates);
         }
-        let slot = s.slot.as_ref();
-        self.slot_active
-            .set(slot.map_or(0, |s| i64::from(s.active)));
-        self.slot_retained_bytes
-            .set(slot.and_then(|s| s.retained_bytes).unwrap_or(0));
-        self.slot_lag_bytes
-            .set(slot.and_then(|s| s.lag_bytes).unwrap_or(0));
-        self.slot_confirmed_flush_lsn.set(
-            slot.and_then(|s| s.confirmed_flush_lsn.as_deref())
-                .and_then(|l| l.parse::<crate::Lsn>().ok())
-                .map_or(0, |l| l.0 as i64),
-        );
-        let last = self.last_feedback_ms.load(Ordering::Relaxed);
-        self.seconds_since_feedback.set(if last == 0 {
-            -1.0
-        } else {
-            unix_ms().saturating_sub(last) as f64 / 1000.0
-        });
+        for source in &s.sources {
+            let l = Self::source(&source.name);
+            self.slot_gaps.get_or_create(&l).set(source.slot_gaps);
+            if source.error.is_some() {
+                // Unreachable: the slot gauges keep their last values.
+                continue;
+            }
+            let slot = source.slot.as_ref();
+            self.slot_active
+                .get_or_create(&l)
+                .set(slot.map_or(0, |s| i64::from(s.active)));
+            self.slot_retained_bytes
+                .get_or_create(&l)
+                .set(slot.and_then(|s| s.retained_bytes).unwrap_or(0));
+            self.slot_lag_bytes
+                .get_or_create(&l)
+                .set(slot.and_then(|s| s.lag_bytes).unwrap_or(0));
+            self.slot_confirmed_flush_lsn.get_or_create(&l).set(
+                slot.and_then(|s| s.confirmed_flush_lsn.as_deref())
+                    .and_then(|l| l.parse::<crate::Lsn>().ok())
+                    .map_or(0, |l| l.0 as i64),
+            );
+            let last = self.with_source(&source.name, |st| st.last_feedback_ms);
+            self.seconds_since_feedback.get_or_create(&l).set(if last == 0 {
+                -1.0
+            } else {
+                unix_ms().saturating_sub(last) as f64 / 1000.0
+            });
+        }
         self.dead_letters_open.set(s.dead_letters_open);
         self.processed_message_rows.set(s.processed_message_rows);
         let rows: i64 = target

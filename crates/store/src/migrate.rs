@@ -64,6 +64,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "stream staging",
         include_str!("../../../migrations/20261201000200_stream_staging.sql"),
     ),
+    (
+        20261201000300,
+        "event source",
+        include_str!("../../../migrations/20261201000300_event_source.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

@@ -13,6 +13,9 @@ use crate::q;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
+    /// Every source: its slot and ingest position.
+    pub sources: Vec<SourceStatus>,
+    /// The first source's slot and ingest position (the only source's, usually).
     pub slot: Option<SlotStatus>,
     pub ingest: Option<IngestStatus>,
     pub event_log_head: i64,
@@ -52,6 +55,27 @@ pub struct RebuildStatus {
     /// `remaining / rate`, while replaying.
     pub eta_s: Option<f64>,
     pub retired_table: String,
+}
+
+/// One source: its slot on the source server, its ingest position in the target.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceStatus {
+    pub name: String,
+    pub slot_name: String,
+    /// `None` when the slot is missing or the source could not be asked (`error`).
+    pub slot: Option<SlotStatus>,
+    pub ingest: Option<IngestStatus>,
+    /// Why the source could not be asked.
+    pub error: Option<String>,
+    /// WAL ranges this source skipped by recreating its lost slot.
+    pub slot_gaps: i64,
+}
+
+/// A source to report on: its name, slot, and its database if it could be reached.
+pub struct SourceProbe<'a> {
+    pub name: &'a str,
+    pub slot: &'a str,
+    pub client: Result<&'a Client, String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -108,15 +132,23 @@ pub struct PauseStatus {
     pub since_unix: f64,
 }
 
-/// Collects the status. `source` is the source database (for the slot), `target` the
-/// database holding `schema`.
+/// Collects the status of a single source. `source` is the source database (for the
+/// slot), `target` the database holding `schema`.
 pub async fn status(
     source: &Client,
     target: &Client,
     schema: &str,
     slot: &str,
 ) -> Result<Status, StoreError> {
-    let s = q(schema);
+    let probe = SourceProbe {
+        name: "default",
+        slot,
+        client: Ok(source),
+    };
+    status_of(target, schema, &[probe]).await
+}
+
+async fn read_slot(source: &Client, slot: &str) -> Result<Option<SlotStatus>, StoreError> {
     let slot_row = source
         .query_opt(
             "select active, confirmed_flush_lsn, \
@@ -127,7 +159,7 @@ pub async fn status(
         )
         .await
         .map_err(StoreError::db("reading the slot"))?;
-    let slot_status = slot_row.map(|r| SlotStatus {
+    Ok(slot_row.map(|r| SlotStatus {
         name: slot.to_owned(),
         active: r.get(0),
         confirmed_flush_lsn: r
@@ -136,14 +168,34 @@ pub async fn status(
         retained_bytes: r.get(2),
         lag_bytes: r.get(3),
         wal_status: r.get(4),
-    });
+    }))
+}
+
+/// One source's slot (asked of the source) and ingest position (read from the target).
+async fn source_status(
+    target: &Client,
+    schema: &str,
+    probe: &SourceProbe<'_>,
+    only: bool,
+) -> Result<SourceStatus, StoreError> {
+    let s = q(schema);
+    let (slot, error) = match &probe.client {
+        // The only source: not being able to ask it is an error of the whole status.
+        Ok(source) if only => (read_slot(source, probe.slot).await?, None),
+        Ok(source) => match read_slot(source, probe.slot).await {
+            Ok(slot) => (slot, None),
+            Err(e) => (None, Some(e.to_string())),
+        },
+        Err(e) => (None, Some(e.clone())),
+    };
+    let slot_name = probe.slot;
     let ingest = target
         .query_opt(
             &format!(
                 "select lsn, appended, duplicates, id_conflicts, malformed, ignored_changes, \
                  extract(epoch from updated_at)::float8 from {s}.ingest_position where slot = $1"
             ),
-            &[&slot],
+            &[&slot_name],
         )
         .await
         .map_err(StoreError::db("reading the ingest position"))?
@@ -156,6 +208,35 @@ pub async fn status(
             ignored_changes: r.get(5),
             updated_at_unix: r.get(6),
         });
+    let slot_gaps: i64 = target
+        .query_one(
+            &format!("select count(*) from {s}.slot_gap where slot = $1"),
+            &[&slot_name],
+        )
+        .await
+        .map_err(StoreError::db("counting slot gaps"))?
+        .get(0);
+    Ok(SourceStatus {
+        name: probe.name.to_owned(),
+        slot_name: slot_name.to_owned(),
+        slot,
+        ingest,
+        error,
+        slot_gaps,
+    })
+}
+
+/// Collects the status of every source in `sources` and of the target holding `schema`.
+pub async fn status_of(
+    target: &Client,
+    schema: &str,
+    sources: &[SourceProbe<'_>],
+) -> Result<Status, StoreError> {
+    let s = q(schema);
+    let mut per_source = Vec::with_capacity(sources.len());
+    for probe in sources {
+        per_source.push(source_status(target, schema, probe, sources.len() == 1).await?);
+    }
     let head: i64 = target
         .query_one(
             &format!("select coalesce(max(seq), 0) from {s}.event_log"),
@@ -269,12 +350,14 @@ pub async fn status(
             retired_table: r.retired,
         });
     }
-    let slot_gaps: i64 = target
-        .query_one(&format!("select count(*) from {s}.slot_gap"), &[])
-        .await
-        .map_err(StoreError::db("counting slot gaps"))?
-        .get(0);
+    let slot_gaps = per_source.iter().map(|p| p.slot_gaps).sum();
+    let first = per_source.first();
+    let (slot_status, ingest) = (
+        first.and_then(|p| p.slot.clone()),
+        first.and_then(|p| p.ingest.clone()),
+    );
     Ok(Status {
+        sources: per_source,
         paused: subscribers.iter().filter(|s| s.paused.is_some()).count() as i64,
         slot_gaps,
         rebuilds,

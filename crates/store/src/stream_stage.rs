@@ -264,13 +264,14 @@ impl EventLog {
         let move_all = format!(
             "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
              event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
-             committed_at) \
+             committed_at, source) \
              select $3 + row_number() over (order by ord), event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-             $4, $5 from {s}.stream_stage \
+             $4, $5, $6::text from {s}.stream_stage \
              where slot = $1 and xid = $2 and rejected is null"
         );
         let source_lsn: PgLsn = commit.commit_lsn.into();
+        let turn = parts.order.turn().await?;
         let mut tx = parts
             .client
             .transaction()
@@ -278,7 +279,7 @@ impl EventLog {
             .map_err(StoreError::db("committing a streamed transaction"))?;
         let xid = i64::from(commit.xid);
         let limit = page.max(1) as i64;
-        let mut head = *parts.head;
+        let mut head = turn.head();
         let mut result = StreamOutcome::default();
         // Rejected rows first, then the events. A dead letter's insert is speculative
         // (`on conflict do nothing`): done while this transaction is still small, it
@@ -310,7 +311,14 @@ impl EventLog {
                 let moved = sp
                     .execute(
                         &move_all,
-                        &[&parts.slot, &xid, &head, &source_lsn, &commit.commit_time],
+                        &[
+                            &parts.slot,
+                            &xid,
+                            &head,
+                            &source_lsn,
+                            &commit.commit_time,
+                            &parts.writer.source(),
+                        ],
                     )
                     .await;
                 match moved {
@@ -391,6 +399,7 @@ impl EventLog {
             .ending
             .commit(tx, Some(commit.end_lsn), result.outcome, counts)
             .await?;
+        turn.advance(head);
         *parts.head = head;
         Ok(result)
     }

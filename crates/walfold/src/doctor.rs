@@ -67,24 +67,29 @@ pub async fn check(
 }
 
 async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Result<(), Failure> {
-    let source = match walfold_store::connect(&config.source.url).await {
-        Ok(c) => {
-            r.check(Level::Ok, "source reachable", "");
-            c
-        }
-        Err(e) => {
-            r.check(
-                Level::Fail,
-                format!("source unreachable: {e}"),
-                "check source.url, the network and pg_hba.conf",
-            );
-            return Ok(());
-        }
-    };
     let target = walfold_store::connect(config.target_url()).await.ok();
-    source_checks(r, config, &source, target.as_ref(), max_retained_mb)
-        .await
-        .map_err(Failure::runtime)?;
+    let several = config.sources().len() > 1;
+    for view in config.source_views() {
+        let name = &view.source().name;
+        let (what, key) = if several {
+            (format!("source {name}"), format!("the url of source {name}"))
+        } else {
+            ("source".to_owned(), "source.url".to_owned())
+        };
+        match walfold_store::connect(&view.source().url).await {
+            Ok(source) => {
+                r.check(Level::Ok, format!("{what} reachable"), "");
+                source_checks(r, &view, &source, target.as_ref(), max_retained_mb)
+                    .await
+                    .map_err(Failure::runtime)?;
+            }
+            Err(e) => r.check(
+                Level::Fail,
+                format!("{what} unreachable: {e}"),
+                format!("check {key}, the network and pg_hba.conf"),
+            ),
+        }
+    }
     match &target {
         Some(t) => target_checks(r, config, t)
             .await
@@ -132,7 +137,7 @@ async fn source_checks(
         .query_opt(
             "select active, wal_status, (pg_current_wal_lsn() - restart_lsn)::int8, plugin \
              from pg_replication_slots where slot_name = $1",
-            &[&config.source.slot],
+            &[&config.source().slot],
         )
         .await?;
     let free_slot = slot_row.is_some() || used < slots;
@@ -172,7 +177,7 @@ async fn source_checks(
     );
 
     // Outbox tables and the publication: what `walfold run` refuses is a FAIL here.
-    let publication = &config.source.publication;
+    let publication = &config.source().publication;
     let shape = walfold_source::inspect(source, config).await?;
     for refusal in shape.refusals.iter().chain(&shape.missing_columns) {
         r.check(Level::Fail, &refusal.problem, &refusal.fix);
@@ -306,7 +311,7 @@ async fn source_checks(
                     "select lsn::text from {}.ingest_position where slot = $1 and lsn > '0/0'",
                     walfold_config::quote_ident(&config.target.schema)
                 ),
-                &[&config.source.slot],
+                &[&config.source().slot],
             )
             .await
             .ok()
@@ -314,7 +319,7 @@ async fn source_checks(
             .map(|r| r.get(0)),
         None => None,
     };
-    let slot = &config.source.slot;
+    let slot = &config.source().slot;
     match slot_row {
         None if ingested.is_some() => r.check(
             Level::Fail,

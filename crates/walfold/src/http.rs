@@ -15,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
+use walfold_store::SourceProbe;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_store::metrics::metrics;
@@ -22,7 +23,15 @@ use walfold_store::metrics::metrics;
 /// Connections reused across scrapes; reopened after an error.
 struct State {
     config: Config,
-    clients: Mutex<Option<(Client, Client)>>,
+    clients: Mutex<Clients>,
+}
+
+/// Connections kept between requests: the target's, and one per source (`None` until
+/// it connects, or after it failed).
+#[derive(Default)]
+struct Clients {
+    target: Option<Client>,
+    sources: Vec<Option<Client>>,
 }
 
 /// Binds `addr` now (so a taken port fails at startup) and serves until `cancel`.
@@ -35,7 +44,7 @@ pub async fn start(
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     let state = Arc::new(State {
         config,
-        clients: Mutex::new(None),
+        clients: Mutex::new(Clients::default()),
     });
     Ok(tokio::spawn(async move {
         loop {
@@ -144,33 +153,61 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     r
 }
 
-/// Runs `f` with the (re)opened source and target connections.
+/// Runs `f` with the (re)opened target connection and every source that answers: a
+/// source that is down is reported as such, never an error of the whole request.
 async fn with_clients<T>(
     state: &State,
-    f: impl AsyncFnOnce(&Client, &Client) -> Result<T, walfold_store::StoreError>,
+    f: impl AsyncFnOnce(&[SourceProbe<'_>], &Client) -> Result<T, walfold_store::StoreError>,
 ) -> Result<T, walfold_store::StoreError> {
     let mut guard = state.clients.lock().await;
-    if guard
-        .as_ref()
-        .is_none_or(|(s, t)| s.is_closed() || t.is_closed())
-    {
-        let source = walfold_store::connect(&state.config.source.url).await?;
-        let target = walfold_store::connect(state.config.target_url()).await?;
-        *guard = Some((source, target));
+    let clients = &mut *guard;
+    if clients.target.as_ref().is_none_or(Client::is_closed) {
+        clients.target = None;
+        clients.target = Some(walfold_store::connect(state.config.target_url()).await?);
     }
-    let (source, target) = guard.as_ref().expect("connected above");
-    let result = f(source, target).await;
+    let sources = state.config.sources();
+    clients.sources.resize_with(sources.len(), || None);
+    let mut errors = Vec::with_capacity(sources.len());
+    for (source, client) in sources.iter().zip(clients.sources.iter_mut()) {
+        let mut error = None;
+        if client.as_ref().is_none_or(Client::is_closed) {
+            match walfold_store::connect(&source.url).await {
+                Ok(c) => *client = Some(c),
+                Err(e) => {
+                    *client = None;
+                    error = Some(format!("cannot connect: {e}"));
+                }
+            }
+        }
+        errors.push(error);
+    }
+    let probes: Vec<SourceProbe<'_>> = sources
+        .iter()
+        .zip(&clients.sources)
+        .zip(errors)
+        .map(|((source, client), error)| SourceProbe {
+            name: &source.name,
+            slot: &source.slot,
+            client: match (client, error) {
+                (Some(c), None) => Ok(c),
+                (_, e) => Err(e.unwrap_or_default()),
+            },
+        })
+        .collect();
+    let target = clients.target.as_ref().expect("connected above");
+    let result = f(&probes, target).await;
+    drop(probes);
     if result.is_err() {
-        *guard = None;
+        *clients = Clients::default();
     }
     result
 }
 
 /// Process metrics always; the database gauges when the database answers in time.
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
-    let (schema, slot) = (&state.config.target.schema, &state.config.source.slot);
-    let refresh = with_clients(state, async |source, target| {
-        metrics().refresh(source, target, schema, slot).await
+    let schema = &state.config.target.schema;
+    let refresh = with_clients(state, async |sources, target| {
+        metrics().refresh(sources, target, schema).await
     });
     let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
         .await
@@ -190,17 +227,22 @@ async fn ready(state: &State) -> Result<(), String> {
     if !m.is_leader() {
         return Err("standby: another instance leads".into());
     }
-    if !m.streaming() {
+    let names: Vec<&str> = state.config.sources().iter().map(|s| s.name.as_str()).collect();
+    let idle = m.not_streaming(&names);
+    if state.config.sources().len() == 1 && !idle.is_empty() {
         return Err("not streaming from the slot".into());
+    }
+    if !idle.is_empty() {
+        return Err(format!("not streaming from the slot of source {}", idle.join(", ")));
     }
     if m.any_paused() {
         return Err(
             "paused by an error of the environment (see `walfold status` and the log)".into(),
         );
     }
-    let (schema, slot) = (&state.config.target.schema, &state.config.source.slot);
-    let check = with_clients(state, async |source, target| {
-        let status = walfold_store::status(source, target, schema, slot).await?;
+    let schema = &state.config.target.schema;
+    let check = with_clients(state, async |sources, target| {
+        let status = walfold_store::status_of(target, schema, sources).await?;
         let active = walfold_store::active_subscribers(target, schema).await?;
         Ok((status, active))
     });

@@ -98,13 +98,7 @@ async fn follow_rebuild(
     projection: &str,
     subscriber: Option<&str>,
 ) -> Result<(), Failure> {
-    let source = walfold_store::connect(&config.source.url)
-        .await
-        .map_err(Failure::runtime)?;
-    let target = walfold_store::connect(config.target_url())
-        .await
-        .map_err(Failure::runtime)?;
-    let schema = &config.target.schema;
+    let connections = crate::status::connect(config).await?;
     let mut progress: Option<Progress> = None;
     let mut last = Snapshot::default();
     let mut moved = Instant::now();
@@ -129,9 +123,7 @@ async fn follow_rebuild(
             }
             _ = tick.tick() => {}
         }
-        let status = walfold_store::status(&source, &target, schema, &config.source.slot)
-            .await
-            .map_err(Failure::runtime)?;
+        let status = crate::status::read(config, &connections).await?;
         let open = status.rebuilds.iter().find(|r| {
             r.projection == projection && following.as_ref().is_none_or(|s| *s == r.subscriber)
         });
@@ -143,7 +135,7 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = rebuild_state(&target, schema, s).await?;
+            let state = rebuild_state(&connections.target, &config.target.schema, s).await?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.as_deref().unwrap_or("gone"));
             }
@@ -237,6 +229,14 @@ pub async fn backfill(
     if !(1..=100_000).contains(&batch) {
         return Err(Failure::config("--batch must be between 1 and 100000"));
     }
+    // The backfill reads the database of the source that holds the outbox.
+    let owner = config
+        .table_outbox(outbox)
+        .map(|(o, _)| config.source_of(o).to_owned());
+    let config = match owner.and_then(|name| config.for_source(&name)) {
+        Some(view) => view,
+        None => config,
+    };
     walfold_store::migrate(config.target_url(), &config.target.schema)
         .await
         .map_err(Failure::runtime)?;
@@ -311,7 +311,7 @@ impl BackfillWatcher {
              from {}.ingest_position where slot = $1",
             quote_ident(&config.target.schema)
         );
-        let slot = config.source.slot.clone();
+        let slot = config.source().slot.clone();
         let baseline: i64 = target.query_one(&counted, &[&slot]).await.ok()?.get(0);
         let estimate = match config.table_outbox(outbox) {
             Some((_, table)) => row_estimate(config, &table.quoted()).await,
@@ -349,7 +349,7 @@ impl BackfillWatcher {
 /// The planner's estimate of a table's rows (a partitioned table's partitions summed);
 /// `None` while it was never analyzed.
 async fn row_estimate(config: &Config, quoted_table: &str) -> Option<u64> {
-    let source = walfold_store::connect(&config.source.url).await.ok()?;
+    let source = walfold_store::connect(&config.source().url).await.ok()?;
     let row = source
         .query_one(
             // pg_partition_tree has no rows for a plain table.

@@ -16,7 +16,10 @@ pub fn load(path: &Path) -> Result<Config, Failure> {
 pub async fn run(path: &Path) -> Result<(), Failure> {
     let config = load(path)?;
     telemetry::init(&config.log);
-    tracing::info!(source = %walfold_config::redact_url(&config.source.url), slot = %config.source.slot, projections = config.projection.len(), "walfold starting");
+    for source in config.sources() {
+        tracing::info!(source = %source.name, url = %walfold_config::redact_url(&source.url), slot = %source.slot, "following source");
+    }
+    tracing::info!(sources = config.sources().len(), projections = config.projection.len(), "walfold starting");
     let cancel = CancellationToken::new();
     // The listener outlives the pipeline's drain, so /healthz answers until the end.
     let listener = CancellationToken::new();

@@ -10,30 +10,61 @@ use walfold_config::Config;
 
 use crate::{run::load, Failure};
 
-async fn connect(config: &Config) -> Result<(Client, Client), Failure> {
-    let source = walfold_store::connect(&config.source.url)
-        .await
-        .map_err(Failure::runtime)?;
+/// The target, and each source: with one source, one that cannot be reached is an
+/// error; with several, it is reported in its line and the rest is shown.
+pub(crate) struct Connections {
+    pub target: Client,
+    sources: Vec<Result<Client, String>>,
+}
+
+pub(crate) async fn connect(config: &Config) -> Result<Connections, Failure> {
     let target = walfold_store::connect(config.target_url())
         .await
         .map_err(Failure::runtime)?;
-    Ok((source, target))
+    let mut sources = Vec::new();
+    for source in config.sources() {
+        match walfold_store::connect(&source.url).await {
+            Ok(c) => sources.push(Ok(c)),
+            Err(e) if config.sources().len() == 1 => return Err(Failure::runtime(e)),
+            Err(e) => sources.push(Err(format!("cannot connect: {e}"))),
+        }
+    }
+    Ok(Connections { target, sources })
 }
 
-async fn read(
+impl Connections {
+    fn closed(&self) -> bool {
+        self.target.is_closed()
+            || self
+                .sources
+                .iter()
+                .any(|s| s.as_ref().is_ok_and(Client::is_closed))
+    }
+}
+
+pub(crate) async fn read(
     config: &Config,
-    source: &Client,
-    target: &Client,
+    c: &Connections,
 ) -> Result<walfold_store::Status, Failure> {
-    walfold_store::status(source, target, &config.target.schema, &config.source.slot)
+    let probes: Vec<walfold_store::SourceProbe<'_>> = config
+        .sources()
+        .iter()
+        .zip(&c.sources)
+        .map(|(s, client)| walfold_store::SourceProbe {
+            name: &s.name,
+            slot: &s.slot,
+            client: client.as_ref().map_err(Clone::clone),
+        })
+        .collect();
+    walfold_store::status_of(&c.target, &config.target.schema, &probes)
         .await
         .map_err(Failure::runtime)
 }
 
 pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
     let config = load(path)?;
-    let (source, target) = connect(&config).await?;
-    let s = read(&config, &source, &target).await?;
+    let connections = connect(&config).await?;
+    let s = read(&config, &connections).await?;
     if json {
         println!(
             "{}",
@@ -49,7 +80,7 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
 /// redraws the block), as a new timestamped block per second elsewhere.
 pub async fn watch(path: &Path) -> Result<(), Failure> {
     let config = load(path)?;
-    let (mut source, mut target) = connect(&config).await?;
+    let mut connections = connect(&config).await?;
     let terminal = std::io::stdout().is_terminal();
     let screen = terminal.then(|| {
         let bar =
@@ -70,24 +101,23 @@ pub async fn watch(path: &Path) -> Result<(), Failure> {
             _ = &mut interrupt => break,
             _ = tick.tick() => {}
         }
-        let now: String = target
+        let now: String = connections
+            .target
             .query_one(
                 "select to_char(now() at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"')",
                 &[],
             )
             .await
             .map_or_else(|_| "-".into(), |r| r.get(0));
-        let text = match read(&config, &source, &target).await {
+        if connections.closed() || connections.sources.iter().any(Result::is_err) {
+            if let Ok(c) = connect(&config).await {
+                connections = c;
+            }
+        }
+        let text = match read(&config, &connections).await {
             Ok(s) => render(&config, &s),
             // Keep watching through a restart of the database; say so meanwhile.
-            Err(e) => {
-                if source.is_closed() || target.is_closed() {
-                    if let Ok((s, t)) = connect(&config).await {
-                        (source, target) = (s, t);
-                    }
-                }
-                format!("cannot read the status: {}\n", e.message)
-            }
+            Err(e) => format!("cannot read the status: {}\n", e.message),
         };
         let header = format!("walfold status at {now} (every 1s, Ctrl-C to stop)\n");
         match &screen {
@@ -115,23 +145,32 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
             let _ = writeln!(out, $($arg)*);
         }};
     }
-    match &s.slot {
-        Some(slot) => println!(
-            "slot {}: active={} confirmed_flush={} lag_bytes={} retained_bytes={} wal_status={}",
-            slot.name,
-            slot.active,
-            slot.confirmed_flush_lsn.as_deref().unwrap_or("-"),
-            opt(slot.lag_bytes),
-            opt(slot.retained_bytes),
-            slot.wal_status.as_deref().unwrap_or("-"),
-        ),
-        None => println!("slot {}: missing", config.source.slot),
-    }
-    if let Some(i) = &s.ingest {
-        println!(
-            "ingest: lsn={} appended={} duplicates={} id_conflicts={} malformed={} ignored={}",
-            i.lsn, i.appended, i.duplicates, i.id_conflicts, i.malformed, i.ignored_changes
-        );
+    let several = s.sources.len() > 1;
+    for source in &s.sources {
+        let name = if several {
+            format!("source {}: ", source.name)
+        } else {
+            String::new()
+        };
+        match (&source.slot, &source.error) {
+            (_, Some(e)) => println!("{name}slot {}: UNREACHABLE: {e}", source.slot_name),
+            (Some(slot), None) => println!(
+                "{name}slot {}: active={} confirmed_flush={} lag_bytes={} retained_bytes={} wal_status={}",
+                slot.name,
+                slot.active,
+                slot.confirmed_flush_lsn.as_deref().unwrap_or("-"),
+                opt(slot.lag_bytes),
+                opt(slot.retained_bytes),
+                slot.wal_status.as_deref().unwrap_or("-"),
+            ),
+            (None, None) => println!("{name}slot {}: missing", source.slot_name),
+        }
+        if let Some(i) = &source.ingest {
+            println!(
+                "{name}ingest: lsn={} appended={} duplicates={} id_conflicts={} malformed={} ignored={}",
+                i.lsn, i.appended, i.duplicates, i.id_conflicts, i.malformed, i.ignored_changes
+            );
+        }
     }
     println!("event log head: {}", s.event_log_head);
     println!(

@@ -1,0 +1,146 @@
+//! The one place that orders the event log. Projectors read it by `seq`, so a `seq` may
+//! only become visible after every lower one: a transaction that assigns `seq`s holds
+//! [`LogOrder`] from reading the head until its commit has returned. Every source's
+//! appender shares one `LogOrder`, so their transactions take turns and the log stays
+//! one sequence (each source's own commit order kept by its appender).
+//!
+//! Across processes, a session-level advisory lock (the appender lock) on a connection
+//! of its own keeps a second writer (a `walfold backfill`, another daemon) out. It is
+//! checked on every turn: a turn on a closed session retakes the lock or fails.
+//!
+//! A turn that ends without [`Turn::advance`] (an error, a commit whose outcome is
+//! unknown) forgets the head; the next turn reads it again from the table.
+
+use tokio::sync::{Mutex, MutexGuard};
+use tokio_postgres::Client;
+
+use crate::connect::connect;
+use crate::error::StoreError;
+use crate::q;
+
+/// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
+const APPENDER_LOCK: i32 = 0x7761_6c66;
+
+/// The appender lock and the log's head, shared by every appender of a schema.
+pub struct LogOrder {
+    url: String,
+    schema: String,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The session holding the appender lock.
+    session: Option<Client>,
+    /// The highest `seq` in the log (`None`: read it at the next turn).
+    head: Option<i64>,
+}
+
+/// One transaction's turn: the head it starts from, held until it ends.
+pub struct Turn<'a> {
+    state: MutexGuard<'a, State>,
+    head: i64,
+    advanced: bool,
+}
+
+impl LogOrder {
+    /// The order of `schema`'s log; the lock is taken at the first turn.
+    pub fn new(url: &str, schema: &str) -> LogOrder {
+        LogOrder {
+            url: url.to_owned(),
+            schema: schema.to_owned(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Takes the appender lock of `schema` (fails with [`StoreError::Busy`] while
+    /// another process holds it).
+    pub async fn acquire(url: &str, schema: &str) -> Result<LogOrder, StoreError> {
+        let order = LogOrder::new(url, schema);
+        order.turn().await?.advance_none();
+        Ok(order)
+    }
+
+    /// Waits for the turn; (re)takes the lock and reads the head when needed.
+    pub async fn turn(&self) -> Result<Turn<'_>, StoreError> {
+        let mut state = self.state.lock().await;
+        if state.session.as_ref().is_none_or(Client::is_closed) {
+            state.session = None;
+            state.head = None;
+            state.session = Some(self.lock_session().await?);
+        }
+        let head = match state.head {
+            Some(h) => h,
+            None => {
+                let session = state.session.as_ref().expect("taken above");
+                let h: i64 = session
+                    .query_one(
+                        &format!("select coalesce(max(seq), 0) from {}.event_log", q(&self.schema)),
+                        &[],
+                    )
+                    .await
+                    .map_err(StoreError::db("reading the event log head"))?
+                    .get(0);
+                state.head = Some(h);
+                h
+            }
+        };
+        Ok(Turn {
+            state,
+            head,
+            advanced: false,
+        })
+    }
+
+    async fn lock_session(&self) -> Result<Client, StoreError> {
+        let client = connect(&self.url).await?;
+        client
+            .batch_execute(crate::event_log::SERVER_KEEPALIVES)
+            .await
+            .map_err(StoreError::db("configuring the appender lock session"))?;
+        let locked: bool = client
+            .query_one(
+                "select pg_try_advisory_lock($1::int4, hashtext($2))",
+                &[&APPENDER_LOCK, &self.schema],
+            )
+            .await
+            .map_err(StoreError::db("taking the appender lock"))?
+            .get(0);
+        if !locked {
+            return Err(StoreError::Busy(format!(
+                "another walfold is appending to {}.event_log; waiting for it to stop",
+                self.schema
+            )));
+        }
+        Ok(client)
+    }
+}
+
+impl Turn<'_> {
+    /// The highest `seq` in the log: this transaction's first event is `head() + 1`.
+    pub fn head(&self) -> i64 {
+        self.head
+    }
+
+    /// This turn's transaction committed; the log's head is now `head`.
+    pub fn advance(mut self, head: i64) {
+        self.state.head = Some(head);
+        self.advanced = true;
+    }
+}
+
+impl Turn<'_> {
+    /// Ends a turn that wrote no event (the head stays known).
+    pub fn advance_none(self) {
+        let head = self.head;
+        self.advance(head);
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if !self.advanced {
+            self.state.head = None;
+        }
+    }
+}
