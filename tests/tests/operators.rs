@@ -662,16 +662,15 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
     let order = walfold_store::LogOrder::acquire(&db.url(), "walfold")
         .await
         .unwrap();
-    let mut log =
-        walfold_store::EventLog::open(
+    let mut log = walfold_store::EventLog::open(
         db.client().await,
         "walfold",
         "walfold",
         "default",
         order.into(),
     )
-            .await
-            .unwrap();
+    .await
+    .unwrap();
     let event = walfold_store::NewEvent {
         id: uuid::Uuid::new_v4(),
         aggregate_type: "order".into(),

@@ -701,19 +701,20 @@ impl Config {
                 _ => {}
             }
             match (&o.table, &o.message_prefix) {
+                // Twice in one source's database; two databases may share names.
                 (Some(table), None) => match QualifiedName::parse(table) {
-                    Ok(n) if tables.contains(&n) => {
+                    Ok(n) if tables.contains(&(self.source_of(o), n.clone())) => {
                         push(&format!("outbox[{i}].table"), "listed twice".into())
                     }
-                    Ok(n) => tables.push(n),
+                    Ok(n) => tables.push((self.source_of(o), n)),
                     Err(m) => push(&format!("outbox[{i}].table"), m),
                 },
                 (None, Some(prefix)) => match check_prefix(prefix) {
                     Err(m) => push(&format!("outbox[{i}].message_prefix"), m),
-                    Ok(()) if prefixes.contains(&prefix) => {
+                    Ok(()) if prefixes.contains(&(self.source_of(o), prefix)) => {
                         push(&format!("outbox[{i}].message_prefix"), "listed twice".into())
                     }
-                    Ok(()) => prefixes.push(prefix),
+                    Ok(()) => prefixes.push((self.source_of(o), prefix)),
                 },
                 (None, None) => push(
                     &format!("outbox[{i}].table"),
@@ -783,7 +784,10 @@ impl Config {
                 if !self.source.iter().any(|s| s.name == *name) {
                     push(
                         &key("sources"),
-                        format!("no [[source]] is named `{name}` (sources: {})", self.source_names()),
+                        format!(
+                            "no [[source]] is named `{name}` (sources: {})",
+                            self.source_names()
+                        ),
                     );
                 }
             }
@@ -855,7 +859,10 @@ impl Config {
     fn validate_sources(&self, push: &mut impl FnMut(&str, String)) {
         let several = self.source.len() > 1;
         if self.source.is_empty() {
-            push("source", "missing: add a [source] with the url to follow".into());
+            push(
+                "source",
+                "missing: add a [source] with the url to follow".into(),
+            );
         }
         if several && self.target.url.is_none() {
             push(
@@ -906,7 +913,10 @@ impl Config {
             if !is_identifier(&source.publication) {
                 push(
                     &key("publication"),
-                    format!("`{}` is not a valid name: {IDENTIFIER_RULE}", source.publication),
+                    format!(
+                        "`{}` is not a valid name: {IDENTIFIER_RULE}",
+                        source.publication
+                    ),
                 );
             }
             let outboxes = || {

@@ -34,7 +34,7 @@ fn problems(text: &str) -> Vec<String> {
 fn the_shipped_examples_parse() {
     for (file, projections) in [
         ("examples/walfold.toml", 3),
-        ("examples/docker/walfold.toml", 2),
+        ("examples/docker/walfold.toml", 3),
     ] {
         let path = format!("{}/../../{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
@@ -354,4 +354,113 @@ fn a_message_outbox_names_its_prefix_and_each_mistake_its_key() {
             "{outbox}: {found:?}"
         );
     }
+}
+
+const TWO_SOURCES: &str = r#"
+[[source]]
+name = "orders"
+url = "postgresql://walfold@orders-db/app"
+slot = "walfold_orders"
+
+[[source]]
+name = "payments"
+url = "postgresql://walfold@payments-db/app"
+slot = "walfold_payments"
+protocol = 1
+
+[target]
+url = "postgresql://walfold@reporting-db/app"
+
+[[outbox]]
+source = "orders"
+table = "public.outbox"
+
+[[outbox]]
+source = "payments"
+table = "billing.outbox_events"
+
+[[projection]]
+name = "order_view"
+subscriber = "orders.view.v1"
+sources = ["orders", "payments"]
+sql = "insert into order_view values (:aggregate_id, :source)"
+"#;
+
+#[test]
+fn several_sources_each_have_their_outboxes_and_a_view_of_their_own() {
+    let c = Config::from_toml(TWO_SOURCES, vec![]).unwrap();
+    let names: Vec<&str> = c.sources().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["orders", "payments"]);
+    let payments = c.for_source("payments").unwrap();
+    assert_eq!(payments.sources().len(), 1);
+    assert_eq!(payments.source().slot, "walfold_payments");
+    assert_eq!(payments.outbox.len(), 1);
+    assert_eq!(
+        payments.outbox[0].table.as_deref(),
+        Some("billing.outbox_events")
+    );
+    assert_eq!(
+        payments.target_url(),
+        "postgresql://walfold@reporting-db/app"
+    );
+    assert_eq!(c.source_views().len(), 2);
+    // A single [source] keeps working, named "default".
+    let one = Config::from_toml(MINIMAL, vec![]).unwrap();
+    assert_eq!(one.source().name, "default");
+    assert_eq!(one.for_source("default").unwrap().outbox.len(), 1);
+    // Overrides select a source by index.
+    let c = Config::from_toml(TWO_SOURCES, vars(&[("WALFOLD_SOURCE__1__SLOT", "pay2")])).unwrap();
+    assert_eq!(c.sources()[1].slot, "pay2");
+}
+
+#[test]
+fn several_sources_name_every_mistake_by_key() {
+    let text = TWO_SOURCES
+        .replace("slot = \"walfold_payments\"", "slot = \"walfold_orders\"")
+        .replace("name = \"payments\"", "name = \"orders\"")
+        .replace("source = \"payments\"", "source = \"billing\"")
+        .replace(
+            "[target]\nurl = \"postgresql://walfold@reporting-db/app\"",
+            "",
+        )
+        .replace(
+            "sources = [\"orders\", \"payments\"]",
+            "sources = [\"shipping\"]",
+        );
+    let p = problems(&text);
+    for expected in [
+        "source[1].name: `orders` is used twice",
+        "source[1].slot: `walfold_orders` is also the slot of source `orders`",
+        "outbox[1].source: no [[source]] is named `billing`",
+        "target.url: missing: with several sources",
+        "projection[0].sources: no [[source]] is named `shipping`",
+    ] {
+        assert!(
+            p.iter().any(|l| l.starts_with(expected)),
+            "no `{expected}` in {p:#?}"
+        );
+    }
+    let unnamed = TWO_SOURCES.replace("source = \"orders\"\n", "");
+    let p = problems(&unnamed);
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("outbox[0].source: missing: with several sources")),
+        "{p:#?}"
+    );
+    let mut nameless = TWO_SOURCES.replacen("name = \"orders\"\n", "", 1);
+    nameless = nameless.replace("source = \"orders\"", "source = \"default\"");
+    let p = problems(&nameless);
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("source[0].name: missing: with several sources")),
+        "{p:#?}"
+    );
+    let bad_key = TWO_SOURCES.replace("protocol = 1", "protocol = 3");
+    assert!(
+        problems(&bad_key)
+            .iter()
+            .any(|l| l.starts_with("source[1].protocol: `3`")),
+        "{:#?}",
+        problems(&bad_key)
+    );
 }

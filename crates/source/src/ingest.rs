@@ -106,9 +106,15 @@ async fn attempt(
         .await
         .map_err(SourceError::store("connecting to the target"))?;
     let slot = &config.source().slot;
-    let mut log = EventLog::open(target, &config.target.schema, slot, &config.source().name, order.clone())
-        .await
-        .map_err(SourceError::store("opening the event log"))?;
+    let mut log = EventLog::open(
+        target,
+        &config.target.schema,
+        slot,
+        &config.source().name,
+        order.clone(),
+    )
+    .await
+    .map_err(SourceError::store("opening the event log"))?;
     log.fence_with(fence)
         .await
         .map_err(SourceError::store("preparing the leadership check"))?;

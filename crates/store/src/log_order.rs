@@ -75,7 +75,10 @@ impl LogOrder {
                 let session = state.session.as_ref().expect("taken above");
                 let h: i64 = session
                     .query_one(
-                        &format!("select coalesce(max(seq), 0) from {}.event_log", q(&self.schema)),
+                        &format!(
+                            "select coalesce(max(seq), 0) from {}.event_log",
+                            q(&self.schema)
+                        ),
                         &[],
                     )
                     .await

@@ -208,7 +208,15 @@ impl Metrics {
     }
 
     /// Counts what one append of `source` did.
-    pub fn appended(&self, source: &str, read: u64, appended: u64, duplicates: u64, conflicts: u64, malformed: u64) {
+    pub fn appended(
+        &self,
+        source: &str,
+        read: u64,
+        appended: u64,
+        duplicates: u64,
+        conflicts: u64,
+        malformed: u64,
+    ) {
         let l = Self::source(source);
         self.events_read.get_or_create(&l).inc_by(read);
         self.events_appended.get_or_create(&l).inc_by(appended);
@@ -282,11 +290,13 @@ impl Metrics {
                     .map_or(0, |l| l.0 as i64),
             );
             let last = self.with_source(&source.name, |st| st.last_feedback_ms);
-            self.seconds_since_feedback.get_or_create(&l).set(if last == 0 {
-                -1.0
-            } else {
-                unix_ms().saturating_sub(last) as f64 / 1000.0
-            });
+            self.seconds_since_feedback
+                .get_or_create(&l)
+                .set(if last == 0 {
+                    -1.0
+                } else {
+                    unix_ms().saturating_sub(last) as f64 / 1000.0
+                });
         }
         self.dead_letters_open.set(s.dead_letters_open);
         self.processed_message_rows.set(s.processed_message_rows);

@@ -72,7 +72,10 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
     for view in config.source_views() {
         let name = &view.source().name;
         let (what, key) = if several {
-            (format!("source {name}"), format!("the url of source {name}"))
+            (
+                format!("source {name}"),
+                format!("the url of source {name}"),
+            )
         } else {
             ("source".to_owned(), "source.url".to_owned())
         };

@@ -15,10 +15,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
-use walfold_store::SourceProbe;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_store::metrics::metrics;
+use walfold_store::SourceProbe;
 
 /// Connections reused across scrapes; reopened after an error.
 struct State {
@@ -227,13 +227,21 @@ async fn ready(state: &State) -> Result<(), String> {
     if !m.is_leader() {
         return Err("standby: another instance leads".into());
     }
-    let names: Vec<&str> = state.config.sources().iter().map(|s| s.name.as_str()).collect();
+    let names: Vec<&str> = state
+        .config
+        .sources()
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
     let idle = m.not_streaming(&names);
     if state.config.sources().len() == 1 && !idle.is_empty() {
         return Err("not streaming from the slot".into());
     }
     if !idle.is_empty() {
-        return Err(format!("not streaming from the slot of source {}", idle.join(", ")));
+        return Err(format!(
+            "not streaming from the slot of source {}",
+            idle.join(", ")
+        ));
     }
     if m.any_paused() {
         return Err(

@@ -19,7 +19,11 @@ pub async fn run(path: &Path) -> Result<(), Failure> {
     for source in config.sources() {
         tracing::info!(source = %source.name, url = %walfold_config::redact_url(&source.url), slot = %source.slot, "following source");
     }
-    tracing::info!(sources = config.sources().len(), projections = config.projection.len(), "walfold starting");
+    tracing::info!(
+        sources = config.sources().len(),
+        projections = config.projection.len(),
+        "walfold starting"
+    );
     let cancel = CancellationToken::new();
     // The listener outlives the pipeline's drain, so /healthz answers until the end.
     let listener = CancellationToken::new();

@@ -1,0 +1,332 @@
+//! Several sources: two source servers, each with its outbox, folded into one read model
+//! on the target, through outages of one source and SIGKILLs of the daemon.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use walfold_tempdb::{Cluster, Options};
+use walfold_tests::{
+    count, eventually, free_port, http_get, status, write_events, Daemon, Expected, TestDb,
+};
+
+// Seeds are odd and distinct: `write_events` seeds its generator with `seed | 1`, and
+// two writers with one stream would write the same event IDs on both sources.
+
+/// The second source's server: its own cluster, stopped and started by the test.
+fn second_cluster() -> &'static Cluster {
+    static SECOND: OnceLock<Cluster> = OnceLock::new();
+    SECOND.get_or_init(|| Cluster::start(Options::default()).expect("second cluster"))
+}
+
+const READ_MODELS: &str = "
+create table by_source (event_id uuid primary key, source text not null, order_id text not null);
+create table payments_ledger (event_id uuid primary key, amount numeric not null);
+";
+
+fn config(orders: &str, payments: &str, target: &str, port: u16) -> String {
+    format!(
+        r#"
+[[source]]
+name = "orders"
+url = "{orders}"
+slot = "walfold_orders"
+heartbeat_interval_s = 1
+
+[[source]]
+name = "payments"
+url = "{payments}"
+slot = "walfold_payments"
+heartbeat_interval_s = 1
+
+[target]
+url = "{target}"
+
+[[outbox]]
+source = "orders"
+table = "public.outbox"
+
+[[outbox]]
+source = "payments"
+table = "public.outbox"
+
+[pipeline]
+max_backoff_ms = 500
+shutdown_timeout_s = 20
+
+[metrics]
+listen = "127.0.0.1:{port}"
+
+[log]
+level = "info"
+
+[[projection]]
+name = "order_state"
+subscriber = "orders.state.v1"
+table = "public.order_state"
+key = "order_id"
+version_column = "version"
+columns = {{ status = ":payload.status", amount = ":payload.amount::numeric", note = ":payload.note" }}
+
+[[projection]]
+name = "order_total"
+subscriber = "orders.total.v1"
+parallelism = 2
+sql = """
+insert into order_total (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = order_total.total + excluded.total
+"""
+
+[[projection]]
+name = "ledger"
+subscriber = "orders.ledger.v1"
+sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :aggregate_id, coalesce(:payload.amount::numeric, 0))"
+
+[[projection]]
+name = "by_source"
+subscriber = "orders.by_source.v1"
+sql = "insert into by_source (event_id, source, order_id) values (:event_id, :source, :aggregate_id)"
+
+[[projection]]
+name = "payments_ledger"
+subscriber = "payments.ledger.v1"
+sources = ["payments"]
+sql = "insert into payments_ledger (event_id, amount) values (:event_id, coalesce(:payload.amount::numeric, 0))"
+"#
+    )
+}
+
+fn merge(into: &mut Expected, from: Expected) {
+    into.events.extend(from.events);
+    into.rows_written += from.rows_written;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
+    let orders = TestDb::new("orders");
+    let payments = TestDb::on(second_cluster(), "payments");
+    let target = TestDb::new("reporting");
+    target.psql(READ_MODELS);
+    let port = free_port();
+    let mut daemon = Daemon::start(
+        &config(&orders.url(), &payments.url(), &target.url(), port),
+        &[],
+    );
+    let t = target.client().await;
+    let in_log = |source: &'static str| {
+        let t = &t;
+        async move {
+            count(
+                t,
+                &format!("select count(*) from walfold.event_log where source = '{source}'"),
+            )
+            .await
+        }
+    };
+
+    // Rows written before a slot exists are not in its stream (that is what a backfill
+    // is for): write once both slots stream.
+    for (db, slot) in [(&orders, "walfold_orders"), (&payments, "walfold_payments")] {
+        let c = db.client().await;
+        eventually(Duration::from_secs(60), "the slot to stream", || async {
+            count(
+                &c,
+                &format!("select count(*) from pg_replication_slots where slot_name = '{slot}' and active"),
+            )
+            .await
+                == 1
+        })
+        .await;
+    }
+
+    // Both sources stream, interleaved in one log.
+    let mut expected = Expected::default();
+    let (a, b) = tokio::join!(
+        write_events(orders.url(), 60, 5, 20, Duration::from_millis(5), 101),
+        write_events(payments.url(), 60, 5, 20, Duration::from_millis(5), 203),
+    );
+    let from_payments: Vec<uuid::Uuid> = b.events.keys().copied().collect();
+    merge(&mut expected, a);
+    merge(&mut expected, b);
+
+    // The same event ID on both sources: with the same content it is one event; with
+    // other content the second copy is quarantined as an id_conflict.
+    let same = uuid::Uuid::new_v4();
+    let other = uuid::Uuid::new_v4();
+    let row = |id: uuid::Uuid, amount: &str| {
+        format!(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             values ('{id}', 'order', 'shared', 'OrderChanged', 1, '{{\"status\": \"v1\", \"amount\": \"{amount}\"}}')"
+        )
+    };
+    orders.psql(&format!("{}; {}", row(same, "1.00"), row(other, "2.00")));
+    eventually(Duration::from_secs(60), "the orders copies in the log", || async {
+        count(
+            &t,
+            &format!("select count(*) from walfold.event_log where event_id in ('{same}', '{other}')"),
+        )
+        .await
+            == 2
+    })
+    .await;
+    payments.psql(&format!("{}; {}", row(same, "1.00"), row(other, "9.99")));
+    expected.events.insert(same, ("shared".into(), 1, 100));
+    expected.events.insert(other, ("shared".into(), 1, 200));
+    eventually(Duration::from_secs(60), "the id_conflict from payments", || async {
+        count(
+            &t,
+            &format!(
+                "select count(*) from walfold.dead_letter where reason = 'id_conflict' and event_id = '{other}'"
+            ),
+        )
+        .await
+            == 1
+    })
+    .await;
+
+    // The payments server goes away for 10 s: orders keep flowing meanwhile.
+    second_cluster().stop("immediate").unwrap();
+    let before = in_log("orders").await;
+    let during = write_events(orders.url(), 40, 5, 20, Duration::from_millis(20), 305).await;
+    let written_during = during.distinct();
+    merge(&mut expected, during);
+    eventually(
+        Duration::from_secs(30),
+        "orders flowing while payments is down",
+        || async { in_log("orders").await >= before + written_during },
+    )
+    .await;
+    let (code, body) = http_get(port, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("payments"),
+        "readiness names the source: {body}"
+    );
+    let (_, cli, _) = walfold_tests::walfold(&["status", "--config", daemon.config_path()], &[]);
+    assert!(
+        cli.contains("source payments: slot walfold_payments: UNREACHABLE"),
+        "status shows the source that is down:\n{cli}"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    second_cluster().start_again().unwrap();
+
+    // Back: its events arrive, with kills of the daemon while both stream.
+    let writers = tokio::spawn(async move {
+        let o = orders.url();
+        let p = payments.url();
+        let (a, b) = tokio::join!(
+            write_events(o, 80, 5, 20, Duration::from_millis(15), 407),
+            write_events(p, 80, 5, 20, Duration::from_millis(15), 509),
+        );
+        (a, b, orders, payments)
+    });
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        daemon.kill_and_restart(None);
+    }
+    let (a, b, orders, payments) = writers.await.unwrap();
+    let late_payments: Vec<uuid::Uuid> = b.events.keys().copied().collect();
+    merge(&mut expected, a);
+    merge(&mut expected, b);
+
+    let settled = || async {
+        count(&t, "select count(*) from walfold.event_log").await == expected.distinct()
+            && status(&t).await.is_some_and(|s| {
+                s.subscribers.len() >= 5 && s.subscribers.iter().all(|sub| sub.lag_events == 0)
+            })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !settled().await {
+        if std::time::Instant::now() > deadline {
+            let missing: Vec<String> = {
+                let ids: Vec<uuid::Uuid> = expected.events.keys().copied().collect();
+                t.query(
+                    "select i::text from unnest($1::uuid[]) i \
+                     where not exists (select from walfold.event_log where event_id = i)",
+                    &[&ids],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+            };
+            let ids: Vec<uuid::Uuid> = missing.iter().map(|m| m.parse().unwrap()).collect();
+            for (name, db) in [("orders", &orders), ("payments", &payments)] {
+                let c = db.client().await;
+                let rows = c
+                    .query(
+                        "select count(*), min(xmin::text), max(xmin::text) from outbox where id = any($1)",
+                        &[&ids],
+                    )
+                    .await
+                    .unwrap();
+                let slots = db.psql("select slot_name, confirmed_flush_lsn, restart_lsn, pg_current_wal_lsn() from pg_replication_slots");
+                eprintln!(
+                    "{name}: missing rows here {:?} {:?} {:?}; slots {slots}",
+                    rows[0].get::<_, i64>(0),
+                    rows[0].get::<_, Option<String>>(1),
+                    rows[0].get::<_, Option<String>>(2)
+                );
+            }
+            eprintln!(
+                "ingest {}",
+                target.psql("select slot, lsn, appended, duplicates from walfold.ingest_position")
+            );
+            eprintln!("log {}", target.psql("select source, count(*), min(seq), max(seq) from walfold.event_log group by source"));
+            panic!(
+                "not settled: {} in the log, {} expected, missing {} {missing:?}; status {:#?}",
+                count(&t, "select count(*) from walfold.event_log").await,
+                expected.distinct(),
+                missing.len(),
+                status(&t).await.map(|s| s.subscribers)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    expected.check(&t).await;
+
+    // `:source` and `sources = [...]`.
+    let payments_ids: Vec<uuid::Uuid> = from_payments.into_iter().chain(late_payments).collect();
+    assert_eq!(
+        count(&t, "select count(*) from payments_ledger").await,
+        payments_ids.len() as i64,
+        "the payments-only projection sees exactly the payments events"
+    );
+    assert_eq!(
+        count(
+            &t,
+            "select count(*) from payments_ledger p join by_source b using (event_id) \
+             where b.source = 'payments'"
+        )
+        .await,
+        payments_ids.len() as i64
+    );
+    assert_eq!(
+        count(&t, "select count(*) from by_source").await,
+        expected.distinct()
+    );
+    assert_eq!(
+        count(
+            &t,
+            &format!(
+                "select count(*) from by_source where event_id = '{same}' and source = 'orders'"
+            )
+        )
+        .await,
+        1,
+        "a cross-source duplicate is the first source's event"
+    );
+
+    // Nothing a slot confirmed before a kill was missing from the log: every distinct
+    // event of both sources is in it once (checked above).
+    assert_eq!(
+        count(
+            &t,
+            "select count(*) from walfold.dead_letter where reason <> 'id_conflict'"
+        )
+        .await,
+        0,
+        "an outage dead-letters nothing"
+    );
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+}
