@@ -50,7 +50,8 @@ pub use prune::{hold, prune, prune_claims_elsewhere, PrunePolicy, Pruned};
 pub use rebuild::Rebuild;
 pub use registry::{active_subscriber, active_subscribers};
 pub use status::{
-    status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, Status, SubscriberStatus,
+    status, target_status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, Status,
+    SubscriberStatus, TargetReach, TargetStatus,
 };
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;

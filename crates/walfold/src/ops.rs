@@ -104,7 +104,18 @@ async fn follow_rebuild(
     let target = walfold_store::connect(config.target_url())
         .await
         .map_err(Failure::runtime)?;
-    let schema = &config.target.schema;
+    // The projection's own target holds its rebuilds.
+    let home = config
+        .projection
+        .iter()
+        .find(|p| p.name == projection)
+        .map_or_else(
+            || walfold_engine::Target::main(config),
+            |p| walfold_engine::Target::of(config, p),
+        );
+    let home_client = walfold_store::connect(&home.url)
+        .await
+        .map_err(Failure::runtime)?;
     let mut progress: Option<Progress> = None;
     let mut last = Snapshot::default();
     let mut moved = Instant::now();
@@ -129,9 +140,7 @@ async fn follow_rebuild(
             }
             _ = tick.tick() => {}
         }
-        let status = walfold_store::status(&source, &target, schema, &config.source.slot)
-            .await
-            .map_err(Failure::runtime)?;
+        let status = crate::status::read(config, &source, &target).await?;
         let open = status.rebuilds.iter().find(|r| {
             r.projection == projection && following.as_ref().is_none_or(|s| *s == r.subscriber)
         });
@@ -143,7 +152,7 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = rebuild_state(&target, schema, s).await?;
+            let state = rebuild_state(&home_client, &home.schema, s).await?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.as_deref().unwrap_or("gone"));
             }
