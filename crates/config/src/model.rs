@@ -834,6 +834,26 @@ impl Config {
                 );
             }
             check_url(push, &format!("targets.{name}.url"), &t.url);
+            // Two targets on one schema would run its generations twice.
+            let same = |url: &str, schema: &str| url == t.url && schema == t.schema;
+            if same(self.target_url(), &self.target.schema) {
+                push(
+                    &format!("targets.{name}.url"),
+                    "names the main target's database and schema: leave `database` out of \
+                     its projections instead, or give it another schema"
+                        .into(),
+                );
+            } else if let Some((other, _)) = self
+                .targets
+                .iter()
+                .take_while(|(n, _)| *n != name)
+                .find(|(_, o)| same(&o.url, &o.schema))
+            {
+                push(
+                    &format!("targets.{name}.url"),
+                    format!("names the same database and schema as targets.{other}"),
+                );
+            }
             if !is_identifier(&t.schema) {
                 push(
                     &format!("targets.{name}.schema"),

@@ -448,4 +448,23 @@ fn extra_target_mistakes_name_their_keys() {
     );
     let p = problems(&TWO_TARGETS.replace("[targets.reporting]", "[targets.reporting]\nport = 1"));
     assert!(p.iter().any(|m| m.contains("port")), "{p:?}");
+    let p = problems(&TWO_TARGETS.replace(
+        "url = \"postgresql://writer:s3cret@reporting-host:5432/reports\"",
+        "url = \"postgresql://walfold:hunter2@127.0.0.1:5432/app\"",
+    ));
+    assert!(
+        p.iter()
+            .any(|m| m
+                .contains("targets.reporting.url: names the main target's database and schema")),
+        "{p:?}"
+    );
+    let other_schema = TWO_TARGETS.replace(
+        "url = \"postgresql://writer:s3cret@reporting-host:5432/reports\"",
+        "url = \"postgresql://walfold:hunter2@127.0.0.1:5432/app\"\nschema = \"walfold_reporting\"",
+    );
+    assert!(
+        problems(&other_schema).is_empty(),
+        "{:?}",
+        problems(&other_schema)
+    );
 }
