@@ -182,6 +182,15 @@ url = "{}"
         expected.check(&main).await;
         check_reporting(&expected, &main, &rep).await;
     }
+    eventually(
+        Duration::from_secs(20),
+        "the metrics to show the second target's subscribers caught up",
+        || async {
+            let (_, body) = http_get(port, "/metrics");
+            body.contains("walfold_subscriber_lag_events{subscriber=\"reporting.total.v1\"} 0")
+        },
+    )
+    .await;
     let (code, out, err) = walfold(&["status", "-c", d.config_path()], &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("target reporting: reachable"), "{out}");

@@ -375,6 +375,9 @@ impl Projecting {
             down.leave();
             backoff.reset();
             let (mut client, mut generation) = control;
+            // A later outage pauses the subscribers that run now (a rebuild may have
+            // switched one).
+            down.serving(&generation);
             failed_switches.retain(|(_, at)| at.elapsed() < SWITCH_BACKOFF);
             generation.failed_switches = failed_switches.clone();
             let this = stop.child_token();
@@ -480,6 +483,17 @@ impl TargetDown {
                 .collect(),
             cause: None,
         }
+    }
+
+    /// The subscribers of `generation`, counted as paused while the target is down.
+    fn serving(&mut self, generation: &Generation) {
+        let mut subscribers: Vec<String> = Vec::new();
+        for (_, w) in &generation.workers {
+            if !subscribers.contains(&w.options.subscriber) {
+                subscribers.push(w.options.subscriber.clone());
+            }
+        }
+        self.subscribers = subscribers;
     }
 
     fn enter(&mut self, e: &EngineError) {

@@ -202,15 +202,20 @@ impl Metrics {
         out
     }
 
-    /// Reads the gauges that describe the database.
+    /// Reads the gauges that describe the database; `extra` holds the extra targets'
+    /// parts of the status (their subscribers' lag, parked aggregates, dead letters).
     pub async fn refresh(
         &self,
         source: &Client,
         target: &Client,
         schema: &str,
         slot: &str,
+        extra: Vec<crate::status::TargetStatus>,
     ) -> Result<(), StoreError> {
-        let s = crate::status::status(source, target, schema, slot).await?;
+        let mut s = crate::status::status(source, target, schema, slot).await?;
+        for part in extra {
+            s.add(part);
+        }
         self.slot_gaps.set(s.slot_gaps);
         self.lag_events.clear();
         self.lag_seconds.clear();
