@@ -167,6 +167,10 @@ url = "{}"
 {REPORTING}"#,
         reporting.url()
     ));
+    let path = walfold_tests::write_config(&config);
+    let (code, out, err) = walfold(&["migrate", "-c", path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("on target reporting is up to date"), "{out}");
     let mut d = Daemon::start(&config, &[]);
     d.assert_failpoints_compiled();
     let main = db.client().await;

@@ -144,6 +144,18 @@ impl Pipeline {
                 Err(e) => return Err(EngineError::store("creating walfold's schema")(e)),
             }
         }
+        for (options, _) in &self.custom {
+            if let Some(database) = options.database.as_deref() {
+                if !config.targets.contains_key(database) {
+                    return Err(EngineError::Projection {
+                        projection: options.name.clone(),
+                        message: format!(
+                            "database = \"{database}\" names no [targets.{database}] in the config"
+                        ),
+                    });
+                }
+            }
+        }
         defined.extend(self.custom.into_iter().map(|(options, live)| Defined {
             target: Target::of(&config, &options),
             options,
@@ -411,13 +423,9 @@ impl Projecting {
             match next {
                 Next::Stop => break,
                 Next::Failed(e) => return Err(e),
-                Next::Replan => {
-                    // An extra target that failed a control check is taken over again
-                    // (cheap when it only blinked: the epoch there is already ours).
-                    if target.is_extra() {
-                        extra = None;
-                    }
-                }
+                // The lease stays: if the target went away, the next plan fails and it is
+                // taken over again then.
+                Next::Replan => {}
                 Next::Switch(r) if !lost.is_cancelled() => {
                     match rebuild::switch(&mut client, schema, &r, fence).await {
                         Ok(true) => {
