@@ -13,9 +13,9 @@ pub use duration::parse_retention;
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
-    Config, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig, PipelineConfig,
-    ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, TableProjection, TargetConfig,
-    VersionMode, HEARTBEAT_PREFIX,
+    Config, ExtraTarget, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig,
+    PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig,
+    TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX,
 };
 pub use redact::redact_url;
 pub use template::{ParamType, Placeholder, Template, TemplateError};

@@ -24,6 +24,11 @@ pub struct Config {
     /// Where walfold keeps its state and the read models; defaults to the source database.
     #[serde(default)]
     pub target: TargetConfig,
+    /// Extra targets by name (`[targets.reporting]`): a projection with `database =
+    /// "reporting"` keeps its read model and all its state there, reading the event log
+    /// from `[target]`.
+    #[serde(default)]
+    pub targets: BTreeMap<String, ExtraTarget>,
     /// Batching and back-pressure of the ingest path.
     #[serde(default)]
     pub pipeline: PipelineConfig,
@@ -223,6 +228,28 @@ impl fmt::Debug for TargetConfig {
     }
 }
 
+/// `[targets.NAME]`: another database that holds some projections' read models with
+/// their claims, checkpoints, parked aggregates and dead letters (walfold's schema is
+/// created there too). The event log stays in `[target]`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraTarget {
+    /// libpq-style URL of the database, like `target.url`.
+    pub url: String,
+    /// walfold's own schema in that database (claims, checkpoints, dead letters, …).
+    #[serde(default = "default_schema")]
+    pub schema: String,
+}
+
+impl fmt::Debug for ExtraTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtraTarget")
+            .field("url", &redact_url(&self.url))
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
 /// `[pipeline]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -355,6 +382,10 @@ pub struct ProjectionConfig {
     /// waits without one.
     #[serde(default = "default_gap_timeout")]
     pub gap_timeout: String,
+    /// The `[targets.NAME]` whose database holds this projection's read model and state
+    /// (claims, checkpoints, parked aggregates, dead letters); absent: `[target]`.
+    #[serde(default)]
+    pub database: Option<String>,
 }
 
 /// `projection.version_mode`
@@ -408,6 +439,7 @@ impl ProjectionConfig {
             version_mode: VersionMode::default(),
             first_version: default_first_version(),
             gap_timeout: default_gap_timeout(),
+            database: None,
         }
     }
 
@@ -838,11 +870,81 @@ impl Config {
                 "must be between 1 and 1000000".into(),
             );
         }
+        self.validate_targets(&mut push);
         if problems.is_empty() {
             Ok(())
         } else {
             Err(ConfigError::Invalid(problems))
         }
+    }
+
+    /// `[targets.NAME]` and the projections' `database`: names, URLs, schemas, and
+    /// that every `database` names a target.
+    fn validate_targets(&self, push: &mut impl FnMut(&str, String)) {
+        for (name, t) in &self.targets {
+            if !is_identifier(name) {
+                push(
+                    &format!("targets.{name}"),
+                    format!("`{name}` is not a valid target name: {IDENTIFIER_RULE}"),
+                );
+            }
+            check_url(push, &format!("targets.{name}.url"), &t.url);
+            // Two targets on one schema would run its generations twice.
+            let same = |url: &str, schema: &str| url == t.url && schema == t.schema;
+            if same(self.target_url(), &self.target.schema) {
+                push(
+                    &format!("targets.{name}.url"),
+                    "names the main target's database and schema: leave `database` out of \
+                     its projections instead, or give it another schema"
+                        .into(),
+                );
+            } else if let Some((other, _)) = self
+                .targets
+                .iter()
+                .take_while(|(n, _)| *n != name)
+                .find(|(_, o)| same(&o.url, &o.schema))
+            {
+                push(
+                    &format!("targets.{name}.url"),
+                    format!("names the same database and schema as targets.{other}"),
+                );
+            }
+            if !is_identifier(&t.schema) {
+                push(
+                    &format!("targets.{name}.schema"),
+                    format!("`{}` is not a valid name: {IDENTIFIER_RULE}", t.schema),
+                );
+            }
+        }
+        for (i, p) in self.projection.iter().enumerate() {
+            let Some(database) = &p.database else {
+                continue;
+            };
+            if !self.targets.contains_key(database) {
+                let known: Vec<&str> = self.targets.keys().map(String::as_str).collect();
+                push(
+                    &format!("projection[{i}].database"),
+                    if known.is_empty() {
+                        format!(
+                            "unknown target `{database}`: add [targets.{database}] with its url"
+                        )
+                    } else {
+                        format!(
+                            "unknown target `{database}`; the targets are: {}",
+                            known.join(", ")
+                        )
+                    },
+                );
+            }
+        }
+    }
+
+    /// The extra target a projection's state lives on (`None`: the main target).
+    pub fn target_of(&self, projection: &ProjectionConfig) -> Option<(&str, &ExtraTarget)> {
+        let name = projection.database.as_deref()?;
+        self.targets
+            .get_key_value(name)
+            .map(|(n, t)| (n.as_str(), t))
     }
 }
 

@@ -464,3 +464,116 @@ fn several_sources_name_every_mistake_by_key() {
         problems(&bad_key)
     );
 }
+
+const TWO_TARGETS: &str = r#"
+[source]
+url = "postgresql://walfold:hunter2@127.0.0.1:5432/app"
+
+[[outbox]]
+table = "public.outbox"
+
+[targets.reporting]
+url = "postgresql://writer:s3cret@reporting-host:5432/reports"
+
+[[projection]]
+name = "order_status"
+subscriber = "orders.status.v1"
+sql = "insert into order_status values (:aggregate_id, :payload.status, :version)"
+
+[[projection]]
+name = "revenue"
+subscriber = "revenue.v1"
+database = "reporting"
+sql = "insert into revenue values (:payload.amount::numeric)"
+"#;
+
+#[test]
+fn a_projection_names_an_extra_target_and_its_schema_defaults() {
+    let c = Config::from_toml(TWO_TARGETS, vec![]).unwrap();
+    assert_eq!(c.target_of(&c.projection[0]).map(|(n, _)| n), None);
+    let (name, target) = c.target_of(&c.projection[1]).unwrap();
+    assert_eq!(name, "reporting");
+    assert_eq!(target.schema, "walfold");
+    assert_eq!(
+        target.url,
+        "postgresql://writer:s3cret@reporting-host:5432/reports"
+    );
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("s3cret"), "{debug}");
+    assert!(debug.contains("reporting-host"), "{debug}");
+}
+
+#[test]
+fn an_extra_target_is_overridden_from_the_environment() {
+    let c = Config::from_toml(
+        TWO_TARGETS,
+        vars(&[
+            (
+                "WALFOLD_TARGETS__REPORTING__URL",
+                "postgresql://w:pw@other:5433/r",
+            ),
+            ("WALFOLD_TARGETS__REPORTING__SCHEMA", "walfold_reports"),
+        ]),
+    )
+    .unwrap();
+    let t = &c.targets["reporting"];
+    assert_eq!(t.url, "postgresql://w:pw@other:5433/r");
+    assert_eq!(t.schema, "walfold_reports");
+}
+
+#[test]
+fn extra_target_mistakes_name_their_keys() {
+    let text = TWO_TARGETS
+        .replace("database = \"reporting\"", "database = \"reportng\"")
+        .replace(
+            "[targets.reporting]\nurl = \"postgresql://writer:s3cret@reporting-host:5432/reports\"",
+            "[targets.reporting]\nurl = \"mysql://x\"\nschema = \"bad-name\"\n\n[targets.\"2nd\"]\nurl = \"postgresql://h/db?sslmode=sometimes\"",
+        );
+    let p = problems(&text);
+    let has = |needle: &str| p.iter().any(|m| m.contains(needle));
+    assert!(
+        has("projection[1].database: unknown target `reportng`; the targets are: 2nd, reporting"),
+        "{p:?}"
+    );
+    assert!(has("targets.reporting.url: must be a URL"), "{p:?}");
+    assert!(
+        has("targets.reporting.schema: `bad-name` is not a valid name"),
+        "{p:?}"
+    );
+    assert!(
+        has("targets.2nd: `2nd` is not a valid target name"),
+        "{p:?}"
+    );
+    assert!(has("targets.2nd.url: sslmode `sometimes`"), "{p:?}");
+    let p = problems(&TWO_TARGETS.replace(
+        "[targets.reporting]\nurl = \"postgresql://writer:s3cret@reporting-host:5432/reports\"",
+        "",
+    ));
+    assert!(
+        p.iter().any(|m| m.contains(
+            "projection[1].database: unknown target `reporting`: add [targets.reporting]"
+        )),
+        "{p:?}"
+    );
+    let p = problems(&TWO_TARGETS.replace("[targets.reporting]", "[targets.reporting]\nport = 1"));
+    assert!(p.iter().any(|m| m.contains("port")), "{p:?}");
+    let p = problems(&TWO_TARGETS.replace(
+        "url = \"postgresql://writer:s3cret@reporting-host:5432/reports\"",
+        "url = \"postgresql://walfold:hunter2@127.0.0.1:5432/app\"",
+    ));
+    assert!(
+        p.iter()
+            .any(|m| m
+                .contains("targets.reporting.url: names the main target's database and schema")),
+        "{p:?}"
+    );
+    let other_schema = TWO_TARGETS.replace(
+        "url = \"postgresql://writer:s3cret@reporting-host:5432/reports\"",
+        "url = \"postgresql://walfold:hunter2@127.0.0.1:5432/app\"\nschema = \"walfold_reporting\"",
+    );
+    assert!(
+        problems(&other_schema).is_empty(),
+        "{:?}",
+        problems(&other_schema)
+    );
+}

@@ -21,6 +21,13 @@ pub enum EngineError {
         #[source]
         source: ProjectionError,
     },
+    /// An extra target (`[targets.NAME]`) cannot be reached: its projections pause.
+    #[error("target {target} cannot be reached: {source}")]
+    Unreachable {
+        target: String,
+        #[source]
+        source: StoreError,
+    },
     /// A projection that can never run as configured.
     #[error("projection {projection}: {message}")]
     Projection { projection: String, message: String },
@@ -69,6 +76,9 @@ impl EngineError {
         match self {
             EngineError::Source(e) => e.kind(),
             EngineError::Store { source, .. } => source.kind().own_statement(),
+            EngineError::Unreachable { source, .. } => {
+                walfold_store::unreachable_target(source.kind().own_statement())
+            }
             EngineError::Apply { source, .. } => source.kind(),
             EngineError::Projection { .. } => ErrorKind::Definite,
         }
@@ -77,7 +87,9 @@ impl EngineError {
     /// The SQLSTATE behind it, if any.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            EngineError::Store { source, .. } => source.pg().and_then(walfold_store::sqlstate),
+            EngineError::Store { source, .. } | EngineError::Unreachable { source, .. } => {
+                source.pg().and_then(walfold_store::sqlstate)
+            }
             EngineError::Apply { source, .. } => source.sqlstate(),
             EngineError::Source(_) | EngineError::Projection { .. } => None,
         }

@@ -10,10 +10,12 @@ mod projection;
 mod projector;
 mod sequence;
 mod sql;
+mod target;
 
 pub use error::{EngineError, ProjectionError};
 pub use pipeline::Pipeline;
 pub use projection::{Applied, Projection};
 pub use sql::SqlProjection;
+pub use target::Target;
 pub use walfold_config::{Config, ProjectionConfig};
 pub use walfold_store::{connect, Event, Pruned, Rebuild};

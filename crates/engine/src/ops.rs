@@ -1,7 +1,8 @@
 //! Operations on a running (or stopped) walfold, for the CLI and the library: start,
 //! abort and finish a rebuild, prune. Whatever changes what the leader runs (aborting a
 //! replaying rebuild) is done by the leader; when no daemon leads, the command leads
-//! for the moment it takes.
+//! for the moment it takes. A projection's rebuild runs on its own target (`database`);
+//! pruning reads every target.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use walfold_store::{rebuild, Fence, Leadership, PrunePolicy, Pruned, Rebuild, St
 pub use walfold_source::{backfill, BackfillReport, SourceError};
 
 use crate::error::EngineError;
+use crate::target::Target;
 
 fn projection<'a>(config: &'a Config, name: &str) -> Result<&'a ProjectionConfig, EngineError> {
     config
@@ -28,12 +30,34 @@ fn refused(message: String) -> EngineError {
 }
 
 async fn connect(config: &Config) -> Result<tokio_postgres::Client, EngineError> {
-    walfold_store::migrate(config.target_url(), &config.target.schema)
+    connect_to(&Target::main(config)).await
+}
+
+/// A connection to `target`, with walfold's schema there created or upgraded first.
+pub(crate) async fn connect_to(target: &Target) -> Result<tokio_postgres::Client, EngineError> {
+    walfold_store::migrate(&target.url, &target.schema)
         .await
         .map_err(EngineError::store("creating walfold's schema"))?;
-    walfold_store::connect(config.target_url())
+    walfold_store::connect(&target.url)
         .await
         .map_err(EngineError::store("connecting to the target"))
+}
+
+/// The fence on `target` of a leader whose fence on the main target is `fence`: the
+/// same one on the main target, a takeover of the extra target otherwise (kept alive
+/// by the returned lease while it is used).
+async fn fence_on(
+    fence: &Fence,
+    target: &Target,
+) -> Result<(Fence, Option<walfold_store::TargetLease>), EngineError> {
+    if !target.is_extra() {
+        return Ok((fence.clone(), None));
+    }
+    let lease = fence
+        .extend_to(&target.url, &target.schema)
+        .await
+        .map_err(EngineError::store("taking over the target"))?;
+    Ok((lease.fence(), Some(lease)))
 }
 
 /// Starts rebuilding the configured projection `name` under the new subscriber ID
@@ -64,8 +88,9 @@ pub async fn start_rebuild_with(
     if subscriber.trim().is_empty() || subscriber.len() > 200 {
         return Err(refused("--subscriber must be 1-200 characters".into()));
     }
-    let mut client = connect(config).await?;
-    let schema = &config.target.schema;
+    let target = Target::of(config, options);
+    let mut client = connect_to(&target).await?;
+    let schema = &target.schema;
     let previous = walfold_store::active_subscriber(&mut client, schema, name, &options.subscriber)
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
@@ -81,17 +106,19 @@ pub async fn abort_rebuild(
     name: &str,
     wait: Duration,
 ) -> Result<Rebuild, EngineError> {
-    projection(config, name)?;
-    let mut client = connect(config).await?;
-    let schema = &config.target.schema;
+    let target = Target::of(config, projection(config, name)?);
+    let mut client = connect_to(&target).await?;
+    let schema = &target.schema;
     let r = rebuild::request_abort(&client, schema, name)
         .await
         .map_err(EngineError::store("aborting a rebuild"))?;
-    if let Some(leader) = Leadership::try_acquire(config.target_url(), schema)
+    if let Some(leader) = Leadership::try_acquire(config.target_url(), &config.target.schema)
         .await
         .map_err(EngineError::store("taking the leader lock"))?
     {
-        crate::pipeline::end_abort(&mut client, schema, &r, &leader.fence()).await?;
+        let (fence, lease) = fence_on(&leader.fence(), &target).await?;
+        crate::pipeline::end_abort(&mut client, schema, &r, &fence).await?;
+        drop(lease);
         drop(leader);
         return Ok(r);
     }
@@ -115,9 +142,9 @@ pub async fn abort_rebuild(
 
 /// Drops the table a switched rebuild retired, with the previous subscriber's state.
 pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, EngineError> {
-    projection(config, name)?;
-    let mut client = connect(config).await?;
-    let schema = &config.target.schema;
+    let target = Target::of(config, projection(config, name)?);
+    let mut client = connect_to(&target).await?;
+    let schema = &target.schema;
     let r = rebuild::finish(&mut client, schema, name, None)
         .await
         .map_err(EngineError::store("finishing a rebuild"))?;
@@ -136,6 +163,9 @@ pub async fn prune(
     projections: &[ProjectionConfig],
 ) -> Result<Pruned, EngineError> {
     drop(connect(config).await?);
+    for target in Target::all(config).iter().filter(|t| t.is_extra()) {
+        drop(connect_to(target).await?);
+    }
     let leader = Leadership::try_acquire(config.target_url(), &config.target.schema)
         .await
         .map_err(EngineError::store("taking the leader lock"))?;
@@ -143,24 +173,103 @@ pub async fn prune(
     prune_fenced(config, projections, fence.as_ref()).await
 }
 
-/// [`prune`] with the leader's fence (the daemon's pass), on a migrated schema.
+/// [`prune`] with the leader's fence (the daemon's pass), on migrated schemas. Each
+/// extra target prunes its own claims and says how far it lets go of the log; one that
+/// cannot be read holds the whole log for this pass.
 pub(crate) async fn prune_fenced(
     config: &Config,
     projections: &[ProjectionConfig],
     fence: Option<&Fence>,
 ) -> Result<Pruned, EngineError> {
-    let mut client = walfold_store::connect(config.target_url())
+    let main = Target::main(config);
+    let mut client = walfold_store::connect(&main.url)
         .await
         .map_err(EngineError::store("connecting to the target"))?;
-    let schema = &config.target.schema;
-    let open = rebuild::open(&client, schema)
+    let mut pruned = Pruned::default();
+    let mut held_elsewhere: Option<i64> = None;
+    for target in Target::all(config).iter().filter(|t| t.is_extra()) {
+        let here: Vec<ProjectionConfig> = projections
+            .iter()
+            .filter(|p| Target::of(config, p) == *target)
+            .cloned()
+            .collect();
+        match prune_extra(config, target, &here, &client, fence).await {
+            Ok((p, held)) => {
+                pruned.claims += p.claims;
+                if let Some(held) = held {
+                    held_elsewhere = Some(held_elsewhere.map_or(held, |h| h.min(held)));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(target = target.label(), error = %e, "cannot prune on this target; the event log keeps every event for this pass");
+                held_elsewhere = Some(0);
+            }
+        }
+    }
+    let here: Vec<ProjectionConfig> = projections
+        .iter()
+        .filter(|p| !Target::of(config, p).is_extra())
+        .cloned()
+        .collect();
+    let mut policy = policy(config, &mut client, &main.schema, &here).await?;
+    policy.held_elsewhere = held_elsewhere;
+    let p = walfold_store::prune(&mut client, &main.schema, &policy, fence)
+        .await
+        .map_err(EngineError::store("pruning"))?;
+    pruned.claims += p.claims;
+    pruned.events += p.events;
+    Ok(pruned)
+}
+
+/// Claims on an extra target, and how far it lets go of the log.
+async fn prune_extra(
+    config: &Config,
+    target: &Target,
+    projections: &[ProjectionConfig],
+    log: &tokio_postgres::Client,
+    fence: Option<&Fence>,
+) -> Result<(Pruned, Option<i64>), EngineError> {
+    let mut client = walfold_store::connect(&target.url)
+        .await
+        .map_err(EngineError::store("connecting to the target"))?;
+    let (fence, _lease) = match fence {
+        Some(f) => {
+            let (f, lease) = fence_on(f, target).await?;
+            (Some(f), lease)
+        }
+        None => (None, None),
+    };
+    let policy = policy(config, &mut client, &target.schema, projections).await?;
+    let pruned = walfold_store::prune_claims_elsewhere(
+        &mut client,
+        &target.schema,
+        log,
+        &config.target.schema,
+        &policy,
+        fence.as_ref(),
+    )
+    .await
+    .map_err(EngineError::store("pruning"))?;
+    let held = walfold_store::hold(&client, &target.schema)
+        .await
+        .map_err(EngineError::store("pruning"))?;
+    Ok((pruned, held))
+}
+
+/// The claims to prune on one target (registering its projections: every projection's
+/// active subscriber holds the events it has not passed, with or without a retention).
+async fn policy(
+    config: &Config,
+    client: &mut tokio_postgres::Client,
+    schema: &str,
+    projections: &[ProjectionConfig],
+) -> Result<PrunePolicy, EngineError> {
+    let open = rebuild::open(client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut claims = Vec::new();
     for p in projections {
-        // Registered even without a claim retention: every projection's active
-        // subscriber holds the events it has not passed.
-        let active = walfold_store::active_subscriber(&mut client, schema, &p.name, &p.subscriber)
+        let active = walfold_store::active_subscriber(client, schema, &p.name, &p.subscriber)
             .await
             .map_err(EngineError::store("resolving the active subscriber"))?;
         let Some(retention) = p.dedup_retention() else {
@@ -174,12 +283,10 @@ pub(crate) async fn prune_fenced(
             claims.push((r.subscriber.clone(), retention));
         }
     }
-    let policy = PrunePolicy {
+    Ok(PrunePolicy {
         event_log: config.retention.event_log(),
         claims,
         batch: config.retention.prune_batch_size,
-    };
-    walfold_store::prune(&mut client, schema, &policy, fence)
-        .await
-        .map_err(EngineError::store("pruning"))
+        held_elsewhere: None,
+    })
 }

@@ -1,10 +1,16 @@
 //! The pipeline: migrates walfold's schema, waits to lead (one instance per target
-//! schema leads; the others stand by), then runs ingest (slot → event log) and, in
-//! generations, one projector per subscriber partition: each live projection under its
-//! active subscriber, plus each rebuild in progress. A generation ends when the set of
-//! rebuilds changes or a rebuild has caught up; its projectors finish their batch and
-//! stop, and only then is a rebuild switched over or aborted, so no projector ever
-//! writes a table while it is renamed or dropped.
+//! schema leads; the others stand by), then runs ingest (slot → event log) and, per
+//! target, in generations, one projector per subscriber partition: each live projection
+//! under its active subscriber, plus each rebuild in progress. A generation ends when
+//! the set of rebuilds changes or a rebuild has caught up; its projectors finish their
+//! batch and stop, and only then is a rebuild switched over or aborted, so no projector
+//! ever writes a table while it is renamed or dropped.
+//!
+//! Each target (the main one, and every `[targets.NAME]` with projections) runs its own
+//! generations: its registry, rebuilds, checkpoints and pauses live there. An extra
+//! target is migrated and taken over ([`Fence::extend_to`]) before its first
+//! generation; while it cannot be reached its projections are paused (logged once per
+//! cause, `walfold_projection_paused`, `/readyz`) and everything else goes on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +28,7 @@ use crate::error::EngineError;
 use crate::projection::Projection;
 use crate::projector::Partition;
 use crate::sql::SqlProjection;
+use crate::target::Target;
 
 /// How often the leader looks at rebuilds (new, aborted, caught up, due to finish).
 const CONTROL_PERIOD: Duration = Duration::from_secs(1);
@@ -45,6 +52,8 @@ pub(crate) struct Defined {
     pub live: Arc<dyn Projection>,
     /// Its position in `config.projection` (`None`: written in Rust).
     index: Option<usize>,
+    /// Where its state lives.
+    target: Target,
 }
 
 impl Defined {
@@ -114,10 +123,12 @@ impl Pipeline {
         let schema = config.target.schema.clone();
         let mut defined = Vec::new();
         for (i, p) in config.projection.iter().enumerate() {
+            let target = Target::of(&config, p);
             defined.push(Defined {
                 options: p.clone(),
-                live: build(p, i, &schema, None)?,
+                live: build(p, i, &target.schema, None)?,
                 index: Some(i),
+                target,
             });
         }
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
@@ -133,7 +144,20 @@ impl Pipeline {
                 Err(e) => return Err(EngineError::store("creating walfold's schema")(e)),
             }
         }
+        for (options, _) in &self.custom {
+            if let Some(database) = options.database.as_deref() {
+                if !config.targets.contains_key(database) {
+                    return Err(EngineError::Projection {
+                        projection: options.name.clone(),
+                        message: format!(
+                            "database = \"{database}\" names no [targets.{database}] in the config"
+                        ),
+                    });
+                }
+            }
+        }
         defined.extend(self.custom.into_iter().map(|(options, live)| Defined {
+            target: Target::of(&config, &options),
             options,
             live,
             index: None,
@@ -147,7 +171,7 @@ impl Pipeline {
             };
             let lost = leader.lost();
             walfold_store::metrics::metrics().set_leader(true);
-            let result = lead(&config, &schema, &defined, &cancel, &lost, &leader.fence()).await;
+            let result = lead(&config, &defined, &cancel, &lost, &leader.fence()).await;
             walfold_store::metrics::metrics().set_leader(false);
             drop(leader);
             if cancel.is_cancelled() || !lost.is_cancelled() {
@@ -190,10 +214,9 @@ enum Next {
     Failed(EngineError),
 }
 
-/// Runs ingest and every projector while this instance leads.
+/// Runs ingest and every target's projectors while this instance leads.
 async fn lead(
     config: &Arc<Config>,
-    schema: &str,
     defined: &[Defined],
     cancel: &CancellationToken,
     lost: &CancellationToken,
@@ -221,78 +244,45 @@ async fn lead(
         stop.clone(),
         fence.clone(),
     ));
-    let mut first_error = None;
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
-    // Rebuilds whose switch-over failed, and when: tried again after SWITCH_BACKOFF.
-    let mut failed_switches: Vec<(String, tokio::time::Instant)> = Vec::new();
-    while !stop.is_cancelled() && !lost.is_cancelled() && !ingest_done.is_cancelled() {
-        let control = match plan(config, schema, defined, fence).await {
-            Ok(planned) => planned,
-            Err(e) if e.kind().retries() => {
-                tracing::warn!(error = %e, "cannot plan the projectors; retrying");
-                tokio::select! {
-                    _ = lost.cancelled() => {}
-                    _ = backoff.sleep(&stop) => {}
-                }
-                continue;
-            }
-            Err(e) => {
-                first_error = Some(e);
-                break;
-            }
+    let mut targets: JoinSet<Result<(), EngineError>> = JoinSet::new();
+    for target in Target::all(config) {
+        let here: Vec<Defined> = defined
+            .iter()
+            .filter(|d| d.target == target)
+            .cloned()
+            .collect();
+        if target.is_extra() && here.is_empty() {
+            continue;
+        }
+        let run = Projecting {
+            config: config.clone(),
+            target,
+            defined: here,
+            stop: stop.clone(),
+            lost: lost.clone(),
+            ingest_done: ingest_done.clone(),
+            fence: fence.clone(),
+            head: head_rx.clone(),
         };
-        backoff.reset();
-        let (mut client, mut generation) = control;
-        failed_switches.retain(|(_, at)| at.elapsed() < SWITCH_BACKOFF);
-        generation.failed_switches = failed_switches.clone();
-        let this = stop.child_token();
-        let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
-        for (name, worker) in generation.workers.iter().cloned() {
-            let (this, head) = (this.clone(), head_rx.clone());
-            tasks.spawn(async move { (name, worker.run(this, head).await) });
-        }
-        let next = watch_generation(
-            &mut client,
-            schema,
-            &generation,
-            &mut tasks,
-            &stop,
-            lost,
-            &ingest_done,
-        )
-        .await;
-        this.cancel();
-        while let Some(joined) = tasks.join_next().await {
-            if let Some(e) = failure(joined) {
-                first_error.get_or_insert(e);
+        targets.spawn(run.run());
+    }
+    let mut first_error = None;
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = lost.cancelled() => {}
+        _ = ingest_done.cancelled() => {}
+        Some(joined) = targets.join_next() => {
+            if let Some(e) = target_failure(joined) {
+                first_error = Some(e);
             }
-        }
-        match next {
-            Next::Stop => break,
-            Next::Failed(e) => {
-                first_error.get_or_insert(e);
-                break;
-            }
-            Next::Replan => {}
-            Next::Switch(r) if !lost.is_cancelled() => {
-                match rebuild::switch(&mut client, schema, &r, fence).await {
-                    Ok(true) => {
-                        tracing::info!(projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(projection = %r.projection, error = %e, "switch-over failed; trying again in {}s", SWITCH_BACKOFF.as_secs());
-                        failed_switches.push((r.subscriber.clone(), tokio::time::Instant::now()));
-                    }
-                }
-            }
-            Next::Switch(_) => break,
-        }
-        if first_error.is_some() {
-            break;
         }
     }
     stop.cancel();
+    while let Some(joined) = targets.join_next().await {
+        if let Some(e) = target_failure(joined) {
+            first_error.get_or_insert(e);
+        }
+    }
     pruner.abort();
     let ingest_result = ingest.await.unwrap_or_else(|join| {
         Err(EngineError::Projection {
@@ -307,6 +297,233 @@ async fn lead(
     match first_error {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+fn target_failure(
+    joined: Result<Result<(), EngineError>, tokio::task::JoinError>,
+) -> Option<EngineError> {
+    match joined {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(join) => Some(EngineError::Projection {
+            projection: "pipeline".into(),
+            message: format!("task panicked: {join}"),
+        }),
+    }
+}
+
+/// One target's projector generations, while this instance leads.
+struct Projecting {
+    config: Arc<Config>,
+    target: Target,
+    defined: Vec<Defined>,
+    stop: CancellationToken,
+    lost: CancellationToken,
+    ingest_done: CancellationToken,
+    /// The leader's fence (on the main target).
+    fence: Fence,
+    head: watch::Receiver<i64>,
+}
+
+/// What the generations of an extra target need beyond the main target's: its lease
+/// (the fence there) and a connection to the log's target, for the head.
+struct Extra {
+    _lease: walfold_store::TargetLease,
+    log: Client,
+}
+
+impl Projecting {
+    async fn run(self) -> Result<(), EngineError> {
+        let Projecting {
+            config,
+            target,
+            defined,
+            stop,
+            lost,
+            ingest_done,
+            fence: main_fence,
+            head: head_rx,
+        } = &self;
+        let schema = target.schema.as_str();
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        let mut down = TargetDown::new(target, defined);
+        let mut extra: Option<(Extra, Fence)> = None;
+        // Rebuilds whose switch-over failed, and when: tried again after SWITCH_BACKOFF.
+        let mut failed_switches: Vec<(String, tokio::time::Instant)> = Vec::new();
+        while !stop.is_cancelled() && !lost.is_cancelled() && !ingest_done.is_cancelled() {
+            if target.is_extra() && extra.is_none() {
+                match take_over(config, target, main_fence).await {
+                    Ok(taken) => extra = Some(taken),
+                    Err(e) if e.kind().retries() => {
+                        down.enter(&e);
+                        tokio::select! {
+                            _ = lost.cancelled() => {}
+                            _ = backoff.sleep(stop) => {}
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let fence = extra.as_ref().map_or(main_fence, |(_, f)| f);
+            let control = match plan(config, target, defined, fence).await {
+                Ok(planned) => planned,
+                Err(e) if e.kind().retries() => {
+                    if target.is_extra() {
+                        down.enter(&e);
+                        extra = None;
+                    } else {
+                        tracing::warn!(error = %e, "cannot plan the projectors; retrying");
+                    }
+                    tokio::select! {
+                        _ = lost.cancelled() => {}
+                        _ = backoff.sleep(stop) => {}
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            down.leave();
+            backoff.reset();
+            let (mut client, mut generation) = control;
+            // A later outage pauses the subscribers that run now (a rebuild may have
+            // switched one).
+            down.serving(&generation);
+            failed_switches.retain(|(_, at)| at.elapsed() < SWITCH_BACKOFF);
+            generation.failed_switches = failed_switches.clone();
+            let this = stop.child_token();
+            let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
+            for (name, worker) in generation.workers.iter().cloned() {
+                let (this, head) = (this.clone(), head_rx.clone());
+                tasks.spawn(async move { (name, worker.run(this, head).await) });
+            }
+            let log = extra.as_ref().map(|(x, _)| &x.log);
+            let next = watch_generation(
+                &mut client,
+                schema,
+                log.map(|l| (l, config.target.schema.as_str())),
+                &generation,
+                &mut tasks,
+                stop,
+                lost,
+                ingest_done,
+            )
+            .await;
+            this.cancel();
+            let mut failed = None;
+            while let Some(joined) = tasks.join_next().await {
+                if let Some(e) = failure(joined) {
+                    failed.get_or_insert(e);
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            match next {
+                Next::Stop => break,
+                Next::Failed(e) => return Err(e),
+                // The lease stays: if the target went away, the next plan fails and it is
+                // taken over again then.
+                Next::Replan => {}
+                Next::Switch(r) if !lost.is_cancelled() => {
+                    match rebuild::switch(&mut client, schema, &r, fence).await {
+                        Ok(true) => {
+                            tracing::info!(target = target.label(), projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(target = target.label(), projection = %r.projection, error = %e, "switch-over failed; trying again in {}s", SWITCH_BACKOFF.as_secs());
+                            failed_switches
+                                .push((r.subscriber.clone(), tokio::time::Instant::now()));
+                        }
+                    }
+                }
+                Next::Switch(_) => break,
+            }
+        }
+        down.leave();
+        Ok(())
+    }
+}
+
+/// Migrates an extra target's walfold schema and takes it over for this leader; opens
+/// the connection to the log's target its control checks read the head from.
+async fn take_over(
+    config: &Config,
+    target: &Target,
+    fence: &Fence,
+) -> Result<(Extra, Fence), EngineError> {
+    let unreachable = |source| EngineError::Unreachable {
+        target: target.label().to_owned(),
+        source,
+    };
+    migrate(&target.url, &target.schema)
+        .await
+        .map_err(unreachable)?;
+    let lease = fence
+        .extend_to(&target.url, &target.schema)
+        .await
+        .map_err(unreachable)?;
+    let log = walfold_store::connect(config.target_url())
+        .await
+        .map_err(EngineError::store("connecting to the target"))?;
+    let fence = lease.fence();
+    Ok((Extra { _lease: lease, log }, fence))
+}
+
+/// An extra target that cannot be reached: its projections count as paused (once per
+/// subscriber, in `walfold_projection_paused` and `/readyz`) and the cause is logged
+/// once per change, until a plan there succeeds.
+struct TargetDown {
+    target: String,
+    subscribers: Vec<String>,
+    cause: Option<String>,
+}
+
+impl TargetDown {
+    fn new(target: &Target, defined: &[Defined]) -> TargetDown {
+        TargetDown {
+            target: target.label().to_owned(),
+            subscribers: defined
+                .iter()
+                .map(|d| d.options.subscriber.clone())
+                .collect(),
+            cause: None,
+        }
+    }
+
+    /// The subscribers of `generation`, counted as paused while the target is down.
+    fn serving(&mut self, generation: &Generation) {
+        let mut subscribers: Vec<String> = Vec::new();
+        for (_, w) in &generation.workers {
+            if !subscribers.contains(&w.options.subscriber) {
+                subscribers.push(w.options.subscriber.clone());
+            }
+        }
+        self.subscribers = subscribers;
+    }
+
+    fn enter(&mut self, e: &EngineError) {
+        let cause = e.to_string();
+        if self.cause.is_none() {
+            for s in &self.subscribers {
+                walfold_store::metrics::metrics().set_paused(s, true);
+            }
+        }
+        if self.cause.as_deref() != Some(cause.as_str()) {
+            tracing::error!(target = %self.target, subscribers = ?self.subscribers, error = %e, "target unreachable: its projections are paused; the others go on, and these resume by themselves once it answers");
+            self.cause = Some(cause);
+        }
+    }
+
+    fn leave(&mut self) {
+        if self.cause.take().is_some() {
+            for s in &self.subscribers {
+                walfold_store::metrics::metrics().set_paused(s, false);
+            }
+            tracing::info!(target = %self.target, "target reachable again; its projections resume");
+        }
     }
 }
 
@@ -332,13 +549,20 @@ fn failure(
 /// installs every projection. Returns the control connection with the plan.
 async fn plan(
     config: &Config,
-    schema: &str,
+    target: &Target,
     defined: &[Defined],
     fence: &Fence,
 ) -> Result<(Client, Generation), EngineError> {
-    let mut client = walfold_store::connect(config.target_url())
+    let schema = target.schema.as_str();
+    let mut client = walfold_store::connect(&target.url)
         .await
-        .map_err(EngineError::store("connecting to the target"))?;
+        .map_err(|source| match target.is_extra() {
+            true => EngineError::Unreachable {
+                target: target.label().to_owned(),
+                source,
+            },
+            false => EngineError::store("connecting to the target")(source),
+        })?;
     let open = rebuild::open_settled(&client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
@@ -411,6 +635,7 @@ async fn plan(
             &mut generation,
             &mut client,
             config,
+            target,
             &options,
             &d.live,
             &options.name,
@@ -434,6 +659,7 @@ async fn plan(
             &mut generation,
             &mut client,
             config,
+            target,
             &replay,
             &shadow,
             &format!("{}~rebuild", options.name),
@@ -448,7 +674,7 @@ async fn plan(
     }
     for r in open.iter().filter(|r| r.state == "running") {
         if !defined.iter().any(|d| d.options.name == r.projection) {
-            tracing::warn!(projection = %r.projection, "a rebuild is recorded for a projection this config does not have; not running it");
+            tracing::warn!(target = target.label(), projection = %r.projection, "a rebuild is recorded for a projection this config does not have here; not running it");
         }
     }
     Ok((client, generation))
@@ -456,10 +682,12 @@ async fn plan(
 
 /// Adds a subscriber's partitions to the generation, with its checkpoints made to
 /// match its partition count first (one transaction, before any of them runs).
+#[allow(clippy::too_many_arguments)]
 async fn push_workers(
     generation: &mut Generation,
     client: &mut Client,
     config: &Config,
+    target: &Target,
     options: &ProjectionConfig,
     projection: &Arc<dyn Projection>,
     name: &str,
@@ -467,7 +695,7 @@ async fn push_workers(
 ) -> Result<(), EngineError> {
     Checkpoints::reconcile(
         client,
-        &config.target.schema,
+        &target.schema,
         &options.subscriber,
         options.parallelism,
     )
@@ -477,13 +705,15 @@ async fn push_workers(
         generation.workers.push((
             format!("{name}[{partition}]"),
             Partition {
-                url: config.target_url().to_owned(),
-                schema: config.target.schema.clone(),
+                url: target.url.clone(),
+                schema: target.schema.clone(),
                 options: options.clone(),
                 projection: projection.clone(),
                 partition,
                 fence: fence.clone(),
                 pages: generation.pages.clone(),
+                target: target.name.clone(),
+                log: target.is_extra().then(|| Target::main(config)),
             },
         ));
     }
@@ -512,10 +742,13 @@ pub(crate) async fn forget(client: &Client, schema: &str, subscriber: &str) {
     }
 }
 
-/// Waits until the generation must end.
+/// Waits until the generation must end. `log` is the log's target (client, schema)
+/// when it is not `client`'s.
+#[allow(clippy::too_many_arguments)]
 async fn watch_generation(
     client: &mut Client,
     schema: &str,
+    log: Option<(&Client, &str)>,
     generation: &Generation,
     tasks: &mut JoinSet<(String, Result<(), EngineError>)>,
     stop: &CancellationToken,
@@ -534,7 +767,7 @@ async fn watch_generation(
                     return Next::Failed(e);
                 }
             }
-            _ = tick.tick() => match control_check(client, schema, generation).await {
+            _ = tick.tick() => match control_check(client, schema, log, generation).await {
                 Ok(Some(next)) => return next,
                 Ok(None) => {}
                 Err(e) => {
@@ -550,6 +783,7 @@ async fn watch_generation(
 async fn control_check(
     client: &Client,
     schema: &str,
+    log: Option<(&Client, &str)>,
     generation: &Generation,
 ) -> Result<Option<Next>, EngineError> {
     let open = rebuild::open(client, schema)
@@ -562,6 +796,14 @@ async fn control_check(
     if now != generation.planned {
         return Ok(Some(Next::Replan));
     }
+    let log_head = match (log, generation.replaying.is_empty()) {
+        (Some((log, log_schema)), false) => Some(
+            walfold_store::head(log, log_schema)
+                .await
+                .map_err(EngineError::store("reading the log's head"))?,
+        ),
+        _ => None,
+    };
     for (r, partitions, slack) in &generation.replaying {
         let backing_off = generation
             .failed_switches
@@ -570,7 +812,7 @@ async fn control_check(
         if backing_off {
             continue;
         }
-        match rebuild::readiness(client, schema, &r.subscriber, *partitions, *slack)
+        match rebuild::readiness(client, schema, &r.subscriber, *partitions, *slack, log_head)
             .await
             .map_err(EngineError::store("reading a rebuild's progress"))?
         {

@@ -46,11 +46,20 @@ pub(crate) struct Partition {
     pub fence: Fence,
     /// Pages of the log shared with the leader's other partitions.
     pub pages: Arc<SharedPages>,
+    /// The extra target's name when `url` is one (`[targets.NAME]`): not reaching it
+    /// pauses this partition (see [`walfold_store::unreachable_target`]).
+    pub target: Option<String>,
+    /// The main target, whose event log this partition reads, when `url` is an extra
+    /// target; `None`: the log is read on the partition's own connection.
+    pub log: Option<crate::target::Target>,
 }
 
 /// The connection and its prepared statements.
 struct Conn {
     client: Client,
+    /// A connection to the main target for reading the log, when `client` is an extra
+    /// target's.
+    log: Option<Client>,
     /// The page read; sent unnamed each time (see [`read_page`]).
     read: String,
     statements: Statements,
@@ -124,6 +133,8 @@ fn key(e: &Event) -> AggregateKey {
 /// the counters, [`Work::claim`] decides what is a duplicate.
 struct Work<'c> {
     tx: Transaction<'c>,
+    /// Where the log is read when it is not in `tx`'s database.
+    log: Option<&'c Client>,
     statements: &'c Statements,
     part: &'c Partition,
     stats: PartitionStats,
@@ -142,6 +153,7 @@ impl<'c> Work<'c> {
             .map_err(db("starting a projector transaction"))?;
         Ok(Work {
             tx,
+            log: conn.log.as_ref(),
             statements: &conn.statements,
             part,
             stats: PartitionStats::default(),
@@ -149,6 +161,16 @@ impl<'c> Work<'c> {
             events: 0,
             retrying: false,
         })
+    }
+
+    /// Events of the log by seq: in this transaction, or from the main target's log
+    /// when the partition's target is an extra one (log rows never change).
+    async fn read_events(&self, seqs: &[i64]) -> Result<Vec<Event>, EngineError> {
+        let read = match (self.log, &self.part.log) {
+            (Some(log), Some(main)) => read_events(log, &main.schema, seqs).await,
+            _ => read_events(&self.tx, &self.part.schema, seqs).await,
+        };
+        read.map_err(EngineError::store("reading waiting events"))
     }
 
     /// Claims `events` for the subscriber: the ones returned are new and must be
@@ -248,9 +270,7 @@ impl<'c> Work<'c> {
             .await
             .map_err(EngineError::store("reading waiting events"))?;
         let seqs: Vec<i64> = letters.iter().map(|l| l.seq).collect();
-        let held_events = read_events(&self.tx, schema, &seqs)
-            .await
-            .map_err(EngineError::store("reading waiting events"))?;
+        let held_events = self.read_events(&seqs).await?;
         let letter_of = |e: &Event| letters.iter().find(|l| l.seq == e.seq).map(|l| l.id);
         let mut candidates: Vec<&Event> = held_events.iter().collect();
         candidates.extend(events.iter().copied());
@@ -414,9 +434,7 @@ impl<'c> Work<'c> {
             .await
             .map_err(EngineError::store("reading waiting events"))?;
         let seqs: Vec<i64> = letters.iter().map(|l| l.seq).collect();
-        let events = read_events(&self.tx, schema, &seqs)
-            .await
-            .map_err(EngineError::store("reading waiting events"))?;
+        let events = self.read_events(&seqs).await?;
         let first = events
             .iter()
             .filter_map(|e| e.version)
@@ -665,7 +683,13 @@ impl Partition {
     async fn connect(&self) -> Result<Conn, EngineError> {
         let mut client = connect(&self.url)
             .await
-            .map_err(EngineError::store("connecting to the target"))?;
+            .map_err(|source| match &self.target {
+                Some(target) => EngineError::Unreachable {
+                    target: target.clone(),
+                    source,
+                },
+                None => EngineError::store("connecting to the target")(source),
+            })?;
         client
             .batch_execute(walfold_store::WORKER_SESSION)
             .await
@@ -699,9 +723,22 @@ impl Partition {
         let dead_letters = DeadLetters::prepare(&client, &self.schema)
             .await
             .map_err(EngineError::store("preparing dead letters"))?;
+        let log = match &self.log {
+            Some(main) => {
+                let log = connect(&main.url)
+                    .await
+                    .map_err(EngineError::store("connecting to the event log's target"))?;
+                log.batch_execute(walfold_store::WORKER_SESSION)
+                    .await
+                    .map_err(db("configuring the log reader's session"))?;
+                Some(log)
+            }
+            None => None,
+        };
         Ok(Conn {
             client,
-            read: read_sql(&self.schema),
+            log,
+            read: read_sql(self.log.as_ref().map_or(&self.schema, |main| &main.schema)),
             statements: Statements {
                 fence,
                 claim,
@@ -772,7 +809,13 @@ impl Partition {
             let (page, shared) = self
                 .pages
                 .page(position, &filter, limit, || {
-                    read_page(&conn.client, &conn.read, position, &filter, limit)
+                    read_page(
+                        conn.log.as_ref().unwrap_or(&conn.client),
+                        &conn.read,
+                        position,
+                        &filter,
+                        limit,
+                    )
                 })
                 .await
                 .map_err(EngineError::store("reading the event log"))?;
@@ -981,9 +1024,11 @@ impl Partition {
                     break None;
                 };
                 let seqs: Vec<i64> = page.iter().map(|i| i.seq).collect();
-                let events = read_events(&conn.client, &self.schema, &seqs)
-                    .await
-                    .map_err(EngineError::store("reading events to retry"))?;
+                let events = match (&conn.log, &self.log) {
+                    (Some(log), Some(main)) => read_events(log, &main.schema, &seqs).await,
+                    _ => read_events(&conn.client, &self.schema, &seqs).await,
+                }
+                .map_err(EngineError::store("reading events to retry"))?;
                 for (k, item) in page.iter().enumerate() {
                     if cancel.is_cancelled() {
                         return Ok(());

@@ -74,6 +74,17 @@ pub fn kind_for_code(code: Option<&str>) -> ErrorKind {
     }
 }
 
+/// The kind of a failure to reach an extra target (`[targets.NAME]`) at all: a target
+/// that is down or refuses connections is the environment of its projections, which
+/// pause, loudly, and resume by themselves while every other projection goes on. (The
+/// main target unreachable stays transient: nothing goes on without it.)
+pub fn unreachable_target(kind: ErrorKind) -> ErrorKind {
+    match kind {
+        ErrorKind::Transient => ErrorKind::Environment,
+        other => other,
+    }
+}
+
 /// Whether a SQLSTATE says the server ran short of something (disk, memory,
 /// connections): a batch that hits it is tried again smaller.
 pub fn is_resource_code(code: Option<&str>) -> bool {
@@ -126,5 +137,7 @@ mod tests {
         assert!(is_resource_code(Some("53100")));
         assert!(!is_resource_code(Some("42501")));
         assert_eq!(Data.own_statement(), Environment);
+        assert_eq!(unreachable_target(Transient), Environment);
+        assert_eq!(unreachable_target(Definite), Definite);
     }
 }

@@ -35,7 +35,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a new leader waits at once for the previous leader's transactions to end
 /// before it says so and waits again.
-const TAKEOVER_WAIT: &str = "10s";
+pub(crate) const TAKEOVER_WAIT: &str = "10s";
 
 /// Held leadership. Dropping it ends the session, which releases the lock.
 pub struct Leadership {
@@ -55,13 +55,13 @@ pub struct Fence {
 /// An epoch and its advisory-lock key: (hashtext(schema), epoch as int4; epochs wrap
 /// after 2^32 takeovers, which only the row comparison has to tell apart).
 #[derive(Debug, Clone, Copy)]
-struct EpochKey {
-    epoch: i64,
-    class: i32,
+pub(crate) struct EpochKey {
+    pub(crate) epoch: i64,
+    pub(crate) class: i32,
 }
 
 impl EpochKey {
-    fn objid(self) -> i32 {
+    pub(crate) fn objid(self) -> i32 {
         self.epoch as i32
     }
 }
@@ -109,6 +109,34 @@ impl Fence {
     pub fn epoch(&self) -> i64 {
         self.key.epoch
     }
+
+    /// Marks leadership lost: a newer leader has been seen.
+    pub(crate) fn deposed(&self) -> StoreError {
+        self.verdict(false).err().unwrap_or(StoreError::Fenced)
+    }
+
+    /// This leader's fence on another walfold schema (an extra target's, taken over by
+    /// [`Fence::extend_to`]): the same epoch, under that schema's key class, checked
+    /// against that schema's `leader` row.
+    pub(crate) fn on_schema(&self, schema: &str, class: i32) -> Fence {
+        Fence {
+            check: fence_sql(schema).into(),
+            key: EpochKey {
+                epoch: self.key.epoch,
+                class,
+            },
+            lost: self.lost.clone(),
+        }
+    }
+}
+
+/// The one statement that proves leadership inside a transaction (see the module docs).
+fn fence_sql(schema: &str) -> String {
+    format!(
+        "select pg_try_advisory_xact_lock_shared($1, $2) \
+         and exists (select 1 from {}.leader where epoch = $3)",
+        q(schema)
+    )
 }
 
 /// [`Fence::check`] prepared on one connection.
@@ -250,12 +278,7 @@ impl Leadership {
         let lost = CancellationToken::new();
         let signal = lost.clone();
         let fence = Fence {
-            check: format!(
-                "select pg_try_advisory_xact_lock_shared($1, $2) \
-                 and exists (select 1 from {}.leader where epoch = $3)",
-                q(schema)
-            )
-            .into(),
+            check: fence_sql(schema).into(),
             key,
             lost: lost.clone(),
         };

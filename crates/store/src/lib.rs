@@ -23,6 +23,7 @@ pub mod rebuild;
 mod registry;
 mod status;
 mod stream_stage;
+mod target_lease;
 mod tls;
 
 pub use aggregate_version::{
@@ -41,20 +42,21 @@ pub use event_log::{
     head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
     WORKER_SESSION,
 };
-pub use kind::{is_resource_code, kind_for_code, kind_of, sqlstate, ErrorKind};
+pub use kind::{is_resource_code, kind_for_code, kind_of, sqlstate, unreachable_target, ErrorKind};
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::LogOrder;
 pub use lsn::Lsn;
 pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
-pub use prune::{prune, PrunePolicy, Pruned};
+pub use prune::{hold, prune, prune_claims_elsewhere, PrunePolicy, Pruned};
 pub use rebuild::Rebuild;
 pub use registry::{active_subscriber, active_subscribers};
 pub use status::{
-    status, status_of, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe,
-    SourceStatus, Status, SubscriberStatus,
+    status, status_of, target_status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus,
+    SourceProbe, SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus,
 };
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
+pub use target_lease::TargetLease;
 pub use tls::client_config as tls_client_config;
 
 /// Quotes an identifier (the configured schema) for SQL.

@@ -248,14 +248,19 @@ impl Metrics {
         out
     }
 
-    /// Reads the gauges that describe the database.
+    /// Reads the gauges that describe the database; `extra` holds the extra targets'
+    /// parts of the status (their subscribers' lag, parked aggregates, dead letters).
     pub async fn refresh(
         &self,
         sources: &[crate::status::SourceProbe<'_>],
         target: &Client,
         schema: &str,
+        extra: Vec<crate::status::TargetStatus>,
     ) -> Result<(), StoreError> {
-        let s = crate::status::status_of(target, schema, sources).await?;
+        let mut s = crate::status::status_of(target, schema, sources).await?;
+        for part in extra {
+            s.add(part);
+        }
         self.lag_events.clear();
         self.lag_seconds.clear();
         self.parked.clear();

@@ -6,6 +6,14 @@
 //! every partition of its subscriber has passed its event: whatever walfold re-reads by
 //! itself (a restart, a changed `parallelism`) still meets its claim. Retention bounds
 //! only redeliveries from outside (a backfill, a retry).
+//!
+//! With extra targets (`[targets.NAME]`), the event log is the main target's but the
+//! subscribers, rebuilds and dead letters of some projections live elsewhere: each
+//! extra target says how far it lets go of the log ([`hold`]), and the log is pruned
+//! only below the lowest of those ([`PrunePolicy::held_elsewhere`]); a target that
+//! cannot be read holds everything for that pass. Claims on an extra target are pruned
+//! there ([`prune_claims_elsewhere`]), with the events their subscriber has not passed
+//! read from the main log.
 
 use std::time::Duration;
 
@@ -24,6 +32,9 @@ pub struct PrunePolicy {
     pub claims: Vec<(String, Duration)>,
     /// Rows per delete.
     pub batch: i64,
+    /// The highest seq the extra targets let go of (see [`hold`]); `None`: no extra
+    /// target holds anything.
+    pub held_elsewhere: Option<i64>,
 }
 
 /// What one prune pass deleted.
@@ -62,16 +73,7 @@ pub async fn prune(
         )
         .await?;
     }
-    // Claims of subscribers a rebuild retired (aborted, or replaced and finished).
-    let retired = format!(
-        "delete from {s}.processed_message where ctid = any(array( \
-         select ctid from {s}.processed_message where subscriber_id = any(array( \
-           select subscriber_id from {s}.rebuild where state = 'aborted' union \
-           select previous_subscriber from {s}.rebuild where state = 'finished' \
-           except select subscriber_id from {s}.projection \
-           except select subscriber_id from {s}.rebuild where state in ('running', 'aborting'))) \
-         limit $1))"
-    );
+    let retired = retired_sql(&s);
     pruned.claims +=
         delete_batches(client, fence, &retired, &[&policy.batch], policy.batch).await?;
     let Some(retention) = policy.event_log else {
@@ -96,6 +98,9 @@ pub async fn prune(
     for subscriber in &holders {
         bound = bound.min(passed(client, schema, subscriber).await?);
     }
+    if let Some(held) = policy.held_elsewhere {
+        bound = bound.min(held);
+    }
     if bound <= 0 {
         return Ok(pruned);
     }
@@ -116,6 +121,140 @@ pub async fn prune(
     )
     .await?;
     Ok(pruned)
+}
+
+/// On an extra target: the highest seq of the main log it lets go of. Every projection's
+/// active subscriber and every rebuild in progress there has passed it, and it is below
+/// the first event an open dead letter there still needs (a coarser rule than the main
+/// target's per-event one, which a join across databases cannot express). `None` when
+/// nothing there holds events.
+pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreError> {
+    let s = q(schema);
+    let holders: Vec<String> = client
+        .query(
+            &format!(
+                "select subscriber_id from {s}.projection union \
+                 select subscriber_id from {s}.rebuild where state in ('running', 'aborting')"
+            ),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading subscribers for pruning"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut bound: Option<i64> = None;
+    for subscriber in &holders {
+        let p = passed(client, schema, subscriber).await?;
+        bound = Some(bound.map_or(p, |b| b.min(p)));
+    }
+    let needed: Option<i64> = client
+        .query_one(
+            &format!(
+                "select min(seq) from {s}.dead_letter where subscriber_id is not null \
+                 and seq is not null and status in ('open', 'retrying', 'waiting')"
+            ),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading dead letters for pruning"))?
+        .get(0);
+    if let Some(first) = needed {
+        bound = Some(bound.map_or(first - 1, |b| b.min(first - 1)));
+    }
+    Ok(bound)
+}
+
+/// Most events a subscriber's partitions may be apart for its claims on an extra target
+/// to be pruned in a pass: the IDs of the events its slowest partition has not passed
+/// are read from the main log and kept.
+const AHEAD_LIMIT: i64 = 100_000;
+
+/// Claim pruning on an extra target: as in [`prune`], a claim goes only once its
+/// retention has passed and every partition of its subscriber has passed its event.
+/// `log` is a connection to the main target (schema `log_schema`), where the events are.
+pub async fn prune_claims_elsewhere(
+    client: &mut Client,
+    schema: &str,
+    log: &Client,
+    log_schema: &str,
+    policy: &PrunePolicy,
+    fence: Option<&Fence>,
+) -> Result<Pruned, StoreError> {
+    let s = q(schema);
+    let mut pruned = Pruned::default();
+    let claims = format!(
+        "delete from {s}.processed_message where ctid = any(array( \
+         select m.ctid from {s}.processed_message m \
+         where m.subscriber_id = $1 and m.processed_at < now() - make_interval(secs => $2) \
+           and m.message_id <> all($4::uuid[]) \
+         limit $3))"
+    );
+    for (subscriber, retention) in &policy.claims {
+        let passed = passed(client, schema, subscriber).await?;
+        let reached: i64 = client
+            .query_one(
+                &format!(
+                    "select coalesce(max(position), 0) from {s}.checkpoint where subscriber_id = $1"
+                ),
+                &[subscriber],
+            )
+            .await
+            .map_err(StoreError::db("reading checkpoints for pruning"))?
+            .get(0);
+        if reached - passed > AHEAD_LIMIT {
+            tracing::debug!(
+                subscriber,
+                passed,
+                reached,
+                "partitions too far apart; its claims wait for the next prune"
+            );
+            continue;
+        }
+        let ahead: Vec<uuid::Uuid> = log
+            .query(
+                &format!(
+                    "select event_id from {}.event_log where seq > $1 and seq <= $2",
+                    q(log_schema)
+                ),
+                &[&passed, &reached],
+            )
+            .await
+            .map_err(StoreError::db("reading the event log for pruning"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        pruned.claims += delete_batches(
+            client,
+            fence,
+            &claims,
+            &[subscriber, &retention.as_secs_f64(), &policy.batch, &ahead],
+            policy.batch,
+        )
+        .await?;
+    }
+    pruned.claims += delete_batches(
+        client,
+        fence,
+        &retired_sql(&s),
+        &[&policy.batch],
+        policy.batch,
+    )
+    .await?;
+    Ok(pruned)
+}
+
+/// Claims of subscribers a rebuild retired (aborted, or replaced and finished).
+fn retired_sql(s: &str) -> String {
+    format!(
+        "delete from {s}.processed_message where ctid = any(array( \
+         select ctid from {s}.processed_message where subscriber_id = any(array( \
+           select subscriber_id from {s}.rebuild where state = 'aborted' union \
+           select previous_subscriber from {s}.rebuild where state = 'finished' \
+           except select subscriber_id from {s}.projection \
+           except select subscriber_id from {s}.rebuild where state in ('running', 'aborting'))) \
+         limit $1))"
+    )
 }
 
 /// The seq every partition of `subscriber` has passed (0 when one has not started).

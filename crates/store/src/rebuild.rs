@@ -239,13 +239,16 @@ pub enum Readiness {
 }
 
 /// Whether every partition of the rebuild's subscriber has read to within `slack` events
-/// of the log's head, with no open dead letter.
+/// of the log's head, with no open dead letter. `log_head` is the head of the event log
+/// when it lives in another database (a projection on an extra target); `None` reads
+/// it here.
 pub async fn readiness(
     client: &Client,
     schema: &str,
     subscriber: &str,
     partitions: u32,
     slack: i64,
+    log_head: Option<i64>,
 ) -> Result<Readiness, StoreError> {
     let s = q(schema);
     let row = client
@@ -263,6 +266,7 @@ pub async fn readiness(
         .map_err(StoreError::db("reading a rebuild's progress"))?;
     let (n, min, head, dead): (i64, i64, i64, i64) =
         (row.get(0), row.get(1), row.get(2), row.get(3));
+    let head = log_head.unwrap_or(head);
     Ok(if n < i64::from(partitions) || head - min > slack {
         Readiness::Behind
     } else if dead > 0 {

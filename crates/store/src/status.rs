@@ -27,6 +27,42 @@ pub struct Status {
     pub slot_gaps: i64,
     /// Subscribers with paused partitions.
     pub paused: i64,
+    /// The extra targets (`[targets.NAME]`) and whether they could be read; their
+    /// subscribers, rebuilds and dead letters are in the lists above.
+    pub targets: Vec<TargetReach>,
+}
+
+/// Whether an extra target answered `walfold status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetReach {
+    pub name: String,
+    pub reachable: bool,
+    /// Why not, when it could not be read.
+    pub error: Option<String>,
+}
+
+/// One target's part of the status: its subscribers, rebuilds and dead letters.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TargetStatus {
+    pub subscribers: Vec<SubscriberStatus>,
+    pub rebuilds: Vec<RebuildStatus>,
+    pub dead_letters_open: i64,
+    pub processed_message_rows: i64,
+}
+
+impl Status {
+    /// Adds an extra target's part (read with [`target_status`]).
+    pub fn add(&mut self, part: TargetStatus) {
+        self.paused += part
+            .subscribers
+            .iter()
+            .filter(|s| s.paused.is_some())
+            .count() as i64;
+        self.subscribers.extend(part.subscribers);
+        self.rebuilds.extend(part.rebuilds);
+        self.dead_letters_open += part.dead_letters_open;
+        self.processed_message_rows += part.processed_message_rows;
+    }
 }
 
 fn pause_status(partitions: i64, first: Option<Vec<Option<String>>>) -> Option<PauseStatus> {
@@ -43,6 +79,8 @@ fn pause_status(partitions: i64, first: Option<Vec<Option<String>>>) -> Option<P
 /// A rebuild in progress (or switched, with its retired table kept).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RebuildStatus {
+    /// `main`, or the extra target the projection lives on.
+    pub target: String,
     pub projection: String,
     pub subscriber: String,
     pub state: String,
@@ -104,6 +142,8 @@ pub struct IngestStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct SubscriberStatus {
     pub subscriber: String,
+    /// `main`, or the extra target (`[targets.NAME]`) holding its state.
+    pub target: String,
     pub partitions: i32,
     /// Lowest position over the partitions.
     pub position: i64,
@@ -172,6 +212,7 @@ async fn read_slot(source: &Client, slot: &str) -> Result<Option<SlotStatus>, St
 }
 
 /// One source's slot (asked of the source) and ingest position (read from the target).
+/// `only`: the only source, whose slot not being readable is an error of the whole status.
 async fn source_status(
     target: &Client,
     schema: &str,
@@ -180,7 +221,6 @@ async fn source_status(
 ) -> Result<SourceStatus, StoreError> {
     let s = q(schema);
     let (slot, error) = match &probe.client {
-        // The only source: not being able to ask it is an error of the whole status.
         Ok(source) if only => (read_slot(source, probe.slot).await?, None),
         Ok(source) => match read_slot(source, probe.slot).await {
             Ok(slot) => (slot, None),
@@ -226,25 +266,49 @@ async fn source_status(
     })
 }
 
-/// Collects the status of every source in `sources` and of the target holding `schema`.
+/// Collects the status of every source in `sources` and of the main target holding
+/// `schema` (add the extra targets' parts with [`Status::add`]).
 pub async fn status_of(
     target: &Client,
     schema: &str,
     sources: &[SourceProbe<'_>],
 ) -> Result<Status, StoreError> {
-    let s = q(schema);
     let mut per_source = Vec::with_capacity(sources.len());
     for probe in sources {
         per_source.push(source_status(target, schema, probe, sources.len() == 1).await?);
     }
-    let head: i64 = target
-        .query_one(
-            &format!("select coalesce(max(seq), 0) from {s}.event_log"),
-            &[],
-        )
-        .await
-        .map_err(StoreError::db("reading the event log head"))?
-        .get(0);
+    let part = target_status(target, schema, target, schema, "main").await?;
+    let head = crate::event_log::head(target, schema).await?;
+    let first = per_source.first();
+    let mut status = Status {
+        paused: 0,
+        slot_gaps: per_source.iter().map(|p| p.slot_gaps).sum(),
+        rebuilds: Vec::new(),
+        slot: first.and_then(|p| p.slot.clone()),
+        ingest: first.and_then(|p| p.ingest.clone()),
+        sources: per_source,
+        event_log_head: head,
+        subscribers: Vec::new(),
+        dead_letters_open: 0,
+        processed_message_rows: 0,
+        targets: Vec::new(),
+    };
+    status.add(part);
+    Ok(status)
+}
+
+/// The part of the status a target holds: `target` is the database holding `schema`
+/// (the subscribers' state), `log` the one holding the event log in `log_schema` (the
+/// same for the main target); `name` says which target it is.
+pub async fn target_status(
+    log: &Client,
+    log_schema: &str,
+    target: &Client,
+    schema: &str,
+    name: &str,
+) -> Result<TargetStatus, StoreError> {
+    let s = q(schema);
+    let head = crate::event_log::head(log, log_schema).await?;
     // A partition without a checkpoint row has read nothing (it may still be
     // connecting): its subscriber's position is 0, never the others' minimum.
     let rows = target
@@ -268,15 +332,15 @@ pub async fn status_of(
         .map_err(StoreError::db("reading checkpoints"))?;
     let now = SystemTime::now();
     let oldest_after = format!(
-        "select coalesce(committed_at, appended_at) from {s}.event_log \
-         where seq > $1 order by seq limit 1"
+        "select coalesce(committed_at, appended_at) from {}.event_log \
+         where seq > $1 order by seq limit 1",
+        q(log_schema)
     );
     let mut subscribers: Vec<SubscriberStatus> = Vec::with_capacity(rows.len());
     for r in &rows {
         let position: i64 = r.get(2);
         let lag_seconds = if head > position {
-            target
-                .query_opt(&oldest_after, &[&position])
+            log.query_opt(&oldest_after, &[&position])
                 .await
                 .map_err(StoreError::db("reading the oldest unapplied event"))?
                 .and_then(|row| row.get::<_, Option<SystemTime>>(0))
@@ -286,6 +350,7 @@ pub async fn status_of(
         };
         subscribers.push(SubscriberStatus {
             subscriber: r.get(0),
+            target: name.to_owned(),
             partitions: r.get(1),
             position,
             lag_events: (head - position).max(0),
@@ -339,6 +404,7 @@ pub async fn status_of(
             0.0
         };
         rebuilds.push(RebuildStatus {
+            target: name.to_owned(),
             eta_s: (r.state == "running" && rate_per_s > 0.0)
                 .then(|| remaining as f64 / rate_per_s),
             projection: r.projection,
@@ -350,21 +416,9 @@ pub async fn status_of(
             retired_table: r.retired,
         });
     }
-    let slot_gaps = per_source.iter().map(|p| p.slot_gaps).sum();
-    let first = per_source.first();
-    let (slot_status, ingest) = (
-        first.and_then(|p| p.slot.clone()),
-        first.and_then(|p| p.ingest.clone()),
-    );
-    Ok(Status {
-        sources: per_source,
-        paused: subscribers.iter().filter(|s| s.paused.is_some()).count() as i64,
-        slot_gaps,
-        rebuilds,
-        slot: slot_status,
-        ingest,
-        event_log_head: head,
+    Ok(TargetStatus {
         subscribers,
+        rebuilds,
         dead_letters_open,
         processed_message_rows,
     })

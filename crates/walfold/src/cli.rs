@@ -187,6 +187,10 @@ pub enum DeadLetterCommand {
         all: bool,
         #[arg(long, requires = "all")]
         subscriber: Option<String>,
+        /// The target holding the dead letter (`[targets.NAME]`; `main` by default). With
+        /// --all and no --target, every target's.
+        #[arg(long)]
+        target: Option<String>,
     },
     /// Mark a dead letter discarded, with the reason recorded.
     Discard {
@@ -195,5 +199,8 @@ pub enum DeadLetterCommand {
         id: i64,
         #[arg(long)]
         reason: String,
+        /// The target holding the dead letter (`[targets.NAME]`; `main` by default).
+        #[arg(long)]
+        target: Option<String>,
     },
 }

@@ -1,9 +1,40 @@
-//! `walfold dead-letters list|discard`.
+//! `walfold dead-letters list|retry|discard`, on every target: the main one holds the
+//! rows rejected at ingest and its projections' letters, each `[targets.NAME]` its own
+//! projections' (IDs are per target: `--target` says which).
 
+use walfold_config::Config;
+use walfold_engine::Target;
 use walfold_store::{DeadLetters, RetryRequest};
 
 use crate::cli::DeadLetterCommand;
 use crate::{run::load, Failure};
+
+/// The target named `name` (`main` or absent: the main target).
+fn target(config: &Config, name: Option<&str>) -> Result<Target, Failure> {
+    let all = Target::all(config);
+    match name {
+        None | Some("main") => Ok(Target::main(config)),
+        Some(n) => all
+            .into_iter()
+            .find(|t| t.name.as_deref() == Some(n))
+            .ok_or_else(|| {
+                Failure::config(format!(
+                    "--target {n}: no such target; the targets are: main{}",
+                    config
+                        .targets
+                        .keys()
+                        .map(|k| format!(", {k}"))
+                        .collect::<String>()
+                ))
+            }),
+    }
+}
+
+async fn connect(t: &Target) -> Result<tokio_postgres::Client, Failure> {
+    walfold_store::connect(&t.url)
+        .await
+        .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))
+}
 
 pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
     match command {
@@ -15,33 +46,62 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             limit,
         } => {
             let config = load(&config)?;
-            let client = walfold_store::connect(config.target_url())
-                .await
-                .map_err(Failure::runtime)?;
-            let entries = DeadLetters::list(
-                &client,
-                &config.target.schema,
-                subscriber.as_deref(),
-                all,
-                limit,
-            )
-            .await
-            .map_err(Failure::runtime)?;
+            let mut listed = Vec::new();
+            for t in Target::all(&config) {
+                let client = connect(&t).await?;
+                let entries =
+                    DeadLetters::list(&client, &t.schema, subscriber.as_deref(), all, limit)
+                        .await
+                        .map_err(Failure::runtime)?;
+                listed.extend(entries.into_iter().map(|e| (t.label().to_owned(), e)));
+            }
+            listed.sort_by(|a, b| {
+                b.1.last_failed_at_unix
+                    .total_cmp(&a.1.last_failed_at_unix)
+                    .then(b.1.id.cmp(&a.1.id))
+            });
+            listed.truncate(limit.max(0) as usize);
+            let several = !config.targets.is_empty();
             if json {
+                let values = listed
+                    .iter()
+                    .map(|(t, e)| {
+                        let mut v = serde_json::to_value(e)?;
+                        if let Some(o) = v.as_object_mut() {
+                            o.insert("target".into(), t.clone().into());
+                        }
+                        Ok(v)
+                    })
+                    .collect::<Result<Vec<_>, serde_json::Error>>()
+                    .map_err(Failure::runtime)?;
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&entries).map_err(Failure::runtime)?
+                    serde_json::to_string_pretty(&values).map_err(Failure::runtime)?
                 );
                 return Ok(());
             }
+            let target_col = |t: &str| {
+                if several {
+                    format!("{t:<10} ")
+                } else {
+                    String::new()
+                }
+            };
             println!(
-                "{:>6}  {:<18} {:<20} {:<10} {:<36} {:>3}  error",
-                "id", "subscriber", "reason", "status", "event", "try"
+                "{:>6}  {}{:<18} {:<20} {:<10} {:<36} {:>3}  error",
+                "id",
+                target_col("target"),
+                "subscriber",
+                "reason",
+                "status",
+                "event",
+                "try"
             );
-            for e in &entries {
+            for (t, e) in &listed {
                 println!(
-                    "{:>6}  {:<18} {:<20} {:<10} {:<36} {:>3}  {}",
+                    "{:>6}  {}{:<18} {:<20} {:<10} {:<36} {:>3}  {}",
                     e.id,
+                    target_col(t),
                     e.subscriber_id.as_deref().unwrap_or("(ingest)"),
                     e.reason,
                     e.status,
@@ -57,37 +117,50 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             id,
             all,
             subscriber,
+            target: name,
         } => {
             let config = load(&config)?;
-            let client = walfold_store::connect(config.target_url())
-                .await
-                .map_err(Failure::runtime)?;
-            let request = match (id, all) {
-                (Some(id), false) => RetryRequest::One(id),
-                _ => RetryRequest::All(subscriber.as_deref()),
+            let targets = match (all, &name) {
+                (true, None) => Target::all(&config),
+                _ => vec![target(&config, name.as_deref())?],
             };
-            let n = DeadLetters::request_retry(&client, &config.target.schema, request)
-                .await
-                .map_err(crate::store_failure)?;
+            let mut n = 0;
+            for t in &targets {
+                let client = connect(t).await?;
+                let request = match (id, all) {
+                    (Some(id), false) => RetryRequest::One(id),
+                    _ => RetryRequest::All(subscriber.as_deref()),
+                };
+                n += DeadLetters::request_retry(&client, &t.schema, request)
+                    .await
+                    .map_err(crate::store_failure)?;
+            }
             println!("{n} dead letter(s) queued for retry; the leading daemon applies them within a second (`walfold dead-letters list --all` shows the outcome)");
             Ok(())
         }
-        DeadLetterCommand::Discard { config, id, reason } => {
+        DeadLetterCommand::Discard {
+            config,
+            id,
+            reason,
+            target: name,
+        } => {
             let config = load(&config)?;
             if reason.trim().is_empty() {
                 return Err(Failure::config("--reason must say why it is discarded"));
             }
-            let client = walfold_store::connect(config.target_url())
-                .await
-                .map_err(Failure::runtime)?;
-            if DeadLetters::discard(&client, &config.target.schema, id, &reason)
+            let t = target(&config, name.as_deref())?;
+            let client = connect(&t).await?;
+            if DeadLetters::discard(&client, &t.schema, id, &reason)
                 .await
                 .map_err(Failure::runtime)?
             {
                 println!("dead letter {id} discarded");
                 Ok(())
             } else {
-                Err(Failure::config(format!("no open dead letter with id {id}")))
+                Err(Failure::config(format!(
+                    "no open dead letter with id {id} on target {}",
+                    t.label()
+                )))
             }
         }
     }

@@ -94,10 +94,31 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         }
     }
     match &target {
-        Some(t) => target_checks(r, config, t)
+        Some(t) => target_checks(r, config, &walfold_engine::Target::main(config), t)
             .await
             .map_err(Failure::runtime)?,
         None => r.check(Level::Fail, "target unreachable", "check target.url"),
+    }
+    for t in walfold_engine::Target::all(config)
+        .iter()
+        .filter(|t| t.is_extra())
+    {
+        match walfold_store::connect(&t.url).await {
+            Ok(c) => {
+                r.check(Level::Ok, format!("target {} reachable", t.label()), "");
+                target_checks(r, config, t, &c)
+                    .await
+                    .map_err(Failure::runtime)?;
+            }
+            Err(e) => r.check(
+                Level::Fail,
+                format!("target {} unreachable: {e}", t.label()),
+                format!(
+                    "check targets.{}.url, the network and pg_hba.conf (its projections pause until it answers)",
+                    t.label()
+                ),
+            ),
+        }
     }
     Ok(())
 }
@@ -361,12 +382,20 @@ async fn source_checks(
     Ok(())
 }
 
+/// The rights walfold needs on one target: its schema, and the tables of the
+/// projections whose state lives there.
 async fn target_checks(
     r: &mut Report,
     config: &Config,
+    home: &walfold_engine::Target,
     target: &Client,
 ) -> Result<(), tokio_postgres::Error> {
-    let schema = &config.target.schema;
+    let schema = &home.schema;
+    let on = if home.is_extra() {
+        format!(" on target {}", home.label())
+    } else {
+        String::new()
+    };
     let row = target
         .query_one(
             "select exists (select 1 from pg_namespace where nspname = $1), \
@@ -379,10 +408,10 @@ async fn target_checks(
         (row.get(0), row.get(1), row.get(2));
     r.check(
         if (exists && schema_create) || (!exists && db_create) { Level::Ok } else { Level::Fail },
-        format!("the target role may create walfold's schema {schema} and its tables"),
+        format!("the target role may create walfold's schema {schema} and its tables{on}"),
         format!("grant create on database <target db> to <walfold role> (or create schema {schema} authorization <walfold role>)"),
     );
-    for p in &config.projection {
+    for p in home.projections(config) {
         let Some(t) = p.storage() else { continue };
         let row = target
             .query_one(
@@ -394,7 +423,7 @@ async fn target_checks(
         let ok = row.map(|r| r.get::<_, bool>(0)).unwrap_or(false);
         r.check(
             if ok { Level::Ok } else { Level::Fail },
-            format!("projection {}: table {t} exists and is writable", p.name),
+            format!("projection {}: table {t} exists and is writable{on}", p.name),
             format!("create {t}, or grant select, insert, update (and delete if the projection deletes) on {t} to <walfold role>"),
         );
     }

@@ -1,7 +1,8 @@
 //! The metrics and health listener (hyper, HTTP/1.1): `/metrics` (Prometheus text),
 //! `/healthz` (the process is up), `/readyz` (this instance leads, streams from the slot,
 //! nothing is paused and every subscriber is within `metrics.ready_max_lag_s` of its
-//! newest event).
+//! newest event). The database gauges and the lag check include the projections on
+//! extra targets (`[targets.NAME]`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -207,7 +208,8 @@ async fn with_clients<T>(
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &state.config.target.schema;
     let refresh = with_clients(state, async |sources, target| {
-        metrics().refresh(sources, target, schema).await
+        let (extra, _) = extra_parts(&state.config, target).await;
+        metrics().refresh(sources, target, schema, extra).await
     });
     let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
         .await
@@ -221,6 +223,51 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
 
 /// How long a scrape or readiness check waits for the database.
 const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long it waits for each extra target.
+const EXTRA_TARGET_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The extra targets' parts of the status and their active subscribers, each read on a
+/// fresh connection. A target that does not answer in time is left out: its
+/// projections already count as paused (`walfold_projection_paused`).
+async fn extra_parts(
+    config: &Config,
+    log: &Client,
+) -> (Vec<walfold_store::TargetStatus>, Vec<String>) {
+    let mut parts = Vec::new();
+    let mut active = Vec::new();
+    for t in walfold_engine::Target::all(config)
+        .into_iter()
+        .filter(walfold_engine::Target::is_extra)
+    {
+        let read = async {
+            let client = walfold_store::connect(&t.url).await?;
+            let part = walfold_store::target_status(
+                log,
+                &config.target.schema,
+                &client,
+                &t.schema,
+                t.label(),
+            )
+            .await?;
+            let subscribers = walfold_store::active_subscribers(&client, &t.schema).await?;
+            Ok::<_, walfold_store::StoreError>((part, subscribers))
+        };
+        match tokio::time::timeout(EXTRA_TARGET_TIMEOUT, read).await {
+            Ok(Ok((part, subscribers))) => {
+                parts.push(part);
+                active.extend(subscribers);
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(target = t.label(), error = %e, "metrics: cannot read an extra target")
+            }
+            Err(_) => tracing::debug!(
+                target = t.label(),
+                "metrics: an extra target did not answer in time"
+            ),
+        }
+    }
+    (parts, active)
+}
 
 async fn ready(state: &State) -> Result<(), String> {
     let m = metrics();
@@ -250,8 +297,13 @@ async fn ready(state: &State) -> Result<(), String> {
     }
     let schema = &state.config.target.schema;
     let check = with_clients(state, async |sources, target| {
-        let status = walfold_store::status_of(target, schema, sources).await?;
-        let active = walfold_store::active_subscribers(target, schema).await?;
+        let mut status = walfold_store::status_of(target, schema, sources).await?;
+        let mut active = walfold_store::active_subscribers(target, schema).await?;
+        let (parts, more) = extra_parts(&state.config, target).await;
+        for part in parts {
+            status.add(part);
+        }
+        active.extend(more);
         Ok((status, active))
     });
     let (status, active) = tokio::time::timeout(DATABASE_TIMEOUT, check)

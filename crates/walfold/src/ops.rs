@@ -99,6 +99,18 @@ async fn follow_rebuild(
     subscriber: Option<&str>,
 ) -> Result<(), Failure> {
     let connections = crate::status::connect(config).await?;
+    // The projection's own target holds its rebuilds.
+    let home = config
+        .projection
+        .iter()
+        .find(|p| p.name == projection)
+        .map_or_else(
+            || walfold_engine::Target::main(config),
+            |p| walfold_engine::Target::of(config, p),
+        );
+    let home_client = walfold_store::connect(&home.url)
+        .await
+        .map_err(Failure::runtime)?;
     let mut progress: Option<Progress> = None;
     let mut last = Snapshot::default();
     let mut moved = Instant::now();
@@ -135,7 +147,7 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = rebuild_state(&connections.target, &config.target.schema, s).await?;
+            let state = rebuild_state(&home_client, &home.schema, s).await?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.as_deref().unwrap_or("gone"));
             }

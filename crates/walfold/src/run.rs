@@ -52,10 +52,16 @@ pub async fn run(path: &Path) -> Result<(), Failure> {
 pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
     let config = load(path)?;
     telemetry::init(&config.log);
-    walfold_store::migrate(config.target_url(), &config.target.schema)
-        .await
-        .map_err(Failure::runtime)?;
-    println!("schema {} is up to date", config.target.schema);
+    for t in walfold_engine::Target::all(&config) {
+        walfold_store::migrate(&t.url, &t.schema)
+            .await
+            .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
+        if t.is_extra() {
+            println!("schema {} on target {} is up to date", t.schema, t.label());
+        } else {
+            println!("schema {} is up to date", t.schema);
+        }
+    }
     Ok(())
 }
 

@@ -42,6 +42,9 @@ impl Connections {
     }
 }
 
+/// The status of the sources and the main target, with every extra target's
+/// subscribers, rebuilds and dead letters added (an unreachable one is listed as such,
+/// not an error).
 pub(crate) async fn read(
     config: &Config,
     c: &Connections,
@@ -56,9 +59,39 @@ pub(crate) async fn read(
             client: client.as_ref().map_err(Clone::clone),
         })
         .collect();
-    walfold_store::status_of(&c.target, &config.target.schema, &probes)
+    let target = &c.target;
+    let mut status = walfold_store::status_of(target, &config.target.schema, &probes)
         .await
-        .map_err(Failure::runtime)
+        .map_err(Failure::runtime)?;
+    for t in walfold_engine::Target::all(config)
+        .iter()
+        .filter(|t| t.is_extra())
+    {
+        let part = async {
+            let client = walfold_store::connect(&t.url).await?;
+            walfold_store::target_status(
+                target,
+                &config.target.schema,
+                &client,
+                &t.schema,
+                t.label(),
+            )
+            .await
+        };
+        let reach = match part.await {
+            Ok(part) => {
+                status.add(part);
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        status.targets.push(walfold_store::TargetReach {
+            name: t.label().to_owned(),
+            reachable: reach.is_none(),
+            error: reach,
+        });
+    }
+    Ok(status)
 }
 
 pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
@@ -173,13 +206,40 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
         }
     }
     println!("event log head: {}", s.event_log_head);
+    for t in &s.targets {
+        match &t.error {
+            None => println!("target {}: reachable", t.name),
+            Some(e) => println!(
+                "TARGET {} UNREACHABLE: {e} (its projections are paused; they resume by themselves once it answers)",
+                t.name
+            ),
+        }
+    }
+    // The target column only when there is more than one target.
+    let several = !s.targets.is_empty();
+    let target_of = |name: &str| {
+        if several {
+            format!(" {name}")
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}",
-        "subscriber", "position", "lag", "lag_s", "applied", "dupes", "stale", "dead", "parked"
+        "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}{}",
+        "subscriber",
+        "position",
+        "lag",
+        "lag_s",
+        "applied",
+        "dupes",
+        "stale",
+        "dead",
+        "parked",
+        target_of("target")
     );
     for sub in &s.subscribers {
         println!(
-            "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}",
+            "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}{}",
             sub.subscriber,
             sub.position,
             sub.lag_events,
@@ -189,7 +249,8 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
             sub.duplicates,
             sub.stale,
             sub.dead_lettered,
-            sub.parked_aggregates
+            sub.parked_aggregates,
+            target_of(&sub.target)
         );
     }
     for sub in &s.subscribers {
@@ -206,7 +267,7 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
     }
     for r in &s.rebuilds {
         println!(
-            "rebuild {} → {}: {} replayed={} remaining={} rate={:.0}/s eta={} retired_table={}",
+            "rebuild {} → {}: {} replayed={} remaining={} rate={:.0}/s eta={} retired_table={}{}",
             r.projection,
             r.subscriber,
             r.state,
@@ -214,7 +275,12 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
             r.remaining,
             r.rate_per_s,
             r.eta_s.map_or_else(|| "-".into(), |s| format!("{s:.0}s")),
-            r.retired_table
+            r.retired_table,
+            if several {
+                format!(" target={}", r.target)
+            } else {
+                String::new()
+            }
         );
     }
     if s.slot_gaps > 0 {

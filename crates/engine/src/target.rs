@@ -1,0 +1,71 @@
+//! Where a projection's state lives: the main target (`[target]`, which also holds the
+//! event log, the ingest position and the leader lock) or an extra target
+//! (`[targets.NAME]`, named by the projection's `database`). A projection's read model,
+//! claims, checkpoints, parked aggregates, dead letters, pauses, registry row and
+//! rebuilds all live on its target, so its claim, change and checkpoint commit in one
+//! transaction there; its projectors read the log from the main target.
+
+use walfold_config::{Config, ProjectionConfig};
+
+/// One database holding walfold's schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `None` for the main target, else the `[targets.NAME]` name.
+    pub name: Option<String>,
+    pub url: String,
+    pub schema: String,
+}
+
+impl Target {
+    /// The main target: the event log and every projection without `database`.
+    pub fn main(config: &Config) -> Target {
+        Target {
+            name: None,
+            url: config.target_url().to_owned(),
+            schema: config.target.schema.clone(),
+        }
+    }
+
+    /// The target of `projection`.
+    pub fn of(config: &Config, projection: &ProjectionConfig) -> Target {
+        match config.target_of(projection) {
+            Some((name, t)) => Target {
+                name: Some(name.to_owned()),
+                url: t.url.clone(),
+                schema: t.schema.clone(),
+            },
+            None => Target::main(config),
+        }
+    }
+
+    /// Every target: the main one first, then the extra ones by name.
+    pub fn all(config: &Config) -> Vec<Target> {
+        let mut all = vec![Target::main(config)];
+        all.extend(config.targets.iter().map(|(name, t)| Target {
+            name: Some(name.clone()),
+            url: t.url.clone(),
+            schema: t.schema.clone(),
+        }));
+        all
+    }
+
+    /// Whether this is an extra target (its projectors read the log over another
+    /// connection, and its writes pass its own lease's fence).
+    pub fn is_extra(&self) -> bool {
+        self.name.is_some()
+    }
+
+    /// How status, logs and errors name it: `main`, or the extra target's name.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or("main")
+    }
+
+    /// The projections of `config` whose state lives here.
+    pub fn projections<'c>(&self, config: &'c Config) -> Vec<&'c ProjectionConfig> {
+        config
+            .projection
+            .iter()
+            .filter(|p| p.database.as_deref() == self.name.as_deref())
+            .collect()
+    }
+}

@@ -1,0 +1,122 @@
+//! A leader's lease on an extra target (`[targets.NAME]`): the fence of guarantee 9 on
+//! a database that is not the one holding the leader lock.
+//!
+//! Leadership stays single: the leader lock and its epoch live in the main target.
+//! Every extra target's walfold schema has its own `leader` row, and every write
+//! transaction there checks it exactly as on the main target ([`Fence::check`]: a
+//! shared transaction-level advisory lock of the leader's epoch, under the extra
+//! schema's hash, and `leader.epoch` equal to that epoch). Before any of its projectors
+//! writes on an extra target, the leader takes it over ([`Fence::extend_to`]), in one
+//! transaction there:
+//!
+//! 1. it locks the `leader` row and reads the epoch recorded there, `P` (the last
+//!    leader that wrote there). `P` above its own epoch `E` means a newer leader has
+//!    already written there: this one is deposed, and stands down. `P = E` means it
+//!    took over before (a reconnect): nothing more to do.
+//! 2. it takes `P`'s key exclusively, session-level, on a session it keeps while it
+//!    leads. That waits for every in-flight transaction of `P`'s leader that has passed
+//!    its check (each holds the shared lock until it ends), and from then on every
+//!    attempt of that leader to take the shared key fails at once.
+//! 3. it writes `E` into the row and commits.
+//!
+//! So a transaction of the previous leader either passed its check before step 2 and
+//! has ended before this leader's first write there, or it fails: it cannot take the
+//! key while the lease session lives, and it finds another epoch in the row once step
+//! 3 committed (a leader deposed earlier finds another epoch too). Step 3 comes last,
+//! so a takeover cut short (the target went down) leaves `P` in the row and is redone
+//! in full. Epochs only grow (the main target's row advances them), so comparing them
+//! tells the newer leader. A lost lease session loses only the extra lock, never the
+//! row's verdict.
+
+use tokio_postgres::Client;
+
+use crate::connect::connect;
+use crate::error::StoreError;
+use crate::leader::{EpochKey, Fence};
+use crate::q;
+
+/// The session that holds a takeover of an extra target, and the fence for writes there.
+pub struct TargetLease {
+    /// Holds the previous epoch's key exclusively while it lives.
+    _session: Client,
+    fence: Fence,
+}
+
+impl TargetLease {
+    /// The fence every write transaction on this target passes.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+}
+
+impl Fence {
+    /// Takes over the extra target at `url` (walfold's schema `schema`, migrated) for
+    /// this leader; see the module docs. Fails with [`StoreError::Fenced`] (and marks
+    /// leadership lost) when a newer leader has written there.
+    pub async fn extend_to(&self, url: &str, schema: &str) -> Result<TargetLease, StoreError> {
+        let mut client = connect(url).await?;
+        client
+            .batch_execute(crate::event_log::SERVER_KEEPALIVES)
+            .await
+            .map_err(StoreError::db("configuring the lease session"))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(StoreError::db("taking over a target"))?;
+        let row = tx
+            .query_one(
+                &format!(
+                    "select epoch, hashtext($1) from {}.leader for update",
+                    q(schema)
+                ),
+                &[&schema],
+            )
+            .await
+            .map_err(StoreError::db("reading the target's leader epoch"))?;
+        let (recorded, class): (i64, i32) = (row.get(0), row.get(1));
+        let epoch = self.epoch();
+        if recorded > epoch {
+            return Err(self.deposed());
+        }
+        if recorded < epoch {
+            let previous = EpochKey {
+                epoch: recorded,
+                class,
+            };
+            tx.batch_execute(&format!(
+                "set local lock_timeout = '{}'",
+                crate::leader::TAKEOVER_WAIT
+            ))
+            .await
+            .map_err(StoreError::db("configuring the lease session"))?;
+            tx.execute(
+                "select pg_advisory_lock($1, $2)",
+                &[&previous.class, &previous.objid()],
+            )
+            .await
+            .map_err(StoreError::db("fencing the previous leader on a target"))?;
+            tx.execute(
+                &format!(
+                    "update {}.leader set epoch = $1, pid = pg_backend_pid(), acquired_at = now()",
+                    q(schema)
+                ),
+                &[&epoch],
+            )
+            .await
+            .map_err(StoreError::db("recording the leader epoch on a target"))?;
+        }
+        tx.commit()
+            .await
+            .map_err(StoreError::db("taking over a target"))?;
+        tracing::info!(
+            schema,
+            epoch,
+            previous = recorded,
+            "leading on an extra target"
+        );
+        Ok(TargetLease {
+            _session: client,
+            fence: self.on_schema(schema, class),
+        })
+    }
+}

@@ -1,0 +1,431 @@
+//! Projections on another server (`[targets.NAME]`, `projection.database`): their read
+//! models and state live on a second PostgreSQL cluster while the event log stays on
+//! the first. One daemon config, one second cluster, in phases: the second target
+//! folds what the main one folds; it is stopped mid-stream and only its projections
+//! pause; the daemon is SIGKILLed repeatedly while events stream; its projection is
+//! rebuilt under a new subscriber. And the fence holds on an extra target: a deposed
+//! leader's transaction there lands before the new leader's takeover or fails.
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use walfold_tempdb::{Cluster, Options};
+use walfold_tests::{
+    caught_up, count, eventually, free_port, http_get, slot_active, walfold, write_events, Daemon,
+    Expected, Rng, TestDb,
+};
+
+/// The second target's projections: a running sum (rebuildable: it names `{table}`)
+/// with two partitions, and a guarded state upsert.
+const REPORTING: &str = r#"
+[[projection]]
+name = "reporting_total"
+subscriber = "reporting.total.v1"
+database = "reporting"
+parallelism = 2
+target = "public.order_total"
+sql = """
+insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+
+[[projection]]
+name = "reporting_state"
+subscriber = "reporting.state.v1"
+database = "reporting"
+table = "public.order_state"
+key = "order_id"
+version_column = "version"
+columns = { status = ":payload.status", amount = ":payload.amount::numeric" }
+"#;
+
+/// Waits until every partition of each of `subscribers` on the second target has read
+/// the main log to its head (and the log holds `events`).
+async fn reporting_caught_up(main: &Client, rep: &Client, events: i64, subscribers: &[&str]) {
+    eventually(
+        Duration::from_secs(90),
+        "the second target's projections to catch up",
+        || async {
+            let head = count(main, "select coalesce(max(seq), 0) from walfold.event_log").await;
+            if count(main, "select count(*) from walfold.event_log").await < events {
+                return false;
+            }
+            for s in subscribers {
+                let Ok(row) = rep
+                    .query_one(
+                        "select count(*), coalesce(min(position), 0), coalesce(max(partitions), 1)::int8 \
+                         from walfold.checkpoint where subscriber_id = $1",
+                        &[s],
+                    )
+                    .await
+                else {
+                    return false;
+                };
+                let (n, min, partitions): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+                if n < partitions || min < head {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+}
+
+/// The second target's read models against the independent fold, and against the
+/// same projections on the main target.
+async fn check_reporting(expected: &Expected, main: &Client, rep: &Client) {
+    let total: Option<i64> = rep
+        .query_one("select (sum(total) * 100)::int8 from order_total", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        total.unwrap_or(0),
+        expected.total_cents(),
+        "the second target's sum over distinct event IDs"
+    );
+    let mut latest: std::collections::BTreeMap<String, i64> = Default::default();
+    for (order, version, _) in expected.events.values() {
+        let v = latest.entry(order.clone()).or_insert(0);
+        *v = (*v).max(*version);
+    }
+    let rows = rep
+        .query("select order_id, version from order_state", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), latest.len(), "one state row per order");
+    for row in rows {
+        let order: String = row.get(0);
+        assert_eq!(Some(&row.get::<_, i64>(1)), latest.get(&order), "{order}");
+    }
+    // The same fold as the main target's projection of the same events.
+    let main_totals: Vec<(String, String)> = main
+        .query(
+            "select order_id, total::text from order_total order by 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let rep_totals: Vec<(String, String)> = rep
+        .query(
+            "select order_id, total::text from order_total order by 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(main_totals, rep_totals, "both targets fold the same events");
+    assert_eq!(
+        count(rep, "select count(*) from walfold.dead_letter").await,
+        0,
+        "nothing dead-lettered on the second target"
+    );
+    assert_eq!(
+        count(rep, "select count(*) from walfold.event_log").await,
+        0,
+        "the event log stays on the main target"
+    );
+}
+
+fn merge(into: &mut Expected, more: Expected) {
+    into.rows_written += more.rows_written;
+    into.events.extend(more.events);
+}
+
+fn paused_gauge(port: u16, subscriber: &str) -> Option<i64> {
+    let (_, body) = http_get(port, "/metrics");
+    let prefix = format!("walfold_projection_paused{{subscriber=\"{subscriber}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn projections_on_a_second_target_fold_exactly_through_its_outage_crashes_and_a_rebuild() {
+    let second: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options::default()).expect("second cluster"),
+    ));
+    let db = TestDb::new("targets");
+    let reporting = TestDb::on(second, "reporting");
+    let port = free_port();
+    let config = db.config(&format!(
+        r#"
+[metrics]
+listen = "127.0.0.1:{port}"
+
+[retention]
+prune_interval_s = 0
+
+[targets.reporting]
+url = "{}"
+{REPORTING}"#,
+        reporting.url()
+    ));
+    let path = walfold_tests::write_config(&config);
+    let (code, out, err) = walfold(&["migrate", "-c", path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("on target reporting is up to date"), "{out}");
+    let mut d = Daemon::start(&config, &[]);
+    d.assert_failpoints_compiled();
+    let main = db.client().await;
+    slot_active(&main).await;
+    let rep_subscribers = ["reporting.total.v1", "reporting.state.v1"];
+
+    // (a) The second target folds what the main target folds.
+    let mut expected = write_events(db.url(), 60, 10, 12, Duration::from_millis(5), 3).await;
+    caught_up(&main, expected.distinct(), 3).await;
+    {
+        let rep = reporting.client().await;
+        reporting_caught_up(&main, &rep, expected.distinct(), &rep_subscribers).await;
+        expected.check(&main).await;
+        check_reporting(&expected, &main, &rep).await;
+    }
+    eventually(
+        Duration::from_secs(20),
+        "the metrics to show the second target's subscribers caught up",
+        || async {
+            let (_, body) = http_get(port, "/metrics");
+            body.contains("walfold_subscriber_lag_events{subscriber=\"reporting.total.v1\"} 0")
+        },
+    )
+    .await;
+    let (code, out, err) = walfold(&["status", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("target reporting: reachable"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("reporting.total.v1") && l.trim_end().ends_with("reporting")),
+        "each subscriber names its target:\n{out}"
+    );
+
+    // (b) The second target stops mid-stream: its projections pause, the main target's
+    // go on; once it is back they catch up exactly.
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        180,
+        5,
+        12,
+        Duration::from_millis(40),
+        5,
+    ));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    second.stop("fast").expect("stop the second cluster");
+    eventually(
+        Duration::from_secs(30),
+        "the second target's projections to show as paused",
+        || async { paused_gauge(port, "reporting.total.v1").is_some_and(|n| n > 0) },
+    )
+    .await;
+    let (code, why) = http_get(port, "/readyz");
+    assert_eq!(code, 503, "{why}");
+    let (code, out, err) = walfold(&["status", "--json", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let targets = s["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 1, "{out}");
+    assert_eq!(targets[0]["name"], "reporting");
+    assert_eq!(targets[0]["reachable"], false, "{out}");
+    let more = writer.await.unwrap();
+    merge(&mut expected, more);
+    // Meanwhile the main target's projections have folded everything.
+    caught_up(&main, expected.distinct(), 3).await;
+    expected.check(&main).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        paused_gauge(port, "reporting.total.v1").is_some_and(|n| n > 0),
+        "still paused while the target is down"
+    );
+    second
+        .start_again()
+        .expect("start the second cluster again");
+    {
+        let rep = reporting.client().await;
+        reporting_caught_up(&main, &rep, expected.distinct(), &rep_subscribers).await;
+        check_reporting(&expected, &main, &rep).await;
+    }
+    eventually(Duration::from_secs(30), "the pause to end", || async {
+        paused_gauge(port, "reporting.total.v1") == Some(0)
+            && paused_gauge(port, "reporting.state.v1") == Some(0)
+    })
+    .await;
+    let log = d.log_text();
+    assert!(
+        log.contains("target unreachable") || log.contains("projection paused"),
+        "the pause is logged:\n{log}"
+    );
+
+    // (c) SIGKILLs of the daemon while events stream.
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        200,
+        5,
+        12,
+        Duration::from_millis(15),
+        7,
+    ));
+    let mut rng = Rng::from_time();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(400 + rng.below(1200))).await;
+        d.kill_and_restart(None);
+    }
+    let more = writer.await.unwrap();
+    merge(&mut expected, more);
+    caught_up(&main, expected.distinct(), 3).await;
+    expected.check(&main).await;
+    {
+        let rep = reporting.client().await;
+        reporting_caught_up(&main, &rep, expected.distinct(), &rep_subscribers).await;
+        check_reporting(&expected, &main, &rep).await;
+    }
+
+    // (d) A rebuild of the second target's projection under a new subscriber ID, while
+    // events stream: it replays the main log on the second target and switches there.
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        60,
+        5,
+        12,
+        Duration::from_millis(20),
+        11,
+    ));
+    let (code, out, err) = walfold(
+        &[
+            "rebuild",
+            "reporting_total",
+            "--subscriber",
+            "reporting.total.v2",
+            "--wait",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("switched over"), "{out}\n{err}");
+    let more = writer.await.unwrap();
+    merge(&mut expected, more);
+    caught_up(&main, expected.distinct(), 3).await;
+    let rep = reporting.client().await;
+    reporting_caught_up(
+        &main,
+        &rep,
+        expected.distinct(),
+        &["reporting.total.v2", "reporting.state.v1"],
+    )
+    .await;
+    check_reporting(&expected, &main, &rep).await;
+    assert_eq!(
+        count(
+            &rep,
+            "select count(*) from walfold.projection where name = 'reporting_total' \
+             and subscriber_id = 'reporting.total.v2'"
+        )
+        .await,
+        1,
+        "the second target records the new subscriber"
+    );
+    assert_eq!(
+        count(
+            &rep,
+            "select count(*) from walfold.rebuild where state = 'switched'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(&main, "select count(*) from walfold.rebuild").await,
+        0,
+        "the rebuild is the second target's, not the main one's"
+    );
+    let (code, out, err) = walfold(&["prune", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, out, err) = walfold(&["dead-letters", "list", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.lines().next().unwrap_or("").contains("target"), "{out}");
+    let (code, out, err) = walfold(&["doctor", "-c", d.config_path()], &[]);
+    assert!(
+        out.contains("target reporting reachable"),
+        "{code}\n{out}\n{err}"
+    );
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
+
+/// The fence on an extra target: a leader takes it over by waiting for the previous
+/// leader's in-flight transaction there (which lands, before any write of the new
+/// one), and from then on every transaction of the previous leader there fails, as
+/// does its attempt to take the target over again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took_it_over() {
+    use walfold_store::{Leadership, StoreError};
+    let main = TestDb::new("fence_main");
+    let extra = TestDb::new("fence_extra");
+    for url in [main.url(), extra.url()] {
+        walfold_store::migrate(&url, "walfold").await.unwrap();
+    }
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let a = Leadership::acquire(&main.url(), "walfold", &cancel)
+        .await
+        .unwrap()
+        .unwrap();
+    let a_main = a.fence();
+    let a_lease = a_main.extend_to(&extra.url(), "walfold").await.unwrap();
+    let a_extra = a_lease.fence();
+    let mut a_client = extra.client().await;
+    // A's transaction on the extra target, in flight when A is deposed.
+    let tx = a_client.transaction().await.unwrap();
+    a_extra.check(&tx).await.unwrap();
+    tx.batch_execute("insert into ledger values (gen_random_uuid(), 'before', 1)")
+        .await
+        .unwrap();
+    // A loses its session on the main target; B leads there.
+    drop(a);
+    let b = Leadership::acquire(&main.url(), "walfold", &cancel)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b.fence().epoch() > a_main.epoch());
+    let takeover = {
+        let (fence, url) = (b.fence(), extra.url());
+        tokio::spawn(async move { fence.extend_to(&url, "walfold").await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !takeover.is_finished(),
+        "the takeover waits for the previous leader's in-flight transaction"
+    );
+    tx.commit()
+        .await
+        .expect("A's transaction lands before B writes there");
+    let b_lease = takeover.await.unwrap().unwrap();
+    // Every later transaction of A on the extra target fails.
+    let tx = a_client.transaction().await.unwrap();
+    assert!(matches!(a_extra.check(&tx).await, Err(StoreError::Fenced)));
+    drop(tx);
+    // And A cannot take the target over again: a newer leader has written there.
+    assert!(matches!(
+        a_main.extend_to(&extra.url(), "walfold").await,
+        Err(StoreError::Fenced)
+    ));
+    // B's transactions pass.
+    let mut b_client = extra.client().await;
+    let tx = b_client.transaction().await.unwrap();
+    b_lease.fence().check(&tx).await.unwrap();
+    tx.batch_execute("insert into ledger values (gen_random_uuid(), 'after', 1)")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        count(&extra.client().await, "select count(*) from ledger").await,
+        2
+    );
+    // B taking the target over again (a reconnect) needs no wait and keeps its epoch.
+    let again = b.fence().extend_to(&extra.url(), "walfold").await.unwrap();
+    let tx = b_client.transaction().await.unwrap();
+    again.fence().check(&tx).await.unwrap();
+}
