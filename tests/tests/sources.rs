@@ -1,5 +1,6 @@
-//! Several sources: two source servers, each with its outbox, folded into one read model
-//! on the target, through outages of one source and SIGKILLs of the daemon.
+//! Several sources: two source servers, each with its outbox, folded into read models
+//! on the main target and on a second target server (three clusters in all), through an
+//! outage of one source and SIGKILLs of the daemon.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -18,12 +19,18 @@ fn second_cluster() -> &'static Cluster {
     SECOND.get_or_init(|| Cluster::start(Options::default()).expect("second cluster"))
 }
 
+/// The second target's server.
+fn third_cluster() -> &'static Cluster {
+    static THIRD: OnceLock<Cluster> = OnceLock::new();
+    THIRD.get_or_init(|| Cluster::start(Options::default()).expect("third cluster"))
+}
+
 const READ_MODELS: &str = "
 create table by_source (event_id uuid primary key, source text not null, order_id text not null);
 create table payments_ledger (event_id uuid primary key, amount numeric not null);
 ";
 
-fn config(orders: &str, payments: &str, target: &str, port: u16) -> String {
+fn config(orders: &str, payments: &str, target: &str, reporting: &str, port: u16) -> String {
     format!(
         r#"
 [[source]]
@@ -40,6 +47,9 @@ heartbeat_interval_s = 1
 
 [target]
 url = "{target}"
+
+[targets.reporting]
+url = "{reporting}"
 
 [[outbox]]
 source = "orders"
@@ -91,6 +101,15 @@ name = "payments_ledger"
 subscriber = "payments.ledger.v1"
 sources = ["payments"]
 sql = "insert into payments_ledger (event_id, amount) values (:event_id, coalesce(:payload.amount::numeric, 0))"
+
+[[projection]]
+name = "reporting_total"
+subscriber = "reporting.total.v1"
+database = "reporting"
+sql = """
+insert into order_total (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = order_total.total + excluded.total
+"""
 "#
     )
 }
@@ -104,11 +123,18 @@ fn merge(into: &mut Expected, from: Expected) {
 async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
     let orders = TestDb::new("orders");
     let payments = TestDb::on(second_cluster(), "payments");
-    let target = TestDb::new("reporting");
+    let target = TestDb::new("main");
     target.psql(READ_MODELS);
+    let reporting = TestDb::on(third_cluster(), "reporting");
     let port = free_port();
     let mut daemon = Daemon::start(
-        &config(&orders.url(), &payments.url(), &target.url(), port),
+        &config(
+            &orders.url(),
+            &payments.url(),
+            &target.url(),
+            &reporting.url(),
+            port,
+        ),
         &[],
     );
     let t = target.client().await;
@@ -284,6 +310,38 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     expected.check(&t).await;
+    // The second target folds the same events of both sources.
+    let r = reporting.client().await;
+    let head = count(&t, "select max(seq) from walfold.event_log").await;
+    eventually(
+        Duration::from_secs(60),
+        "the second target to catch up",
+        || async {
+            count(
+                &r,
+                &format!(
+                    "select count(*) from walfold.checkpoint \
+                 where subscriber_id = 'reporting.total.v1' and position >= {head}"
+                ),
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        count(
+            &r,
+            "select coalesce((sum(total) * 100)::int8, 0) from order_total"
+        )
+        .await,
+        expected.total_cents(),
+        "the second target's sum over the distinct events of both sources"
+    );
+    assert_eq!(
+        count(&r, "select count(*) from walfold.dead_letter").await,
+        0
+    );
 
     // `:source` and `sources = [...]`.
     let payments_ids: Vec<uuid::Uuid> = from_payments.into_iter().chain(late_payments).collect();
@@ -329,4 +387,70 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
         "an outage dead-letters nothing"
     );
     assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+}
+
+/// A WAL position and a backfilled row's digest identify a rejected row only within one
+/// source's database: the same identity from another source is another row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_rejection_is_identified_within_its_source() {
+    use walfold_store::{DeadLetter, DeadLetters, Lsn, Reason, RowOrigin};
+    let db = TestDb::new("dlsource");
+    walfold_store::migrate(&db.url(), "walfold").await.unwrap();
+    let c = db.client().await;
+    let letter = |origin: RowOrigin, raw: serde_json::Value| DeadLetter {
+        subscriber_id: None,
+        event_id: None,
+        seq: None,
+        aggregate_type: Some("order".into()),
+        aggregate_id: Some("o-1".into()),
+        reason: Reason::Malformed,
+        error: "id is null".into(),
+        raw: Some(raw),
+        existing: None,
+        attempts: 1,
+        source_lsn: Some(Lsn(0x0100_0000)),
+        origin: Some(origin),
+    };
+    let orders = DeadLetters::prepare_for(&c, "walfold", Some("orders"))
+        .await
+        .unwrap();
+    let payments = DeadLetters::prepare_for(&c, "walfold", Some("payments"))
+        .await
+        .unwrap();
+    // (A row read by the stream and by a backfill is recorded once: each kind gets a
+    // row of its own here.)
+    for (origin, raw) in [
+        (
+            RowOrigin::Wal {
+                lsn: Lsn(0x0100_0040),
+                index: 0,
+            },
+            serde_json::json!({"id": null, "streamed": true}),
+        ),
+        (
+            RowOrigin::Backfill {
+                digest: uuid::Uuid::from_u128(7),
+            },
+            serde_json::json!({"id": null, "backfilled": true}),
+        ),
+    ] {
+        let l = letter(origin, raw);
+        assert!(orders.record(&c, &l).await.unwrap().is_some());
+        assert!(
+            orders.record(&c, &l).await.unwrap().is_none(),
+            "a replay of the same source records nothing twice"
+        );
+        assert!(
+            payments.record(&c, &l).await.unwrap().is_some(),
+            "the same identity in another source's database is another row"
+        );
+    }
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from walfold.dead_letter where source in ('orders', 'payments')"
+        )
+        .await,
+        4
+    );
 }

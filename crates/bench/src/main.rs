@@ -33,9 +33,13 @@ pub struct Args {
     /// protocol 1, one with 2; 0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     pub stream_txn: u64,
-    /// Run only the protocol scenario (`--only protocols`).
-    #[arg(long, value_parser = ["protocols"])]
+    /// Run only one scenario: `protocols` (one big transaction, protocol 1 and 2) or
+    /// `sources` (a backlog drained from one source, then the same split over two).
+    #[arg(long, value_parser = ["protocols", "sources"])]
     pub only: Option<String>,
+    /// Outbox rows in the several-sources drain (split evenly over two sources).
+    #[arg(long, default_value_t = 200_000)]
+    pub sources_events: u64,
     /// The cluster's `fsync`: on (as users run PostgreSQL) or off (the test clusters').
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub fsync: String,

@@ -121,10 +121,22 @@ impl DeadLetter {
 pub struct DeadLetters {
     insert: Statement,
     park: Statement,
+    /// The source whose ingest rejections these statements record (`None`: a
+    /// projector's, which name their subscriber instead).
+    source: Option<String>,
 }
 
 impl DeadLetters {
     pub async fn prepare(client: &Client, schema: &str) -> Result<Self, StoreError> {
+        Self::prepare_for(client, schema, None).await
+    }
+
+    /// For an appender: its rejections are identified within `source`'s database.
+    pub async fn prepare_for(
+        client: &Client,
+        schema: &str,
+        source: Option<&str>,
+    ) -> Result<Self, StoreError> {
         let s = q(schema);
         let insert = client
             .prepare(&format!(
@@ -134,12 +146,13 @@ impl DeadLetters {
                 // raw row recorded under the other kind is that row, recorded before.
                 "insert into {s}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
                  aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
-                 change_index, row_digest, status) \
+                 change_index, row_digest, status, source) \
                  select $1::text, $2::uuid, $3::int8, $4::text, $5::text, $6::text, $7::text, \
                  $8::jsonb, $9::jsonb, $10::int4, $11::pg_lsn, $12::pg_lsn, $13::int4, $14::uuid, \
-                 $15::text \
+                 $15::text, coalesce($16::text, 'default') \
                  where not exists (select 1 from {s}.dead_letter d where $1::text is null \
                    and d.subscriber_id is null and d.reason = $6::text and d.raw = $8::jsonb \
+                   and d.source = coalesce($16::text, 'default') \
                    and (($12::pg_lsn is not null and d.row_digest is not null) \
                      or ($14::uuid is not null and d.change_lsn is not null))) \
                  on conflict do nothing returning id"
@@ -153,7 +166,11 @@ impl DeadLetters {
             ))
             .await
             .map_err(StoreError::db("preparing park"))?;
-        Ok(DeadLetters { insert, park })
+        Ok(DeadLetters {
+            insert,
+            park,
+            source: source.map(str::to_owned),
+        })
     }
 
     /// Records `dl` (in the caller's transaction) and returns its ID; `None` when this
@@ -189,6 +206,7 @@ impl DeadLetters {
                     &change_index,
                     &digest,
                     &dl.reason.initial_status(dl.seq.is_some()),
+                    &self.source,
                 ],
             )
             .await

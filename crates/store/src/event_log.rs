@@ -161,7 +161,7 @@ impl EventLog {
             "the ingest position read",
         )
         .await?;
-        let dead_letters = DeadLetters::prepare(&client, schema).await?;
+        let dead_letters = DeadLetters::prepare_for(&client, schema, Some(source)).await?;
         Ok(EventLog {
             read_position,
             client,

@@ -69,6 +69,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "event source",
         include_str!("../../../migrations/20261201000300_event_source.sql"),
     ),
+    (
+        20261201000301,
+        "dead letter source",
+        include_str!("../../../migrations/20261201000301_dead_letter_source.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
