@@ -211,6 +211,7 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
 
     // The payments server goes away for 10 s: orders keep flowing meanwhile.
     second_cluster().stop("immediate").unwrap();
+    let down = std::time::Instant::now();
     let before = in_log("orders").await;
     let during = write_events(orders.url(), 40, 5, 20, Duration::from_millis(20), 305).await;
     let written_during = during.distinct();
@@ -232,8 +233,13 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
         cli.contains("source payments: slot walfold_payments: UNREACHABLE"),
         "status shows the source that is down:\n{cli}"
     );
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Down for 10 s in all.
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(down.elapsed())).await;
     second_cluster().start_again().unwrap();
+    eprintln!(
+        "payments was down for {:.1} s",
+        down.elapsed().as_secs_f64()
+    );
 
     // Back: its events arrive, with kills of the daemon while both stream.
     let writers = tokio::spawn(async move {
@@ -386,7 +392,45 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
         0,
         "an outage dead-letters nothing"
     );
+    eprintln!(
+        "figures: {} events from orders, {} from payments in the log ({} distinct written, \
+         {} rows); payments down 10 s; 3 SIGKILLs while both streamed",
+        in_log("orders").await,
+        in_log("payments").await,
+        expected.distinct(),
+        expected.rows_written
+    );
     assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+
+    // A backfill reads the source that holds the outbox; both have `public.outbox`.
+    let path = daemon.config_path().to_owned();
+    let (code, _, err) = walfold_tests::walfold(
+        &["backfill", "--config", &path, "--outbox", "public.outbox"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("is an outbox of the sources orders, payments: name one with --source"),
+        "{err}"
+    );
+    let (code, out, err) = walfold_tests::walfold(
+        &[
+            "backfill",
+            "--config",
+            &path,
+            "--outbox",
+            "public.outbox",
+            "--source",
+            "payments",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        count(&t, "select count(*) from walfold.event_log").await,
+        expected.distinct(),
+        "the backfilled payments rows were all in the log already"
+    );
 }
 
 /// A WAL position and a backfilled row's digest identify a rejected row only within one

@@ -105,7 +105,8 @@ impl RetentionConfig {
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// The source's name: `[[outbox]] source` and `[[projection]] sources` refer to it,
-    /// and events carry it (`:source`). Required with several sources.
+    /// and events carry it (`:source`). Each source's own with several sources; a
+    /// single-source deployment that grows a second keeps `default` for the first.
     #[serde(default = "default_source_name")]
     pub name: String,
     /// libpq-style URL: `postgresql://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`.
@@ -986,13 +987,15 @@ impl Config {
                     &key("name"),
                     format!("`{}` is not a valid name: {IDENTIFIER_RULE}", source.name),
                 );
-            } else if several && source.name == DEFAULT_SOURCE {
+            } else if self.source[..i].iter().any(|s| s.name == source.name) {
+                // Two without a name are both `default`.
                 push(
                     &key("name"),
-                    "missing: with several sources, each needs its own name".into(),
+                    format!(
+                        "`{}` is used twice: with several sources, give each its own name",
+                        source.name
+                    ),
                 );
-            } else if self.source[..i].iter().any(|s| s.name == source.name) {
-                push(&key("name"), format!("`{}` is used twice", source.name));
             }
             if !is_slot_name(&source.slot) {
                 push(

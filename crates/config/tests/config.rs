@@ -447,12 +447,18 @@ fn several_sources_name_every_mistake_by_key() {
             .any(|l| l.starts_with("outbox[0].source: missing: with several sources")),
         "{p:#?}"
     );
-    let mut nameless = TWO_SOURCES.replacen("name = \"orders\"\n", "", 1);
-    nameless = nameless.replace("source = \"orders\"", "source = \"default\"");
+    // The first source of a deployment that grew a second may keep its name `default`;
+    // two without a name are one name twice.
+    let grown = TWO_SOURCES
+        .replacen("name = \"orders\"\n", "", 1)
+        .replace("source = \"orders\"", "source = \"default\"")
+        .replace("\"orders\", \"payments\"", "\"default\", \"payments\"");
+    assert_eq!(problems(&grown), Vec::<String>::new());
+    let nameless = grown.replace("name = \"payments\"\n", "");
     let p = problems(&nameless);
     assert!(
         p.iter()
-            .any(|l| l.starts_with("source[0].name: missing: with several sources")),
+            .any(|l| l.starts_with("source[1].name: `default` is used twice")),
         "{p:#?}"
     );
     let bad_key = TWO_SOURCES.replace("protocol = 1", "protocol = 3");

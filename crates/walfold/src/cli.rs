@@ -133,6 +133,10 @@ pub enum Command {
         /// The outbox table, as in [[outbox]] table.
         #[arg(long)]
         outbox: String,
+        /// The [[source]] (by name) whose database holds it; needed only when two
+        /// sources have an outbox of that name.
+        #[arg(long)]
+        source: Option<String>,
         /// Page (and append) in this column's order, then the ID's (default: the ID).
         #[arg(long)]
         order_by: Option<String>,

@@ -169,9 +169,19 @@ fn main() -> ExitCode {
             Command::Backfill {
                 config,
                 outbox,
+                source,
                 order_by,
                 batch,
-            } => ops::backfill(&config, &outbox, order_by.as_deref(), batch).await,
+            } => {
+                ops::backfill(
+                    &config,
+                    &outbox,
+                    source.as_deref(),
+                    order_by.as_deref(),
+                    batch,
+                )
+                .await
+            }
             Command::Prune { config } => ops::prune(&config).await,
             Command::Doctor {
                 config,

@@ -88,6 +88,15 @@ pub async fn rebuild(
     Ok(())
 }
 
+fn names(config: &walfold_config::Config) -> String {
+    config
+        .sources()
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// How long a rebuild may make no progress before `--wait` says why it might not.
 const STALL: Duration = Duration::from_secs(15);
 
@@ -234,6 +243,7 @@ async fn rebuild_state(
 pub async fn backfill(
     path: &Path,
     outbox: &str,
+    source: Option<&str>,
     order_by: Option<&str>,
     batch: i64,
 ) -> Result<(), Failure> {
@@ -242,12 +252,31 @@ pub async fn backfill(
         return Err(Failure::config("--batch must be between 1 and 100000"));
     }
     // The backfill reads the database of the source that holds the outbox.
-    let owner = config
-        .table_outbox(outbox)
-        .map(|(o, _)| config.source_of(o).to_owned());
-    let config = match owner.and_then(|name| config.for_source(&name)) {
-        Some(view) => view,
-        None => config,
+    let config = match source {
+        Some(name) => config.for_source(name).ok_or_else(|| {
+            Failure::config(format!(
+                "--source: no [[source]] is named `{name}` (sources: {})",
+                names(&config)
+            ))
+        })?,
+        None => {
+            let owners: Vec<String> = config
+                .source_views()
+                .into_iter()
+                .filter(|v| v.table_outbox(outbox).is_some())
+                .map(|v| v.source().name.clone())
+                .collect();
+            match owners.as_slice() {
+                [one] => config.for_source(one).expect("a source of the config"),
+                [] => config,
+                several => {
+                    return Err(Failure::config(format!(
+                        "--outbox {outbox} is an outbox of the sources {}: name one with --source",
+                        several.join(", ")
+                    )))
+                }
+            }
+        }
     };
     walfold_store::migrate(config.target_url(), &config.target.schema)
         .await
