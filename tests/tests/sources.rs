@@ -431,6 +431,20 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
         expected.distinct(),
         "the backfilled payments rows were all in the log already"
     );
+
+    // A source's slot renamed by mistake: doctor names the slot walfold ingested through.
+    let renamed = std::fs::read_to_string(&path).unwrap().replace(
+        "slot = \"walfold_payments\"",
+        "slot = \"walfold_payments_v2\"",
+    );
+    let renamed = walfold_tests::write_config(&renamed);
+    let (_, out, err) =
+        walfold_tests::walfold(&["doctor", "--config", renamed.to_str().unwrap()], &[]);
+    assert!(
+        out.contains("walfold ingested through slot walfold_payments (up to")
+            && out.contains("which no [[source]] uses now"),
+        "{out}{err}"
+    );
 }
 
 /// A WAL position and a backfilled row's digest identify a rejected row only within one

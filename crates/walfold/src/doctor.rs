@@ -94,9 +94,12 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         }
     }
     match &target {
-        Some(t) => target_checks(r, config, &walfold_engine::Target::main(config), t)
-            .await
-            .map_err(Failure::runtime)?,
+        Some(t) => {
+            target_checks(r, config, &walfold_engine::Target::main(config), t)
+                .await
+                .map_err(Failure::runtime)?;
+            abandoned_slots(r, config, t).await;
+        }
         None => r.check(Level::Fail, "target unreachable", "check target.url"),
     }
     for t in walfold_engine::Target::all(config)
@@ -384,6 +387,34 @@ async fn source_checks(
 
 /// The rights walfold needs on one target: its schema, and the tables of the
 /// projections whose state lives there.
+/// Slots walfold ingested through that no source of the config uses any more (a
+/// source's slot renamed, a source removed): on its server such a slot keeps WAL.
+async fn abandoned_slots(r: &mut Report, config: &Config, target: &Client) {
+    let Ok(rows) = target
+        .query(
+            &format!(
+                "select slot, lsn::text from {}.ingest_position where lsn > '0/0' order by slot",
+                walfold_config::quote_ident(&config.target.schema)
+            ),
+            &[],
+        )
+        .await
+    else {
+        return;
+    };
+    for row in rows {
+        let (slot, lsn): (String, String) = (row.get(0), row.get(1));
+        if config.sources().iter().any(|s| s.slot == slot) {
+            continue;
+        }
+        r.check(
+            Level::Warn,
+            format!("walfold ingested through slot {slot} (up to {lsn}), which no [[source]] uses now"),
+            format!("if a source's slot was renamed by mistake, set it back; otherwise drop the old slot on its server (select pg_drop_replication_slot('{slot}')), which keeps WAL until it is dropped"),
+        );
+    }
+}
+
 async fn target_checks(
     r: &mut Report,
     config: &Config,
