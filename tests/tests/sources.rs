@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
-    count, eventually, free_port, http_get, status, write_events, Daemon, Expected, TestDb,
+    count, eventually, free_port, http_get, status, walfold, write_config, write_events, Daemon,
+    Expected, TestDb,
 };
 
 // Seeds are odd and distinct: `write_events` seeds its generator with `seed | 1`, and
@@ -511,4 +512,380 @@ async fn an_ingest_rejection_is_identified_within_its_source() {
         .await,
         4
     );
+}
+
+// Found by trying the feature as a stranger would (two sources named `a` and `b`).
+
+fn two_sources(tag: &str, a: &str, b: &str, target: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[source]]
+name = "a"
+url = "{a}"
+slot = "{tag}_a"
+heartbeat_interval_s = 1
+
+[[source]]
+name = "b"
+url = "{b}"
+slot = "{tag}_b"
+heartbeat_interval_s = 1
+
+[target]
+url = "{target}"
+
+[[outbox]]
+source = "a"
+table = "public.outbox"
+
+[[outbox]]
+source = "b"
+table = "public.outbox"
+
+[pipeline]
+max_backoff_ms = 500
+
+[[projection]]
+name = "ledger"
+subscriber = "ledger.v1"
+sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :source, 0)"
+{extra}
+"#
+    )
+}
+
+fn rows(tag: &str, n: usize) -> String {
+    format!(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         select md5('{tag}' || i)::uuid, 'order', '{tag}-' || i, 'Placed', 1, '{{}}' \
+         from generate_series(1, {n}) i"
+    )
+}
+
+/// Two services whose outboxes are both `public.outbox`: a backfill of that name is
+/// refused as ambiguous (exit 2), naming both sources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_reaches_the_second_source_of_a_shared_outbox_name() {
+    let a = TestDb::new("bfa");
+    let b = TestDb::on(second_cluster(), "bfb");
+    let target = TestDb::new("bft");
+    a.psql(&rows("a", 5));
+    b.psql(&rows("b", 7));
+    let path = write_config(&two_sources("bf", &a.url(), &b.url(), &target.url(), ""));
+    let path = path.to_str().unwrap();
+    let (code, out, err) = walfold(&["backfill", "-c", path, "--outbox", "public.outbox"], &[]);
+    let t = target.client().await;
+    let from_a = count(
+        &t,
+        "select count(*) from walfold.event_log where source = 'a'",
+    )
+    .await;
+    let from_b = count(
+        &t,
+        "select count(*) from walfold.event_log where source = 'b'",
+    )
+    .await;
+    let refused = code == 2 && err.contains('a') && err.contains('b');
+    assert!(
+        refused || (code == 0 && from_a == 5 && from_b == 7),
+        "backfill --outbox public.outbox: exit {code}, {from_a} rows of a and {from_b} of b \
+         in the log (b's 7 rows cannot be backfilled);\nstdout {out}\nstderr {err}"
+    );
+}
+
+fn gauge(metrics: &str, name: &str, source: &str) -> Option<f64> {
+    let prefix = format!("{name}{{source=\"{source}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A source whose server is down shows in /metrics: its `slot_active` drops to 0 and
+/// its `seconds_since_feedback` (known without any database) keeps counting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_is_down_shows_in_metrics() {
+    let a = TestDb::new("mda");
+    let b = TestDb::on(second_cluster(), "mdb");
+    let target = TestDb::new("mdt");
+    let port = free_port();
+    let extra = format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    let mut daemon = Daemon::start(
+        &two_sources("md", &a.url(), &b.url(), &target.url(), &extra),
+        &[],
+    );
+    eventually(
+        Duration::from_secs(60),
+        "both sources streaming",
+        || async {
+            let (_, m) = http_get(port, "/metrics");
+            gauge(&m, "walfold_slot_active", "a") == Some(1.0)
+                && gauge(&m, "walfold_slot_active", "b") == Some(1.0)
+        },
+    )
+    .await;
+    second_cluster().stop("fast").unwrap();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let (code, ready) = http_get(port, "/readyz");
+    let (_, m) = http_get(port, "/metrics");
+    second_cluster().start_again().unwrap();
+    assert_eq!(code, 503, "{ready}");
+    let active = gauge(&m, "walfold_slot_active", "b");
+    let feedback = gauge(&m, "walfold_seconds_since_feedback", "b");
+    assert!(
+        active != Some(1.0) && feedback.is_some_and(|s| s >= 10.0),
+        "15 s after source b's server stopped: slot_active{{b}} = {active:?}, \
+         seconds_since_feedback{{b}} = {feedback:?} (readyz: {ready})"
+    );
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+}
+
+/// Growing a single-source deployment into two: the first source keeps its slot and the
+/// name `default` its events carry, so a projection filtered to it sees its whole
+/// history; renaming it later is said in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grown_config_keeps_the_first_sources_history() {
+    let a = TestDb::new("gra");
+    let b = TestDb::on(second_cluster(), "grb");
+    let target = TestDb::new("grt");
+    target.psql("create table only_a (event_id uuid primary key)");
+    let single = format!(
+        r#"
+[source]
+url = "{}"
+slot = "gr_a"
+heartbeat_interval_s = 1
+[target]
+url = "{}"
+[[outbox]]
+table = "public.outbox"
+[[projection]]
+name = "ledger"
+subscriber = "ledger.v1"
+sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :source, 0)"
+"#,
+        a.url(),
+        target.url()
+    );
+    let mut daemon = Daemon::start(&single, &[]);
+    let c = a.client().await;
+    eventually(Duration::from_secs(60), "the slot to stream", || async {
+        count(&c, "select count(*) from pg_replication_slots where active").await == 1
+    })
+    .await;
+    a.psql(&rows("before", 5));
+    let t = target.client().await;
+    eventually(Duration::from_secs(60), "the first events", || async {
+        count(&t, "select count(*) from walfold.event_log").await == 5
+    })
+    .await;
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+
+    // The second source is added; the first keeps its slot and its name.
+    let grown = two_sources(
+        "gr",
+        &a.url(),
+        &b.url(),
+        &target.url(),
+        r#"
+[[projection]]
+name = "only_a"
+subscriber = "only_a.v1"
+sources = ["default"]
+sql = "insert into only_a (event_id) values (:event_id)"
+"#,
+    )
+    .replace("name = \"a\"", "name = \"default\"")
+    .replace("source = \"a\"", "source = \"default\"");
+    let mut daemon = Daemon::start(&grown, &[]);
+    eventually(Duration::from_secs(60), "source a streaming", || async {
+        count(&c, "select count(*) from pg_replication_slots where active").await == 1
+    })
+    .await;
+    a.psql(&rows("after", 3));
+    eventually(
+        Duration::from_secs(60),
+        "all of the first source's events",
+        || async {
+            count(
+                &t,
+                "select count(*) from walfold.event_log where source = 'default'",
+            )
+            .await
+                == 8
+                && count(&t, "select count(*) from only_a").await == 8
+        },
+    )
+    .await;
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+
+    // Renamed: the log says what the events before carry.
+    let renamed = grown
+        .replace("name = \"default\"", "name = \"shop\"")
+        .replace("source = \"default\"", "source = \"shop\"")
+        .replace("sources = [\"default\"]", "sources = [\"shop\"]");
+    let mut daemon = Daemon::start(&renamed, &[]);
+    eventually(
+        Duration::from_secs(60),
+        "the rename to be noticed",
+        || async { daemon.log_text().contains("this slot's source was renamed") },
+    )
+    .await;
+    a.psql(&rows("renamed", 2));
+    eventually(
+        Duration::from_secs(60),
+        "the renamed source's events",
+        || async {
+            count(
+                &t,
+                "select count(*) from walfold.event_log where source = 'shop'",
+            )
+            .await
+                == 2
+                && count(&t, "select count(*) from only_a").await == 10
+        },
+    )
+    .await;
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+}
+
+/// The operator tools name an event's or a rejection's source: `dead-letters list`
+/// (a source column, and `source` in `--json`), `walfold events` (`source`), and
+/// `events --subscriber` of a `sources = [...]` projection calls another source's event
+/// filtered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_tools_name_the_source() {
+    let a = TestDb::new("ota");
+    let b = TestDb::on(second_cluster(), "otb");
+    let target = TestDb::new("ott");
+    target.psql("create table only_b (event_id uuid primary key)");
+    let cfg = two_sources(
+        "ot",
+        &a.url(),
+        &b.url(),
+        &target.url(),
+        r#"
+[[projection]]
+name = "only_b"
+subscriber = "only_b.v1"
+sources = ["b"]
+sql = "insert into only_b (event_id) values (:event_id)"
+"#,
+    );
+    let mut daemon = Daemon::start(&cfg, &[]);
+    for db in [&a, &b] {
+        let c = db.client().await;
+        eventually(Duration::from_secs(60), "the slot to stream", || async {
+            count(&c, "select count(*) from pg_replication_slots where active").await == 1
+        })
+        .await;
+    }
+    a.psql(&rows("ot-a", 1));
+    b.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values (null, 'order', 'x', 'Placed', 1, '{}')",
+    );
+    let t = target.client().await;
+    eventually(
+        Duration::from_secs(60),
+        "the event and the rejection",
+        || async {
+            count(&t, "select count(*) from walfold.event_log").await == 1
+                && count(&t, "select count(*) from walfold.dead_letter").await == 1
+                && count(
+                    &t,
+                    "select count(*) from walfold.checkpoint where subscriber_id = 'only_b.v1' \
+                 and position >= 1",
+                )
+                .await
+                    >= 1
+        },
+    )
+    .await;
+    let path = daemon.config_path().to_owned();
+    let mut problems = Vec::new();
+    let (_, json, _) = walfold(&["dead-letters", "list", "-c", &path, "--json"], &[]);
+    if !json.contains("\"source\": \"b\"") && !json.contains("\"source\":\"b\"") {
+        problems.push(format!("dead-letters list --json names no source:\n{json}"));
+    }
+    let (_, table, _) = walfold(&["dead-letters", "list", "-c", &path], &[]);
+    if !table.to_lowercase().contains("source") {
+        problems.push(format!(
+            "dead-letters list shows no source column:\n{table}"
+        ));
+    }
+    let (_, events, _) = walfold(&["events", "-c", &path, "--subscriber", "only_b.v1"], &[]);
+    if !events.contains("\"source\":\"a\"") {
+        problems.push(format!("events prints no source:\n{events}"));
+    }
+    if !events.contains("\"outcome\":\"filtered\"") {
+        problems.push(format!(
+            "events --subscriber only_b.v1 does not call source a's event filtered:\n{events}"
+        ));
+    }
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// Changing a source's `slot` while events wait in the old slot: the start is refused
+/// (the new slot would begin after them), naming the old slot and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sources_new_slot_name_does_not_skip_waiting_events() {
+    let a = TestDb::new("sla");
+    let b = TestDb::on(second_cluster(), "slb");
+    let target = TestDb::new("slt");
+    let cfg = two_sources("sl", &a.url(), &b.url(), &target.url(), "");
+    let mut daemon = Daemon::start(&cfg, &[]);
+    let c = a.client().await;
+    eventually(Duration::from_secs(60), "the slot to stream", || async {
+        count(&c, "select count(*) from pg_replication_slots where active").await == 1
+    })
+    .await;
+    a.psql(&rows("sl-before", 3));
+    let t = target.client().await;
+    eventually(Duration::from_secs(60), "the first events", || async {
+        count(
+            &t,
+            "select count(*) from walfold.event_log where source = 'a'",
+        )
+        .await
+            == 3
+    })
+    .await;
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
+    // Written while the daemon is stopped: they wait in slot sl_a.
+    a.psql(&rows("sl-waiting", 4));
+    let renamed = cfg.replace("slot = \"sl_a\"", "slot = \"sl_a2\"");
+    let mut daemon = Daemon::start(&renamed, &[]);
+    let code = daemon
+        .wait_exit("the start with a new slot name to be refused")
+        .await;
+    assert_ne!(code, Some(0));
+    let log = daemon.log_text();
+    assert!(
+        log.contains("source `a` ingested through slot sl_a")
+            && log.contains("Set the source's slot back to `sl_a`"),
+        "{log}"
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from pg_replication_slots where slot_name = 'sl_a2'"
+        )
+        .await,
+        0,
+        "no new slot was created"
+    );
+    // Set back: the waiting events arrive.
+    let mut daemon = Daemon::start(&cfg, &[]);
+    eventually(Duration::from_secs(60), "the waiting events", || async {
+        count(
+            &t,
+            "select count(*) from walfold.event_log where source = 'a'",
+        )
+        .await
+            == 7
+    })
+    .await;
+    assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
 }

@@ -142,16 +142,56 @@ pub async fn prepare_source(
             return Err(SourceError::Slot {
                 slot: slot.clone(),
                 problem: format!(
-                    "is missing, but walfold had ingested through it up to {ingested_through}: \
-                     events committed since then may be lost (logical slots do not survive a \
-                     failover, or the slot was dropped). Create the slot with \
+                    "is missing, but walfold had ingested through it up to {ingested_through} \
+                     (source `{name}`): events committed since then may be lost (logical slots \
+                     do not survive a failover, or the slot was dropped). Create the slot with \
                      select pg_create_logical_replication_slot('{slot}', 'pgoutput'), run \
-                     `walfold backfill --outbox <table>` for each outbox (events already in the \
-                     log are recognised) if the outbox still holds the rows, and restart"
+                     `walfold backfill --outbox <table>` for each table outbox (events already \
+                     in the log are recognised) if the outbox still holds the rows, and \
+                     restart{messages}",
+                    name = config.source().name,
+                    messages = if config.outbox.iter().any(|o| o.message_prefix.is_some()) {
+                        ". Message outboxes cannot be backfilled: their events in the gap are \
+                         lost; on_slot_lost = \"recreate\" records the gap in slot_gap"
+                    } else {
+                        ""
+                    }
                 ),
             });
         }
         None => {
+            // A new slot name for a source that ingested through another slot, which
+            // still exists: the events written since wait there, and a new slot would
+            // start after them.
+            let others = log
+                .other_slots()
+                .await
+                .map_err(SourceError::store("reading the source's other slots"))?;
+            for (old, through) in others {
+                let waiting: bool = source
+                    .query_one(
+                        "select exists (select from pg_replication_slots \
+                         where slot_name = $1 and database = current_database())",
+                        &[&old],
+                    )
+                    .await
+                    .map_err(db("reading the slot"))?
+                    .get(0);
+                if waiting {
+                    return Err(SourceError::Slot {
+                        slot: slot.clone(),
+                        problem: format!(
+                            "does not exist, but source `{name}` ingested through slot {old} \
+                             (up to {through}), which still exists: the events written since \
+                             wait in it, and a new slot would start after them. Set the \
+                             source's slot back to `{old}`. To move to a new slot on purpose, \
+                             drop the old one first (select pg_drop_replication_slot('{old}')) \
+                             and backfill what it held",
+                            name = config.source().name
+                        ),
+                    });
+                }
+            }
             let start = create().await?;
             record_start(log, start).await?;
         }

@@ -276,6 +276,8 @@ pub struct DeadLetterEntry {
     pub raw: Option<Value>,
     pub existing: Option<Value>,
     pub resolution: Option<String>,
+    /// The source of an ingest rejection (`default` for a single source).
+    pub source: String,
 }
 
 impl DeadLetters {
@@ -293,8 +295,8 @@ impl DeadLetters {
                 &format!(
                     "select id, subscriber_id, event_id, seq, aggregate_type, aggregate_id, reason, \
                      error, attempts, status, extract(epoch from first_failed_at)::float8, \
-                     extract(epoch from last_failed_at)::float8, raw, existing, resolution \
-                     from {}.dead_letter \
+                     extract(epoch from last_failed_at)::float8, raw, existing, resolution, \
+                     source from {}.dead_letter \
                      where ($1 or status = 'open') \
                        and ($2::text is null or subscriber_id = $2 \
                             or ($2 = 'ingest' and subscriber_id is null)) \
@@ -323,6 +325,7 @@ impl DeadLetters {
                 raw: r.get(12),
                 existing: r.get(13),
                 resolution: r.get(14),
+                source: r.get(15),
             })
             .collect())
     }

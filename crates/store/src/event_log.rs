@@ -93,13 +93,30 @@ impl EventLog {
         client
             .execute(
                 &format!(
-                    "insert into {s}.ingest_position (slot, lsn) values ($1, '0/0') \
+                    "insert into {s}.ingest_position (slot, lsn, source) values ($1, '0/0', $2) \
                      on conflict do nothing"
                 ),
-                &[&slot],
+                &[&slot, &source],
             )
             .await
             .map_err(StoreError::db("creating the ingest position"))?;
+        // A slot whose source was renamed: say what the events before carry.
+        let recorded: String = client
+            .query_one(
+                &format!(
+                    "with old as (select source from {s}.ingest_position where slot = $1), \
+                     upd as (update {s}.ingest_position set source = $2 \
+                       where slot = $1 and source <> $2) \
+                     select source from old"
+                ),
+                &[&slot, &source],
+            )
+            .await
+            .map_err(StoreError::db("reading the ingest position's source"))?
+            .get(0);
+        if recorded != source {
+            tracing::warn!(slot, was = %recorded, now = %source, "this slot's source was renamed: events appended before carry the old name (list both in a projection's `sources` to keep them)");
+        }
         let prepare = |sql: String, what: &'static str| {
             let client = &client;
             async move {
@@ -176,6 +193,26 @@ impl EventLog {
             dead_letters,
             fence: None,
         })
+    }
+
+    /// Other slots this appender's source ingested through: (slot, position).
+    pub async fn other_slots(&self) -> Result<Vec<(String, Lsn)>, StoreError> {
+        let rows = self
+            .client
+            .query(
+                &format!(
+                    "select slot, lsn from {}.ingest_position \
+                     where source = $1 and slot <> $2 and lsn > '0/0' order by slot",
+                    q(&self.schema)
+                ),
+                &[&self.source, &self.slot],
+            )
+            .await
+            .map_err(StoreError::db("reading the source's other slots"))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, PgLsn>(1).into()))
+            .collect())
     }
 
     /// Every append from now on proves in its transaction that this instance leads.

@@ -275,8 +275,19 @@ impl Metrics {
         for source in &s.sources {
             let l = Self::source(&source.name);
             self.slot_gaps.get_or_create(&l).set(source.slot_gaps);
+            // Known without the database: how long since this process reported.
+            let last = self.with_source(&source.name, |st| st.last_feedback_ms);
+            self.seconds_since_feedback
+                .get_or_create(&l)
+                .set(if last == 0 {
+                    -1.0
+                } else {
+                    unix_ms().saturating_sub(last) as f64 / 1000.0
+                });
             if source.error.is_some() {
-                // Unreachable: the slot gauges keep their last values.
+                // Unreachable: nobody streams its slot from here; the WAL gauges keep
+                // their last values (the server cannot be asked).
+                self.slot_active.get_or_create(&l).set(0);
                 continue;
             }
             let slot = source.slot.as_ref();
@@ -294,14 +305,6 @@ impl Metrics {
                     .and_then(|l| l.parse::<crate::Lsn>().ok())
                     .map_or(0, |l| l.0 as i64),
             );
-            let last = self.with_source(&source.name, |st| st.last_feedback_ms);
-            self.seconds_since_feedback
-                .get_or_create(&l)
-                .set(if last == 0 {
-                    -1.0
-                } else {
-                    unix_ms().saturating_sub(last) as f64 / 1000.0
-                });
         }
         self.dead_letters_open.set(s.dead_letters_open);
         self.processed_message_rows.set(s.processed_message_rows);

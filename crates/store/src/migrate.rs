@@ -74,6 +74,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dead letter source",
         include_str!("../../../migrations/20261201000301_dead_letter_source.sql"),
     ),
+    (
+        20261201000302,
+        "ingest position source",
+        include_str!("../../../migrations/20261201000302_ingest_position_source.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

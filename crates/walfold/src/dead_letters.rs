@@ -87,10 +87,20 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
                     String::new()
                 }
             };
+            // The source column only with several sources: the source of a row rejected
+            // at ingest (a projector's letters name their subscriber).
+            let sources = config.sources().len() > 1;
+            let source_col = |e: Option<&walfold_store::DeadLetterEntry>| match (sources, e) {
+                (false, _) => String::new(),
+                (true, None) => format!("{:<10} ", "source"),
+                (true, Some(e)) if e.subscriber_id.is_none() => format!("{:<10} ", e.source),
+                (true, Some(_)) => format!("{:<10} ", "-"),
+            };
             println!(
-                "{:>6}  {}{:<18} {:<20} {:<10} {:<36} {:>3}  error",
+                "{:>6}  {}{}{:<18} {:<20} {:<10} {:<36} {:>3}  error",
                 "id",
                 target_col("target"),
+                source_col(None),
                 "subscriber",
                 "reason",
                 "status",
@@ -99,9 +109,10 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             );
             for (t, e) in &listed {
                 println!(
-                    "{:>6}  {}{:<18} {:<20} {:<10} {:<36} {:>3}  {}",
+                    "{:>6}  {}{}{:<18} {:<20} {:<10} {:<36} {:>3}  {}",
                     e.id,
                     target_col(t),
+                    source_col(Some(e)),
                     e.subscriber_id.as_deref().unwrap_or("(ingest)"),
                     e.reason,
                     e.status,

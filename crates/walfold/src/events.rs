@@ -217,7 +217,8 @@ fn page_sql(schema: &str) -> String {
          json_build_object('seq', seq, 'event_id', event_id, 'aggregate_type', aggregate_type, \
            'aggregate_id', aggregate_id, 'event_type', event_type, 'version', version, \
            'payload', payload, 'headers', headers, 'occurred_at', occurred_at, \
-           'committed_at', committed_at, 'appended_at', appended_at, 'source_lsn', source_lsn::text)::text \
+           'committed_at', committed_at, 'appended_at', appended_at, 'source', source, \
+           'source_lsn', source_lsn::text)::text \
          from {schema}.event_log \
          where seq > $1 \
            and ($2::text is null or aggregate_id = $2) \
@@ -448,7 +449,13 @@ impl Subscriber {
                         .aggregate_types
                         .as_ref()
                         .is_some_and(|t| !t.contains(&e.aggregate_type));
-                    if skip_type || skip_agg {
+                    let skip_source = p.sources.as_ref().is_some_and(|t| {
+                        e.json
+                            .get("source")
+                            .and_then(Value::as_str)
+                            .is_some_and(|source| !t.iter().any(|s| s == source))
+                    });
+                    if skip_type || skip_agg || skip_source {
                         return Outcome::Filtered;
                     }
                 }
