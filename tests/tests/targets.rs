@@ -23,6 +23,8 @@ name = "reporting_total"
 subscriber = "reporting.total.v1"
 database = "reporting"
 parallelism = 2
+max_attempts = 2
+retry_backoff_ms = 10
 target = "public.order_total"
 sql = """
 insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
@@ -36,6 +38,9 @@ database = "reporting"
 table = "public.order_state"
 key = "order_id"
 version_column = "version"
+dedup_retention = "1s"
+max_attempts = 2
+retry_backoff_ms = 10
 columns = { status = ":payload.status", amount = ":payload.amount::numeric" }
 "#;
 
@@ -161,6 +166,7 @@ listen = "127.0.0.1:{port}"
 
 [retention]
 prune_interval_s = 0
+event_log = "1s"
 
 [targets.reporting]
 url = "{}"
@@ -343,11 +349,152 @@ url = "{}"
         0,
         "the rebuild is the second target's, not the main one's"
     );
+    drop(rep);
+
+    // (e) Pruning waits for every target: with the second target down, nothing of the
+    // log goes; once it is back and has read everything, all but the head goes, and the
+    // second target's expired claims with it.
+    second.stop("fast").expect("stop the second cluster");
+    let in_log = count(&main, "select count(*) from walfold.event_log").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let (code, out, err) = walfold(&["prune", "-c", d.config_path()], &[]);
     assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains("cannot prune on target reporting"),
+        "{out}\n{err}"
+    );
+    assert_eq!(
+        count(&main, "select count(*) from walfold.event_log").await,
+        in_log,
+        "the log keeps everything while a target cannot say what it has passed"
+    );
+    second
+        .start_again()
+        .expect("start the second cluster again");
+    let rep = reporting.client().await;
+    reporting_caught_up(
+        &main,
+        &rep,
+        expected.distinct(),
+        &["reporting.total.v2", "reporting.state.v1"],
+    )
+    .await;
+    let (code, out, err) = walfold(&["prune", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        count(&main, "select count(*) from walfold.event_log").await,
+        1,
+        "every subscriber on every target has passed all but the head: {out}"
+    );
+    assert_eq!(
+        count(
+            &rep,
+            "select count(*) from walfold.processed_message where subscriber_id = 'reporting.state.v1'"
+        )
+        .await,
+        0,
+        "the second target's claims past dedup_retention are pruned there"
+    );
+    assert!(
+        count(
+            &rep,
+            "select count(*) from walfold.processed_message where subscriber_id = 'reporting.total.v2'"
+        )
+        .await
+            > 0,
+        "claims kept forever stay"
+    );
+
+    // (f) Dead letters on both targets: listed with their target, discarded by target.
+    db.psql(&walfold_tests::insert_event(
+        "7d5c4c1e-8a8f-4d3e-9d55-3c1c2f1a0b01",
+        "o-bad",
+        "OrderChanged",
+        1,
+        r#"{"status": "v1", "amount": "not a number"}"#,
+    ));
+    eventually(
+        Duration::from_secs(60),
+        "the bad event to be dead-lettered on both targets",
+        || async {
+            count(
+                &rep,
+                "select count(*) from walfold.dead_letter where status = 'open'",
+            )
+            .await
+                == 2
+                && count(
+                    &main,
+                    "select count(*) from walfold.dead_letter where status = 'open' and subscriber_id is not null",
+                )
+                .await
+                    == 3
+        },
+    )
+    .await;
     let (code, out, err) = walfold(&["dead-letters", "list", "-c", d.config_path()], &[]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.lines().next().unwrap_or("").contains("target"), "{out}");
+    let on_reporting: Vec<&str> = out
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("reporting"))
+        .collect();
+    assert_eq!(on_reporting.len(), 2, "{out}");
+    let (code, out, err) = walfold(
+        &["dead-letters", "list", "--json", "-c", d.config_path()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let letters: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ids: Vec<String> = letters
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["target"] == "reporting")
+        .map(|l| l["id"].to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "{out}");
+    for id in &ids {
+        let (code, out, err) = walfold(
+            &[
+                "dead-letters",
+                "discard",
+                id,
+                "--target",
+                "reporting",
+                "--reason",
+                "test",
+                "-c",
+                d.config_path(),
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+    }
+    assert_eq!(
+        count(
+            &rep,
+            "select count(*) from walfold.dead_letter where status = 'open'"
+        )
+        .await,
+        0
+    );
+    let (code, _, err) = walfold(
+        &[
+            "dead-letters",
+            "discard",
+            "1",
+            "--target",
+            "nowhere",
+            "--reason",
+            "x",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the targets are: main, reporting"), "{err}");
     let (code, out, err) = walfold(&["doctor", "-c", d.config_path()], &[]);
     assert!(
         out.contains("target reporting reachable"),
