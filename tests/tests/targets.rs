@@ -576,3 +576,154 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
     let tx = b_client.transaction().await.unwrap();
     again.fence().check(&tx).await.unwrap();
 }
+
+/// Rows of `sql` on `client`, as text, sorted.
+async fn rows(client: &Client, sql: &str) -> Vec<(String, String)> {
+    let mut rows: Vec<(String, String)> = client
+        .query(sql, &[])
+        .await
+        .map(|rs| rs.iter().map(|r| (r.get(0), r.get(1))).collect())
+        .unwrap_or_default();
+    rows.sort();
+    rows
+}
+
+/// The real daemons: leader A loses its session on the main target but its watch
+/// notices only 8 s later (a failpoint); B takes over, takes the extra target over
+/// (waiting for A's in-flight transactions there) and switches a rebuild there while
+/// events stream. A stands down at its first fenced write; the extra target's sum
+/// equals the fold, so nothing of A's landed twice or in the switched table. (Which of
+/// A's writes meets the fence first depends on timing: the store-level test above pins
+/// the extra target's half down.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_takes_an_extra_target_over_from_a_deposed_daemon_and_switches_a_rebuild_there() {
+    let db = TestDb::new("deposed_main");
+    let extra = TestDb::new("deposed_extra");
+    let config = |name: &str| {
+        format!(
+            r#"
+[source]
+url = "{url}"
+
+[[outbox]]
+table = "public.outbox"
+
+[target]
+url = "{url}?application_name={name}"
+
+[targets.extra]
+url = "{extra}?application_name={name}"
+
+[pipeline]
+max_backoff_ms = 500
+
+[retention]
+prune_interval_s = 0
+
+[[projection]]
+name = "order_total"
+subscriber = "orders.total.v1"
+database = "extra"
+target = "public.order_total"
+batch_size = 10
+sql = """
+insert into {{table}} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+"#,
+            url = db.url(),
+            extra = extra.url(),
+        )
+    };
+    let a = Daemon::start(
+        &config("walfold-a"),
+        &[("WALFOLD_FAILPOINTS", "leader_watch=sleep:8000")],
+    );
+    a.assert_failpoints_compiled();
+    let main = db.client().await;
+    slot_active(&main).await;
+    let b = Daemon::start(&config("walfold-b"), &[]);
+    eventually(Duration::from_secs(30), "B to stand by", || {
+        let waiting = b.log_text().contains("another walfold leads; standing by");
+        async move { waiting }
+    })
+    .await;
+    let writer = {
+        let url = db.url();
+        tokio::spawn(async move {
+            let c = walfold_store::connect(&url).await.unwrap();
+            for i in 0..120 {
+                c.batch_execute(&format!(
+                    "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                     values (gen_random_uuid(), 'order', 'o-{}', 'OrderPaid', {}, '{{\"amount\": \"{i}\"}}')",
+                    i % 5 + 1,
+                    1000 + i
+                ))
+                .await
+                .unwrap();
+                tokio::time::sleep(Duration::from_millis(80)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A's leader session on the main target ends; A notices only after 8 s.
+    db.psql(
+        "select pg_terminate_backend(pid) from pg_locks where locktype = 'advisory' \
+         and classid = 2002873420 and objsubid = 2 and granted",
+    );
+    eventually(
+        Duration::from_secs(30),
+        "B to lead on the extra target",
+        || {
+            let leads = b.log_text().contains("leading on an extra target");
+            async move { leads }
+        },
+    )
+    .await;
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "-c",
+            b.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let ext = extra.client().await;
+    eventually(Duration::from_secs(60), "B's switch-over", || async {
+        count(
+            &ext,
+            "select count(*) from walfold.rebuild where subscriber_id = 'orders.total.v2' \
+             and state = 'switched'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    writer.await.unwrap();
+    let fold = "select aggregate_id, sum((payload->>'amount')::numeric)::text \
+                from (select distinct on (id) * from outbox) o group by aggregate_id";
+    let totals = "select order_id, total::text from order_total";
+    eventually(
+        Duration::from_secs(60),
+        "the extra target's sums to equal the fold",
+        || async { rows(&main, fold).await == rows(&ext, totals).await },
+    )
+    .await;
+    // And they stay equal: nothing of A's lands later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rows(&main, fold).await, rows(&ext, totals).await);
+    assert!(
+        a.log_text().contains("no longer leads"),
+        "A never tried to write after losing its session:\n{}",
+        a.log_text()
+    );
+    assert!(
+        b.log_text().contains("rebuild switched over"),
+        "{}",
+        b.log_text()
+    );
+}
