@@ -596,7 +596,7 @@ async fn rows(client: &Client, sql: &str) -> Vec<(String, String)> {
 /// A's writes meets the fence first depends on timing: the store-level test above pins
 /// the extra target's half down.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_leader_takes_an_extra_target_over_from_a_deposed_daemon_and_switches_a_rebuild_there() {
+async fn a_new_leader_takes_an_extra_target_over_from_a_deposed_daemon() {
     let db = TestDb::new("deposed_main");
     let extra = TestDb::new("deposed_extra");
     let config = |name: &str| {
