@@ -589,12 +589,10 @@ async fn rows(client: &Client, sql: &str) -> Vec<(String, String)> {
 }
 
 /// The real daemons: leader A loses its session on the main target but its watch
-/// notices only 8 s later (a failpoint); B takes over, takes the extra target over
-/// (waiting for A's in-flight transactions there) and switches a rebuild there while
-/// events stream. A stands down at its first fenced write; the extra target's sum
-/// equals the fold, so nothing of A's landed twice or in the switched table. (Which of
-/// A's writes meets the fence first depends on timing: the store-level test above pins
-/// the extra target's half down.)
+/// notices only 8 s later, and its projector holds every transaction open before its
+/// fence check (failpoints); B takes over, takes the extra target over and switches a
+/// rebuild there while events stream. A's transaction open on the extra target is
+/// refused there by the fence, and the extra target's sum equals the fold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_takes_an_extra_target_over_from_a_deposed_daemon() {
     let db = TestDb::new("deposed_main");
@@ -635,9 +633,14 @@ on conflict (order_id) do update set total = t.total + excluded.total
             extra = extra.url(),
         )
     };
+    // A's projector holds each transaction open for 1.5 s before its fence check, so
+    // one is in flight on the extra target when B takes it over.
     let a = Daemon::start(
         &config("walfold-a"),
-        &[("WALFOLD_FAILPOINTS", "leader_watch=sleep:8000")],
+        &[(
+            "WALFOLD_FAILPOINTS",
+            "leader_watch=sleep:8000,projector_commit=sleep:1500",
+        )],
     );
     a.assert_failpoints_compiled();
     let main = db.client().await;
@@ -719,6 +722,15 @@ on conflict (order_id) do update set total = t.total + excluded.total
     assert!(
         a.log_text().contains("no longer leads"),
         "A never tried to write after losing its session:\n{}",
+        a.log_text()
+    );
+    // A's projector transaction open on the extra target met the fence there.
+    let refused_there = format!("fence={}", extra.url());
+    assert!(
+        a.log_text()
+            .lines()
+            .any(|l| l.contains("a write transaction was refused") && l.contains(&refused_there)),
+        "A's in-flight transaction on the extra target was not refused there:\n{}",
         a.log_text()
     );
     assert!(

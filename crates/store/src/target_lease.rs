@@ -116,7 +116,11 @@ impl Fence {
         );
         Ok(TargetLease {
             _session: client,
-            fence: self.on_schema(schema, class),
+            fence: self.on_schema(
+                schema,
+                class,
+                format!("{} schema {schema}", crate::connect::walfold_redact(url)),
+            ),
         })
     }
 }
