@@ -114,9 +114,10 @@ impl Fence {
         self.key.epoch
     }
 
-    /// Marks leadership lost: a newer leader has been seen.
+    /// Marks leadership lost: a newer leader has been seen (the caller says where).
     pub(crate) fn deposed(&self) -> StoreError {
-        self.verdict(false).err().unwrap_or(StoreError::Fenced)
+        self.lost.cancel();
+        StoreError::Fenced
     }
 
     /// This leader's fence on another walfold schema (an extra target's, taken over by
