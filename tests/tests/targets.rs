@@ -210,6 +210,32 @@ url = "{}"
         "each subscriber names its target:\n{out}"
     );
 
+    let (code, out, err) = walfold(
+        &[
+            "events",
+            "--subscriber",
+            "reporting.state.v1",
+            "--aggregate",
+            "o-1",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let outcomes: Vec<String> = out
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["subscriber"]["outcome"].as_str().unwrap_or("").to_owned()
+        })
+        .collect();
+    assert!(!outcomes.is_empty(), "{out}");
+    assert!(
+        outcomes.iter().all(|o| o == "applied" || o == "stale"),
+        "what the second target's subscriber did is read there: {outcomes:?}"
+    );
+
     // (b) The second target stops mid-stream: its projections pause, the main target's
     // go on; once it is back they catch up exactly.
     let writer = tokio::spawn(write_events(
