@@ -292,6 +292,58 @@ url = "{}"
         "the pause is logged:\n{log}"
     );
 
+    // (b2) A read model on the second target loses a column: an error of that target's
+    // environment. Only that projection pauses, recorded there and shown with its
+    // target; putting the column back resumes it.
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        60,
+        5,
+        12,
+        Duration::from_millis(20),
+        13,
+    ));
+    reporting.psql("alter table order_state drop column amount");
+    eventually(
+        Duration::from_secs(30),
+        "reporting_state to pause on its target",
+        || async {
+            let (_, out, _) = walfold(&["status", "--json", "-c", d.config_path()], &[]);
+            serde_json::from_str::<serde_json::Value>(&out)
+                .ok()
+                .and_then(|s| {
+                    s["subscribers"].as_array().and_then(|subs| {
+                        subs.iter()
+                            .find(|x| x["subscriber"] == "reporting.state.v1")
+                            .map(|x| {
+                                x["target"] == "reporting" && x["paused"]["sqlstate"] == "42703"
+                            })
+                    })
+                })
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    let (_, out, _) = walfold(&["status", "-c", d.config_path()], &[]);
+    assert!(
+        out.contains("PAUSED reporting.state.v1 on target reporting"),
+        "{out}"
+    );
+    assert!(
+        paused_gauge(port, "reporting.total.v1") == Some(0),
+        "the other projection on that target goes on"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    reporting.psql("alter table order_state add column amount numeric");
+    let more = writer.await.unwrap();
+    merge(&mut expected, more);
+    caught_up(&main, expected.distinct(), 3).await;
+    {
+        let rep = reporting.client().await;
+        reporting_caught_up(&main, &rep, expected.distinct(), &rep_subscribers).await;
+        check_reporting(&expected, &main, &rep).await;
+    }
+
     // (c) SIGKILLs of the daemon while events stream.
     let writer = tokio::spawn(write_events(
         db.url(),
