@@ -23,6 +23,8 @@ name = "reporting_total"
 subscriber = "reporting.total.v1"
 database = "reporting"
 parallelism = 2
+max_attempts = 2
+retry_backoff_ms = 10
 target = "public.order_total"
 sql = """
 insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
@@ -36,6 +38,9 @@ database = "reporting"
 table = "public.order_state"
 key = "order_id"
 version_column = "version"
+dedup_retention = "1s"
+max_attempts = 2
+retry_backoff_ms = 10
 columns = { status = ":payload.status", amount = ":payload.amount::numeric" }
 "#;
 
@@ -161,6 +166,7 @@ listen = "127.0.0.1:{port}"
 
 [retention]
 prune_interval_s = 0
+event_log = "1s"
 
 [targets.reporting]
 url = "{}"
@@ -202,6 +208,32 @@ url = "{}"
         out.lines()
             .any(|l| l.starts_with("reporting.total.v1") && l.trim_end().ends_with("reporting")),
         "each subscriber names its target:\n{out}"
+    );
+
+    let (code, out, err) = walfold(
+        &[
+            "events",
+            "--subscriber",
+            "reporting.state.v1",
+            "--aggregate",
+            "o-1",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let outcomes: Vec<String> = out
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["subscriber"]["outcome"].as_str().unwrap_or("").to_owned()
+        })
+        .collect();
+    assert!(!outcomes.is_empty(), "{out}");
+    assert!(
+        outcomes.iter().all(|o| o == "applied" || o == "stale"),
+        "what the second target's subscriber did is read there: {outcomes:?}"
     );
 
     // (b) The second target stops mid-stream: its projections pause, the main target's
@@ -259,6 +291,58 @@ url = "{}"
         log.contains("target unreachable") || log.contains("projection paused"),
         "the pause is logged:\n{log}"
     );
+
+    // (b2) A read model on the second target loses a column: an error of that target's
+    // environment. Only that projection pauses, recorded there and shown with its
+    // target; putting the column back resumes it.
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        60,
+        5,
+        12,
+        Duration::from_millis(20),
+        13,
+    ));
+    reporting.psql("alter table order_state drop column amount");
+    eventually(
+        Duration::from_secs(30),
+        "reporting_state to pause on its target",
+        || async {
+            let (_, out, _) = walfold(&["status", "--json", "-c", d.config_path()], &[]);
+            serde_json::from_str::<serde_json::Value>(&out)
+                .ok()
+                .and_then(|s| {
+                    s["subscribers"].as_array().and_then(|subs| {
+                        subs.iter()
+                            .find(|x| x["subscriber"] == "reporting.state.v1")
+                            .map(|x| {
+                                x["target"] == "reporting" && x["paused"]["sqlstate"] == "42703"
+                            })
+                    })
+                })
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    let (_, out, _) = walfold(&["status", "-c", d.config_path()], &[]);
+    assert!(
+        out.contains("PAUSED reporting.state.v1 on target reporting"),
+        "{out}"
+    );
+    assert!(
+        paused_gauge(port, "reporting.total.v1") == Some(0),
+        "the other projection on that target goes on"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    reporting.psql("alter table order_state add column amount numeric");
+    let more = writer.await.unwrap();
+    merge(&mut expected, more);
+    caught_up(&main, expected.distinct(), 3).await;
+    {
+        let rep = reporting.client().await;
+        reporting_caught_up(&main, &rep, expected.distinct(), &rep_subscribers).await;
+        check_reporting(&expected, &main, &rep).await;
+    }
 
     // (c) SIGKILLs of the daemon while events stream.
     let writer = tokio::spawn(write_events(
@@ -343,11 +427,152 @@ url = "{}"
         0,
         "the rebuild is the second target's, not the main one's"
     );
+    drop(rep);
+
+    // (e) Pruning waits for every target: with the second target down, nothing of the
+    // log goes; once it is back and has read everything, all but the head goes, and the
+    // second target's expired claims with it.
+    second.stop("fast").expect("stop the second cluster");
+    let in_log = count(&main, "select count(*) from walfold.event_log").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let (code, out, err) = walfold(&["prune", "-c", d.config_path()], &[]);
     assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains("cannot prune on target reporting"),
+        "{out}\n{err}"
+    );
+    assert_eq!(
+        count(&main, "select count(*) from walfold.event_log").await,
+        in_log,
+        "the log keeps everything while a target cannot say what it has passed"
+    );
+    second
+        .start_again()
+        .expect("start the second cluster again");
+    let rep = reporting.client().await;
+    reporting_caught_up(
+        &main,
+        &rep,
+        expected.distinct(),
+        &["reporting.total.v2", "reporting.state.v1"],
+    )
+    .await;
+    let (code, out, err) = walfold(&["prune", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        count(&main, "select count(*) from walfold.event_log").await,
+        1,
+        "every subscriber on every target has passed all but the head: {out}"
+    );
+    assert_eq!(
+        count(
+            &rep,
+            "select count(*) from walfold.processed_message where subscriber_id = 'reporting.state.v1'"
+        )
+        .await,
+        0,
+        "the second target's claims past dedup_retention are pruned there"
+    );
+    assert!(
+        count(
+            &rep,
+            "select count(*) from walfold.processed_message where subscriber_id = 'reporting.total.v2'"
+        )
+        .await
+            > 0,
+        "claims kept forever stay"
+    );
+
+    // (f) Dead letters on both targets: listed with their target, discarded by target.
+    db.psql(&walfold_tests::insert_event(
+        "7d5c4c1e-8a8f-4d3e-9d55-3c1c2f1a0b01",
+        "o-bad",
+        "OrderChanged",
+        1,
+        r#"{"status": "v1", "amount": "not a number"}"#,
+    ));
+    eventually(
+        Duration::from_secs(60),
+        "the bad event to be dead-lettered on both targets",
+        || async {
+            count(
+                &rep,
+                "select count(*) from walfold.dead_letter where status = 'open'",
+            )
+            .await
+                == 2
+                && count(
+                    &main,
+                    "select count(*) from walfold.dead_letter where status = 'open' and subscriber_id is not null",
+                )
+                .await
+                    == 3
+        },
+    )
+    .await;
     let (code, out, err) = walfold(&["dead-letters", "list", "-c", d.config_path()], &[]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.lines().next().unwrap_or("").contains("target"), "{out}");
+    let on_reporting: Vec<&str> = out
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("reporting"))
+        .collect();
+    assert_eq!(on_reporting.len(), 2, "{out}");
+    let (code, out, err) = walfold(
+        &["dead-letters", "list", "--json", "-c", d.config_path()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let letters: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ids: Vec<String> = letters
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["target"] == "reporting")
+        .map(|l| l["id"].to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "{out}");
+    for id in &ids {
+        let (code, out, err) = walfold(
+            &[
+                "dead-letters",
+                "discard",
+                id,
+                "--target",
+                "reporting",
+                "--reason",
+                "test",
+                "-c",
+                d.config_path(),
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+    }
+    assert_eq!(
+        count(
+            &rep,
+            "select count(*) from walfold.dead_letter where status = 'open'"
+        )
+        .await,
+        0
+    );
+    let (code, _, err) = walfold(
+        &[
+            "dead-letters",
+            "discard",
+            "1",
+            "--target",
+            "nowhere",
+            "--reason",
+            "x",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the targets are: main, reporting"), "{err}");
     let (code, out, err) = walfold(&["doctor", "-c", d.config_path()], &[]);
     assert!(
         out.contains("target reporting reachable"),
@@ -428,4 +653,167 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
     let again = b.fence().extend_to(&extra.url(), "walfold").await.unwrap();
     let tx = b_client.transaction().await.unwrap();
     again.fence().check(&tx).await.unwrap();
+}
+
+/// Rows of `sql` on `client`, as text, sorted.
+async fn rows(client: &Client, sql: &str) -> Vec<(String, String)> {
+    let mut rows: Vec<(String, String)> = client
+        .query(sql, &[])
+        .await
+        .map(|rs| rs.iter().map(|r| (r.get(0), r.get(1))).collect())
+        .unwrap_or_default();
+    rows.sort();
+    rows
+}
+
+/// The real daemons: leader A loses its session on the main target but its watch
+/// notices only 8 s later, and its projector holds every transaction open before its
+/// fence check (failpoints); B takes over, takes the extra target over and switches a
+/// rebuild there while events stream. A's transaction open on the extra target is
+/// refused there by the fence, and the extra target's sum equals the fold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_takes_an_extra_target_over_from_a_deposed_daemon() {
+    let db = TestDb::new("deposed_main");
+    let extra = TestDb::new("deposed_extra");
+    let config = |name: &str| {
+        format!(
+            r#"
+[source]
+url = "{url}"
+
+[[outbox]]
+table = "public.outbox"
+
+[target]
+url = "{url}?application_name={name}"
+
+[targets.extra]
+url = "{extra}?application_name={name}"
+
+[pipeline]
+max_backoff_ms = 500
+
+[retention]
+prune_interval_s = 0
+
+[[projection]]
+name = "order_total"
+subscriber = "orders.total.v1"
+database = "extra"
+target = "public.order_total"
+batch_size = 10
+sql = """
+insert into {{table}} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+"#,
+            url = db.url(),
+            extra = extra.url(),
+        )
+    };
+    // A's projector holds each transaction open for 1.5 s before its fence check, so
+    // one is in flight on the extra target when B takes it over.
+    let a = Daemon::start(
+        &config("walfold-a"),
+        &[(
+            "WALFOLD_FAILPOINTS",
+            "leader_watch=sleep:8000,projector_commit=sleep:1500",
+        )],
+    );
+    a.assert_failpoints_compiled();
+    let main = db.client().await;
+    slot_active(&main).await;
+    let b = Daemon::start(&config("walfold-b"), &[]);
+    eventually(Duration::from_secs(30), "B to stand by", || {
+        let waiting = b.log_text().contains("another walfold leads; standing by");
+        async move { waiting }
+    })
+    .await;
+    let writer = {
+        let url = db.url();
+        tokio::spawn(async move {
+            let c = walfold_store::connect(&url).await.unwrap();
+            for i in 0..120 {
+                c.batch_execute(&format!(
+                    "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                     values (gen_random_uuid(), 'order', 'o-{}', 'OrderPaid', {}, '{{\"amount\": \"{i}\"}}')",
+                    i % 5 + 1,
+                    1000 + i
+                ))
+                .await
+                .unwrap();
+                tokio::time::sleep(Duration::from_millis(80)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A's leader session on the main target ends; A notices only after 8 s.
+    db.psql(
+        "select pg_terminate_backend(pid) from pg_locks where locktype = 'advisory' \
+         and classid = 2002873420 and objsubid = 2 and granted",
+    );
+    eventually(
+        Duration::from_secs(30),
+        "B to lead on the extra target",
+        || {
+            let leads = b.log_text().contains("leading on an extra target");
+            async move { leads }
+        },
+    )
+    .await;
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "-c",
+            b.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let ext = extra.client().await;
+    eventually(Duration::from_secs(60), "B's switch-over", || async {
+        count(
+            &ext,
+            "select count(*) from walfold.rebuild where subscriber_id = 'orders.total.v2' \
+             and state = 'switched'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    writer.await.unwrap();
+    let fold = "select aggregate_id, sum((payload->>'amount')::numeric)::text \
+                from (select distinct on (id) * from outbox) o group by aggregate_id";
+    let totals = "select order_id, total::text from order_total";
+    eventually(
+        Duration::from_secs(60),
+        "the extra target's sums to equal the fold",
+        || async { rows(&main, fold).await == rows(&ext, totals).await },
+    )
+    .await;
+    // And they stay equal: nothing of A's lands later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rows(&main, fold).await, rows(&ext, totals).await);
+    assert!(
+        a.log_text().contains("no longer leads"),
+        "A never tried to write after losing its session:\n{}",
+        a.log_text()
+    );
+    // A's projector transaction open on the extra target met the fence there.
+    let refused_there = format!("fence={}", extra.url());
+    assert!(
+        a.log_text()
+            .lines()
+            .any(|l| l.contains("a write transaction was refused") && l.contains(&refused_there)),
+        "A's in-flight transaction on the extra target was not refused there:\n{}",
+        a.log_text()
+    );
+    assert!(
+        b.log_text().contains("rebuild switched over"),
+        "{}",
+        b.log_text()
+    );
 }

@@ -163,8 +163,9 @@ pub async fn prune(
     projections: &[ProjectionConfig],
 ) -> Result<Pruned, EngineError> {
     drop(connect(config).await?);
+    // An extra target that is down is reported by the pass (and holds the log).
     for target in Target::all(config).iter().filter(|t| t.is_extra()) {
-        drop(connect_to(target).await?);
+        drop(connect_to(target).await);
     }
     let leader = Leadership::try_acquire(config.target_url(), &config.target.schema)
         .await
@@ -203,6 +204,9 @@ pub(crate) async fn prune_fenced(
             Err(e) => {
                 tracing::warn!(target = target.label(), error = %e, "cannot prune on this target; the event log keeps every event for this pass");
                 held_elsewhere = Some(0);
+                pruned
+                    .held_by
+                    .push((target.label().to_owned(), e.to_string()));
             }
         }
     }

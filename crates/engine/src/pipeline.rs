@@ -464,7 +464,11 @@ async fn take_over(
     let lease = fence
         .extend_to(&target.url, &target.schema)
         .await
-        .map_err(unreachable)?;
+        .map_err(|e| match e {
+            // A newer leader wrote there: this instance stands down (not a pause).
+            walfold_store::StoreError::Fenced => EngineError::store("taking over a target")(e),
+            other => unreachable(other),
+        })?;
     let log = walfold_store::connect(config.target_url())
         .await
         .map_err(EngineError::store("connecting to the target"))?;
@@ -512,7 +516,7 @@ impl TargetDown {
             }
         }
         if self.cause.as_deref() != Some(cause.as_str()) {
-            tracing::error!(target = %self.target, subscribers = ?self.subscribers, error = %e, "target unreachable: its projections are paused; the others go on, and these resume by themselves once it answers");
+            tracing::error!(target = %self.target, subscribers = ?self.subscribers, error = %e, "target unreachable or refusing: its projections are paused; the others go on, and these resume by themselves once it works again");
             self.cause = Some(cause);
         }
     }

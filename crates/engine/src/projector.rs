@@ -520,6 +520,8 @@ impl<'c> Work<'c> {
         last_committed_at: Option<SystemTime>,
     ) -> Result<PartitionStats, EngineError> {
         let part = self.part;
+        // Tests: a transaction still open while another instance takes over.
+        failpoint::delay("projector_commit").await;
         // Sent together: one round trip. On a failed check nothing is committed.
         futures::try_join!(
             async {

@@ -111,7 +111,7 @@ pub async fn connect(url: &str) -> Result<Client, StoreError> {
 }
 
 /// Masks the password of a URL for messages.
-fn walfold_redact(url: &str) -> String {
+pub(crate) fn walfold_redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];

@@ -50,6 +50,9 @@ pub struct Fence {
     check: std::sync::Arc<str>,
     key: EpochKey,
     lost: CancellationToken,
+    /// Where the check runs, for the log: `main target`, or an extra target's URL
+    /// (password masked) and schema.
+    place: std::sync::Arc<str>,
 }
 
 /// An epoch and its advisory-lock key: (hashtext(schema), epoch as int4; epochs wrap
@@ -99,6 +102,7 @@ impl Fence {
 
     fn verdict(&self, leads: bool) -> Result<(), StoreError> {
         if !leads {
+            tracing::warn!(fence = %self.place, epoch = self.key.epoch, "a write transaction was refused: another instance leads; standing down");
             self.lost.cancel();
             return Err(StoreError::Fenced);
         }
@@ -110,15 +114,16 @@ impl Fence {
         self.key.epoch
     }
 
-    /// Marks leadership lost: a newer leader has been seen.
+    /// Marks leadership lost: a newer leader has been seen (the caller says where).
     pub(crate) fn deposed(&self) -> StoreError {
-        self.verdict(false).err().unwrap_or(StoreError::Fenced)
+        self.lost.cancel();
+        StoreError::Fenced
     }
 
     /// This leader's fence on another walfold schema (an extra target's, taken over by
     /// [`Fence::extend_to`]): the same epoch, under that schema's key class, checked
     /// against that schema's `leader` row.
-    pub(crate) fn on_schema(&self, schema: &str, class: i32) -> Fence {
+    pub(crate) fn on_schema(&self, schema: &str, class: i32, place: String) -> Fence {
         Fence {
             check: fence_sql(schema).into(),
             key: EpochKey {
@@ -126,6 +131,7 @@ impl Fence {
                 class,
             },
             lost: self.lost.clone(),
+            place: place.into(),
         }
     }
 }
@@ -281,6 +287,7 @@ impl Leadership {
             check: fence_sql(schema).into(),
             key,
             lost: lost.clone(),
+            place: "main target".into(),
         };
         let watch = tokio::spawn(async move {
             loop {

@@ -38,10 +38,13 @@ pub struct PrunePolicy {
 }
 
 /// What one prune pass deleted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pruned {
     pub claims: u64,
     pub events: u64,
+    /// Extra targets that could not be read, with why: the event log kept every event
+    /// for them in this pass.
+    pub held_by: Vec<(String, String)>,
 }
 
 /// One prune pass. With a `fence` (the leader's), every delete proves in its

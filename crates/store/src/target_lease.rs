@@ -25,8 +25,16 @@
 //! 3 committed (a leader deposed earlier finds another epoch too). Step 3 comes last,
 //! so a takeover cut short (the target went down) leaves `P` in the row and is redone
 //! in full. Epochs only grow (the main target's row advances them), so comparing them
-//! tells the newer leader. A lost lease session loses only the extra lock, never the
-//! row's verdict.
+//! tells the newer leader.
+//!
+//! The lease session lives as long as the leader's projectors there do; it is taken
+//! again after the target could not be reached, and then (the epoch there already its
+//! own) it takes no key: the row alone refuses every older leader. What the key adds,
+//! as on the main target, is only for a check statement that read the row before step 3
+//! committed and asks for the key after the lease session ended: a statement stalled
+//! across a takeover and an outage. A main target and its extra targets must form one
+//! deployment: a schema on an extra target shared by two deployments (two unrelated
+//! epoch counters) makes the one with the lower epoch stand down, loudly, each time.
 
 use tokio_postgres::Client;
 
@@ -54,6 +62,21 @@ impl Fence {
     /// this leader; see the module docs. Fails with [`StoreError::Fenced`] (and marks
     /// leadership lost) when a newer leader has written there.
     pub async fn extend_to(&self, url: &str, schema: &str) -> Result<TargetLease, StoreError> {
+        loop {
+            match self.take_over(url, schema).await {
+                Err(StoreError::Db { ref source, .. })
+                    if crate::kind::sqlstate(source) == Some("55P03") =>
+                {
+                    tracing::warn!(target = %crate::connect::walfold_redact(url), schema, "waiting for the previous leader's transactions on this target to end before taking it over");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One attempt at [`Fence::extend_to`]; a lock timeout (55P03) means the previous
+    /// leader still has a transaction open there.
+    async fn take_over(&self, url: &str, schema: &str) -> Result<TargetLease, StoreError> {
         let mut client = connect(url).await?;
         client
             .batch_execute(crate::event_log::SERVER_KEEPALIVES)
@@ -76,6 +99,7 @@ impl Fence {
         let (recorded, class): (i64, i32) = (row.get(0), row.get(1));
         let epoch = self.epoch();
         if recorded > epoch {
+            tracing::warn!(target = %crate::connect::walfold_redact(url), schema, epoch, recorded, "a newer leader has written on this target (or another walfold deployment uses its schema): standing down");
             return Err(self.deposed());
         }
         if recorded < epoch {
@@ -116,7 +140,11 @@ impl Fence {
         );
         Ok(TargetLease {
             _session: client,
-            fence: self.on_schema(schema, class),
+            fence: self.on_schema(
+                schema,
+                class,
+                format!("{} schema {schema}", crate::connect::walfold_redact(url)),
+            ),
         })
     }
 }

@@ -61,8 +61,17 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         Some(s) => Some(since(&client, s).await?),
         None => None,
     };
+    // The subscriber's state lives on its projection's target (the log on the main one).
+    let home = match &q.subscriber {
+        Some(s) => home_of(&config, s).await?,
+        None => None,
+    };
+    let (state, state_schema) = match &home {
+        Some((c, schema)) => (c, quote_ident(schema)),
+        None => (&client, schema.clone()),
+    };
     let subscriber = match &q.subscriber {
-        Some(s) => Some(Subscriber::resolve(&client, &config, &schema, s).await?),
+        Some(s) => Some(Subscriber::resolve(state, &config, &state_schema, s).await?),
         None => None,
     };
     // Applied-or-stale needs each aggregate's claimed history from the log's start:
@@ -105,7 +114,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         }
         if !queue.is_empty() {
             let outcomes = match &subscriber {
-                Some(s) => s.outcomes(&client, &schema, &queue).await?,
+                Some(s) => s.outcomes(state, &state_schema, &queue).await?,
                 None => vec![Outcome::None; queue.len()],
             };
             // In log order; with --follow a pending event (and what follows it) waits up
@@ -278,6 +287,53 @@ impl Reader<'_> {
         }
         Ok(page)
     }
+}
+
+/// The extra target holding `subscriber`'s state, connected (`None`: the main target):
+/// its projection's `database`, else the extra target that knows the ID (a rebuild's or
+/// a replaced one).
+async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, String)>, Failure> {
+    let connect = |t: walfold_engine::Target| async move {
+        let client = walfold_store::connect(&t.url)
+            .await
+            .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
+        Ok::<_, Failure>((client, t.schema))
+    };
+    if let Some(p) = config
+        .projection
+        .iter()
+        .find(|p| p.subscriber == subscriber)
+    {
+        let t = walfold_engine::Target::of(config, p);
+        return if t.is_extra() {
+            Ok(Some(connect(t).await?))
+        } else {
+            Ok(None)
+        };
+    }
+    for t in walfold_engine::Target::all(config)
+        .into_iter()
+        .filter(walfold_engine::Target::is_extra)
+    {
+        let (client, schema) = connect(t).await?;
+        let s = quote_ident(&schema);
+        let known: bool = client
+            .query_one(
+                &format!(
+                    "select exists (select 1 from {s}.checkpoint where subscriber_id = $1) \
+                     or exists (select 1 from {s}.projection where subscriber_id = $1) \
+                     or exists (select 1 from {s}.rebuild where subscriber_id = $1 or previous_subscriber = $1)"
+                ),
+                &[&subscriber],
+            )
+            .await
+            .map_err(Failure::runtime)?
+            .get(0);
+        if known {
+            return Ok(Some((client, schema)));
+        }
+    }
+    Ok(None)
 }
 
 /// The subscriber `--subscriber` names, and what its projection makes knowable.

@@ -256,8 +256,13 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
     for sub in &s.subscribers {
         if let Some(p) = &sub.paused {
             println!(
-                "PAUSED {}: {} partition(s) since {}s ago, {}{} (an error of the target or the config: nothing is dead-lettered for it; it resumes by itself once fixed)",
+                "PAUSED {}{}: {} partition(s) since {}s ago, {}{} (an error of the target or the config: nothing is dead-lettered for it; it resumes by itself once fixed)",
                 sub.subscriber,
+                if several {
+                    format!(" on target {}", sub.target)
+                } else {
+                    String::new()
+                },
                 p.partitions,
                 (unix_now() - p.since_unix).max(0.0).round(),
                 p.sqlstate.as_deref().map_or_else(String::new, |c| format!("SQLSTATE {c}: ")),
