@@ -60,6 +60,32 @@ impl TestDb {
     }
 }
 
+/// The three projections of [`SCHEMA`]'s read models: a guarded state upsert (`table`),
+/// a running sum (`sql`, right only through its claims) and a ledger.
+pub const PROJECTIONS: &str = r#"
+[[projection]]
+name = "order_state"
+subscriber = "orders.state.v1"
+table = "public.order_state"
+key = "order_id"
+version_column = "version"
+columns = { status = ":payload.status", amount = ":payload.amount::numeric", note = ":payload.note" }
+
+[[projection]]
+name = "order_total"
+subscriber = "orders.total.v1"
+parallelism = 2
+sql = """
+insert into order_total (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = order_total.total + excluded.total
+"""
+
+[[projection]]
+name = "ledger"
+subscriber = "orders.ledger.v1"
+sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :aggregate_id, coalesce(:payload.amount::numeric, 0))"
+"#;
+
 pub fn config_for(url: &str, extra: &str) -> String {
     format!(
         r#"
@@ -76,27 +102,7 @@ shutdown_timeout_s = 20
 [log]
 level = "info"
 
-[[projection]]
-name = "order_state"
-subscriber = "orders.state.v1"
-table = "public.order_state"
-key = "order_id"
-version_column = "version"
-columns = {{ status = ":payload.status", amount = ":payload.amount::numeric", note = ":payload.note" }}
-
-[[projection]]
-name = "order_total"
-subscriber = "orders.total.v1"
-parallelism = 2
-sql = """
-insert into order_total (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
-on conflict (order_id) do update set total = order_total.total + excluded.total
-"""
-
-[[projection]]
-name = "ledger"
-subscriber = "orders.ledger.v1"
-sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :aggregate_id, coalesce(:payload.amount::numeric, 0))"
+{PROJECTIONS}
 {extra}
 "#
     )

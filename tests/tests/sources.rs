@@ -8,7 +8,7 @@ use std::time::Duration;
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
     count, eventually, free_port, http_get, status, walfold, write_config, write_events, Daemon,
-    Expected, TestDb,
+    Expected, TestDb, PROJECTIONS,
 };
 
 // Seeds are odd and distinct: `write_events` seeds its generator with `seed | 1`, and
@@ -70,28 +70,7 @@ listen = "127.0.0.1:{port}"
 [log]
 level = "info"
 
-[[projection]]
-name = "order_state"
-subscriber = "orders.state.v1"
-table = "public.order_state"
-key = "order_id"
-version_column = "version"
-columns = {{ status = ":payload.status", amount = ":payload.amount::numeric", note = ":payload.note" }}
-
-[[projection]]
-name = "order_total"
-subscriber = "orders.total.v1"
-parallelism = 2
-sql = """
-insert into order_total (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
-on conflict (order_id) do update set total = order_total.total + excluded.total
-"""
-
-[[projection]]
-name = "ledger"
-subscriber = "orders.ledger.v1"
-sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :aggregate_id, coalesce(:payload.amount::numeric, 0))"
-
+{PROJECTIONS}
 [[projection]]
 name = "by_source"
 subscriber = "orders.by_source.v1"
