@@ -868,3 +868,26 @@ async fn a_sources_new_slot_name_does_not_skip_waiting_events() {
     .await;
     assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
 }
+
+/// Two sources on one database under different URLs (`localhost` and `127.0.0.1`):
+/// `walfold doctor` says they are the same database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_finds_two_sources_on_one_database() {
+    let a = TestDb::new("samea");
+    let target = TestDb::new("samet");
+    let other_url = a.url().replacen("127.0.0.1", "localhost", 1);
+    assert_ne!(other_url, a.url());
+    let path = write_config(&two_sources(
+        "same",
+        &a.url(),
+        &other_url,
+        &target.url(),
+        "",
+    ));
+    let (code, out, err) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("FAIL  sources a and b are the same database"),
+        "{out}{err}"
+    );
+}

@@ -813,6 +813,21 @@ impl Config {
                 );
             }
             subscribers.push(&proj.subscriber);
+            match &proj.sources {
+                Some(list) if list.is_empty() => push(
+                    &key("sources"),
+                    "is empty: the projection would apply nothing; remove the key to take every source"
+                        .into(),
+                ),
+                Some(list) => {
+                    for (j, name) in list.iter().enumerate() {
+                        if list[..j].contains(name) {
+                            push(&key("sources"), format!("`{name}` is listed twice"));
+                        }
+                    }
+                }
+                None => {}
+            }
             for name in proj.sources.iter().flatten() {
                 if !self.source.iter().any(|s| s.name == *name) {
                     push(
@@ -1012,6 +1027,16 @@ impl Config {
                         "`{}` is also the slot of source `{}`: each source needs its own slot name \
                          (the target keeps each slot's ingest position under it)",
                         source.slot, other.name
+                    ),
+                );
+            }
+            if let Some(other) = self.source[..i].iter().find(|s| s.url == source.url) {
+                push(
+                    &key("url"),
+                    format!(
+                        "is also the url of source `{}`: two sources on one database would read \
+                         the same outbox twice",
+                        other.name
                     ),
                 );
             }

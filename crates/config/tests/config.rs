@@ -461,6 +461,27 @@ fn several_sources_name_every_mistake_by_key() {
             .any(|l| l.starts_with("source[1].name: `default` is used twice")),
         "{p:#?}"
     );
+    let p = problems(&TWO_SOURCES.replace("sources = [\"orders\", \"payments\"]", "sources = []"));
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("projection[0].sources: is empty")),
+        "{p:#?}"
+    );
+    let p = problems(&TWO_SOURCES.replace(
+        "sources = [\"orders\", \"payments\"]",
+        "sources = [\"orders\", \"orders\"]",
+    ));
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("projection[0].sources: `orders` is listed twice")),
+        "{p:#?}"
+    );
+    let p = problems(&TWO_SOURCES.replace("payments-db/app", "orders-db/app"));
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("source[1].url: is also the url of source `orders`")),
+        "{p:#?}"
+    );
     let bad_key = TWO_SOURCES.replace("protocol = 1", "protocol = 3");
     assert!(
         problems(&bad_key)

@@ -59,7 +59,21 @@ pub fn describe(err: &tokio_postgres::Error) -> String {
             }
             s
         }
-        None => err.to_string(),
+        // "error connecting to server" says nothing without its cause ("Connection
+        // refused", a TLS failure, a timeout).
+        None => {
+            let mut s = err.to_string();
+            let mut cause = std::error::Error::source(err);
+            while let Some(c) = cause {
+                let text = c.to_string();
+                if !s.contains(&text) {
+                    s.push_str(": ");
+                    s.push_str(&text);
+                }
+                cause = c.source();
+            }
+            s
+        }
     }
 }
 

@@ -69,6 +69,9 @@ pub async fn check(
 async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Result<(), Failure> {
     let target = walfold_store::connect(config.target_url()).await.ok();
     let several = config.sources().len() > 1;
+    // (source, what identifies its database): two sources on one database read the same
+    // outbox twice, whatever their URLs say.
+    let mut seen: Vec<(String, String)> = Vec::new();
     for view in config.source_views() {
         let name = &view.source().name;
         let (what, key) = if several {
@@ -82,6 +85,27 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         match walfold_store::connect(&view.source().url).await {
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
+                if several {
+                    if let Ok(row) = source
+                        .query_one(
+                            "select current_database() || '/' || d.oid::text || '/' || \
+                             pg_postmaster_start_time()::text || '/' || current_setting('port') \
+                             from pg_database d where d.datname = current_database()",
+                            &[],
+                        )
+                        .await
+                    {
+                        let identity: String = row.get(0);
+                        if let Some((other, _)) = seen.iter().find(|(_, i)| *i == identity) {
+                            r.check(
+                                Level::Fail,
+                                format!("sources {other} and {name} are the same database"),
+                                "point each [[source]] at its own database: one database's outbox read by two sources is attributed to whichever appends first",
+                            );
+                        }
+                        seen.push((name.clone(), identity));
+                    }
+                }
                 source_checks(r, &view, &source, target.as_ref(), max_retained_mb)
                     .await
                     .map_err(Failure::runtime)?;
