@@ -35,8 +35,13 @@ pub struct Args {
     pub stream_txn: u64,
     /// Run only one scenario: `protocols` (one big transaction, protocol 1 and 2) or
     /// `sources` (a backlog drained from one source, then the same split over two).
-    #[arg(long, value_parser = ["protocols", "sources"])]
+    /// `history` (the same drain into an empty log and after `--history-events` earlier
+    /// events and their claims, at the server's default shared_buffers).
+    #[arg(long, value_parser = ["protocols", "sources", "history"])]
     pub only: Option<String>,
+    /// Earlier events (each claimed by both drain projections) of the history scenario.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub history_events: u64,
     /// Outbox rows in the several-sources drain (split evenly over two sources).
     #[arg(long, default_value_t = 200_000)]
     pub sources_events: u64,

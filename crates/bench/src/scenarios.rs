@@ -41,6 +41,10 @@ pub async fn run_all(args: Args) -> Result<(), BoxError> {
     }
     if args.only.as_deref() == Some("sources") {
         several_sources(cluster, args.sources_events, &mut lines).await?;
+    } else if args.only.as_deref() == Some("history") {
+        let history_cluster = blocking(setup::start_default_buffers_cluster).await?;
+        let history_cluster: &'static Cluster = Box::leak(Box::new(history_cluster));
+        history(history_cluster, &args, &mut lines).await?;
     } else if args.stream_txn > 0 {
         for protocol in [1, 2] {
             one_transaction(cluster, args.stream_txn, protocol, &mut lines).await?;
@@ -711,6 +715,139 @@ async fn several_sources(
             },
             cpu: format!("{cpu:.1}"),
             rss: format!("{peak:.0}"),
+        });
+    }
+    Ok(())
+}
+
+/// What the server did during one drain: WAL, full-page images, and buffer reads and
+/// hits of the two indexes every event probes (the event ID's, the claims' key).
+#[derive(Debug, Default, Clone, Copy)]
+struct ServerWork {
+    wal_bytes: f64,
+    wal_fpi: i64,
+    index_reads: i64,
+    index_hits: i64,
+}
+
+async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxError> {
+    let row = client
+        .query_one(
+            "select (select wal_bytes::float8 from pg_stat_wal), (select wal_fpi from pg_stat_wal), \
+             coalesce(sum(idx_blks_read), 0)::int8, coalesce(sum(idx_blks_hit), 0)::int8 \
+             from pg_statio_all_indexes where schemaname = 'walfold' \
+             and indexrelname in ('event_log_event_id_key', 'processed_message_pkey')",
+            &[],
+        )
+        .await?;
+    Ok(ServerWork {
+        wal_bytes: row.get(0),
+        wal_fpi: row.get(1),
+        index_reads: row.get(2),
+        index_hits: row.get(3),
+    })
+}
+
+/// The drain of `n` events into an empty walfold schema, and the same drain after
+/// `history` earlier events whose claims (both projections') are in `processed_message`,
+/// on a cluster with the server's default shared_buffers: what history costs per event.
+async fn history(
+    cluster: &'static Cluster,
+    args: &Args,
+    lines: &mut Vec<Line>,
+) -> Result<(), BoxError> {
+    let n = args.sources_events;
+    let h = args.history_events;
+    blocking(move || {
+        for db in ["hist_empty", "hist_full"] {
+            setup::create_db(cluster, db)?;
+            setup::create_slot(cluster, db, &format!("walfold_{db}"))?;
+            setup::write_backlog(cluster, db, n)?;
+        }
+        Ok(())
+    })
+    .await?;
+    let url = |db: &str| format!("{}?sslmode=disable", cluster.url(db));
+    walfold_store::migrate(&url("hist_full"), "walfold").await?;
+    let started = Instant::now();
+    blocking(move || {
+        cluster.psql(
+            "hist_full",
+            &format!(
+                "insert into walfold.event_log (seq, event_id, aggregate_type, aggregate_id, \
+                 event_type, version, payload, partition_hash, source_lsn, committed_at) \
+                 select i, gen_random_uuid(), 'order', 'old-' || (i % 100000), 'OrderPaid', \
+                 i / 100000 + 1, '{{\"status\": \"paid\", \"amount\": \"1.25\"}}', \
+                 (hashtext('old-' || i) & 2147483647), '0/0', now() \
+                 from generate_series(1, {h}) as i;\
+                 insert into walfold.processed_message (subscriber_id, message_id) \
+                 select s, event_id from walfold.event_log, \
+                 unnest(array['bench.state', 'bench.sum']) as s;\
+                 insert into walfold.checkpoint (subscriber_id, partition, partitions, position) \
+                 values ('bench.state', 0, 1, {h}), ('bench.sum', 0, 1, {h});\
+                 vacuum analyze walfold.event_log; vacuum analyze walfold.processed_message;\
+                 checkpoint;"
+            ),
+        )?;
+        Ok(())
+    })
+    .await?;
+    let size: String = connect(cluster, "hist_full")
+        .await?
+        .query_one(
+            "select pg_size_pretty(pg_total_relation_size('walfold.event_log') + \
+             pg_total_relation_size('walfold.processed_message'))",
+            &[],
+        )
+        .await?
+        .get(0);
+    eprintln!(
+        "preloaded {h} events and {} claims ({size}) in {:.0} s",
+        2 * h,
+        started.elapsed().as_secs_f64()
+    );
+    let mut rates = Vec::new();
+    for (label, db, behind) in [
+        ("empty log", "hist_empty", 0),
+        ("after history", "hist_full", h),
+    ] {
+        let text = format!(
+            "[source]\nurl = \"{}\"\nslot = \"walfold_{db}\"\n\n[[outbox]]\ntable = \"public.outbox\"\n\n\
+             [log]\nlevel = \"warn\"\n{}",
+            url(db),
+            setup::DRAIN_PROJECTIONS
+        );
+        let config = Config::from_toml(&text, Vec::<(String, String)>::new())?;
+        let client = connect(cluster, db).await?;
+        let before = server_work(&client).await.unwrap_or_default();
+        let span = Span::start();
+        let (cancel, task) = start(config);
+        wait_subscribers(&client, (behind + n) as i64, 2, Duration::from_secs(3600)).await?;
+        let (wall, cpu, _) = span.stop();
+        let after = server_work(&client).await.unwrap_or_default();
+        cancel.cancel();
+        task.await??;
+        let per = |x: f64| x / n as f64;
+        let work = format!(
+            "WAL {:.0} B/event, {:.2} full-page images/event, index blocks read {:.2} / hit {:.1} per event",
+            per(after.wal_bytes - before.wal_bytes),
+            per((after.wal_fpi - before.wal_fpi) as f64),
+            per((after.index_reads - before.index_reads) as f64),
+            per((after.index_hits - before.index_hits) as f64),
+        );
+        eprintln!("{label}: {n} events in {wall:.1} s; {work}");
+        rates.push(n as f64 / wall);
+        lines.push(Line {
+            scenario: format!("9. drain {n} events (log + 2 projections), {label}"),
+            walfold: format!("{:.0} ev/s; {work}", n as f64 / wall),
+            limit: if rates.len() == 1 {
+                "the empty-log drain of the same run".into()
+            } else {
+                format!("{:.0} ev/s (empty log; target ≥ 0.8×)", rates[0])
+            },
+            ratio: format!("{:.2}×", rates[rates.len() - 1] / rates[0]),
+            cpu: format!("{cpu:.1}"),
+            rss: "—".into(),
         });
     }
     Ok(())

@@ -36,6 +36,25 @@ pub fn start_cluster(fsync: &str) -> Result<Cluster, BoxError> {
     })?)
 }
 
+/// A cluster with fsync on and the server's default shared_buffers (128 MB), as a
+/// deployment that was never tuned runs: the history scenario's indexes outgrow it.
+pub fn start_default_buffers_cluster() -> Result<Cluster, BoxError> {
+    let extra = [
+        ("fsync", "on"),
+        ("max_wal_size", "8GB"),
+        ("checkpoint_timeout", "30min"),
+        ("track_commit_timestamp", "on"),
+        ("synchronous_commit", "on"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Ok(Cluster::start(Options {
+        tls: false,
+        extra_settings: extra,
+    })?)
+}
+
 /// `WALFOLD_BENCH_STATEMENTS=1`: load `pg_stat_statements` and print the busiest
 /// statements after the drain (a profiling aid; it slows every scenario a little).
 pub fn statements_enabled() -> bool {
