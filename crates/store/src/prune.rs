@@ -84,19 +84,7 @@ pub async fn prune(
     };
     // Every projection's active subscriber and every rebuild in progress must have
     // passed an event; the head stays.
-    let holders: Vec<String> = client
-        .query(
-            &format!(
-                "select subscriber_id from {s}.projection union \
-                 select subscriber_id from {s}.rebuild where state in ('running', 'aborting')"
-            ),
-            &[],
-        )
-        .await
-        .map_err(StoreError::db("reading subscribers for pruning"))?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let holders = holders(client, schema).await?;
     let mut bound = crate::event_log::head(&*client, schema).await? - 1;
     for subscriber in &holders {
         bound = bound.min(passed(client, schema, subscriber).await?);
@@ -126,14 +114,11 @@ pub async fn prune(
     Ok(pruned)
 }
 
-/// On an extra target: the highest seq of the main log it lets go of. Every projection's
-/// active subscriber and every rebuild in progress there has passed it, and it is below
-/// the first event an open dead letter there still needs (a coarser rule than the main
-/// target's per-event one, which a join across databases cannot express). `None` when
-/// nothing there holds events.
-pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreError> {
+/// The subscribers that hold events in the log: every projection's active one, and
+/// every rebuild's in progress.
+async fn holders(client: &Client, schema: &str) -> Result<Vec<String>, StoreError> {
     let s = q(schema);
-    let holders: Vec<String> = client
+    Ok(client
         .query(
             &format!(
                 "select subscriber_id from {s}.projection union \
@@ -145,7 +130,17 @@ pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreErr
         .map_err(StoreError::db("reading subscribers for pruning"))?
         .iter()
         .map(|r| r.get(0))
-        .collect();
+        .collect())
+}
+
+/// On an extra target: the highest seq of the main log it lets go of. Every projection's
+/// active subscriber and every rebuild in progress there has passed it, and it is below
+/// the first event an open dead letter there still needs (a coarser rule than the main
+/// target's per-event one, which a join across databases cannot express). `None` when
+/// nothing there holds events.
+pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreError> {
+    let s = q(schema);
+    let holders = holders(client, schema).await?;
     let mut bound: Option<i64> = None;
     for subscriber in &holders {
         let p = passed(client, schema, subscriber).await?;
