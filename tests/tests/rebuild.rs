@@ -815,3 +815,41 @@ async fn a_failed_switch_over_is_tried_again() {
         0
     );
 }
+
+/// After a switch-over the retired subscriber stays until `--finish`, falling behind by
+/// design: it exports no lag (which would page `WalfoldSubscriberLagging`), the one now
+/// serving does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_subscriber_exports_no_lag() {
+    let db = TestDb::new("retiredlag");
+    let port = walfold_tests::free_port();
+    let text = config(&db, &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let (_d, client) = small_rebuild(&db, &text).await;
+    eventually(Duration::from_secs(60), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await != "running"
+    })
+    .await;
+    db.psql(&walfold_tests::insert_event(
+        &uuid::Uuid::new_v4().to_string(),
+        "o-late",
+        "OrderPaid",
+        1,
+        r#"{"amount": "1.00"}"#,
+    ));
+    subscriber_caught_up(&client, "orders.total.v2", 60).await;
+    eventually(
+        Duration::from_secs(30),
+        "the serving subscriber's lag",
+        || async {
+            let (_, body) = walfold_tests::http_get(port, "/metrics");
+            body.contains("walfold_subscriber_lag_events{subscriber=\"orders.total.v2\"} 0")
+        },
+    )
+    .await;
+    let (_, body) = walfold_tests::http_get(port, "/metrics");
+    assert!(
+        !body.contains("walfold_subscriber_lag_events{subscriber=\"orders.total.v1\"}")
+            && !body.contains("walfold_subscriber_lag_seconds{subscriber=\"orders.total.v1\"}"),
+        "the retired subscriber exports lag:\n{body}"
+    );
+}

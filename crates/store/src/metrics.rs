@@ -250,12 +250,15 @@ impl Metrics {
 
     /// Reads the gauges that describe the database; `extra` holds the extra targets'
     /// parts of the status (their subscribers' lag, parked aggregates, dead letters).
+    /// Lag is exported for the `active` subscribers only (those serving a projection):
+    /// a rebuild's replaying subscriber is behind by design, and a retired one forever.
     pub async fn refresh(
         &self,
         sources: &[crate::status::SourceProbe<'_>],
         target: &Client,
         schema: &str,
         extra: Vec<crate::status::TargetStatus>,
+        active: &[String],
     ) -> Result<(), StoreError> {
         let mut s = crate::status::status_of(target, schema, sources).await?;
         for part in extra {
@@ -266,10 +269,12 @@ impl Metrics {
         self.parked.clear();
         for sub in &s.subscribers {
             let l = Self::subscriber(&sub.subscriber);
-            self.lag_events.get_or_create(&l).set(sub.lag_events);
-            self.lag_seconds
-                .get_or_create(&l)
-                .set(sub.lag_seconds.unwrap_or(0.0));
+            if active.contains(&sub.subscriber) {
+                self.lag_events.get_or_create(&l).set(sub.lag_events);
+                self.lag_seconds
+                    .get_or_create(&l)
+                    .set(sub.lag_seconds.unwrap_or(0.0));
+            }
             self.parked.get_or_create(&l).set(sub.parked_aggregates);
         }
         for source in &s.sources {

@@ -208,8 +208,12 @@ async fn with_clients<T>(
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &state.config.target.schema;
     let refresh = with_clients(state, async |sources, target| {
-        let (extra, _) = extra_parts(&state.config, target).await;
-        metrics().refresh(sources, target, schema, extra).await
+        let (extra, more) = extra_parts(&state.config, target).await;
+        let mut active = walfold_store::active_subscribers(target, schema).await?;
+        active.extend(more);
+        metrics()
+            .refresh(sources, target, schema, extra, &active)
+            .await
     });
     let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
         .await
