@@ -891,3 +891,31 @@ async fn doctor_finds_two_sources_on_one_database() {
         "{out}{err}"
     );
 }
+
+/// A source's publication dropped (and created again by walfold on the reconnect, which
+/// the slot cannot see): the daemon stops naming the source, the slot and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_publication_stops_with_the_source_and_the_fix() {
+    let a = TestDb::new("dpa");
+    let b = TestDb::on(second_cluster(), "dpb");
+    let target = TestDb::new("dpt");
+    let mut daemon = Daemon::start(
+        &two_sources("dp", &a.url(), &b.url(), &target.url(), ""),
+        &[],
+    );
+    let c = a.client().await;
+    eventually(Duration::from_secs(60), "the slot to stream", || async {
+        count(&c, "select count(*) from pg_replication_slots where active").await == 1
+    })
+    .await;
+    a.psql("drop publication walfold_outbox");
+    a.psql(&rows("dp", 1));
+    let code = daemon.wait_exit("the daemon to stop").await;
+    assert_ne!(code, Some(0));
+    let log = daemon.log_text();
+    assert!(
+        log.contains("replication slot dp_a of source `a` cannot go on")
+            && log.contains("pg_drop_replication_slot('dp_a')"),
+        "{log}"
+    );
+}

@@ -90,8 +90,37 @@ async fn follow(
                 tracing::warn!(error = %e, source = %name, "ingest error during shutdown");
                 return Ok(());
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                tracing::error!(source = %name, slot = %config.source().slot, error = %e, "ingest of this source stopped");
+                return Err(explain(e, &config));
+            }
         }
+    }
+}
+
+/// A definite error, with what the operator can do about it where the server's message
+/// does not say.
+fn explain(e: SourceError, config: &Config) -> SourceError {
+    use crate::wire::WireError;
+    let source = config.source();
+    match &e {
+        SourceError::Replication(WireError::Server { code, message })
+            if code.as_deref() == Some("42704") && message.contains("publication") =>
+        {
+            SourceError::Slot {
+                slot: source.slot.clone(),
+                problem: format!(
+                    "of source `{}` cannot go on: {message}. The slot reads the catalog as of \
+                     its position, so a publication dropped and created again is not there for \
+                     it. Drop the slot (select pg_drop_replication_slot('{}')) and start with \
+                     on_slot_lost = \"recreate\" (the skipped range is recorded in slot_gap; \
+                     backfill the outbox for its rows), or restore the database's publication \
+                     from before",
+                    source.name, source.slot
+                ),
+            }
+        }
+        _ => e,
     }
 }
 
