@@ -890,6 +890,9 @@ async fn doctor_finds_two_sources_on_one_database() {
         out.contains("FAIL  sources a and b are the same database"),
         "{out}{err}"
     );
+    // Each source's checks say which source they are about.
+    assert!(out.contains("source a: wal_level = logical"), "{out}");
+    assert!(out.contains("source b: wal_level = logical"), "{out}");
 }
 
 /// A source's publication dropped (and created again by walfold on the reconnect, which

@@ -318,7 +318,18 @@ impl Pager {
                 &[&order, &id, &batch, &self.table, &table, &ctid],
             )
             .await
-            .map_err(|e| SourceError::store("reading an outbox page")(db(e)))?;
+            .map_err(|e| {
+                let context = if walfold_store::sqlstate(&e) == Some("42501") {
+                    format!(
+                        "reading an outbox page (grant select on {} to the source role, then \
+                         run the backfill again; what it appended is recognised)",
+                        self.table
+                    )
+                } else {
+                    "reading an outbox page".into()
+                };
+                SourceError::store(context)(db(e))
+            })?;
         Ok(rows
             .iter()
             .map(|r| {

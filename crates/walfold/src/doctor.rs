@@ -21,6 +21,9 @@ struct Report {
     failures: usize,
     /// Print to standard error (when standard output carries something else).
     to_stderr: bool,
+    /// Said before each check's text (`source orders: ` while one of several sources
+    /// is checked).
+    scope: String,
 }
 
 impl Report {
@@ -30,7 +33,7 @@ impl Report {
             Level::Warn => "warn",
             Level::Fail => "FAIL",
         };
-        let mut text = format!("{tag}  {}", what.as_ref());
+        let mut text = format!("{tag}  {}{}", self.scope, what.as_ref());
         if level != Level::Ok && !fix.as_ref().is_empty() {
             text.push_str(&format!("\n      fix: {}", fix.as_ref()));
         }
@@ -61,6 +64,7 @@ pub async fn check(
     let mut r = Report {
         failures: 0,
         to_stderr,
+        scope: String::new(),
     };
     run_checks(&mut r, config, max_retained_mb).await?;
     Ok(r.failures)
@@ -106,9 +110,14 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
                         seen.push((name.clone(), identity));
                     }
                 }
-                source_checks(r, &view, &source, target.as_ref(), max_retained_mb)
+                if several {
+                    r.scope = format!("source {name}: ");
+                }
+                let checked = source_checks(r, &view, &source, target.as_ref(), max_retained_mb)
                     .await
-                    .map_err(Failure::runtime)?;
+                    .map_err(Failure::runtime);
+                r.scope.clear();
+                checked?;
             }
             Err(e) => r.check(
                 Level::Fail,
