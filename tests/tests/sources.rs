@@ -870,7 +870,7 @@ async fn a_sources_new_slot_name_does_not_skip_waiting_events() {
 }
 
 /// Two sources on one database under different URLs (`localhost` and `127.0.0.1`):
-/// `walfold doctor` says they are the same database.
+/// `walfold doctor` says they are the same database, and the daemon refuses to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_finds_two_sources_on_one_database() {
     let a = TestDb::new("samea");
@@ -893,6 +893,25 @@ async fn doctor_finds_two_sources_on_one_database() {
     // Each source's checks say which source they are about.
     assert!(out.contains("source a: wal_level = logical"), "{out}");
     assert!(out.contains("source b: wal_level = logical"), "{out}");
+    // The daemon refuses to start on it.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut daemon = Daemon::start(&text, &[]);
+    let code = daemon.wait_exit("the daemon to refuse").await;
+    assert_ne!(code, Some(0));
+    let log = daemon.log_text();
+    assert!(
+        log.contains("sources a and b are the same database"),
+        "{log}"
+    );
+    assert_eq!(
+        count(
+            &a.client().await,
+            "select count(*) from pg_replication_slots"
+        )
+        .await,
+        0,
+        "no slot was created"
+    );
 }
 
 /// A source's publication dropped (and created again by walfold on the reconnect, which

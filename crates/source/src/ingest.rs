@@ -29,6 +29,7 @@ pub async fn run_ingest(
     head: watch::Sender<i64>,
     fence: Fence,
 ) -> Result<(), SourceError> {
+    same_database(&config).await?;
     let order = Arc::new(LogOrder::new(config.target_url(), &config.target.schema));
     let head = Arc::new(head);
     let stop = cancel.child_token();
@@ -46,6 +47,35 @@ pub async fn run_ingest(
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Refuses two sources on one database (whatever their URLs): its outbox would be read
+/// twice. Sources that do not answer within a few seconds are not compared.
+async fn same_database(config: &Config) -> Result<(), SourceError> {
+    if config.sources().len() < 2 {
+        return Ok(());
+    }
+    let mut seen: Vec<(&str, String)> = Vec::new();
+    for source in config.sources() {
+        let identity = tokio::time::timeout(Duration::from_secs(5), async {
+            let client = connect(&source.url).await.ok()?;
+            crate::setup::database_identity(&client).await.ok()
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(identity) = identity else { continue };
+        if let Some((other, _)) = seen.iter().find(|(_, i)| *i == identity) {
+            return Err(SourceError::Refused(crate::setup::Refusal {
+                problem: format!("sources {other} and {} are the same database", source.name),
+                fix: "point each [[source]] at its own database: one outbox read by two sources \
+                      is attributed to whichever appends first"
+                    .into(),
+            }));
+        }
+        seen.push((&source.name, identity));
+    }
+    Ok(())
 }
 
 /// Follows one source (`config` is its view, see [`Config::for_source`]).

@@ -19,4 +19,4 @@ pub use error::SourceError;
 pub use ingest::run_ingest;
 pub use outbox::{Mapping, TxContext};
 pub use reader::{replication_config, Item};
-pub use setup::{inspect, prepare_source, Refusal, SourceShape};
+pub use setup::{database_identity, inspect, prepare_source, Refusal, SourceShape};

@@ -270,6 +270,21 @@ async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<(), Source
     Ok(())
 }
 
+/// What identifies the database `client` is connected to, whatever URL reached it: its
+/// name and oid, the server's start time and port. Two sources with the same identity
+/// would read one outbox twice.
+pub async fn database_identity(client: &Client) -> Result<String, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "select current_database() || '/' || d.oid::text || '/' || \
+             pg_postmaster_start_time()::text || '/' || current_setting('port') \
+             from pg_database d where d.datname = current_database()",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 /// A reason the source cannot be followed as configured, with its fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

@@ -90,16 +90,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if several {
-                    if let Ok(row) = source
-                        .query_one(
-                            "select current_database() || '/' || d.oid::text || '/' || \
-                             pg_postmaster_start_time()::text || '/' || current_setting('port') \
-                             from pg_database d where d.datname = current_database()",
-                            &[],
-                        )
-                        .await
-                    {
-                        let identity: String = row.get(0);
+                    if let Ok(identity) = walfold_source::database_identity(&source).await {
                         if let Some((other, _)) = seen.iter().find(|(_, i)| *i == identity) {
                             r.check(
                                 Level::Fail,
