@@ -797,6 +797,13 @@ sql = "insert into only_b (event_id) values (:event_id)"
     if !events.contains("\"source\":\"a\"") {
         problems.push(format!("events prints no source:\n{events}"));
     }
+    let (_, from_a, _) = walfold(&["events", "-c", &path, "--source", "a"], &[]);
+    let (_, from_b, _) = walfold(&["events", "-c", &path, "--source", "b"], &[]);
+    if from_a.lines().count() != 1 || !from_b.trim().is_empty() {
+        problems.push(format!(
+            "events --source: a gave {from_a:?}, b (only a rejected row) gave {from_b:?}"
+        ));
+    }
     if !events.contains("\"outcome\":\"filtered\"") {
         problems.push(format!(
             "events --subscriber only_b.v1 does not call source a's event filtered:\n{events}"

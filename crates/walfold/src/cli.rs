@@ -67,6 +67,9 @@ pub enum Command {
         /// Only this aggregate type.
         #[arg(long)]
         aggregate_type: Option<String>,
+        /// Only events from this [[source]] (by name).
+        #[arg(long)]
+        source: Option<String>,
         /// Only this event type.
         #[arg(long = "type", value_name = "EVENT_TYPE")]
         event_type: Option<String>,

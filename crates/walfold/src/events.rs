@@ -31,6 +31,8 @@ use crate::Failure;
 #[derive(Debug, Clone)]
 pub struct Query {
     pub aggregate: Option<String>,
+    /// Only events from this `[[source]]`.
+    pub source: Option<String>,
     pub aggregate_type: Option<String>,
     pub event_type: Option<String>,
     pub after: i64,
@@ -80,6 +82,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
     let sql_filters = Filters {
         after: if history { 0 } else { q.after },
         aggregate: q.aggregate.clone(),
+        source: q.source.clone(),
         aggregate_type: q.aggregate_type.clone(),
         event_type: if history { None } else { q.event_type.clone() },
         since: if history { None } else { since.clone() },
@@ -193,6 +196,7 @@ async fn since(client: &Client, text: &str) -> Result<String, Failure> {
 struct Filters {
     after: i64,
     aggregate: Option<String>,
+    source: Option<String>,
     aggregate_type: Option<String>,
     event_type: Option<String>,
     since: Option<String>,
@@ -234,6 +238,7 @@ fn page_sql(schema: &str) -> String {
            and ($3::text is null or aggregate_type = $3) \
            and ($4::text is null or event_type = $4) \
            and ($5::text is null or coalesce(committed_at, appended_at) >= $5::text::timestamptz) \
+           and ($7::text is null or source = $7) \
          order by seq limit $6"
     )
 }
@@ -259,6 +264,7 @@ impl Reader<'_> {
                     (&f.event_type, Type::TEXT),
                     (&f.since, Type::TEXT),
                     (&PAGE, Type::INT8),
+                    (&f.source, Type::TEXT),
                 ],
             )
             .await

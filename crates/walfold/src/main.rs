@@ -117,6 +117,7 @@ fn main() -> ExitCode {
             Command::Events {
                 config,
                 aggregate,
+                source,
                 aggregate_type,
                 event_type,
                 after,
@@ -127,6 +128,7 @@ fn main() -> ExitCode {
             } => {
                 let query = events::Query {
                     aggregate,
+                    source,
                     aggregate_type,
                     event_type,
                     after: after.unwrap_or(0),
