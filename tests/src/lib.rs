@@ -382,14 +382,36 @@ async fn log_read_by(
     what: &str,
     done: impl Fn(&walfold_store::Status) -> bool,
 ) {
-    eventually(Duration::from_secs(90), what, || async {
-        let in_log = client
+    let in_log = || async {
+        client
             .query_one("select count(*) from walfold.event_log", &[])
             .await
-            .map_or(0, |r| r.get::<_, i64>(0));
-        in_log >= events && status(client).await.is_some_and(|s| done(&s))
-    })
-    .await;
+            .map_or(0, |r| r.get::<_, i64>(0))
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if in_log().await >= events && status(client).await.is_some_and(|s| done(&s)) {
+            return;
+        }
+        if Instant::now() > deadline {
+            // Say which it was: events missing from the log, or projectors behind.
+            let lags: Vec<(String, i64)> = status(client)
+                .await
+                .map(|s| {
+                    s.subscribers
+                        .into_iter()
+                        .map(|sub| (sub.subscriber, sub.lag_events))
+                        .collect()
+                })
+                .unwrap_or_default();
+            panic!(
+                "timed out waiting for {what}: {} of {events} events in the log; lag per \
+                 subscriber {lags:?}",
+                in_log().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A count from `sql` (-1 when it fails).
