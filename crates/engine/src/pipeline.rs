@@ -702,6 +702,7 @@ async fn push_workers(
         &target.schema,
         &options.subscriber,
         options.parallelism,
+        fence,
     )
     .await
     .map_err(EngineError::store("reconciling checkpoints"))?;

@@ -75,6 +75,7 @@ impl Checkpoints {
         schema: &str,
         subscriber: &str,
         partitions: u32,
+        fence: &crate::leader::Fence,
     ) -> Result<(), StoreError> {
         let s = q(schema);
         let n = partitions as i32;
@@ -116,6 +117,7 @@ impl Checkpoints {
                 )
                 .await
                 .map_err(StoreError::db("creating checkpoints"))?;
+                fence.check(&tx).await?;
                 tx.commit()
                     .await
                     .map_err(StoreError::db("creating checkpoints"))?;
@@ -166,6 +168,8 @@ impl Checkpoints {
         )
         .await
         .map_err(StoreError::db("resetting checkpoints"))?;
+        // A deposed leader with another layout must not rewrite the new leader's rows.
+        fence.check(&tx).await?;
         tx.commit()
             .await
             .map_err(StoreError::db("reconciling checkpoints"))?;
