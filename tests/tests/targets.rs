@@ -817,3 +817,85 @@ on conflict (order_id) do update set total = t.total + excluded.total
         b.log_text()
     );
 }
+
+/// Found by a stranger: an extra target taken out of the config (its projections with
+/// it) while it holds state keeps holding the event log where it last did, so a prune
+/// never deletes what its projections have not read, and putting it back folds
+/// everything.
+const REMOVED_TARGET: &str = r#"
+[[projection]]
+name = "reporting_total"
+subscriber = "reporting.total.v1"
+database = "reporting"
+target = "public.order_total"
+sql = """
+insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+"#;
+
+async fn sum(c: &tokio_postgres::Client) -> i64 {
+    count(
+        c,
+        "select coalesce((sum(total) * 100)::int8, 0) from order_total",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_taken_out_of_the_config_still_holds_the_log_for_its_projections() {
+    let second: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options::default()).expect("second cluster"),
+    ));
+    let db = TestDb::new("stranger2");
+    let reporting = TestDb::on(second, "reporting");
+    let common = "[retention]\nprune_interval_s = 0\nevent_log = \"1s\"\n";
+    let full = db.config(&format!(
+        "{common}\n[targets.reporting]\nurl = \"{}\"\n{REMOVED_TARGET}",
+        reporting.url()
+    ));
+    let without = db.config(common);
+
+    // 1. Both targets fold the first batch.
+    let mut d = Daemon::start(&full, &[]);
+    let main = db.client().await;
+    slot_active(&main).await;
+    let rep = reporting.client().await;
+    let first = write_events(db.url(), 20, 5, 8, Duration::from_millis(5), 3).await;
+    caught_up(&main, first.distinct(), 3).await;
+    eventually(
+        Duration::from_secs(60),
+        "reporting to fold the first batch",
+        || async { sum(&rep).await == first.total_cents() },
+    )
+    .await;
+    d.terminate(Duration::from_secs(20));
+
+    // 2. The operator takes the reporting target out of the config for a while.
+    let mut d = Daemon::start(&without, &[]);
+    slot_active(&main).await;
+    let second_batch = write_events(db.url(), 20, 5, 8, Duration::from_millis(5), 7).await;
+    let mut all = first;
+    all.rows_written += second_batch.rows_written;
+    all.events.extend(second_batch.events);
+    caught_up(&main, all.distinct(), 3).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let path = walfold_tests::write_config(&without);
+    let (code, out, err) = walfold(&["prune", "-c", path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("target reporting is no longer in the config"),
+        "prune says what holds the log: {out}{err}"
+    );
+    d.terminate(Duration::from_secs(20));
+
+    // 3. It is put back: its projection folds every event, the pruned-meanwhile ones too.
+    let _d = Daemon::start(&full, &[]);
+    slot_active(&main).await;
+    eventually(
+        Duration::from_secs(60),
+        "reporting to fold both batches",
+        || async { sum(&rep).await == all.total_cents() },
+    )
+    .await;
+}

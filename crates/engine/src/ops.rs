@@ -188,7 +188,10 @@ pub(crate) async fn prune_fenced(
         .map_err(EngineError::store("connecting to the target"))?;
     let mut pruned = Pruned::default();
     let mut held_elsewhere: Option<i64> = None;
+    let mut holds: Vec<(String, Option<i64>)> = Vec::new();
+    let mut configured: Vec<String> = Vec::new();
     for target in Target::all(config).iter().filter(|t| t.is_extra()) {
+        configured.push(target.label().to_owned());
         let here: Vec<ProjectionConfig> = projections
             .iter()
             .filter(|p| Target::of(config, p) == *target)
@@ -197,6 +200,7 @@ pub(crate) async fn prune_fenced(
         match prune_extra(config, target, &here, &client, fence).await {
             Ok((p, held)) => {
                 pruned.claims += p.claims;
+                holds.push((target.label().to_owned(), held));
                 if let Some(held) = held {
                     held_elsewhere = Some(held_elsewhere.map_or(held, |h| h.min(held)));
                 }
@@ -204,11 +208,33 @@ pub(crate) async fn prune_fenced(
             Err(e) => {
                 tracing::warn!(target = target.label(), error = %e, "cannot prune on this target; the event log keeps every event for this pass");
                 held_elsewhere = Some(0);
-                pruned
-                    .held_by
-                    .push((target.label().to_owned(), e.to_string()));
+                pruned.held_by.push((
+                    target.label().to_owned(),
+                    format!(
+                        "cannot prune on target {} ({e}); the event log keeps every event until it can be read",
+                        target.label()
+                    ),
+                ));
             }
         }
+    }
+    // A target taken out of the config still holds the log where it last did.
+    let (recorded, removed) =
+        walfold_store::record_holds(&mut client, &main.schema, &holds, &configured, fence)
+            .await
+            .map_err(EngineError::store("recording target holds"))?;
+    if let Some(r) = recorded {
+        held_elsewhere = Some(held_elsewhere.map_or(r, |h| h.min(r)));
+    }
+    for (target, bound) in removed {
+        let why = format!(
+            "target {target} is no longer in the config but its projections had read the log only \
+             up to {bound}: the log is kept from there (delete from {}.target_hold where \
+             target = '{target}' to let go)",
+            main.schema
+        );
+        tracing::warn!(target = %target, bound, "{why}");
+        pruned.held_by.push((target, why));
     }
     let here: Vec<ProjectionConfig> = projections
         .iter()

@@ -469,9 +469,12 @@ async fn take_over(
             walfold_store::StoreError::Fenced => EngineError::store("taking over a target")(e),
             other => unreachable(other),
         })?;
-    let log = walfold_store::connect(config.target_url())
+    let mut log = walfold_store::connect(config.target_url())
         .await
         .map_err(EngineError::store("connecting to the target"))?;
+    walfold_store::register_target(&mut log, &config.target.schema, target.label(), fence)
+        .await
+        .map_err(EngineError::store("registering the target"))?;
     let fence = lease.fence();
     Ok((Extra { _lease: lease, log }, fence))
 }

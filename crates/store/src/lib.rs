@@ -48,7 +48,9 @@ pub use log_order::LogOrder;
 pub use lsn::Lsn;
 pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
-pub use prune::{hold, prune, prune_claims_elsewhere, PrunePolicy, Pruned};
+pub use prune::{
+    hold, prune, prune_claims_elsewhere, record_holds, register_target, PrunePolicy, Pruned,
+};
 pub use rebuild::Rebuild;
 pub use registry::{active_subscriber, active_subscribers};
 pub use status::{

@@ -79,6 +79,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "ingest position source",
         include_str!("../../../migrations/20261201000302_ingest_position_source.sql"),
     ),
+    (
+        20261201000303,
+        "target hold",
+        include_str!("../../../migrations/20261201000303_target_hold.sql"),
+    ),
 ];
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.

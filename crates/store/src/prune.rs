@@ -163,6 +163,93 @@ pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreErr
     Ok(bound)
 }
 
+/// Registers an extra target in the main target's schema as holding the whole log,
+/// until a prune pass records how far it really lets go: from the moment its
+/// projections run, taking it out of the config never frees what they have not read.
+pub async fn register_target(
+    client: &mut Client,
+    schema: &str,
+    target: &str,
+    fence: &Fence,
+) -> Result<(), StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("registering a target"))?;
+    tx.execute(
+        &format!(
+            "insert into {}.target_hold (target, bound) values ($1, 0) on conflict do nothing",
+            q(schema)
+        ),
+        &[&target],
+    )
+    .await
+    .map_err(StoreError::db("registering a target"))?;
+    fence.check(&tx).await?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("registering a target"))
+}
+
+/// Records, in the main target's schema, how far each configured extra target lets go
+/// of the log (`None`: nothing there holds events), and returns the lowest bound over
+/// every recorded target, with the names of those no longer configured: their last
+/// bound holds the log until the row is deleted.
+pub async fn record_holds(
+    client: &mut Client,
+    schema: &str,
+    holds: &[(String, Option<i64>)],
+    configured: &[String],
+    fence: Option<&Fence>,
+) -> Result<(Option<i64>, Vec<(String, i64)>), StoreError> {
+    let s = q(schema);
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("recording target holds"))?;
+    for (target, bound) in holds {
+        match bound {
+            Some(b) => tx
+                .execute(
+                    &format!(
+                        "insert into {s}.target_hold (target, bound) values ($1, $2) \
+                         on conflict (target) do update set bound = excluded.bound, updated_at = now()"
+                    ),
+                    &[target, b],
+                )
+                .await
+                .map_err(StoreError::db("recording a target hold"))?,
+            None => tx
+                .execute(
+                    &format!("delete from {s}.target_hold where target = $1"),
+                    &[target],
+                )
+                .await
+                .map_err(StoreError::db("recording a target hold"))?,
+        };
+    }
+    let rows = tx
+        .query(&format!("select target, bound from {s}.target_hold"), &[])
+        .await
+        .map_err(StoreError::db("reading target holds"))?;
+    if let Some(fence) = fence {
+        fence.check(&tx).await?;
+    }
+    tx.commit()
+        .await
+        .map_err(StoreError::db("recording target holds"))?;
+    let mut lowest: Option<i64> = None;
+    let mut removed = Vec::new();
+    for r in &rows {
+        let (target, bound): (String, i64) = (r.get(0), r.get(1));
+        lowest = Some(lowest.map_or(bound, |l| l.min(bound)));
+        if !configured.contains(&target) {
+            removed.push((target, bound));
+        }
+    }
+    Ok((lowest, removed))
+}
+
 /// Most events a subscriber's partitions may be apart for its claims on an extra target
 /// to be pruned in a pass: the IDs of the events its slowest partition has not passed
 /// are read from the main log and kept.
