@@ -899,3 +899,45 @@ async fn a_target_taken_out_of_the_config_still_holds_the_log_for_its_projection
     )
     .await;
 }
+
+/// Found by a stranger: a projection moved from an extra target back to the main one
+/// leaves its old checkpoints behind; they fall behind by design and must not make
+/// `/readyz` fail (readiness is about the (target, subscriber) that serves now).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projection_moved_off_a_target_leaves_readiness_to_where_it_serves() {
+    let second: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options::default()).expect("second cluster"),
+    ));
+    let db = TestDb::new("moved");
+    let reporting = TestDb::on(second, "reporting");
+    let port = free_port();
+    let common = format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\nready_max_lag_s = 1\n\n\
+         [targets.reporting]\nurl = \"{}\"\n",
+        reporting.url()
+    );
+    let on_reporting = db.config(&common).replace(
+        "parallelism = 2\n",
+        "parallelism = 2\ndatabase = \"reporting\"\n",
+    );
+    let mut d = Daemon::start(&on_reporting, &[]);
+    let main = db.client().await;
+    slot_active(&main).await;
+    let first = write_events(db.url(), 10, 5, 8, Duration::from_millis(5), 3).await;
+    let rep = reporting.client().await;
+    reporting_caught_up(&main, &rep, first.distinct(), &["orders.total.v1"]).await;
+    d.terminate(Duration::from_secs(20));
+
+    // Moved to the main target: it starts there afresh; its checkpoints on reporting stay.
+    let _d = Daemon::start(&db.config(&common), &[]);
+    slot_active(&main).await;
+    let more = write_events(db.url(), 10, 5, 8, Duration::from_millis(5), 9).await;
+    caught_up(&main, first.distinct() + more.distinct(), 3).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually(
+        Duration::from_secs(30),
+        "the daemon to be ready",
+        || async { http_get(port, "/readyz").0 == 200 },
+    )
+    .await;
+}

@@ -905,24 +905,26 @@ impl Config {
                 );
             }
             check_url(push, &format!("targets.{name}.url"), &t.url);
-            // Two targets on one schema would run its generations twice.
-            let same = |url: &str, schema: &str| url == t.url && schema == t.schema;
-            if same(self.target_url(), &self.target.schema) {
+            // Two targets on one database: on one schema their generations would run
+            // twice; on two, a projection moved between them starts afresh (its claims
+            // stay behind) and applies every event again to the same table.
+            if t.url == self.target_url() {
                 push(
                     &format!("targets.{name}.url"),
-                    "names the main target's database and schema: leave `database` out of \
-                     its projections instead, or give it another schema"
+                    "names the main target's database: leave `database` out of its \
+                     projections instead (a projection moved between two targets on one \
+                     database would apply every event again to the same table)"
                         .into(),
                 );
             } else if let Some((other, _)) = self
                 .targets
                 .iter()
                 .take_while(|(n, _)| *n != name)
-                .find(|(_, o)| same(&o.url, &o.schema))
+                .find(|(_, o)| o.url == t.url)
             {
                 push(
                     &format!("targets.{name}.url"),
-                    format!("names the same database and schema as targets.{other}"),
+                    format!("names the same database as targets.{other}"),
                 );
             }
             if !is_identifier(&t.schema) {

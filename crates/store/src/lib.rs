@@ -52,7 +52,7 @@ pub use prune::{
     hold, prune, prune_claims_elsewhere, record_holds, register_target, PrunePolicy, Pruned,
 };
 pub use rebuild::Rebuild;
-pub use registry::{active_subscriber, active_subscribers};
+pub use registry::{active_projections, active_subscriber, active_subscribers};
 pub use status::{
     status, status_of, target_status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus,
     SourceProbe, SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus,

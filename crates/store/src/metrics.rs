@@ -250,7 +250,8 @@ impl Metrics {
 
     /// Reads the gauges that describe the database; `extra` holds the extra targets'
     /// parts of the status (their subscribers' lag, parked aggregates, dead letters).
-    /// Lag is exported for the `active` subscribers only (those serving a projection):
+    /// Lag is exported for the `active` (target, subscriber) pairs only (those serving a
+    /// projection there now):
     /// a rebuild's replaying subscriber is behind by design, and a retired one forever.
     pub async fn refresh(
         &self,
@@ -258,7 +259,7 @@ impl Metrics {
         target: &Client,
         schema: &str,
         extra: Vec<crate::status::TargetStatus>,
-        active: &[String],
+        active: &[(String, String)],
     ) -> Result<(), StoreError> {
         let mut s = crate::status::status_of(target, schema, sources).await?;
         for part in extra {
@@ -269,7 +270,10 @@ impl Metrics {
         self.parked.clear();
         for sub in &s.subscribers {
             let l = Self::subscriber(&sub.subscriber);
-            if active.contains(&sub.subscriber) {
+            if active
+                .iter()
+                .any(|(t, s)| *t == sub.target && *s == sub.subscriber)
+            {
                 self.lag_events.get_or_create(&l).set(sub.lag_events);
                 self.lag_seconds
                     .get_or_create(&l)

@@ -97,3 +97,20 @@ pub async fn active_subscribers(client: &Client, schema: &str) -> Result<Vec<Str
         .map(|r| r.get(0))
         .collect())
 }
+
+/// The registry as (projection name, active subscriber) pairs.
+pub async fn active_projections(
+    client: &Client,
+    schema: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
+    Ok(client
+        .query(
+            &format!("select name, subscriber_id from {}.projection", q(schema)),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading the projection registry"))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}

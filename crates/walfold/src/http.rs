@@ -209,7 +209,8 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &state.config.target.schema;
     let refresh = with_clients(state, async |sources, target| {
         let (extra, more) = extra_parts(&state.config, target).await;
-        let mut active = walfold_store::active_subscribers(target, schema).await?;
+        let main = walfold_engine::Target::main(&state.config);
+        let mut active = serving(&state.config, main.label(), target, schema).await?;
         active.extend(more);
         metrics()
             .refresh(sources, target, schema, extra, &active)
@@ -230,13 +231,35 @@ const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long it waits for each extra target.
 const EXTRA_TARGET_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The subscribers serving a projection now on the target `label`, as (target,
+/// subscriber): the registry's, for the projections the config puts on that target (a
+/// projection moved to another target leaves its old registry row behind).
+async fn serving(
+    config: &Config,
+    label: &str,
+    client: &Client,
+    schema: &str,
+) -> Result<Vec<(String, String)>, walfold_store::StoreError> {
+    Ok(walfold_store::active_projections(client, schema)
+        .await?
+        .into_iter()
+        .filter(|(name, _)| {
+            config
+                .projection
+                .iter()
+                .any(|p| p.name == *name && walfold_engine::Target::of(config, p).label() == label)
+        })
+        .map(|(_, subscriber)| (label.to_owned(), subscriber))
+        .collect())
+}
+
 /// The extra targets' parts of the status and their active subscribers, each read on a
 /// fresh connection. A target that does not answer in time is left out: its
 /// projections already count as paused (`walfold_projection_paused`).
 async fn extra_parts(
     config: &Config,
     log: &Client,
-) -> (Vec<walfold_store::TargetStatus>, Vec<String>) {
+) -> (Vec<walfold_store::TargetStatus>, Vec<(String, String)>) {
     let mut parts = Vec::new();
     let mut active = Vec::new();
     for t in walfold_engine::Target::all(config)
@@ -253,7 +276,7 @@ async fn extra_parts(
                 t.label(),
             )
             .await?;
-            let subscribers = walfold_store::active_subscribers(&client, &t.schema).await?;
+            let subscribers = serving(config, t.label(), &client, &t.schema).await?;
             Ok::<_, walfold_store::StoreError>((part, subscribers))
         };
         match tokio::time::timeout(EXTRA_TARGET_TIMEOUT, read).await {
@@ -302,7 +325,8 @@ async fn ready(state: &State) -> Result<(), String> {
     let schema = &state.config.target.schema;
     let check = with_clients(state, async |sources, target| {
         let mut status = walfold_store::status_of(target, schema, sources).await?;
-        let mut active = walfold_store::active_subscribers(target, schema).await?;
+        let main = walfold_engine::Target::main(&state.config);
+        let mut active = serving(&state.config, main.label(), target, schema).await?;
         let (parts, more) = extra_parts(&state.config, target).await;
         for part in parts {
             status.add(part);
@@ -319,7 +343,11 @@ async fn ready(state: &State) -> Result<(), String> {
     match status
         .subscribers
         .iter()
-        .filter(|s| active.contains(&s.subscriber))
+        .filter(|s| {
+            active
+                .iter()
+                .any(|(t, sub)| *t == s.target && *sub == s.subscriber)
+        })
         .find(|s| s.lag_seconds.is_some_and(|l| l > limit))
     {
         Some(s) => Err(format!(
