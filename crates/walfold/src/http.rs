@@ -208,10 +208,7 @@ async fn with_clients<T>(
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &state.config.target.schema;
     let refresh = with_clients(state, async |sources, target| {
-        let (extra, more) = extra_parts(&state.config, target).await;
-        let main = walfold_engine::Target::main(&state.config);
-        let mut active = serving(&state.config, main.label(), target, schema).await?;
-        active.extend(more);
+        let (extra, active) = every_target(&state.config, target).await?;
         metrics()
             .refresh(sources, target, schema, extra, &active)
             .await
@@ -251,6 +248,19 @@ async fn serving(
         })
         .map(|(_, subscriber)| (label.to_owned(), subscriber))
         .collect())
+}
+
+/// The extra targets' parts of the status, and the (target, subscriber) pairs serving a
+/// projection now on every target, the main one (`log`) included.
+async fn every_target(
+    config: &Config,
+    log: &Client,
+) -> Result<(Vec<walfold_store::TargetStatus>, Vec<(String, String)>), walfold_store::StoreError> {
+    let main = walfold_engine::Target::main(config);
+    let mut active = serving(config, main.label(), log, &main.schema).await?;
+    let (parts, more) = extra_parts(config, log).await;
+    active.extend(more);
+    Ok((parts, active))
 }
 
 /// The extra targets' parts of the status and their active subscribers, each read on a
@@ -325,13 +335,10 @@ async fn ready(state: &State) -> Result<(), String> {
     let schema = &state.config.target.schema;
     let check = with_clients(state, async |sources, target| {
         let mut status = walfold_store::status_of(target, schema, sources).await?;
-        let main = walfold_engine::Target::main(&state.config);
-        let mut active = serving(&state.config, main.label(), target, schema).await?;
-        let (parts, more) = extra_parts(&state.config, target).await;
+        let (parts, active) = every_target(&state.config, target).await?;
         for part in parts {
             status.add(part);
         }
-        active.extend(more);
         Ok((status, active))
     });
     let (status, active) = tokio::time::timeout(DATABASE_TIMEOUT, check)
