@@ -18,7 +18,7 @@ pub use model::{
     TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX,
 };
 pub use redact::redact_url;
-pub use template::{ParamType, Placeholder, Template, TemplateError};
+pub use template::{ParamType, Placeholder, Template, TemplateError, Upsert};
 
 use std::path::Path;
 

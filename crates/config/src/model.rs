@@ -8,7 +8,7 @@ use serde::Deserialize;
 use crate::error::{ConfigError, Problem};
 use crate::ident::{is_identifier, QualifiedName, IDENTIFIER_RULE};
 use crate::redact::redact_url;
-use crate::template::Template;
+use crate::template::{Template, Upsert};
 
 /// The whole `walfold.toml`.
 #[derive(Debug, Clone, Deserialize)]
@@ -402,7 +402,7 @@ pub enum VersionMode {
 #[derive(Debug, Clone)]
 pub enum ProjectionKind {
     Sql(Template),
-    Table(TableProjection),
+    Table(Box<TableProjection>),
 }
 
 /// A state projection: the generated, version-guarded upsert.
@@ -411,7 +411,9 @@ pub struct TableProjection {
     pub table: QualifiedName,
     pub key: String,
     pub version_column: String,
-    /// The compiled upsert.
+    /// The upsert's parts, for a statement that applies many events at once.
+    pub upsert: Upsert,
+    /// The compiled upsert of one event.
     pub template: Template,
 }
 
@@ -608,14 +610,15 @@ impl ProjectionConfig {
         if !problems.is_empty() {
             return Err(problems);
         }
-        let sql = crate::template::guarded_upsert(&name, &key_col, &version_col, &columns);
-        match Template::compile(&sql) {
-            Ok(template) => Ok(ProjectionKind::Table(TableProjection {
+        let upsert = Upsert::new(&name, &key_col, &version_col, &columns);
+        match Template::compile(&upsert.one()) {
+            Ok(template) => Ok(ProjectionKind::Table(Box::new(TableProjection {
                 table: name,
                 key: key_col,
                 version_column: version_col,
+                upsert,
                 template,
-            })),
+            }))),
             Err(e) => Err(vec![Problem {
                 key: key("columns"),
                 message: e.to_string(),

@@ -372,39 +372,72 @@ fn find_seq(chars: &[char], from: usize, seq: &[char]) -> Option<usize> {
     (from..=chars.len().checked_sub(seq.len())?).find(|&j| chars[j..j + seq.len()] == *seq)
 }
 
-/// The version-guarded upsert of a `table` projection: the row is inserted, or updated
-/// only when its stored version is lower than the event's.
-pub(crate) fn guarded_upsert(
-    table: &QualifiedName,
-    key: &str,
-    version: &str,
-    columns: &BTreeMap<String, String>,
-) -> String {
-    let columns: Vec<(&String, &String)> = columns
-        .iter()
-        .filter(|(c, _)| c.as_str() != key && c.as_str() != version)
-        .collect();
-    let mut names = vec![quote_ident(key), quote_ident(version)];
-    let mut values = vec![":aggregate_id".to_owned(), ":version".to_owned()];
-    for (col, expr) in &columns {
-        names.push(quote_ident(col));
-        values.push(format!("({expr})"));
+/// A table projection's guarded upsert, in parts: the columns it writes (key and version
+/// first), the value written to each (with placeholders), and the conflict clause with the
+/// version guard. One event's statement and a whole round's are assembled from them.
+#[derive(Debug, Clone)]
+pub struct Upsert {
+    /// The table, quoted.
+    pub table: String,
+    /// The key column, quoted.
+    pub key: String,
+    /// The key column as named.
+    pub key_column: String,
+    /// The columns written, quoted: the key, the version, then the configured columns.
+    pub names: Vec<String>,
+    /// The value of each column, in the same order.
+    pub values: Vec<String>,
+    /// `on conflict (key) do update set … where current_row.version < excluded.version`
+    pub conflict: String,
+}
+
+impl Upsert {
+    pub fn new(
+        table: &QualifiedName,
+        key: &str,
+        version: &str,
+        columns: &BTreeMap<String, String>,
+    ) -> Upsert {
+        let columns: Vec<(&String, &String)> = columns
+            .iter()
+            .filter(|(c, _)| c.as_str() != key && c.as_str() != version)
+            .collect();
+        let mut names = vec![quote_ident(key), quote_ident(version)];
+        let mut values = vec![":aggregate_id".to_owned(), ":version".to_owned()];
+        for (col, expr) in &columns {
+            names.push(quote_ident(col));
+            values.push(format!("({expr})"));
+        }
+        let updates: Vec<String> = names[1..]
+            .iter()
+            .map(|n| format!("{n} = excluded.{n}"))
+            .collect();
+        let conflict = format!(
+            "on conflict ({key}) do update set {updates} where current_row.{version} < excluded.{version}",
+            key = quote_ident(key),
+            updates = updates.join(", "),
+            version = quote_ident(version),
+        );
+        Upsert {
+            table: table.quoted(),
+            key: quote_ident(key),
+            key_column: key.to_owned(),
+            names,
+            values,
+            conflict,
+        }
     }
-    let updates: Vec<String> = names[1..]
-        .iter()
-        .map(|n| format!("{n} = excluded.{n}"))
-        .collect();
-    format!(
-        "insert into {table} as current_row ({names}) values ({values}) \
-         on conflict ({key}) do update set {updates} \
-         where current_row.{version} < excluded.{version}",
-        table = table.quoted(),
-        names = names.join(", "),
-        values = values.join(", "),
-        key = quote_ident(key),
-        updates = updates.join(", "),
-        version = quote_ident(version),
-    )
+
+    /// The statement for one event.
+    pub fn one(&self) -> String {
+        format!(
+            "insert into {} as current_row ({}) values ({}) {}",
+            self.table,
+            self.names.join(", "),
+            self.values.join(", "),
+            self.conflict
+        )
+    }
 }
 
 #[cfg(test)]
@@ -476,12 +509,13 @@ mod tests {
     fn guarded_upsert_has_the_version_guard() {
         let mut cols = BTreeMap::new();
         cols.insert("status".to_owned(), ":payload.status".to_owned());
-        let sql = guarded_upsert(
+        let sql = Upsert::new(
             &QualifiedName::parse("public.order_state").unwrap(),
             "order_id",
             "version",
             &cols,
-        );
+        )
+        .one();
         assert!(sql.contains("where current_row.\"version\" < excluded.\"version\""));
         let t = Template::compile(&sql).unwrap();
         assert_eq!(t.params.len(), 3);

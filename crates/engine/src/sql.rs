@@ -11,8 +11,19 @@
 //! can say: it is asked at install, and an install that cannot ask (the table is missing,
 //! a right is revoked) fails with that error, so the projection pauses instead of
 //! compiling a guess.
+//!
+//! A `table` projection also applies a batch in rounds ([`Rounds`]): round k holds the
+//! k-th event of each key, so no key appears twice in a round, and one set-based upsert
+//! applies a round, returning which events changed a row. Each key still sees its events
+//! in log order behind the same guard, so outcomes are the per-event ones wherever
+//! events of different keys cannot see each other; install checks that from the catalog
+//! (no triggers, unique indexes beyond the key's, self-references; no subquery or
+//! volatile function among the column expressions) and keeps the loop otherwise. A round
+//! that fails fails the batch, which the projector then applies one event at a time.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use futures::future::BoxFuture;
@@ -20,7 +31,7 @@ use serde_json::Value;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
-use walfold_config::{ParamType, Placeholder, ProjectionKind, Template};
+use walfold_config::{ParamType, Placeholder, ProjectionKind, Template, Upsert};
 use walfold_store::Event;
 
 use crate::error::ProjectionError;
@@ -41,7 +52,23 @@ pub struct SqlProjection {
     call_types: Vec<Type>,
     /// `table` projections need a version for their guard.
     requires_version: bool,
+    /// A `table` projection's upsert, for applying rounds set-based.
+    upsert: Option<Upsert>,
+    /// The round statement, when install found the table fit for it.
+    rounds: RwLock<Option<Arc<Rounds>>>,
 }
+
+/// A round's statement: the upsert of many events with distinct keys at once, returning
+/// the (1-based) positions of the events that changed a row.
+#[derive(Debug)]
+struct Rounds {
+    sql: String,
+    types: Vec<Type>,
+    params: Vec<Placeholder>,
+}
+
+/// Rounds beyond this many (a key with more events in the batch) go through the loop.
+const SET_ROUNDS: usize = 4;
 
 /// One compiled apply function.
 #[derive(Debug, Clone)]
@@ -59,9 +86,9 @@ const VAR: &str = "walfold_v";
 impl SqlProjection {
     /// Compiles the projection's functions for walfold's `schema`.
     pub fn new(kind: &ProjectionKind, schema: &str) -> Result<SqlProjection, ProjectionError> {
-        let (template, requires_version) = match kind {
-            ProjectionKind::Sql(t) => (t, false),
-            ProjectionKind::Table(t) => (&t.template, true),
+        let (template, upsert) = match kind {
+            ProjectionKind::Sql(t) => (t, None),
+            ProjectionKind::Table(t) => (&t.template, Some(t.upsert.clone())),
         };
         let compiled = Template::compile_with(&template.source, |n| format!("{VAR}{n}"))
             .map_err(|e| ProjectionError::Invalid(e.to_string()))?;
@@ -86,8 +113,15 @@ impl SqlProjection {
             variants,
             chosen: AtomicU8::new(0),
             call_types,
-            requires_version,
+            requires_version: upsert.is_some(),
+            upsert,
+            rounds: RwLock::new(None),
         })
+    }
+
+    /// Whether the last install found the table fit to apply batches in rounds.
+    pub fn applies_in_rounds(&self) -> bool {
+        self.rounds.read().is_ok_and(|r| r.is_some())
     }
 
     fn installed(&self) -> Result<&Compiled, ProjectionError> {
@@ -107,6 +141,60 @@ impl SqlProjection {
                 "event has no version; a table projection needs one for its guard".into(),
             ));
         }
+        let rounds = self.rounds.read().map(|r| r.clone()).unwrap_or(None);
+        match rounds {
+            Some(rounds) if !events.is_empty() => self.run_rounds(&rounds, tx, events).await,
+            _ => self.run_loop(tx, events).await,
+        }
+    }
+
+    /// The first [`SET_ROUNDS`] rounds set-based, then what is left through the loop, in
+    /// log order: each key's events stay in order, each behind the guard.
+    async fn run_rounds(
+        &self,
+        rounds: &Rounds,
+        tx: &Transaction<'_>,
+        events: &[&Event],
+    ) -> Result<Vec<Applied>, ProjectionError> {
+        let round_of = round_numbers(events);
+        let mut out = vec![Applied::Stale; events.len()];
+        for r in 0..SET_ROUNDS {
+            let members: Vec<usize> = (0..events.len()).filter(|&i| round_of[i] == r).collect();
+            if members.is_empty() {
+                return Ok(out);
+            }
+            let round: Vec<&Event> = members.iter().map(|&i| events[i]).collect();
+            for position in rounds.apply(tx, &round).await? {
+                let i = usize::try_from(position - 1)
+                    .ok()
+                    .and_then(|k| members.get(k))
+                    .ok_or_else(|| {
+                        ProjectionError::Invalid(format!(
+                            "the round statement returned position {position} of {}",
+                            round.len()
+                        ))
+                    })?;
+                out[*i] = Applied::Changed;
+            }
+        }
+        let rest: Vec<usize> = (0..events.len())
+            .filter(|&i| round_of[i] >= SET_ROUNDS)
+            .collect();
+        if !rest.is_empty() {
+            let tail: Vec<&Event> = rest.iter().map(|&i| events[i]).collect();
+            for (i, applied) in rest.into_iter().zip(self.run_loop(tx, &tail).await?) {
+                out[i] = applied;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The batch through the installed function, one statement per event.
+    async fn run_loop(
+        &self,
+        tx: &Transaction<'_>,
+        events: &[&Event],
+    ) -> Result<Vec<Applied>, ProjectionError> {
         let n = i32::try_from(events.len())
             .map_err(|_| ProjectionError::Invalid("batch too large".into()))?;
         let columns: Vec<Column> = self.params.iter().map(|p| column(p, events)).collect();
@@ -133,6 +221,181 @@ impl SqlProjection {
                 }
             })
             .collect())
+    }
+
+    /// Whether rounds may replace the loop for this table, from the catalog: only where
+    /// events of different keys cannot observe each other's order. `None` keeps the loop.
+    async fn rounds_for(
+        &self,
+        client: &Client,
+        upsert: &Upsert,
+    ) -> Result<Option<Rounds>, ProjectionError> {
+        let calls = called_functions(&upsert.values[2..]);
+        let Some(calls) = calls else {
+            return Ok(None);
+        };
+        let row = match client
+            .query_one(FITS_ROUNDS, &[&upsert.table, &upsert.key_column, &calls])
+            .await
+        {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::warn!(table = %upsert.table, error = %e, "could not read the table's catalog: applying events one statement each");
+                return Ok(None);
+            }
+        };
+        let key_type: Option<String> = row.get(0);
+        let obstacle: Option<String> = row.get(1);
+        if let Some(obstacle) = obstacle {
+            tracing::info!(table = %upsert.table, %obstacle, "applying events one statement each");
+            return Ok(None);
+        }
+        let Some(key_type) = key_type else {
+            return Ok(None);
+        };
+        let rounds = Rounds::compile(upsert, &key_type)?;
+        // Types resolve differently in a select than in a values list: a statement the
+        // server cannot plan keeps the loop.
+        if let Err(e) = client.prepare_typed(&rounds.sql, &rounds.types).await {
+            tracing::info!(table = %upsert.table, error = %e, "applying events one statement each");
+            return Ok(None);
+        }
+        Ok(Some(rounds))
+    }
+}
+
+/// For each event, its round: how many events of its key come before it in `events`.
+fn round_numbers(events: &[&Event]) -> Vec<usize> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(events.len());
+    events
+        .iter()
+        .map(|e| {
+            let n = seen.entry(e.aggregate_id.as_str()).or_insert(0);
+            *n += 1;
+            *n - 1
+        })
+        .collect()
+}
+
+/// What could make applying by rounds differ from applying in log order, for the table
+/// `$1` (quoted name) with key column `$2` and the functions `$3` its columns call: the
+/// key's type (without modifier) and the first obstacle found, if any.
+const FITS_ROUNDS: &str = "\
+with tree as (select $1::text::regclass as relid \
+              union select relid from pg_partition_tree($1::text::regclass)) \
+select (select format_type(a.atttypid, null) from pg_attribute a \
+         where a.attrelid = $1::text::regclass and a.attname = $2 and not a.attisdropped), \
+  case \
+    when exists (select 1 from pg_trigger t join tree on t.tgrelid = tree.relid \
+                 where not t.tgisinternal) then 'a trigger' \
+    when exists (select 1 from pg_index i join tree on i.indrelid = tree.relid \
+                 where (i.indisunique or i.indisexclusion) and not ( \
+                   i.indisunique and i.indnkeyatts = 1 and i.indexprs is null \
+                   and i.indpred is null and exists (select 1 from pg_attribute a \
+                     where a.attrelid = i.indrelid and a.attnum = i.indkey[0] and a.attname = $2))) \
+      then 'a unique index or exclusion constraint beyond the key' \
+    when exists (select 1 from pg_constraint c where c.contype = 'f' \
+                 and c.conrelid in (select relid from tree) \
+                 and c.confrelid in (select relid from tree)) then 'a foreign key to itself' \
+    when exists (select 1 from pg_proc p where p.proname = any($3::text[]) \
+                 and p.provolatile = 'v') then 'a volatile function in a column' \
+  end";
+
+/// The functions `expressions` call (names before `(`, outside quotes, lower-cased
+/// unless quoted), or `None` when one holds a subquery.
+fn called_functions(expressions: &[String]) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    for expr in expressions {
+        let chars: Vec<char> = expr.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            let c = chars[i];
+            let (word, next) = if c == '\'' {
+                let end = (i + 1..chars.len()).find(|&j| chars[j] == '\'')?;
+                i = end + 1;
+                continue;
+            } else if c == '"' {
+                let end = (i + 1..chars.len()).find(|&j| chars[j] == '"')?;
+                (chars[i + 1..end].iter().collect::<String>(), end + 1)
+            } else if c.is_alphabetic() || c == '_' {
+                let end = (i..chars.len())
+                    .find(|&j| !(chars[j].is_alphanumeric() || chars[j] == '_' || chars[j] == '$'))
+                    .unwrap_or(chars.len());
+                (chars[i..end].iter().collect::<String>().to_lowercase(), end)
+            } else {
+                i += 1;
+                continue;
+            };
+            if c != '"' && word == "select" {
+                return None;
+            }
+            let after = (next..chars.len()).find(|&j| !chars[j].is_whitespace());
+            if after.is_some_and(|j| chars[j] == '(') {
+                names.push(word);
+            }
+            i = next;
+        }
+    }
+    Some(names)
+}
+
+impl Rounds {
+    /// `with walfold_ins as (insert … select … from unnest(…) on conflict … returning key)
+    /// select` the positions whose key came back, compared in the key's type.
+    fn compile(upsert: &Upsert, key_type: &str) -> Result<Rounds, ProjectionError> {
+        let values =
+            Template::compile_with(&upsert.values.join(", "), |n| format!("walfold_u.{VAR}{n}"))
+                .map_err(|e| ProjectionError::Invalid(e.to_string()))?;
+        let key_param = values
+            .params
+            .iter()
+            .position(|p| *p == Placeholder::AggregateId)
+            .ok_or_else(|| ProjectionError::Invalid("the upsert has no key".into()))?;
+        let types: Vec<ParamType> = values.params.iter().map(Placeholder::param_type).collect();
+        let args: Vec<String> = types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("${}::{}[]", i + 1, sql_type(*t)))
+            .collect();
+        let vars: Vec<String> = (1..=types.len()).map(|i| format!("{VAR}{i}")).collect();
+        let sql = format!(
+            "with walfold_ins as (insert into {table} as current_row ({names}) \
+             select {values} from unnest({args}) with ordinality as walfold_u({vars}, walfold_ord) \
+             order by walfold_u.walfold_ord {conflict} returning current_row.{key} as walfold_k) \
+             select coalesce(array_agg(walfold_s.walfold_ord order by walfold_s.walfold_ord), '{{}}')::int8[] \
+             from unnest(${k}::text[]) with ordinality as walfold_s(walfold_k, walfold_ord) \
+             join walfold_ins on walfold_ins.walfold_k = walfold_s.walfold_k::{key_type}",
+            table = upsert.table,
+            names = upsert.names.join(", "),
+            values = values.sql,
+            args = args.join(", "),
+            vars = vars.join(", "),
+            conflict = upsert.conflict,
+            key = upsert.key,
+            k = key_param + 1,
+        );
+        Ok(Rounds {
+            sql,
+            types: types.iter().map(|t| array_type(*t)).collect(),
+            params: values.params,
+        })
+    }
+
+    /// Applies one round (no key twice): the 1-based positions of the events that changed
+    /// a row; the others were stale.
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        events: &[&Event],
+    ) -> Result<Vec<i64>, ProjectionError> {
+        let columns: Vec<Column> = self.params.iter().map(|p| column(p, events)).collect();
+        let values: Vec<(&(dyn ToSql + Sync), Type)> = columns
+            .iter()
+            .zip(&self.types)
+            .map(|(c, t)| (c.as_sql(), t.clone()))
+            .collect();
+        let row = tx.query_typed_one(&self.sql, &values).await?;
+        Ok(row.get(0))
     }
 }
 
@@ -325,6 +588,13 @@ impl Projection for SqlProjection {
             }
             tx.commit().await?;
             self.chosen.store(index as u8 + 1, Ordering::Release);
+            let rounds = match &self.upsert {
+                Some(upsert) => self.rounds_for(client, upsert).await?.map(Arc::new),
+                None => None,
+            };
+            if let Ok(mut slot) = self.rounds.write() {
+                *slot = rounds;
+            }
             Ok(())
         })
     }
