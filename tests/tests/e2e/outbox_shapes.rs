@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use walfold_config::builder::ConfigBuilder;
 use walfold_tests::{caught_up, eventually, insert_event, slot_active, Daemon, TestDb};
 
 const ID: [&str; 4] = [
@@ -482,21 +483,8 @@ table = "payments_outbox"
     },
 ];
 
-fn shape_config(url: &str, slot: &str, shape: &Shape) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-slot = "{slot}"
-publication = "{publication}"
-
-{outboxes}
-[target]
-schema = "{schema}"
-
-[pipeline]
-max_backoff_ms = 1000
-
+/// The projection every shape feeds.
+const READ_MODEL: &str = r#"
 [[projection]]
 name = "read_model"
 subscriber = "shapes.read_model.v1"
@@ -504,11 +492,17 @@ sql = """
 insert into read_model (aggregate_id, event_type, amount) values (:aggregate_id, :event_type, :payload.amount)
 on conflict (aggregate_id) do update set event_type = excluded.event_type, amount = excluded.amount
 """
-"#,
-        publication = shape.publication,
-        outboxes = shape.outboxes,
-        schema = shape.target_schema,
-    )
+"#;
+
+fn shape_config(url: &str, slot: &str, shape: &Shape) -> String {
+    ConfigBuilder::new(url)
+        .source("slot", slot)
+        .source("publication", shape.publication)
+        .set("target", "schema", shape.target_schema)
+        .set("pipeline", "max_backoff_ms", 1000)
+        .text(shape.outboxes)
+        .text(READ_MODEL)
+        .to_toml()
 }
 
 /// Every convention in [`SHAPES`], each in a fresh database of one cluster, all at once:
