@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use walfold_config::builder::ConfigBuilder;
 use walfold_tempdb::Cluster;
 
 /// The outbox the tests write to, and the read models they project into.
@@ -86,26 +87,22 @@ subscriber = "orders.ledger.v1"
 sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :aggregate_id, coalesce(:payload.amount::numeric, 0))"
 "#;
 
+/// The start of every suite's config: `url` as the source, [`SCHEMA`]'s outbox, a short
+/// backoff and shutdown.
+pub fn config_builder(url: &str) -> ConfigBuilder {
+    ConfigBuilder::new(url)
+        .outbox_table("public.outbox")
+        .set("pipeline", "max_backoff_ms", 1000)
+        .set("pipeline", "shutdown_timeout_s", 20)
+}
+
+/// The standard config on `url`: [`config_builder`], [`PROJECTIONS`], then `extra`.
 pub fn config_for(url: &str, extra: &str) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-
-[[outbox]]
-table = "public.outbox"
-
-[pipeline]
-max_backoff_ms = 1000
-shutdown_timeout_s = 20
-
-[log]
-level = "info"
-
-{PROJECTIONS}
-{extra}
-"#
-    )
+    config_builder(url)
+        .set("log", "level", "info")
+        .text(PROJECTIONS)
+        .text(extra)
+        .to_toml()
 }
 
 /// An outbox insert statement for one event.
@@ -180,6 +177,14 @@ impl Daemon {
         };
         d.log = dir.join("daemon.log");
         d
+    }
+
+    /// Starts `walfold run` on `config` and waits until it streams from the slot.
+    pub async fn streaming(db: &TestDb, config: &str) -> (Daemon, tokio_postgres::Client) {
+        let d = Daemon::start(config, &[]);
+        let client = db.client().await;
+        slot_active(&client).await;
+        (d, client)
     }
 
     /// The config file it runs on (for CLI commands beside it).

@@ -1,6 +1,7 @@
 //! walfold's configuration: one TOML file, every value overridable from `WALFOLD_…`
 //! environment variables, validated as a whole so every problem is reported at once.
 
+pub mod builder;
 mod duration;
 mod env;
 mod error;

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use walfold_config::builder::ConfigBuilder;
 use walfold_config::{Config, LogConfig};
 use walfold_engine::Pipeline;
 use walfold_tempdb::{Cluster, Options};
@@ -46,23 +47,9 @@ select pg_logical_emit_message(true, 'walfold:accounts', '{\"id\": \"00000000-00
 select pg_logical_emit_message(true, 'walfold:accounts', '{\"id\": \"00000000-0000-4000-8000-0000000000a2\", \"aggregate_type\": \"account\", \"aggregate_id\": \"acc-1\", \"event_type\": \"Credited\", \"version\": 2, \"payload\": {\"amount\": \"20.00\"}}');
 ";
 
-fn config(url: &str) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-slot = "walfold_demo"
-publication = "walfold_demo"
-
-[[outbox]]
-table = "public.outbox"
-
-[[outbox]]
-message_prefix = "walfold:accounts"
-
-[log]
-level = "warn"
-
+/// A version-guarded state table, a sum of payments, and a strict-sequence balance fed
+/// by the message outbox.
+const PROJECTIONS: &str = r#"
 [[projection]]
 name = "order_state"
 subscriber = "orders.state.v1"
@@ -70,7 +57,7 @@ aggregate_types = ["order"]
 table = "public.order_state"
 key = "order_id"
 version_column = "version"
-columns = {{ status = ":payload.status", total = ":payload.total::numeric" }}
+columns = { status = ":payload.status", total = ":payload.total::numeric" }
 
 [[projection]]
 name = "revenue"
@@ -90,8 +77,17 @@ sql = """
 insert into account_balance (account_id, balance) values (:aggregate_id, :payload.amount::numeric)
 on conflict (account_id) do update set balance = account_balance.balance + excluded.balance
 """
-"#
-    )
+"#;
+
+fn config(url: &str) -> String {
+    ConfigBuilder::new(url)
+        .source("slot", "walfold_demo")
+        .source("publication", "walfold_demo")
+        .outbox_table("public.outbox")
+        .message_outbox("walfold:accounts")
+        .set("log", "level", "warn")
+        .text(PROJECTIONS)
+        .to_toml()
 }
 
 pub async fn demo() -> Result<(), Failure> {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use walfold_tests::{free_port, http_get, insert_event, slot_active, walfold, Daemon, TestDb};
+use walfold_tests::{free_port, http_get, insert_event, walfold, Daemon, TestDb};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -270,9 +270,7 @@ columns = {{ note = ":payload.note" }}
 listen = "127.0.0.1:{metrics_port}"
 "#
     ));
-    let mut d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
     let prom = Prometheus::start(&prometheus, metrics_port);
     wait_for(
         Duration::from_secs(30),

@@ -115,9 +115,7 @@ async fn a_streamed_transaction_is_staged_while_it_runs_and_appended_at_its_comm
     let db = streaming_db("stream");
     // No projections: at 64kB the source would spill their batches (upserts and claims
     // are speculative inserts, which it cannot stream half done), not ours.
-    let d = Daemon::start(&without_projections(&db), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &without_projections(&db)).await;
     let writer = db.client().await;
     writer
         .batch_execute(&format!("begin; {} {MALFORMED}", rows("a", ROWS)))
@@ -165,9 +163,7 @@ async fn a_streamed_transaction_is_staged_while_it_runs_and_appended_at_its_comm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aborted_streamed_transaction_or_subtransaction_leaves_nothing() {
     let db = streaming_db("streamabort");
-    let _d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, client) = Daemon::streaming(&db, &db.config("")).await;
     let writer = db.client().await;
     writer
         .batch_execute(&format!(
@@ -293,9 +289,7 @@ async fn protocol_1_is_still_a_choice_and_the_source_spills_instead() {
     let config = db
         .config("")
         .replacen("[source]\n", "[source]\nprotocol = 1\n", 1);
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config).await;
     db.psql(&format!("begin; {} commit;", rows("a", ROWS)));
     wait_logged(&client, ROWS).await;
     let (spill, streamed) = slot_stats(&client).await;
@@ -353,9 +347,7 @@ async fn status_updates_go_on_while_the_target_pushes_back() {
 async fn a_message_outbox_is_read_with_protocol_1_and_a_rolled_back_savepoint_loses_its_message() {
     let db = streaming_db("streammsg");
     let config = without_projections(&db) + "\n[[outbox]]\nmessage_prefix = \"walfold:orders\"\n";
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config).await;
     log_says(&d, "protocol=1").await;
     let message = |aggregate: &str| {
         format!(
@@ -415,9 +407,7 @@ async fn a_message_outbox_is_read_with_protocol_1_and_a_rolled_back_savepoint_lo
 async fn an_unmapped_change_in_a_streamed_transaction_is_judged_at_its_commit() {
     let db = streaming_db("streamunmapped");
     db.psql("create table other (id int, note text)");
-    let mut d = Daemon::start(&without_projections(&db), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &without_projections(&db)).await;
     db.psql("alter publication walfold_outbox add table other");
     db.psql(&format!(
         "begin; {} savepoint s; insert into other select g, repeat('x', 100) from generate_series(1, 500) g; \

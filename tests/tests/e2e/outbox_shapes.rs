@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use walfold_config::builder::ConfigBuilder;
 use walfold_tests::{caught_up, eventually, insert_event, slot_active, Daemon, TestDb};
 
 const ID: [&str; 4] = [
@@ -24,9 +25,7 @@ fn slot_before(db: &TestDb, lsn: &str) -> bool {
 async fn a_change_of_a_table_that_is_no_outbox_stops_ingest_before_its_ack() {
     let db = TestDb::new("unmapped");
     db.psql("create table outbox2 (like outbox including defaults)");
-    let mut d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
     db.psql(&insert_event(
         ID[0],
         "o-1",
@@ -116,9 +115,7 @@ fn uuid(n: u32) -> String {
 async fn a_partitioned_outbox_flows_through_its_root() {
     let db = TestDb::new("partitioned");
     db.psql(PARTITIONED);
-    let mut d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
     assert_eq!(
         db.psql("select pubviaroot from pg_publication where pubname = 'walfold_outbox'"),
         "t"
@@ -323,9 +320,7 @@ async fn what_walfold_cannot_follow_is_refused_at_start_with_the_fix() {
     // A publication without publish_via_partition_root is fine for plain tables (it
     // is PostgreSQL's default: existing deployments have such publications).
     db.psql("drop publication walfold_outbox; create publication walfold_outbox for table outbox");
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config).await;
     db.psql(&insert_event(
         ID[0],
         "o-1",
@@ -488,21 +483,8 @@ table = "payments_outbox"
     },
 ];
 
-fn shape_config(url: &str, slot: &str, shape: &Shape) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-slot = "{slot}"
-publication = "{publication}"
-
-{outboxes}
-[target]
-schema = "{schema}"
-
-[pipeline]
-max_backoff_ms = 1000
-
+/// The projection every shape feeds.
+const READ_MODEL: &str = r#"
 [[projection]]
 name = "read_model"
 subscriber = "shapes.read_model.v1"
@@ -510,11 +492,17 @@ sql = """
 insert into read_model (aggregate_id, event_type, amount) values (:aggregate_id, :event_type, :payload.amount)
 on conflict (aggregate_id) do update set event_type = excluded.event_type, amount = excluded.amount
 """
-"#,
-        publication = shape.publication,
-        outboxes = shape.outboxes,
-        schema = shape.target_schema,
-    )
+"#;
+
+fn shape_config(url: &str, slot: &str, shape: &Shape) -> String {
+    ConfigBuilder::new(url)
+        .source("slot", slot)
+        .source("publication", shape.publication)
+        .set("target", "schema", shape.target_schema)
+        .set("pipeline", "max_backoff_ms", 1000)
+        .text(shape.outboxes)
+        .text(READ_MODEL)
+        .to_toml()
 }
 
 /// Every convention in [`SHAPES`], each in a fresh database of one cluster, all at once:
@@ -680,9 +668,7 @@ async fn a_rejected_row_is_identified_by_its_wal_record_and_recorded_once_across
     );
     let outbox_only = db.config("");
     let both = db.config("[[outbox]]\ntable = \"public.outbox2\"\n");
-    let mut d = Daemon::start(&outbox_only, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, _client) = Daemon::streaming(&db, &outbox_only).await;
     // A second slot at the same position, to replay the same WAL later.
     db.psql("select pg_copy_logical_replication_slot('walfold', 'replay')");
     // outbox2 is published before the config maps it (so this run cannot map it).
@@ -828,9 +814,7 @@ async fn every_backfilled_id_conflict_is_recorded_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_rejected_by_the_stream_and_by_backfill_is_one_dead_letter() {
     let db = TestDb::new("bf_after_stream");
-    let mut d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
     db.psql(&format!(
         "{} insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
          values ('00000000-0000-4000-8000-000000000009', 'order', null, 'OrderPaid', 1, '{{}}');",
@@ -890,9 +874,7 @@ occurred_at = "occurredAt"
 table = "public.outbox_naive"
 "#,
     );
-    let mut d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
     db.psql("select pg_copy_logical_replication_slot('walfold', 'replay')");
     let event = |id: &str, version: i64, status: &str| {
         format!(
@@ -1007,9 +989,7 @@ table = "public.outbox_naive"
 async fn an_outbox_column_renamed_while_running_stops_ingest_instead_of_dead_lettering() {
     let db = TestDb::new("renamed");
     let config = db.config("");
-    let mut d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
     db.psql(&insert_event(
         ID[0],
         "o-1",
@@ -1102,9 +1082,7 @@ async fn a_pipeline_of_message_outboxes_alone_runs_on_an_empty_publication() {
         "[[outbox]]\ntable = \"public.outbox\"\n",
         "[[outbox]]\nmessage_prefix = \"orders\"\n",
     );
-    let mut d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
     assert_eq!(
         db.psql("select count(*) from pg_publication_tables where pubname = 'walfold_outbox'"),
         "0"

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use tokio_postgres::Client;
+use walfold_config::builder::ConfigBuilder;
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
     caught_up, count, eventually, free_port, http_get, slot_active, walfold, write_events, Daemon,
@@ -676,26 +677,18 @@ async fn a_new_leader_takes_an_extra_target_over_from_a_deposed_daemon() {
     let db = TestDb::new("deposed_main");
     let extra = TestDb::new("deposed_extra");
     let config = |name: &str| {
-        format!(
-            r#"
-[source]
-url = "{url}"
-
-[[outbox]]
-table = "public.outbox"
-
-[target]
-url = "{url}?application_name={name}"
-
-[targets.extra]
-url = "{extra}?application_name={name}"
-
-[pipeline]
-max_backoff_ms = 500
-
-[retention]
-prune_interval_s = 0
-
+        ConfigBuilder::new(&db.url())
+            .outbox_table("public.outbox")
+            .set("target", "url", format!("{}?application_name={name}", db.url()))
+            .set(
+                "targets.extra",
+                "url",
+                format!("{}?application_name={name}", extra.url()),
+            )
+            .set("pipeline", "max_backoff_ms", 500)
+            .set("retention", "prune_interval_s", 0)
+            .text(
+                r#"
 [[projection]]
 name = "order_total"
 subscriber = "orders.total.v1"
@@ -703,13 +696,12 @@ database = "extra"
 target = "public.order_total"
 batch_size = 10
 sql = """
-insert into {{table}} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
 on conflict (order_id) do update set total = t.total + excluded.total
 """
 "#,
-            url = db.url(),
-            extra = extra.url(),
-        )
+            )
+            .to_toml()
     };
     // A's projector holds each transaction open for 1.5 s before its fence check, so
     // one is in flight on the extra target when B takes it over.

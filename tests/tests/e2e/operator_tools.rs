@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use walfold_tests::{
-    caught_up, eventually, free_port, insert_event, lines_of, slot_active, spawn_walfold, walfold,
-    write_config, Daemon, TestDb,
+    caught_up, eventually, free_port, insert_event, lines_of, spawn_walfold, walfold, write_config,
+    Daemon, TestDb,
 };
 
 /// One convention's outbox (and read model), what `init` must map, and a row to stream.
@@ -248,9 +248,7 @@ fn events_json(out: &str) -> Vec<serde_json::Value> {
 async fn events_filters_follows_and_tells_what_a_subscriber_did() {
     let db = TestDb::new("events");
     let config = db.config("");
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config).await;
     let id = |n: u32| format!("00000000-0000-4000-8000-{n:012}");
     // v2 before v1: the late v1 is stale for the guarded `order_state`.
     db.psql(

@@ -6,32 +6,18 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use walfold_tests::{count, difference, eventually, slot_active, walfold, Daemon, TestDb};
+use walfold_config::builder::ConfigBuilder;
+use walfold_tests::{count, difference, eventually, walfold, Daemon, TestDb};
 
-/// A config with a state projection and a running total whose `sql` names `{table}`.
-fn config(db: &TestDb, extra: &str) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-
-[[outbox]]
-table = "public.outbox"
-
-[pipeline]
-max_backoff_ms = 1000
-shutdown_timeout_s = 20
-
-[retention]
-prune_interval_s = 0
-
+/// A state projection and a running total whose `sql` names `{table}`.
+const PROJECTIONS: &str = r#"
 [[projection]]
 name = "order_state"
 subscriber = "orders.state.v1"
 table = "public.order_state"
 key = "order_id"
 version_column = "version"
-columns = {{ status = ":payload.status", amount = ":payload.amount::numeric" }}
+columns = { status = ":payload.status", amount = ":payload.amount::numeric" }
 
 [[projection]]
 name = "order_total"
@@ -39,13 +25,21 @@ subscriber = "orders.total.v1"
 target = "public.order_total"
 parallelism = 2
 sql = """
-insert into {{table}} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
 on conflict (order_id) do update set total = t.total + excluded.total
 """
-{extra}
-"#,
-        url = db.url()
-    )
+"#;
+
+/// The suites' config with [`PROJECTIONS`], pruning left to the `prune` command.
+fn builder(db: &TestDb) -> ConfigBuilder {
+    walfold_tests::config_builder(&db.url())
+        .set("retention", "prune_interval_s", 0)
+        .text(PROJECTIONS)
+}
+
+/// [`builder`]'s config, then `extra`.
+fn config(db: &TestDb, extra: &str) -> String {
+    builder(db).text(extra).to_toml()
 }
 
 /// `n` events over `orders` aggregates in transactions of 10k rows, versions 1.. per order.
@@ -148,46 +142,16 @@ async fn a_rebuild_replays_100k_events_beside_the_live_table_and_switches_over()
     };
 
     let cfg = d.config_path().to_owned();
-    let (code, out, err) = walfold(
-        &[
-            "rebuild",
-            "order_total",
-            "--subscriber",
-            "orders.total.v2",
-            "-c",
-            &cfg,
-        ],
-        &[],
-    );
+    let (code, out, err) = start_rebuild(&cfg, "order_total", "orders.total.v2");
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("public.order_total__rebuild"), "{out}");
-    let (code, _, err) = walfold(
-        &[
-            "rebuild",
-            "order_total",
-            "--subscriber",
-            "orders.total.v3",
-            "-c",
-            &cfg,
-        ],
-        &[],
-    );
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v3");
     assert_eq!(
         code, 2,
         "a second rebuild of the same projection is refused"
     );
     assert!(err.contains("already has a rebuild"), "{err}");
-    let (code, _, err) = walfold(
-        &[
-            "rebuild",
-            "order_state",
-            "--subscriber",
-            "orders.total.v1",
-            "-c",
-            &cfg,
-        ],
-        &[],
-    );
+    let (code, _, err) = start_rebuild(&cfg, "order_state", "orders.total.v1");
     assert_eq!(code, 2, "a used subscriber ID is refused");
     assert!(err.contains("has been used before"), "{err}");
 
@@ -256,17 +220,7 @@ async fn a_rebuild_killed_midway_resumes_after_a_restart() {
     );
     let (mut d, client) = projected(&db, &text, 30_000, 500, "orders.state.v1").await;
     db.psql("update order_state set status = 'corrupt' where order_id in ('o-1', 'o-2')");
-    let (code, out, err) = walfold(
-        &[
-            "rebuild",
-            "order_state",
-            "--subscriber",
-            "orders.state.v2",
-            "-c",
-            d.config_path(),
-        ],
-        &[],
-    );
+    let (code, out, err) = start_rebuild(d.config_path(), "order_state", "orders.state.v2");
     assert_eq!(code, 0, "{out}{err}");
     eventually(Duration::from_secs(60), "the replay to start", || async {
         count(
@@ -321,17 +275,7 @@ async fn an_abort_leaves_everything_live_untouched() {
 
     // A view on the live table would follow the rename to the retired table: refused.
     db.psql("create view big_totals as select * from order_total where total > 100");
-    let (code, _, err) = walfold(
-        &[
-            "rebuild",
-            "order_total",
-            "--subscriber",
-            "orders.total.v2",
-            "-c",
-            &cfg,
-        ],
-        &[],
-    );
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v2");
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("views public.big_totals") || err.contains("views big_totals"),
@@ -340,17 +284,7 @@ async fn an_abort_leaves_everything_live_untouched() {
     db.psql("drop view big_totals");
 
     // Aborted by the running daemon, mid-replay.
-    let (code, _, err) = walfold(
-        &[
-            "rebuild",
-            "order_total",
-            "--subscriber",
-            "orders.total.v2",
-            "-c",
-            &cfg,
-        ],
-        &[],
-    );
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v2");
     assert_eq!(code, 0, "{err}");
     eventually(Duration::from_secs(60), "the replay to start", || async {
         count(&client, "select count(*) from walfold.processed_message where subscriber_id = 'orders.total.v2'").await > 0
@@ -394,17 +328,7 @@ async fn an_abort_leaves_everything_live_untouched() {
 
     // Aborted by the command itself while no daemon runs.
     d.kill();
-    let (code, _, err) = walfold(
-        &[
-            "rebuild",
-            "order_total",
-            "--subscriber",
-            "orders.total.v3",
-            "-c",
-            &cfg,
-        ],
-        &[],
-    );
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v3");
     assert_eq!(code, 0, "{err}");
     let (code, out, err) = walfold(&["rebuild", "order_total", "--abort", "-c", &cfg], &[]);
     assert_eq!(code, 0, "{out}{err}");
@@ -527,15 +451,11 @@ async fn backfill_with_concurrent_inserts_puts_every_row_in_the_log_once() {
 async fn prune_keeps_what_a_subscriber_needs_and_the_window_decides_replays() {
     let db = TestDb::new("prune");
     let retention = "dedup_retention = \"3s\"\n";
-    let text = config(&db, "")
-        .replace(
-            "prune_interval_s = 0",
-            "prune_interval_s = 0\nevent_log = \"3s\"",
-        )
+    let text = builder(&db)
+        .set("retention", "event_log", "3s")
+        .to_toml()
         .replace("parallelism = 2", &format!("parallelism = 2\n{retention}"));
-    let d = Daemon::start(&text, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &text).await;
     let insert = |id: &str, amount: &str| {
         db.psql(&format!(
             "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
@@ -631,9 +551,7 @@ insert into trail as t (order_id, steps) values (:aggregate_id, :payload.step)
 on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
 """
 "#;
-    let d = Daemon::start(&config(&db, extra), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config(&db, extra)).await;
     let step = |order: &str, version: i64, step: &str| {
         db.psql(&format!(
             "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
@@ -722,29 +640,26 @@ async fn projected(
     orders: i64,
     subscriber: &str,
 ) -> (Daemon, tokio_postgres::Client) {
-    let d = Daemon::start(text, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(db, text).await;
     preload(db, events, orders);
     subscriber_caught_up(&client, subscriber, 180).await;
     (d, client)
+}
+
+/// `walfold rebuild <projection> --subscriber <subscriber>` on the config at `cfg`:
+/// (exit code, stdout, stderr).
+fn start_rebuild(cfg: &str, projection: &str, subscriber: &str) -> (i32, String, String) {
+    walfold(
+        &["rebuild", projection, "--subscriber", subscriber, "-c", cfg],
+        &[],
+    )
 }
 
 /// A daemon on `text` with 2 000 events projected, and a rebuild of order_total under
 /// orders.total.v2 started.
 async fn small_rebuild(db: &TestDb, text: &str) -> (Daemon, tokio_postgres::Client) {
     let (d, client) = projected(db, text, 2_000, 50, "orders.total.v1").await;
-    let (code, _, err) = walfold(
-        &[
-            "rebuild",
-            "order_total",
-            "--subscriber",
-            "orders.total.v2",
-            "-c",
-            d.config_path(),
-        ],
-        &[],
-    );
+    let (code, _, err) = start_rebuild(d.config_path(), "order_total", "orders.total.v2");
     assert_eq!(code, 0, "{err}");
     (d, client)
 }

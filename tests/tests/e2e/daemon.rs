@@ -65,9 +65,7 @@ fn bad_configuration_exits_2_and_names_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_acknowledges_and_exits_0() {
     let db = TestDb::new("sigterm");
-    let mut d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
     let expected = write_events(db.url(), 30, 10, 7, Duration::from_millis(5), 7).await;
     caught_up(&client, expected.distinct(), 3).await;
     let (code, out, _) = walfold(
@@ -112,9 +110,7 @@ fn d_config(db: &TestDb) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice() {
     let db = TestDb::new("sigkill");
-    let mut d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
     let mut rng = Rng::from_time();
     let writer = tokio::spawn(write_events(
         db.url(),
@@ -271,9 +267,7 @@ async fn scram_and_verified_tls_with_a_least_privilege_role() {
         cluster.port(),
         db.name
     );
-    let _d = Daemon::start(&config_for(&url, ""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, client) = Daemon::streaming(&db, &config_for(&url, "")).await;
     // Every walfold connection is TLS and SCRAM-authenticated as the limited role.
     let sql = "select count(*), coalesce(bool_and(s.ssl), false) from pg_stat_activity a \
                join pg_stat_ssl s using (pid) where a.usename = 'walfold_scram'";
@@ -294,9 +288,7 @@ async fn scram_and_verified_tls_with_a_least_privilege_role() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_daemon_takes_over_when_the_leader_is_killed() {
     let db = TestDb::new("two");
-    let mut first = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut first, client) = Daemon::streaming(&db, &db.config("")).await;
     let mut second = Daemon::start(&db.config(""), &[]);
     eventually(
         Duration::from_secs(30),
@@ -336,9 +328,7 @@ async fn a_standby_daemon_takes_over_when_the_leader_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     let db = TestDb::new("lostslot");
-    let mut d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
     let expected = write_events(db.url(), 3, 5, 2, Duration::from_millis(5), 29).await;
     caught_up(&client, expected.distinct(), 3).await;
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
@@ -448,9 +438,7 @@ async fn start_with_heartbeat(db: &TestDb, secs: u64) -> (Daemon, tokio_postgres
         "[[outbox]]",
         &format!("heartbeat_interval_s = {secs}\n\n[[outbox]]"),
     );
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(db, &config).await;
     (d, client)
 }
 
@@ -542,9 +530,7 @@ async fn a_replayed_malformed_row_is_dead_lettered_once() {
 async fn dead_letters_can_be_listed_and_discarded() {
     let db = TestDb::new("dlcli");
     let config = db.config("");
-    let _d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, _client) = Daemon::streaming(&db, &config).await;
     db.psql(
         "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
          values (null, 'order', 'o-1', 'OrderPaid', 1, '{\"a\": 1}')",
@@ -623,9 +609,7 @@ async fn an_invalidated_slot_is_refused_or_recreated_with_the_gap_recorded() {
         .expect("private cluster"),
     ));
     let db = TestDb::on(cluster, "invalidated");
-    let mut d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
     let expected = write_events(db.url(), 3, 5, 2, Duration::from_millis(5), 37).await;
     caught_up(&client, expected.distinct(), 3).await;
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));

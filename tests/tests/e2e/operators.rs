@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use walfold_config::builder::ConfigBuilder;
 use walfold_tests::{
     caught_up, count, difference, eventually, free_port, http_get, slot_active, status, walfold,
     write_events, Daemon, TestDb,
@@ -13,22 +14,15 @@ use walfold_tests::{
 const TOTALS_FROM_OUTBOX: &str = "select aggregate_id, sum((payload->>'amount')::numeric) \
      from (select distinct on (id) * from outbox) o group by aggregate_id";
 
-/// A running sum (not idempotent by itself: only claims keep it right).
+/// A running sum (not idempotent by itself: only claims keep it right) with
+/// `parallelism` appliers, its claims kept 1 s and pruned every second.
 fn sum_config(url: &str, parallelism: u32) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-
-[[outbox]]
-table = "public.outbox"
-
-[pipeline]
-max_backoff_ms = 500
-
-[retention]
-prune_interval_s = 1
-
+    ConfigBuilder::new(url)
+        .outbox_table("public.outbox")
+        .set("pipeline", "max_backoff_ms", 500)
+        .set("retention", "prune_interval_s", 1)
+        .text(&format!(
+            r#"
 [[projection]]
 name = "order_total"
 subscriber = "orders.total.v1"
@@ -40,7 +34,8 @@ insert into order_total (order_id, total) values (:aggregate_id, coalesce(:paylo
 on conflict (order_id) do update set total = order_total.total + excluded.total
 """
 "#
-    )
+        ))
+        .to_toml()
 }
 
 /// `n` events per order of `orders`, one transaction, amounts 1..n.
@@ -103,9 +98,7 @@ async fn changing_parallelism_under_a_short_claim_retention_never_applies_twice(
          when (new.order_id = 'o-slow') execute function slow();",
     );
     let fast = ["o-1", "o-2", "o-3", "o-4", "o-5", "o-6", "o-7", "o-8"];
-    let mut d = Daemon::start(&sum_config(&db.url(), 1), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &sum_config(&db.url(), 1)).await;
     insert_orders(&db, &fast, 20, 1);
     insert_orders(&db, &["o-slow"], 20, 1);
     totals_match(&client).await;
@@ -220,9 +213,7 @@ async fn a_revoked_grant_or_a_dropped_column_pauses_and_resumes_by_itself() {
     let config = db.config(&format!(
         "\n[target]\nurl = \"{target}\"\n\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"
     ));
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config).await;
     let writer = tokio::spawn(write_events(
         db.url(),
         400,
@@ -358,9 +349,7 @@ async fn a_batch_that_runs_out_of_a_resource_is_retried_smaller() {
          return new; end $$; \
          create trigger guard before insert on ledger for each row execute function guard();",
     );
-    let d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &db.config("")).await;
     let expected = write_events(db.url(), 1, 100, 10, Duration::ZERO, 7).await;
     caught_up(&client, expected.distinct(), 3).await;
     expected.check(&client).await;
@@ -384,35 +373,25 @@ async fn a_batch_that_runs_out_of_a_resource_is_retried_smaller() {
 async fn a_deposed_leader_cannot_write_after_a_new_one_switched_a_rebuild() {
     let db = TestDb::new("deposed");
     let config = |name: &str| {
-        format!(
-            r#"
-[source]
-url = "{url}"
-
-[[outbox]]
-table = "public.outbox"
-
-[target]
-url = "{url}?application_name={name}"
-
-[pipeline]
-max_backoff_ms = 500
-
-[retention]
-prune_interval_s = 0
-
+        ConfigBuilder::new(&db.url())
+            .outbox_table("public.outbox")
+            .set("target", "url", format!("{}?application_name={name}", db.url()))
+            .set("pipeline", "max_backoff_ms", 500)
+            .set("retention", "prune_interval_s", 0)
+            .text(
+                r#"
 [[projection]]
 name = "order_total"
 subscriber = "orders.total.v1"
 target = "public.order_total"
 batch_size = 10
 sql = """
-insert into {{table}} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
+insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))
 on conflict (order_id) do update set total = t.total + excluded.total
 """
 "#,
-            url = db.url()
-        )
+            )
+            .to_toml()
     };
     let a = Daemon::start(
         &config("walfold-a"),
@@ -521,9 +500,7 @@ async fn a_rebuild_keeps_foreign_keys_policies_and_serial_columns() {
             "name = \"order_total\"\ntarget = \"public.order_total\"",
         )
         .replace("into order_total (", "into {table} as order_total (");
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config).await;
     insert_orders(&db, &["o-1", "o-2", "o-3"], 30, 1);
     totals_match(&client).await;
     let run = |args: &[&str]| {

@@ -151,9 +151,7 @@ async fn soak_200k_events_through_kills_restarts_and_cut_connections() {
 async fn a_1gb_non_outbox_transaction_passes_without_growing_memory() {
     let db = TestDb::new("bigtxn");
     db.psql("create table bulk (id bigint, filler text)");
-    let d = Daemon::start(&db.config(""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &db.config("")).await;
     let before_kib = peak_rss_kib(&d);
     let started = Instant::now();
     db.psql(
@@ -208,9 +206,7 @@ async fn a_1m_row_outbox_transaction_streams_through_in_bounded_memory() {
         .next()
         .unwrap()
         .to_owned();
-    let d = Daemon::start(&config, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config).await;
     let started = Instant::now();
     db.psql(
         "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \

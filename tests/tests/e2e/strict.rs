@@ -4,24 +4,11 @@
 
 use std::time::Duration;
 
+use walfold_config::builder::ConfigBuilder;
 use walfold_tests::{count, eventually, slot_active, walfold, Daemon, Rng, TestDb};
 
 /// A running balance per account, recording the order its versions were applied in.
-fn config(db: &TestDb, extra: &str) -> String {
-    format!(
-        r#"
-[source]
-url = "{url}"
-
-[[outbox]]
-table = "public.outbox"
-
-[pipeline]
-max_backoff_ms = 500
-
-[retention]
-prune_interval_s = 0
-
+const BALANCE: &str = r#"
 [[projection]]
 name = "balance"
 subscriber = "balance.v1"
@@ -30,15 +17,22 @@ gap_timeout = "3s"
 target = "public.balance"
 batch_size = 50
 sql = """
-insert into {{table}} as b (account, amount, versions)
+insert into {table} as b (account, amount, versions)
 values (:aggregate_id, :payload.amount::numeric, :version::text)
 on conflict (account) do update
 set amount = b.amount + excluded.amount, versions = b.versions || ',' || excluded.versions
 """
-{extra}
-"#,
-        url = db.url()
-    )
+"#;
+
+/// [`BALANCE`] on `db` with no prune pass of its own, then `extra`.
+fn config(db: &TestDb, extra: &str) -> String {
+    ConfigBuilder::new(&db.url())
+        .outbox_table("public.outbox")
+        .set("pipeline", "max_backoff_ms", 500)
+        .set("retention", "prune_interval_s", 0)
+        .text(BALANCE)
+        .text(extra)
+        .to_toml()
 }
 
 fn db(prefix: &str) -> TestDb {
@@ -82,9 +76,7 @@ async fn versions_become(client: &tokio_postgres::Client, account: &str, expecte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_versions_fill_the_gap_and_everything_applies_once_in_order() {
     let db = db("strictorder");
-    let _d = Daemon::start(&config(&db, ""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, client) = Daemon::streaming(&db, &config(&db, "")).await;
     // v1, v3, v2, v4 in separate transactions: v3 waits for v2, then both apply.
     db.psql(&credit("a-1", 1, 10));
     versions_become(&client, "a-1", "1").await;
@@ -143,9 +135,7 @@ async fn late_versions_fill_the_gap_and_everything_applies_once_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_that_never_fills_becomes_a_dead_letter_and_discarding_it_releases_the_rest() {
     let db = db("strictgap");
-    let d = Daemon::start(&config(&db, ""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config(&db, "")).await;
     db.psql(&format!(
         "{}{}{}{}",
         credit("a-1", 1, 1),
@@ -254,9 +244,7 @@ async fn a_gap_that_never_fills_becomes_a_dead_letter_and_discarding_it_releases
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shuffled_versions_through_crashes_apply_once_in_order() {
     let db = db("strictcrash");
-    let mut d = Daemon::start(&config(&db, "parallelism = 2"), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &config(&db, "parallelism = 2")).await;
     let mut rng = Rng::from_time();
     let accounts = 12;
     let per_account = 25i64;
@@ -327,9 +315,7 @@ async fn shuffled_versions_through_crashes_apply_once_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_of_a_strict_projection_gives_the_same_read_model() {
     let db = db("strictrebuild");
-    let d = Daemon::start(&config(&db, ""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (d, client) = Daemon::streaming(&db, &config(&db, "")).await;
     let mut sql = String::new();
     for a in 0..5 {
         // Versions written 2, 1, 4, 3, 6, 5, … per account.
@@ -451,9 +437,7 @@ subscriber = "update.v1"
 version_mode = "strict"
 sql = "update credit_only set amount = amount + :payload.amount::numeric where account = :aggregate_id"
 "#;
-    let _d = Daemon::start(&config(&db, extra), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, client) = Daemon::streaming(&db, &config(&db, extra)).await;
     // A producer counting from 0 with first_version = 1, and an account the update
     // statement has no row for.
     db.psql(&format!(
@@ -499,9 +483,7 @@ async fn event_types_a_strict_projection_does_not_take_still_advance_the_version
         "version_mode = \"strict\"",
         "version_mode = \"strict\"\nevent_types = [\"Credited\"]",
     );
-    let _d = Daemon::start(&text, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (_d, client) = Daemon::streaming(&db, &text).await;
     db.psql(&format!(
         "{}{}{}",
         credit("t-1", 1, 10).replace("'Credited'", "'AccountOpened'"),
@@ -524,9 +506,7 @@ async fn event_types_a_strict_projection_does_not_take_still_advance_the_version
 async fn switching_a_running_subscriber_to_strict_is_refused_with_the_fix() {
     let db = db("strictswitch");
     let guard = config(&db, "").replace("version_mode = \"strict\"\n", "");
-    let mut d = Daemon::start(&guard, &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &guard).await;
     db.psql(&credit("m-1", 1, 1));
     versions_become(&client, "m-1", "1").await;
     d.kill();
@@ -547,9 +527,7 @@ async fn switching_a_running_subscriber_to_strict_is_refused_with_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gaps_are_judged_after_the_backlog_and_retry_all_includes_them() {
     let db = db("strictdowntime");
-    let mut d = Daemon::start(&config(&db, ""), &[]);
-    let client = db.client().await;
-    slot_active(&client).await;
+    let (mut d, client) = Daemon::streaming(&db, &config(&db, "")).await;
     db.psql(&format!("{}{}", credit("q-1", 1, 1), credit("q-1", 3, 3)));
     versions_become(&client, "q-1", "1").await;
     d.terminate(Duration::from_secs(20));

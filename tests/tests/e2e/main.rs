@@ -1,0 +1,18 @@
+//! The end-to-end suites, one module each, in one test binary: one crate to compile and
+//! one executable to link instead of thirteen. nextest still runs every test in its own
+//! process, so each test gets its own `Cluster::shared()` and a fresh database on it,
+//! as before.
+
+mod daemon;
+mod library;
+mod observability;
+mod operator_tools;
+mod operators;
+mod outbox_shapes;
+mod pipeline;
+mod rebuild;
+mod soak;
+mod sources;
+mod streaming;
+mod strict;
+mod targets;
