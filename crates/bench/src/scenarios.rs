@@ -245,6 +245,9 @@ async fn decode_and_drain(
     blocking(move || settle(cluster, db)).await?;
     let config = setup::config(cluster, db, "walfold_0", setup::DRAIN_PROJECTIONS)?;
     walfold_engine::ops::start_rebuild(&config, "state", "bench.state.rebuilt").await?;
+    if setup::statements_enabled() {
+        blocking(move || Ok(cluster.psql(db, "select pg_stat_statements_reset()")?)).await?;
+    }
     let span = Span::start();
     let (cancel, task) = start(config);
     wait_for(
@@ -259,6 +262,12 @@ async fn decode_and_drain(
     task.await??;
     let rebuild_rate = n as f64 / rebuild_s;
     eprintln!("rebuild: {n} events replayed into a shadow table in {rebuild_s:.1} s");
+    if setup::statements_enabled() {
+        eprintln!(
+            "busiest statements during the rebuild:\n{}",
+            blocking(move || setup::top_statements(cluster, db)).await?
+        );
+    }
     lines.push(Line {
         scenario: format!("6. rebuild replay of {n} events (state projection, 5000/txn)"),
         walfold: format!("{rebuild_rate:.0} ev/s"),
