@@ -552,3 +552,50 @@ insert into paths values (:event_id, :payload.a.s, :payload.a.n, :payload.a.arr.
     );
     p.stop().await;
 }
+
+/// A read looks at a bounded window of seqs: a projection taking 3 events out of 1000,
+/// with pages of 10 (windows of 20 seqs), reads through 50 windows with nothing for it,
+/// applies exactly its 3 events and ends at the head; a projection reading every
+/// event in pages of 7 across two partitions gets them all once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_through_the_log_in_windows_and_miss_nothing() {
+    let db = TestDb::new("windows");
+    db.psql("create table rare (order_id text primary key); create table every (event_id uuid primary key)");
+    let extra = r#"
+[[projection]]
+name = "rare"
+subscriber = "orders.rare.v1"
+event_types = ["Rare"]
+batch_size = 10
+sql = "insert into rare (order_id) values (:aggregate_id)"
+
+[[projection]]
+name = "every"
+subscriber = "orders.every.v1"
+parallelism = 2
+batch_size = 7
+sql = "insert into every (event_id) values (:event_id)"
+"#;
+    let (p, client) = InProcess::streaming(&db, &db.config(extra)).await;
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         select gen_random_uuid(), 'order', 'o-' || g, \
+                case when g in (7, 500, 1000) then 'Rare' else 'OrderPaid' end, 1, \
+                '{\"status\": \"paid\", \"amount\": \"1\"}' \
+         from generate_series(1, 1000) g",
+    );
+    caught_up(&client, 1000, 5).await;
+    assert_eq!(
+        db.psql("select string_agg(order_id, ',' order by order_id) from rare"),
+        "o-1000,o-500,o-7"
+    );
+    assert_eq!(db.psql("select count(*) from every"), "1000");
+    assert_eq!(
+        db.psql(
+            "select string_agg(distinct (c.position = (select max(seq) from walfold.event_log))::text, ',') \
+             from walfold.checkpoint c where subscriber_id in ('orders.rare.v1', 'orders.every.v1')"
+        ),
+        "true"
+    );
+    p.stop().await;
+}
