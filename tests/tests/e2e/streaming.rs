@@ -305,7 +305,9 @@ async fn protocol_1_is_still_a_choice_and_the_source_spills_instead() {
 async fn status_updates_go_on_while_the_target_pushes_back() {
     let db = streaming_db("pushback");
     db.psql(&format!(
-        "alter database {} set wal_sender_timeout = '2s'",
+        // Twice the reader's 1 s status interval and more, so a loaded machine does not
+        // miss it; the 8 s stall is still twice the timeout.
+        "alter database {} set wal_sender_timeout = '4s'",
         db.name
     ));
     let config = db
