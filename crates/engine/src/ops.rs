@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use walfold_config::{Config, ProjectionConfig};
-use walfold_store::{rebuild, Fence, Leadership, PrunePolicy, Pruned, Rebuild, StoreError};
+use walfold_store::{
+    rebuild, Fence, Leadership, PrunePolicy, Pruned, Rebuild, RebuildState, StoreError,
+};
 
 pub use walfold_source::{backfill, BackfillReport, SourceError};
 
@@ -308,7 +310,7 @@ async fn policy(
         claims.push((active, retention));
         for r in open
             .iter()
-            .filter(|r| r.projection == p.name && r.state == "running")
+            .filter(|r| r.projection == p.name && r.state == RebuildState::Running)
         {
             claims.push((r.subscriber.clone(), retention));
         }

@@ -22,7 +22,9 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walfold_config::{Config, ProjectionConfig, QualifiedName, VersionMode};
 use walfold_store::rebuild::Readiness;
-use walfold_store::{migrate, rebuild, Backoff, Checkpoints, Fence, Leadership, Rebuild};
+use walfold_store::{
+    migrate, rebuild, Backoff, Checkpoints, Fence, Leadership, Rebuild, RebuildState,
+};
 
 use crate::error::EngineError;
 use crate::projection::Projection;
@@ -190,7 +192,7 @@ struct Generation {
     /// Rebuilds replaying now, with how close to the head counts as caught up.
     replaying: Vec<(Rebuild, u32, i64)>,
     /// The open rebuilds this generation was planned for.
-    planned: Vec<(String, String)>,
+    planned: Vec<(String, RebuildState)>,
     /// `drop_retired_after` per projection that has one.
     retire_after: Vec<(String, Duration)>,
     /// Whether a blocked rebuild was reported in this generation.
@@ -582,7 +584,7 @@ async fn plan(
         .filter_map(|d| Some((d.options.name.clone(), d.options.drop_retired_after()?)))
         .collect();
     for r in &open {
-        if r.state == "aborting" {
+        if r.state == RebuildState::Aborting {
             end_abort(&mut client, schema, r, fence).await?;
         } else if retired_due(&retire_after, r, now) {
             // Not fatal: e.g. `--finish` came first, or something still depends on the
@@ -606,7 +608,7 @@ async fn plan(
         replaying: Vec::new(),
         planned: open
             .iter()
-            .map(|r| (r.subscriber.clone(), r.state.clone()))
+            .map(|r| (r.subscriber.clone(), r.state))
             .collect(),
         retire_after,
         warned: AtomicBool::new(false),
@@ -651,7 +653,7 @@ async fn plan(
         .await?;
         let Some(r) = open
             .iter()
-            .find(|r| r.projection == options.name && r.state == "running")
+            .find(|r| r.projection == options.name && r.state == RebuildState::Running)
         else {
             continue;
         };
@@ -679,7 +681,7 @@ async fn plan(
             SWITCH_SLACK.min(replay.batch_size as i64),
         ));
     }
-    for r in open.iter().filter(|r| r.state == "running") {
+    for r in open.iter().filter(|r| r.state == RebuildState::Running) {
         if !defined.iter().any(|d| d.options.name == r.projection) {
             tracing::warn!(target = target.label(), projection = %r.projection, "a rebuild is recorded for a projection this config does not have here; not running it");
         }
@@ -797,9 +799,9 @@ async fn control_check(
     let open = rebuild::open(client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
-    let now: Vec<(String, String)> = open
+    let now: Vec<(String, RebuildState)> = open
         .iter()
-        .map(|r| (r.subscriber.clone(), r.state.clone()))
+        .map(|r| (r.subscriber.clone(), r.state))
         .collect();
     if now != generation.planned {
         return Ok(Some(Next::Replan));

@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::{ProjectionConfig, VersionMode};
 use walfold_store::{
     claim, claim_sql, connect, failpoint, partition_hash, read_events, read_page, read_sql,
-    Backoff, Checkpoints, DeadLetter, DeadLetters, ErrorKind, Event, Fence, Filter, PartitionStats,
-    Reason, RetryItem, StoreError,
+    Backoff, Checkpoints, DeadLetter, DeadLetterStatus, DeadLetters, ErrorKind, Event, Fence,
+    Filter, PartitionStats, Reason, RetryItem, StoreError,
 };
 
 use walfold_store::metrics::{metrics, Metrics};
@@ -1128,8 +1128,8 @@ impl Partition {
         {
             let k = (gap.aggregate_type.clone(), gap.aggregate_id.clone());
             let due = at_head && timeout.is_some_and(|t| now - gap.since_unix >= t.as_secs_f64());
-            match gap.status.as_str() {
-                "waiting" if due => {
+            match gap.status {
+                DeadLetterStatus::Waiting if due => {
                     let work = Work::begin(conn, self).await?;
                     let error = work.describe_gap(&k, timeout).await?;
                     tracing::error!(subscriber = %self.subscriber(), aggregate_type = %k.0, aggregate_id = %k.1, error = %error, "a version gap outlived gap_timeout: open dead letter");
@@ -1140,8 +1140,8 @@ impl Partition {
                         .map_err(EngineError::store("recording a version gap"))?;
                     work.commit(0, None).await?;
                 }
-                "discarded" | "retrying" => {
-                    let accept = gap.status == "discarded";
+                DeadLetterStatus::Discarded | DeadLetterStatus::Retrying => {
+                    let accept = gap.status == DeadLetterStatus::Discarded;
                     let mut work = Work::begin(conn, self).await?;
                     let accepted = if accept { vec![k.clone()] } else { Vec::new() };
                     let strict = work

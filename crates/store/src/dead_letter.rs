@@ -10,44 +10,66 @@ use uuid::Uuid;
 use crate::error::StoreError;
 use crate::lsn::Lsn;
 use crate::q;
+use crate::rebuild::RebuildState;
+use crate::stored_enum::stored_enum;
 
-/// Why something was set aside.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// An outbox row that cannot become an event (bad ID, missing column, bad version).
-    Malformed,
-    /// An event ID already in the log with different content.
-    IdConflict,
-    /// A projection kept failing on the event.
-    ProjectionFailed,
-    /// The event's aggregate is parked for the subscriber behind an earlier failure.
-    AggregateParked,
-    /// A strict projection's event waiting for a missing version (status `waiting`), or,
-    /// once the gap has outlived `gap_timeout`, the gap itself (no event; `open`).
-    VersionGap,
-    /// A strict projection's event whose version its aggregate had passed, under an event
-    /// ID never applied: not applied.
-    VersionConflict,
+stored_enum! {
+    /// Where a dead letter is: the `dead_letter.status` column, whose check constraint
+    /// allows exactly these.
+    pub enum DeadLetterStatus {
+        /// Set aside; waits for an operator (retry or discard).
+        Open = "open",
+        /// A retry was requested; its subscriber's projector applies it.
+        Retrying = "retrying",
+        /// Went through on a retry (or its gap closed).
+        Retried = "retried",
+        /// An operator (or a rebuild replacing its subscriber) gave up on it.
+        Discarded = "discarded",
+        /// A strict projection's event held for a missing version: not open yet.
+        Waiting = "waiting",
+    }
+}
+
+impl DeadLetterStatus {
+    /// Open or retrying: what holds a rebuild's switch-over, and an aggregate's chain.
+    pub const OPEN_OR_RETRYING: &'static [DeadLetterStatus] =
+        &[DeadLetterStatus::Open, DeadLetterStatus::Retrying];
+    /// Not resolved yet: open, retrying, or waiting for a missing version.
+    pub const UNRESOLVED: &'static [DeadLetterStatus] = &[
+        DeadLetterStatus::Open,
+        DeadLetterStatus::Retrying,
+        DeadLetterStatus::Waiting,
+    ];
+}
+
+stored_enum! {
+    /// Why something was set aside: the `dead_letter.reason` column, whose check
+    /// constraint allows exactly these.
+    pub enum Reason {
+        /// An outbox row that cannot become an event (bad ID, missing column, bad version).
+        Malformed = "malformed",
+        /// An event ID already in the log with different content.
+        IdConflict = "id_conflict",
+        /// A projection kept failing on the event.
+        ProjectionFailed = "projection_failed",
+        /// The event's aggregate is parked for the subscriber behind an earlier failure.
+        AggregateParked = "aggregate_parked",
+        /// A strict projection's event waiting for a missing version (status `waiting`),
+        /// or, once the gap has outlived `gap_timeout`, the gap itself (no event; `open`).
+        VersionGap = "version_gap",
+        /// A strict projection's event whose version its aggregate had passed, under an
+        /// event ID never applied: not applied.
+        VersionConflict = "version_conflict",
+    }
 }
 
 impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Malformed => "malformed",
-            Reason::IdConflict => "id_conflict",
-            Reason::ProjectionFailed => "projection_failed",
-            Reason::AggregateParked => "aggregate_parked",
-            Reason::VersionGap => "version_gap",
-            Reason::VersionConflict => "version_conflict",
-        }
-    }
-
     /// The status a new dead letter starts in: an event waiting for a missing version is
     /// not an open dead letter (nothing to act on yet); everything else is.
-    fn initial_status(self, has_event: bool) -> &'static str {
+    fn initial_status(self, has_event: bool) -> DeadLetterStatus {
         match (self, has_event) {
-            (Reason::VersionGap, true) => "waiting",
-            _ => "open",
+            (Reason::VersionGap, true) => DeadLetterStatus::Waiting,
+            _ => DeadLetterStatus::Open,
         }
     }
 }
@@ -196,7 +218,7 @@ impl DeadLetters {
                     &dl.seq,
                     &dl.aggregate_type,
                     &dl.aggregate_id,
-                    &dl.reason.as_str(),
+                    &dl.reason,
                     &dl.error,
                     &dl.raw,
                     &dl.existing,
@@ -242,12 +264,12 @@ impl DeadLetters {
         let rows = client
             .query(
                 &format!(
-                    "select p.aggregate_type, p.aggregate_id, d.reason = 'version_gap' \
+                    "select p.aggregate_type, p.aggregate_id, d.reason = $2 \
                      from {s}.parked_aggregate p join {s}.dead_letter d on d.id = p.dead_letter_id \
                      where p.subscriber_id = $1",
                     s = q(schema)
                 ),
-                &[&subscriber],
+                &[&subscriber, &Reason::VersionGap],
             )
             .await
             .map_err(StoreError::db("loading parked aggregates"))?;
@@ -267,10 +289,10 @@ pub struct DeadLetterEntry {
     pub seq: Option<i64>,
     pub aggregate_type: Option<String>,
     pub aggregate_id: Option<String>,
-    pub reason: String,
+    pub reason: Reason,
     pub error: String,
     pub attempts: i32,
-    pub status: String,
+    pub status: DeadLetterStatus,
     pub first_failed_at_unix: f64,
     pub last_failed_at_unix: f64,
     pub raw: Option<Value>,
@@ -297,13 +319,13 @@ impl DeadLetters {
                      error, attempts, status, extract(epoch from first_failed_at)::float8, \
                      extract(epoch from last_failed_at)::float8, raw, existing, resolution, \
                      source from {}.dead_letter \
-                     where ($1 or status = 'open') \
+                     where ($1 or status = $4) \
                        and ($2::text is null or subscriber_id = $2 \
                             or ($2 = 'ingest' and subscriber_id is null)) \
                      order by id desc limit $3",
                     q(schema)
                 ),
-                &[&all, &subscriber, &limit],
+                &[&all, &subscriber, &limit, &DeadLetterStatus::Open],
             )
             .await
             .map_err(StoreError::db("listing dead letters"))?;
@@ -341,11 +363,16 @@ impl DeadLetters {
         let n = client
             .execute(
                 &format!(
-                    "update {}.dead_letter set status = 'discarded', resolution = $2, \
-                     resolved_at = now() where id = $1 and status = 'open'",
+                    "update {}.dead_letter set status = $3, resolution = $2, \
+                     resolved_at = now() where id = $1 and status = $4",
                     q(schema)
                 ),
-                &[&id, &reason],
+                &[
+                    &id,
+                    &reason,
+                    &DeadLetterStatus::Discarded,
+                    &DeadLetterStatus::Open,
+                ],
             )
             .await
             .map_err(StoreError::db("discarding a dead letter"))?;
@@ -387,10 +414,10 @@ impl DeadLetters {
                     .query_opt(
                         &format!(
                             "select subscriber_id, aggregate_type, aggregate_id, status, seq, \
-                             reason = 'version_gap' and seq is null \
+                             reason = $2 and seq is null \
                              from {s}.dead_letter where id = $1"
                         ),
-                        &[&id],
+                        &[&id, &Reason::VersionGap],
                     )
                     .await
                     .map_err(StoreError::db("reading a dead letter"))?
@@ -399,19 +426,17 @@ impl DeadLetters {
                     Option<String>,
                     Option<String>,
                     Option<String>,
-                    String,
+                    DeadLetterStatus,
                     Option<i64>,
                 ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
                 let gap: bool = row.get(5);
-                if let (true, Some(_), "open") = (gap, &subscriber, status.as_str()) {
+                if let (true, Some(_), DeadLetterStatus::Open) = (gap, &subscriber, status) {
                     // A version gap: its projector checks it again (and reopens it if the
                     // versions are still missing).
                     return client
                         .execute(
-                            &format!(
-                                "update {s}.dead_letter set status = 'retrying' where id = $1"
-                            ),
-                            &[&id],
+                            &format!("update {s}.dead_letter set status = $2 where id = $1"),
+                            &[&id, &DeadLetterStatus::Retrying],
                         )
                         .await
                         .map_err(StoreError::db("requesting a retry"));
@@ -424,7 +449,7 @@ impl DeadLetters {
                          fix the producer and write a new outbox row, then discard this one"
                     )));
                 };
-                if status != "open" {
+                if status != DeadLetterStatus::Open {
                     return Err(StoreError::Refused(format!(
                         "dead letter {id} is {status}, not open"
                     )));
@@ -432,11 +457,17 @@ impl DeadLetters {
                 client
                     .execute(
                         &format!(
-                            "update {s}.dead_letter set status = 'retrying' \
+                            "update {s}.dead_letter set status = $4 \
                              where subscriber_id = $1 and aggregate_type = $2 \
-                             and aggregate_id = $3 and status = 'open' and seq is not null"
+                             and aggregate_id = $3 and status = $5 and seq is not null"
                         ),
-                        &[&subscriber, &kind, &aggregate],
+                        &[
+                            &subscriber,
+                            &kind,
+                            &aggregate,
+                            &DeadLetterStatus::Retrying,
+                            &DeadLetterStatus::Open,
+                        ],
                     )
                     .await
                     .map_err(StoreError::db("requesting a retry"))
@@ -444,14 +475,20 @@ impl DeadLetters {
             RetryRequest::All(subscriber) => client
                 .execute(
                     &format!(
-                        "update {s}.dead_letter set status = 'retrying' \
+                        "update {s}.dead_letter set status = $2 \
                          where subscriber_id is not null \
-                         and (seq is not null or reason = 'version_gap') \
-                         and ($1::text is null or subscriber_id = $1) and status = 'open' \
+                         and (seq is not null or reason = $5) \
+                         and ($1::text is null or subscriber_id = $1) and status = $3 \
                          and subscriber_id in (select subscriber_id from {s}.projection union \
-                           select subscriber_id from {s}.rebuild where state = 'running')"
+                           select subscriber_id from {s}.rebuild where state = $4)"
                     ),
-                    &[&subscriber],
+                    &[
+                        &subscriber,
+                        &DeadLetterStatus::Retrying,
+                        &DeadLetterStatus::Open,
+                        &RebuildState::Running,
+                        &Reason::VersionGap,
+                    ],
                 )
                 .await
                 .map_err(StoreError::db("requesting retries")),
@@ -469,10 +506,10 @@ impl DeadLetters {
             .query(
                 &format!(
                     "select distinct aggregate_type, aggregate_id from {}.dead_letter \
-                     where subscriber_id = $1 and status = 'retrying' and seq is not null",
+                     where subscriber_id = $1 and status = $2 and seq is not null",
                     q(schema)
                 ),
-                &[&subscriber],
+                &[&subscriber, &DeadLetterStatus::Retrying],
             )
             .await
             .map_err(StoreError::db("reading retry requests"))?;
@@ -494,11 +531,18 @@ impl DeadLetters {
                 &format!(
                     "select id, seq, aggregate_type, aggregate_id from {}.dead_letter \
                      where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
-                       and status in ('open', 'retrying') and seq > $4 \
+                       and status = any($6) and seq > $4 \
                      order by seq, id limit $5",
                     q(schema)
                 ),
-                &[&subscriber, &aggregate.0, &aggregate.1, &after_seq, &limit],
+                &[
+                    &subscriber,
+                    &aggregate.0,
+                    &aggregate.1,
+                    &after_seq,
+                    &limit,
+                    &DeadLetterStatus::OPEN_OR_RETRYING,
+                ],
             )
             .await
             .map_err(StoreError::db("reading dead letters to retry"))?;
@@ -522,11 +566,11 @@ impl DeadLetters {
     ) -> Result<(), StoreError> {
         tx.execute(
             &format!(
-                "update {}.dead_letter set status = 'retried', resolution = $2, \
+                "update {}.dead_letter set status = $3, resolution = $2, \
                  resolved_at = now(), attempts = attempts + 1 where id = $1",
                 q(schema)
             ),
-            &[&id, &outcome],
+            &[&id, &outcome, &DeadLetterStatus::Retried],
         )
         .await
         .map_err(StoreError::db("resolving a retried dead letter"))?;
@@ -547,14 +591,22 @@ impl DeadLetters {
         client
             .execute(
                 &format!(
-                    "update {s}.dead_letter set status = 'open', \
+                    "update {s}.dead_letter set status = $6, \
                      error = case when id = $4 then $5 else error end, \
                      attempts = attempts + (id = $4)::int, \
                      last_failed_at = case when id = $4 then now() else last_failed_at end \
                      where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
-                       and status = 'retrying'"
+                       and status = $7"
                 ),
-                &[&subscriber, &aggregate.0, &aggregate.1, &head, &error],
+                &[
+                    &subscriber,
+                    &aggregate.0,
+                    &aggregate.1,
+                    &head,
+                    &error,
+                    &DeadLetterStatus::Open,
+                    &DeadLetterStatus::Retrying,
+                ],
             )
             .await
             .map_err(StoreError::db("recording a failed retry"))?;
@@ -591,8 +643,8 @@ pub struct Gap {
     /// The dead letter its park points at: the first waiting event's, or the gap's own
     /// once it outlived `gap_timeout`.
     pub letter: i64,
-    /// That letter's status (`waiting`, or `open`, `retrying`, `discarded` for the gap's).
-    pub status: String,
+    /// That letter's status (`Waiting`, or `Open`, `Retrying`, `Discarded` for the gap's).
+    pub status: DeadLetterStatus,
     /// When the gap opened.
     pub since_unix: f64,
 }
@@ -619,12 +671,18 @@ impl DeadLetters {
                     "select d.id, d.seq, d.aggregate_type, d.aggregate_id from {}.dead_letter d \
                      join unnest($2::text[], $3::text[]) as a(t, i) \
                        on d.aggregate_type = a.t and d.aggregate_id = a.i \
-                     where d.subscriber_id = $1 and d.reason = 'version_gap' \
-                       and d.status = 'waiting' and d.seq is not null \
+                     where d.subscriber_id = $1 and d.reason = $5 \
+                       and d.status = $4 and d.seq is not null \
                      order by d.seq, d.id",
                     q(schema)
                 ),
-                &[&subscriber, &types, &ids],
+                &[
+                    &subscriber,
+                    &types,
+                    &ids,
+                    &DeadLetterStatus::Waiting,
+                    &Reason::VersionGap,
+                ],
             )
             .await
             .map_err(StoreError::db("reading waiting events"))?;
@@ -651,10 +709,10 @@ impl DeadLetters {
         }
         tx.execute(
             &format!(
-                "delete from {}.dead_letter where id = any($1) and status = 'waiting'",
+                "delete from {}.dead_letter where id = any($1) and status = $2",
                 q(schema)
             ),
-            &[&ids],
+            &[&ids, &DeadLetterStatus::Waiting],
         )
         .await
         .map_err(StoreError::db("clearing waiting events"))?;
@@ -676,10 +734,16 @@ impl DeadLetters {
                 "update {s}.parked_aggregate p set dead_letter_id = $4, parked_at = now() \
                  where p.dead_letter_id <> $4 and p.subscriber_id = $1 and p.aggregate_key = {s}.aggregate_key($2, $3) \
                    and exists (select 1 from {s}.dead_letter d where d.id = p.dead_letter_id \
-                               and d.status = 'waiting')",
+                               and d.status = $5)",
                 s = q(schema)
             ),
-            &[&subscriber, &aggregate.0, &aggregate.1, &letter],
+            &[
+                &subscriber,
+                &aggregate.0,
+                &aggregate.1,
+                &letter,
+                &DeadLetterStatus::Waiting,
+            ],
         )
         .await
         .map_err(StoreError::db("parking"))?;
@@ -698,10 +762,10 @@ impl DeadLetters {
                     "select p.aggregate_type, p.aggregate_id, d.id, d.status, \
                      extract(epoch from p.parked_at)::float8 \
                      from {s}.parked_aggregate p join {s}.dead_letter d on d.id = p.dead_letter_id \
-                     where p.subscriber_id = $1 and d.reason = 'version_gap'",
+                     where p.subscriber_id = $1 and d.reason = $2",
                     s = q(schema)
                 ),
-                &[&subscriber],
+                &[&subscriber, &Reason::VersionGap],
             )
             .await
             .map_err(StoreError::db("reading version gaps"))?;
@@ -767,16 +831,30 @@ impl DeadLetters {
             &format!(
                 // A gap an operator discarded stays discarded, with their reason kept.
                 "update {}.dead_letter set \
-                 status = case when status = 'discarded' then 'discarded' else 'retried' end, \
-                 resolution = case when status = 'discarded' \
+                 status = case when status = $5 then status else $6 end, \
+                 resolution = case when status = $5 \
                    then concat_ws('; ', resolution, $4::text) else $4::text end, \
                  resolved_at = now() \
                  where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
-                   and reason = 'version_gap' and seq is null \
-                   and status in ('open', 'retrying', 'discarded')",
+                   and reason = $8 and seq is null \
+                   and status = any($7)",
                 q(schema)
             ),
-            &[&subscriber, &aggregate.0, &aggregate.1, &resolution],
+            &[
+                &subscriber,
+                &aggregate.0,
+                &aggregate.1,
+                &resolution,
+                &DeadLetterStatus::Discarded,
+                &DeadLetterStatus::Retried,
+                &[
+                    DeadLetterStatus::Open,
+                    DeadLetterStatus::Retrying,
+                    DeadLetterStatus::Discarded,
+                ]
+                .as_slice(),
+                &Reason::VersionGap,
+            ],
         )
         .await
         .map_err(StoreError::db("resolving a version gap"))?;
@@ -792,14 +870,41 @@ impl DeadLetters {
     ) -> Result<(), StoreError> {
         tx.execute(
             &format!(
-                "update {}.dead_letter set status = 'open', error = $2, attempts = attempts + 1, \
-                 last_failed_at = now() where id = $1 and status = 'retrying'",
+                "update {}.dead_letter set status = $3, error = $2, attempts = attempts + 1, \
+                 last_failed_at = now() where id = $1 and status = $4",
                 q(schema)
             ),
-            &[&letter, &error],
+            &[
+                &letter,
+                &error,
+                &DeadLetterStatus::Open,
+                &DeadLetterStatus::Retrying,
+            ],
         )
         .await
         .map_err(StoreError::db("reopening a version gap"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DeadLetterStatus, Reason};
+    use crate::stored_enum::{assert_round_trips, checked_values};
+
+    #[test]
+    fn every_status_and_reason_round_trips() {
+        assert_round_trips(DeadLetterStatus::ALL, DeadLetterStatus::as_str);
+        assert_round_trips(Reason::ALL, Reason::as_str);
+    }
+
+    #[test]
+    fn the_check_constraints_allow_exactly_the_statuses_and_reasons() {
+        let mut statuses: Vec<&str> = DeadLetterStatus::ALL.iter().map(|s| s.as_str()).collect();
+        statuses.sort();
+        assert_eq!(checked_values("status"), statuses);
+        let mut reasons: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        reasons.sort();
+        assert_eq!(checked_values("reason"), reasons);
     }
 }

@@ -22,6 +22,7 @@ mod prune;
 pub mod rebuild;
 mod registry;
 mod status;
+mod stored_enum;
 mod stream_stage;
 mod target_lease;
 mod tls;
@@ -34,7 +35,8 @@ pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql, unclaim};
 pub use connect::{connect, ConnectOptions, SslMode};
 pub use dead_letter::{
-    DeadLetter, DeadLetterEntry, DeadLetters, Gap, Reason, RetryItem, RetryRequest, RowOrigin,
+    DeadLetter, DeadLetterEntry, DeadLetterStatus, DeadLetters, Gap, Reason, RetryItem,
+    RetryRequest, RowOrigin,
 };
 pub use error::{describe, StoreError};
 pub use event::{partition_hash, Event, NewEvent};
@@ -51,12 +53,13 @@ pub use pause::{clear_pause, clear_pauses, record_pause};
 pub use prune::{
     hold, prune, prune_claims_elsewhere, record_holds, register_target, PrunePolicy, Pruned,
 };
-pub use rebuild::Rebuild;
+pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};
 pub use status::{
     status, status_of, target_status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus,
     SourceProbe, SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus,
 };
+pub use stored_enum::UnknownValue;
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;
 pub use tls::client_config as tls_client_config;

@@ -13,7 +13,7 @@ use crate::error::StoreError;
 use crate::q;
 
 /// `(version, description, sql)`, in order. A test checks every file in `migrations/` is here.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
+pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
     (
         20261130000001,
         "walfold schema",
@@ -83,6 +83,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         20261201000303,
         "target hold",
         include_str!("../../../migrations/20261201000303_target_hold.sql"),
+    ),
+    (
+        20261201000400,
+        "dead letter reason check",
+        include_str!("../../../migrations/20261201000400_dead_letter_reason_check.sql"),
     ),
 ];
 

@@ -19,9 +19,11 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::leader::Fence;
 use crate::q;
+use crate::rebuild::RebuildState;
 
 /// What to prune.
 #[derive(Debug, Clone)]
@@ -76,9 +78,7 @@ pub async fn prune(
         )
         .await?;
     }
-    let retired = retired_sql(&s);
-    pruned.claims +=
-        delete_batches(client, fence, &retired, &[&policy.batch], policy.batch).await?;
+    pruned.claims += delete_retired_claims(client, fence, &s, policy.batch).await?;
     let Some(retention) = policy.event_log else {
         return Ok(pruned);
     };
@@ -100,14 +100,19 @@ pub async fn prune(
          select e.seq from {s}.event_log e \
          where e.seq <= $1 and e.appended_at < now() - make_interval(secs => $2) \
            and not exists (select 1 from {s}.dead_letter d where d.seq = e.seq \
-                           and d.subscriber_id is not null and d.status in ('open', 'retrying', 'waiting')) \
+                           and d.subscriber_id is not null and d.status = any($4)) \
          order by e.seq limit $3))"
     );
     pruned.events = delete_batches(
         client,
         fence,
         &events,
-        &[&bound, &retention.as_secs_f64(), &policy.batch],
+        &[
+            &bound,
+            &retention.as_secs_f64(),
+            &policy.batch,
+            &DeadLetterStatus::UNRESOLVED,
+        ],
         policy.batch,
     )
     .await?;
@@ -122,9 +127,9 @@ async fn holders(client: &Client, schema: &str) -> Result<Vec<String>, StoreErro
         .query(
             &format!(
                 "select subscriber_id from {s}.projection union \
-                 select subscriber_id from {s}.rebuild where state in ('running', 'aborting')"
+                 select subscriber_id from {s}.rebuild where state = any($1)"
             ),
-            &[],
+            &[&RebuildState::REPLAYING],
         )
         .await
         .map_err(StoreError::db("reading subscribers for pruning"))?
@@ -150,9 +155,9 @@ pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreErr
         .query_one(
             &format!(
                 "select min(seq) from {s}.dead_letter where subscriber_id is not null \
-                 and seq is not null and status in ('open', 'retrying', 'waiting')"
+                 and seq is not null and status = any($1)"
             ),
-            &[],
+            &[&DeadLetterStatus::UNRESOLVED],
         )
         .await
         .map_err(StoreError::db("reading dead letters for pruning"))?
@@ -318,28 +323,40 @@ pub async fn prune_claims_elsewhere(
         )
         .await?;
     }
-    pruned.claims += delete_batches(
-        client,
-        fence,
-        &retired_sql(&s),
-        &[&policy.batch],
-        policy.batch,
-    )
-    .await?;
+    pruned.claims += delete_retired_claims(client, fence, &s, policy.batch).await?;
     Ok(pruned)
 }
 
-/// Claims of subscribers a rebuild retired (aborted, or replaced and finished).
-fn retired_sql(s: &str) -> String {
-    format!(
+/// Deletes the claims of subscribers a rebuild retired (aborted, or replaced and
+/// finished); `s` is the quoted schema.
+async fn delete_retired_claims(
+    client: &mut Client,
+    fence: Option<&Fence>,
+    s: &str,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let sql = format!(
         "delete from {s}.processed_message where ctid = any(array( \
          select ctid from {s}.processed_message where subscriber_id = any(array( \
-           select subscriber_id from {s}.rebuild where state = 'aborted' union \
-           select previous_subscriber from {s}.rebuild where state = 'finished' \
+           select subscriber_id from {s}.rebuild where state = $2 union \
+           select previous_subscriber from {s}.rebuild where state = $3 \
            except select subscriber_id from {s}.projection \
-           except select subscriber_id from {s}.rebuild where state in ('running', 'aborting'))) \
+           except select subscriber_id from {s}.rebuild where state = any($4))) \
          limit $1))"
+    );
+    delete_batches(
+        client,
+        fence,
+        &sql,
+        &[
+            &batch,
+            &RebuildState::Aborted,
+            &RebuildState::Finished,
+            &RebuildState::REPLAYING,
+        ],
+        batch,
     )
+    .await
 }
 
 /// The seq every partition of `subscriber` has passed (0 when one has not started).

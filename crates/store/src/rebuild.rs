@@ -9,9 +9,39 @@ use std::time::Duration;
 use tokio_postgres::{Client, GenericClient};
 use walfold_config::QualifiedName;
 
+use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::leader::Fence;
 use crate::q;
+use crate::stored_enum::stored_enum;
+
+stored_enum! {
+    /// Where a rebuild is: the `rebuild.state` column, whose check constraint allows
+    /// exactly these.
+    pub enum RebuildState {
+        /// Replaying the log into the shadow table.
+        Running = "running",
+        /// An abort was requested; the leader stops its projectors, then ends it.
+        Aborting = "aborting",
+        /// Switched over; the retired table stays until `finish`.
+        Switched = "switched",
+        /// Switched, and the retired table dropped.
+        Finished = "finished",
+        /// Ended without switching; the shadow table dropped.
+        Aborted = "aborted",
+    }
+}
+
+impl RebuildState {
+    /// Not ended yet: what [`open`] reads (one per projection at most).
+    pub const OPEN: &'static [RebuildState] = &[
+        RebuildState::Running,
+        RebuildState::Aborting,
+        RebuildState::Switched,
+    ];
+    /// Not switched and not ended: its subscriber replays, or is being stopped.
+    pub const REPLAYING: &'static [RebuildState] = &[RebuildState::Running, RebuildState::Aborting];
+}
 
 /// A rebuild as stored.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -24,8 +54,7 @@ pub struct Rebuild {
     pub live: String,
     pub shadow: String,
     pub retired: String,
-    /// `running`, `aborting`, `switched`, `finished` or `aborted`.
-    pub state: String,
+    pub state: RebuildState,
     pub requested_at_unix: f64,
     pub switched_at_unix: Option<f64>,
 }
@@ -42,7 +71,7 @@ impl Rebuild {
     }
     /// Switched over, with the retired table kept longer than `after`.
     pub fn retired_longer_than(&self, after: Duration, now_unix: f64) -> bool {
-        self.state == "switched"
+        self.state == RebuildState::Switched
             && self
                 .switched_at_unix
                 .is_some_and(|t| now_unix - t >= after.as_secs_f64())
@@ -111,10 +140,10 @@ async fn read_open(
         .query(
             &format!(
                 "select {COLUMNS} from {}.rebuild \
-                 where state in ('running', 'aborting', 'switched') order by requested_at{lock}",
+                 where state = any($1) order by requested_at{lock}",
                 q(schema)
             ),
-            &[],
+            &[&RebuildState::OPEN],
         )
         .await
         .map_err(StoreError::db("reading rebuilds"))?;
@@ -206,7 +235,7 @@ pub async fn start(
             &format!(
                 "insert into {s}.rebuild (subscriber_id, projection, previous_subscriber, \
                  live_table, shadow_table, retired_table, state) \
-                 values ($1, $2, $3, $4, $5, $6, 'running') returning {COLUMNS}"
+                 values ($1, $2, $3, $4, $5, $6, $7) returning {COLUMNS}"
             ),
             &[
                 &subscriber,
@@ -215,6 +244,7 @@ pub async fn start(
                 &live.to_string(),
                 &shadow.to_string(),
                 &retired.to_string(),
+                &RebuildState::Running,
             ],
         )
         .await
@@ -257,10 +287,10 @@ pub async fn readiness(
                 "select count(*), coalesce(min(position), 0), \
                  (select coalesce(max(seq), 0) from {s}.event_log), \
                  (select count(*) from {s}.dead_letter where subscriber_id = $1 \
-                  and status in ('open', 'retrying')) \
+                  and status = any($2)) \
                  from {s}.checkpoint where subscriber_id = $1"
             ),
-            &[&subscriber],
+            &[&subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
         )
         .await
         .map_err(StoreError::db("reading a rebuild's progress"))?;
@@ -301,10 +331,14 @@ pub async fn switch(
     let moved = tx
         .execute(
             &format!(
-                "update {s}.rebuild set state = 'switched', switched_at = now() \
-                 where subscriber_id = $1 and state = 'running'"
+                "update {s}.rebuild set state = $2, switched_at = now() \
+                 where subscriber_id = $1 and state = $3"
             ),
-            &[&rebuild.subscriber],
+            &[
+                &rebuild.subscriber,
+                &RebuildState::Switched,
+                &RebuildState::Running,
+            ],
         )
         .await
         .map_err(StoreError::db("switching over"))?;
@@ -330,22 +364,20 @@ pub async fn switch(
     ))
     .await
     .map_err(StoreError::db("swapping the live and shadow tables"))?;
-    for sql in [
-        format!(
-            "delete from {s}.parked_aggregate where subscriber_id = $1 and $2::text is not null"
-        ),
-        format!(
-            "update {s}.dead_letter set status = 'discarded', resolution = $2, resolved_at = now() \
-             where subscriber_id = $1 and status in ('open', 'retrying', 'waiting')"
-        ),
-    ] {
-        tx.execute(
-            &sql,
-            &[&rebuild.previous, &"subscriber replaced by a rebuild"],
-        )
-        .await
-        .map_err(StoreError::db("retiring the previous subscriber"))?;
-    }
+    tx.execute(
+        &format!("delete from {s}.parked_aggregate where subscriber_id = $1"),
+        &[&rebuild.previous],
+    )
+    .await
+    .map_err(StoreError::db("retiring the previous subscriber"))?;
+    discard_unresolved(
+        &tx,
+        &s,
+        &rebuild.previous,
+        "subscriber replaced by a rebuild",
+    )
+    .await
+    .map_err(StoreError::db("retiring the previous subscriber"))?;
     tx.execute(
         &format!(
             "update {s}.projection set subscriber_id = $2, updated_at = now() where name = $1"
@@ -371,10 +403,14 @@ pub async fn request_abort(
     let row = client
         .query_opt(
             &format!(
-                "update {s}.rebuild set state = 'aborting' \
-                 where projection = $1 and state in ('running', 'aborting') returning {COLUMNS}"
+                "update {s}.rebuild set state = $2 \
+                 where projection = $1 and state = any($3) returning {COLUMNS}"
             ),
-            &[&projection],
+            &[
+                &projection,
+                &RebuildState::Aborting,
+                &RebuildState::REPLAYING,
+            ],
         )
         .await
         .map_err(StoreError::db("aborting a rebuild"))?;
@@ -394,7 +430,7 @@ async fn not_open(
 ) -> Result<String, StoreError> {
     let open = open(client, schema).await?;
     Ok(match open.iter().find(|r| r.projection == projection) {
-        Some(r) if r.state == "switched" => format!(
+        Some(r) if r.state == RebuildState::Switched => format!(
             "the rebuild of {projection} has switched over already; nothing to {action} \
              (run `walfold rebuild {projection} --finish` to drop the retired table)"
         ),
@@ -424,10 +460,14 @@ pub async fn abort(
     let n = tx
         .execute(
             &format!(
-                "update {s}.rebuild set state = 'aborted', ended_at = now() \
-                 where subscriber_id = $1 and state in ('running', 'aborting')"
+                "update {s}.rebuild set state = $2, ended_at = now() \
+                 where subscriber_id = $1 and state = any($3)"
             ),
-            &[&rebuild.subscriber],
+            &[
+                &rebuild.subscriber,
+                &RebuildState::Aborted,
+                &RebuildState::REPLAYING,
+            ],
         )
         .await
         .map_err(StoreError::db("aborting a rebuild"))?;
@@ -466,10 +506,14 @@ pub async fn finish(
     let row = tx
         .query_opt(
             &format!(
-                "update {s}.rebuild set state = 'finished', ended_at = now() \
-                 where projection = $1 and state = 'switched' returning {COLUMNS}"
+                "update {s}.rebuild set state = $2, ended_at = now() \
+                 where projection = $1 and state = $3 returning {COLUMNS}"
             ),
-            &[&projection],
+            &[
+                &projection,
+                &RebuildState::Finished,
+                &RebuildState::Switched,
+            ],
         )
         .await
         .map_err(StoreError::db("finishing a rebuild"))?;
@@ -518,16 +562,38 @@ async fn retire_subscriber(
         format!(
             "delete from {s}.aggregate_version where subscriber_id = $1 and $2::text is not null"
         ),
-        format!(
-            "update {s}.dead_letter set status = 'discarded', resolution = $2, resolved_at = now() \
-             where subscriber_id = $1 and status in ('open', 'retrying', 'waiting')"
-        ),
     ] {
         tx.execute(&sql, &[&subscriber, &why])
             .await
             .map_err(StoreError::db("retiring a subscriber"))?;
     }
+    discard_unresolved(tx, &s, subscriber, why)
+        .await
+        .map_err(StoreError::db("retiring a subscriber"))?;
     Ok(())
+}
+
+/// Discards the dead letters of a subscriber nothing runs any more, with `why` as the
+/// resolution (`s` is the quoted schema).
+async fn discard_unresolved(
+    tx: &impl GenericClient,
+    s: &str,
+    subscriber: &str,
+    why: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    tx.execute(
+        &format!(
+            "update {s}.dead_letter set status = $3, resolution = $2, resolved_at = now() \
+             where subscriber_id = $1 and status = any($4)"
+        ),
+        &[
+            &subscriber,
+            &why,
+            &DeadLetterStatus::Discarded,
+            &DeadLetterStatus::UNRESOLVED,
+        ],
+    )
+    .await
 }
 
 /// Deletes a retired subscriber's claims in batches of `batch` rows (short transactions,
@@ -738,4 +804,22 @@ async fn copy_grants(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RebuildState;
+    use crate::stored_enum::{assert_round_trips, checked_values};
+
+    #[test]
+    fn every_state_round_trips() {
+        assert_round_trips(RebuildState::ALL, RebuildState::as_str);
+    }
+
+    #[test]
+    fn the_check_constraint_allows_exactly_the_states() {
+        let mut ours: Vec<&str> = RebuildState::ALL.iter().map(|s| s.as_str()).collect();
+        ours.sort();
+        assert_eq!(checked_values("state"), ours);
+    }
 }

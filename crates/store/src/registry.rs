@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 
 use crate::error::StoreError;
 use crate::q;
+use crate::rebuild::RebuildState;
 
 /// The subscriber ID serving `projection` live, given the config's `configured` ID.
 pub async fn active_subscriber(
@@ -44,13 +45,18 @@ pub async fn active_subscriber(
     let role: Option<String> = tx
         .query_opt(
             &format!(
-                "select case when subscriber_id = $2 and state in ('running', 'aborting') then 'rebuilding' \
-                 when previous_subscriber = $2 and state in ('switched', 'finished') then 'replaced' end \
+                "select case when subscriber_id = $2 and state = any($3) then 'rebuilding' \
+                 when previous_subscriber = $2 and state = any($4) then 'replaced' end \
                  from {s}.rebuild where projection = $1 \
                  and (subscriber_id = $2 or previous_subscriber = $2) \
                  order by requested_at desc limit 1"
             ),
-            &[&projection, &configured],
+            &[
+                &projection,
+                &configured,
+                &RebuildState::REPLAYING,
+                &[RebuildState::Switched, RebuildState::Finished].as_slice(),
+            ],
         )
         .await
         .map_err(StoreError::db("reading rebuilds"))?

@@ -7,9 +7,11 @@ use serde::Serialize;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
+use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::lsn::Lsn;
 use crate::q;
+use crate::rebuild::RebuildState;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -83,7 +85,7 @@ pub struct RebuildStatus {
     pub target: String,
     pub projection: String,
     pub subscriber: String,
-    pub state: String,
+    pub state: RebuildState,
     /// Events the new subscriber has gone through (applied, stale, duplicates, dead).
     pub replayed: i64,
     /// Events between its slowest partition and the head.
@@ -365,8 +367,8 @@ pub async fn target_status(
     }
     let dead_letters_open: i64 = target
         .query_one(
-            &format!("select count(*) from {s}.dead_letter where status = 'open'"),
-            &[],
+            &format!("select count(*) from {s}.dead_letter where status = $1"),
+            &[&DeadLetterStatus::Open],
         )
         .await
         .map_err(StoreError::db("counting dead letters"))?
@@ -398,14 +400,14 @@ pub async fn target_status(
         };
         // While replaying; after the switch the subscriber is the live one.
         let elapsed = now_unix - r.requested_at_unix;
-        let rate_per_s = if r.state == "running" && elapsed > 0.0 {
+        let rate_per_s = if r.state == RebuildState::Running && elapsed > 0.0 {
             replayed as f64 / elapsed
         } else {
             0.0
         };
         rebuilds.push(RebuildStatus {
             target: name.to_owned(),
-            eta_s: (r.state == "running" && rate_per_s > 0.0)
+            eta_s: (r.state == RebuildState::Running && rate_per_s > 0.0)
                 .then(|| remaining as f64 / rate_per_s),
             projection: r.projection,
             subscriber: r.subscriber,

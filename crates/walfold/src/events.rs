@@ -23,6 +23,7 @@ use serde_json::{json, Map, Value};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, Config, ProjectionConfig, ProjectionKind};
+use walfold_store::{DeadLetterStatus, Reason};
 
 use crate::run::load;
 use crate::Failure;
@@ -545,9 +546,10 @@ impl Fold {
             Outcome::None => return None,
             Outcome::Claimed { at } => at.clone(),
             Outcome::DeadLetter(dl) => {
-                let parked = dl["reason"] == "aggregate_parked";
-                let name = match (parked, dl["status"].as_str()) {
-                    (_, Some("discarded")) => "discarded",
+                let parked = dl["reason"] == Reason::AggregateParked.as_str();
+                let discarded = dl["status"].as_str() == Some(DeadLetterStatus::Discarded.as_str());
+                let name = match (parked, discarded) {
+                    (_, true) => "discarded",
                     (true, _) => "parked",
                     (false, _) => "dead_lettered",
                 };

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, Config};
 use walfold_engine::ops;
+use walfold_store::RebuildState;
 
 use crate::progress::{Progress, Snapshot, POLL};
 use crate::run::load;
@@ -158,16 +159,16 @@ async fn follow_rebuild(
             };
             let state = rebuild_state(&home_client, &home.schema, s).await?;
             if let Some(p) = progress.as_mut() {
-                p.finish(last, state.as_deref().unwrap_or("gone"));
+                p.finish(last, state.map_or("gone", RebuildState::as_str));
             }
-            return match state.as_deref() {
-                Some("finished") => {
+            return match state {
+                Some(RebuildState::Finished) => {
                     println!("rebuild of {projection} switched over and finished: {s} serves it");
                     Ok(())
                 }
                 other => Err(Failure::runtime(format!(
                     "the rebuild of {projection} under {s} ended without switching over (state {})",
-                    other.unwrap_or("unknown")
+                    other.map_or("unknown", RebuildState::as_str)
                 ))),
             };
         };
@@ -183,15 +184,15 @@ async fn follow_rebuild(
             remaining: Some(r.remaining.max(0) as u64),
             // The status computes a rate while replaying only: keep the last one.
             rate: Some(r.rate_per_s)
-                .filter(|_| r.state == "running")
+                .filter(|_| r.state == RebuildState::Running)
                 .or(last.rate),
         };
         if snapshot.done != last.done {
             moved = Instant::now();
         }
         last = snapshot;
-        if r.state == "switched" {
-            p.finish(snapshot, "switched");
+        if r.state == RebuildState::Switched {
+            p.finish(snapshot, RebuildState::Switched.as_str());
             println!(
                 "rebuild of {projection} switched over: {} serves it; the retired table {} stays \
                  until `walfold rebuild {projection} --finish` (or drop_retired_after)",
@@ -199,7 +200,7 @@ async fn follow_rebuild(
             );
             return Ok(());
         }
-        p.update(snapshot, &r.state);
+        p.update(snapshot, r.state.as_str());
         if !warned && moved.elapsed() >= STALL {
             warned = true;
             if r.remaining <= 100 {
@@ -226,7 +227,7 @@ async fn rebuild_state(
     target: &Client,
     schema: &str,
     subscriber: &str,
-) -> Result<Option<String>, Failure> {
+) -> Result<Option<RebuildState>, Failure> {
     Ok(target
         .query_opt(
             &format!(
