@@ -16,10 +16,9 @@
 //! k-th event of each key, so no key appears twice in a round, and one set-based upsert
 //! applies a round, returning which events changed a row. Each key still sees its events
 //! in log order behind the same guard, so outcomes are the per-event ones wherever
-//! events of different keys cannot see each other; install checks that from the catalog
-//! (no triggers, unique indexes beyond the key's, self-references; no subquery or
-//! volatile function among the column expressions) and keeps the loop otherwise. A round
-//! that fails fails the batch, which the projector then applies one event at a time.
+//! events of different keys cannot see each other. Install checks that from the catalog
+//! against an allow-list ([`FITS_ROUNDS`]) and keeps the loop otherwise. A round that
+//! fails fails the batch, which the projector then applies one event at a time.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -279,30 +278,59 @@ fn round_numbers(events: &[&Event]) -> Vec<usize> {
 
 /// What could make applying by rounds differ from applying in log order, for the table
 /// `$1` (quoted name) with key column `$2` and the functions `$3` its columns call: the
-/// key's type (without modifier) and the first obstacle found, if any.
+/// key's type and the first obstacle found, if any. An allow-list: a plain or
+/// partitioned table whose key is `text` compared byte for byte (a type or collation that
+/// folds two ids into one row would put them in one round), nothing that sees other rows
+/// or the order of rows (triggers, row security, other unique indexes, a reference to
+/// itself) and nothing evaluated per row that is not immutable (defaults, identity,
+/// generated columns, check constraints, the columns' functions), except the
+/// transaction's timestamp.
 const FITS_ROUNDS: &str = "\
 with tree as (select $1::text::regclass as relid \
-              union select relid from pg_partition_tree($1::text::regclass)) \
-select (select format_type(a.atttypid, null) from pg_attribute a \
-         where a.attrelid = $1::text::regclass and a.attname = $2 and not a.attisdropped), \
+              union select relid from pg_partition_tree($1::text::regclass)), \
+key as (select a.* from pg_attribute a \
+        where a.attrelid = $1::text::regclass and a.attname = $2 and not a.attisdropped), \
+deterministic as (select 0::oid as oid union select oid from pg_collation where collisdeterministic), \
+per_row as (select m[1]::oid as fn from ( \
+              select ad.adbin::text as expr from pg_attrdef ad join tree on ad.adrelid = tree.relid \
+              union all select c.conbin::text from pg_constraint c join tree on c.conrelid = tree.relid \
+              where c.conbin is not null) e, \
+            regexp_matches(e.expr, ':(?:funcid|opfuncid) (\\d+)', 'g') m) \
+select (select format_type(atttypid, null) from key), \
   case \
+    when (select relkind from pg_class where oid = $1::text::regclass) not in ('r', 'p') \
+      then 'not a table' \
+    when not exists (select 1 from key where atttypid = 'text'::regtype \
+                     and attcollation in (select oid from deterministic)) \
+      then 'a key that is not text with a deterministic collation' \
     when exists (select 1 from pg_trigger t join tree on t.tgrelid = tree.relid \
                  where not t.tgisinternal) then 'a trigger' \
+    when exists (select 1 from pg_class c join tree on c.oid = tree.relid \
+                 where c.relrowsecurity) then 'row-level security' \
     when exists (select 1 from pg_index i join tree on i.indrelid = tree.relid \
                  where (i.indisunique or i.indisexclusion) and not ( \
                    i.indisunique and i.indnkeyatts = 1 and i.indexprs is null \
-                   and i.indpred is null and exists (select 1 from pg_attribute a \
+                   and i.indpred is null and i.indcollation[0] in (select oid from deterministic) \
+                   and exists (select 1 from pg_attribute a \
                      where a.attrelid = i.indrelid and a.attnum = i.indkey[0] and a.attname = $2))) \
       then 'a unique index or exclusion constraint beyond the key' \
     when exists (select 1 from pg_constraint c where c.contype = 'f' \
                  and c.conrelid in (select relid from tree) \
                  and c.confrelid in (select relid from tree)) then 'a foreign key to itself' \
-    when exists (select 1 from pg_proc p where p.proname = any($3::text[]) \
-                 and p.provolatile = 'v') then 'a volatile function in a column' \
+    when exists (select 1 from pg_attribute a join tree on a.attrelid = tree.relid \
+                 where a.attidentity <> '' and not a.attisdropped) then 'an identity column' \
+    when exists (select 1 from pg_proc p where (p.oid in (select fn from per_row) \
+                   or p.proname = any($3::text[])) \
+                 and p.provolatile <> 'i' and p.proname not in ('now', 'transaction_timestamp')) \
+      then 'a function that is not immutable in a column, default or check' \
   end";
 
+/// Words that start a subquery or a row source inside an expression.
+const SUBQUERY: [&str; 4] = ["select", "table", "values", "with"];
+
 /// The functions `expressions` call (names before `(`, outside quotes, lower-cased
-/// unless quoted), or `None` when one holds a subquery.
+/// unless quoted), or `None` when one holds a subquery or what this scan cannot read
+/// for sure (a `$`: dollar quotes or parameters; a backslash: escapes).
 fn called_functions(expressions: &[String]) -> Option<Vec<String>> {
     let mut names = Vec::new();
     for expr in expressions {
@@ -310,6 +338,9 @@ fn called_functions(expressions: &[String]) -> Option<Vec<String>> {
         let mut i = 0;
         while i < chars.len() {
             let c = chars[i];
+            if c == '$' || c == '\\' {
+                return None;
+            }
             let (word, next) = if c == '\'' {
                 let end = (i + 1..chars.len()).find(|&j| chars[j] == '\'')?;
                 i = end + 1;
@@ -319,14 +350,14 @@ fn called_functions(expressions: &[String]) -> Option<Vec<String>> {
                 (chars[i + 1..end].iter().collect::<String>(), end + 1)
             } else if c.is_alphabetic() || c == '_' {
                 let end = (i..chars.len())
-                    .find(|&j| !(chars[j].is_alphanumeric() || chars[j] == '_' || chars[j] == '$'))
+                    .find(|&j| !(chars[j].is_alphanumeric() || chars[j] == '_'))
                     .unwrap_or(chars.len());
                 (chars[i..end].iter().collect::<String>().to_lowercase(), end)
             } else {
                 i += 1;
                 continue;
             };
-            if c != '"' && word == "select" {
+            if c != '"' && SUBQUERY.contains(&word.as_str()) {
                 return None;
             }
             let after = (next..chars.len()).find(|&j| !chars[j].is_whitespace());
