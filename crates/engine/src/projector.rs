@@ -828,8 +828,10 @@ impl Partition {
             }
             if page.events.is_empty() {
                 // The first idle read is saved too: a checkpoint row says this partition
-                // has read the log once (a rebuild switches over only then).
-                if page.position > position || !idle_saved {
+                // has read the log once (a rebuild switches over only then). A window
+                // with nothing for it, short of the head, moves the position in memory
+                // only: the next batch or the head saves it.
+                if page.caught_up && (page.position > position || !idle_saved) {
                     Work::begin(&mut conn, self)
                         .await?
                         .commit(page.position, None)

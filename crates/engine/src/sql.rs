@@ -155,13 +155,9 @@ impl SqlProjection {
         tx: &Transaction<'_>,
         events: &[&Event],
     ) -> Result<Vec<Applied>, ProjectionError> {
-        let round_of = round_numbers(events);
         let mut out = vec![Applied::Stale; events.len()];
-        for r in 0..SET_ROUNDS {
-            let members: Vec<usize> = (0..events.len()).filter(|&i| round_of[i] == r).collect();
-            if members.is_empty() {
-                return Ok(out);
-            }
+        let (set_based, rest) = split_rounds(events);
+        for members in set_based {
             let round: Vec<&Event> = members.iter().map(|&i| events[i]).collect();
             for position in rounds.apply(tx, &round).await? {
                 let i = usize::try_from(position - 1)
@@ -176,9 +172,6 @@ impl SqlProjection {
                 out[*i] = Applied::Changed;
             }
         }
-        let rest: Vec<usize> = (0..events.len())
-            .filter(|&i| round_of[i] >= SET_ROUNDS)
-            .collect();
         if !rest.is_empty() {
             let tail: Vec<&Event> = rest.iter().map(|&i| events[i]).collect();
             for (i, applied) in rest.into_iter().zip(self.run_loop(tx, &tail).await?) {
@@ -243,16 +236,12 @@ impl SqlProjection {
                 return Ok(None);
             }
         };
-        let key_type: Option<String> = row.get(0);
-        let obstacle: Option<String> = row.get(1);
+        let obstacle: Option<String> = row.get(0);
         if let Some(obstacle) = obstacle {
             tracing::info!(table = %upsert.table, %obstacle, "applying events one statement each");
             return Ok(None);
         }
-        let Some(key_type) = key_type else {
-            return Ok(None);
-        };
-        let rounds = Rounds::compile(upsert, &key_type)?;
+        let rounds = Rounds::compile(upsert)?;
         // Types resolve differently in a select than in a values list: a statement the
         // server cannot plan keeps the loop.
         if let Err(e) = client.prepare_typed(&rounds.sql, &rounds.types).await {
@@ -263,22 +252,27 @@ impl SqlProjection {
     }
 }
 
-/// For each event, its round: how many events of its key come before it in `events`.
-fn round_numbers(events: &[&Event]) -> Vec<usize> {
+/// The positions in `events` of each round applied set-based (round k: the k-th event of
+/// each key, at most [`SET_ROUNDS`] rounds), and of the events after them, in log order.
+fn split_rounds(events: &[&Event]) -> (Vec<Vec<usize>>, Vec<usize>) {
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(events.len());
-    events
-        .iter()
-        .map(|e| {
-            let n = seen.entry(e.aggregate_id.as_str()).or_insert(0);
-            *n += 1;
-            *n - 1
-        })
-        .collect()
+    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    let mut rest = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let k = seen.entry(e.aggregate_id.as_str()).or_insert(0);
+        match rounds.get_mut(*k) {
+            Some(round) => round.push(i),
+            None if *k < SET_ROUNDS => rounds.push(vec![i]),
+            None => rest.push(i),
+        }
+        *k += 1;
+    }
+    (rounds, rest)
 }
 
 /// What could make applying by rounds differ from applying in log order, for the table
 /// `$1` (quoted name) with key column `$2` and the functions `$3` its columns call: the
-/// key's type and the first obstacle found, if any. An allow-list: a plain or
+/// first obstacle found, if any. An allow-list: a plain or
 /// partitioned table whose key is `text` compared byte for byte (a type or collation that
 /// folds two ids into one row would put them in one round), nothing that sees other rows
 /// or the order of rows (triggers, row security, other unique indexes, a reference to
@@ -296,8 +290,7 @@ per_row as (select m[1]::oid as fn from ( \
               union all select c.conbin::text from pg_constraint c join tree on c.conrelid = tree.relid \
               where c.conbin is not null) e, \
             regexp_matches(e.expr, ':(?:funcid|opfuncid) (\\d+)', 'g') m) \
-select (select format_type(atttypid, null) from key), \
-  case \
+select case \
     when (select relkind from pg_class where oid = $1::text::regclass) not in ('r', 'p') \
       then 'not a table' \
     when not exists (select 1 from key where atttypid = 'text'::regtype \
@@ -372,8 +365,8 @@ fn called_functions(expressions: &[String]) -> Option<Vec<String>> {
 
 impl Rounds {
     /// `with walfold_ins as (insert … select … from unnest(…) on conflict … returning key)
-    /// select` the positions whose key came back, compared in the key's type.
-    fn compile(upsert: &Upsert, key_type: &str) -> Result<Rounds, ProjectionError> {
+    /// select` the positions whose key came back (a `text` key: compared as written).
+    fn compile(upsert: &Upsert) -> Result<Rounds, ProjectionError> {
         let values =
             Template::compile_with(&upsert.values.join(", "), |n| format!("walfold_u.{VAR}{n}"))
                 .map_err(|e| ProjectionError::Invalid(e.to_string()))?;
@@ -395,7 +388,7 @@ impl Rounds {
              order by walfold_u.walfold_ord {conflict} returning current_row.{key} as walfold_k) \
              select coalesce(array_agg(walfold_s.walfold_ord order by walfold_s.walfold_ord), '{{}}')::int8[] \
              from unnest(${k}::text[]) with ordinality as walfold_s(walfold_k, walfold_ord) \
-             join walfold_ins on walfold_ins.walfold_k = walfold_s.walfold_k::{key_type}",
+             join walfold_ins on walfold_ins.walfold_k = walfold_s.walfold_k",
             table = upsert.table,
             names = upsert.names.join(", "),
             values = values.sql,
