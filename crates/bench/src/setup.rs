@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use walfold_config::Config;
-use walfold_store::Lsn;
+use walfold_event::Lsn;
 use walfold_tempdb::{Cluster, Options};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,7 +1,8 @@
 //! Engine errors. Every one has a [`kind`](EngineError::kind): the projector, the
 //! pipeline and the binary's exit code act on it, never on messages.
 
-use walfold_store::{ErrorKind, StoreError};
+use walfold_event::ErrorKind;
+use walfold_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -77,7 +78,7 @@ impl EngineError {
             EngineError::Source(e) => e.kind(),
             EngineError::Store { source, .. } => source.kind().own_statement(),
             EngineError::Unreachable { source, .. } => {
-                walfold_store::unreachable_target(source.kind().own_statement())
+                walfold_event::unreachable_target(source.kind().own_statement())
             }
             EngineError::Apply { source, .. } => source.kind(),
             EngineError::Projection { .. } => ErrorKind::Definite,
@@ -108,7 +109,7 @@ impl EngineError {
 
     /// Whether the server ran short of disk, memory or connections.
     pub fn is_resource(&self) -> bool {
-        walfold_store::is_resource_code(self.sqlstate())
+        walfold_event::is_resource_code(self.sqlstate())
     }
 
     /// An operator request the current state refuses (a usage error, exit code 2).

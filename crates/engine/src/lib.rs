@@ -18,4 +18,5 @@ pub use projection::{Applied, Projection};
 pub use sql::SqlProjection;
 pub use target::Target;
 pub use walfold_config::{Config, ProjectionConfig};
-pub use walfold_store::{connect, Event, Pruned, Rebuild};
+pub use walfold_event::Event;
+pub use walfold_store::{connect, Pruned, Rebuild};

@@ -119,7 +119,7 @@ pub async fn abort_rebuild(
         .map_err(EngineError::store("taking the leader lock"))?
     {
         let (fence, lease) = fence_on(&leader.fence(), &target).await?;
-        crate::pipeline::end_abort(&mut client, schema, &r, &fence).await?;
+        end_abort(&mut client, schema, &r, &fence).await?;
         drop(lease);
         drop(leader);
         return Ok(r);
@@ -150,7 +150,7 @@ pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, Engi
     let r = rebuild::finish(&mut client, schema, name, None)
         .await
         .map_err(EngineError::store("finishing a rebuild"))?;
-    crate::pipeline::forget(&client, schema, &r.previous).await;
+    forget(&client, schema, &r.previous).await;
     Ok(r)
 }
 
@@ -321,4 +321,26 @@ async fn policy(
         batch: config.retention.prune_batch_size,
         held_elsewhere: None,
     })
+}
+
+/// Ends an aborted rebuild while none of its projectors runs. Its claims go with the
+/// next prune.
+pub(crate) async fn end_abort(
+    client: &mut tokio_postgres::Client,
+    schema: &str,
+    r: &Rebuild,
+    fence: &Fence,
+) -> Result<(), EngineError> {
+    rebuild::abort(client, schema, r, fence)
+        .await
+        .map_err(EngineError::store("aborting a rebuild"))?;
+    tracing::info!(projection = %r.projection, subscriber = %r.subscriber, "rebuild aborted; shadow table dropped");
+    Ok(())
+}
+
+/// Deletes a retired subscriber's claims; what is left is deleted next time.
+pub(crate) async fn forget(client: &tokio_postgres::Client, schema: &str, subscriber: &str) {
+    if let Err(e) = rebuild::forget_claims(client, schema, subscriber, 10_000).await {
+        tracing::warn!(subscriber, error = %e, "could not delete a retired subscriber's claims");
+    }
 }

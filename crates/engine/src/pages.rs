@@ -14,7 +14,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
-use walfold_store::{Event, Filter, Page};
+use walfold_event::Event;
+use walfold_store::{Filter, Page};
 
 /// Pages kept (each up to one batch of events), newest last.
 const KEPT: usize = 8;
@@ -137,7 +138,7 @@ mod tests {
             payload: serde_json::json!({}),
             headers: None,
             occurred_at: None,
-            source_lsn: walfold_store::Lsn(0),
+            source_lsn: walfold_event::Lsn(0),
             committed_at: None,
             source: "default".into(),
         }
@@ -248,7 +249,7 @@ mod tests {
         for s in 1..50 {
             let e = event(s, &format!("o-{s}"));
             let expected =
-                walfold_store::partition_hash(&e.aggregate_type, &e.aggregate_id) % 3 == 1;
+                walfold_event::partition_hash(&e.aggregate_type, &e.aggregate_id) % 3 == 1;
             assert_eq!(f.matches(&e), expected);
         }
     }

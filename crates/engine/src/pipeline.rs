@@ -172,9 +172,9 @@ impl Pipeline {
                 return Ok(());
             };
             let lost = leader.lost();
-            walfold_store::metrics::metrics().set_leader(true);
+            walfold_telemetry::metrics::metrics().set_leader(true);
             let result = lead(&config, &defined, &cancel, &lost, &leader.fence()).await;
-            walfold_store::metrics::metrics().set_leader(false);
+            walfold_telemetry::metrics::metrics().set_leader(false);
             drop(leader);
             if cancel.is_cancelled() || !lost.is_cancelled() {
                 return result;
@@ -517,7 +517,7 @@ impl TargetDown {
         let cause = e.to_string();
         if self.cause.is_none() {
             for s in &self.subscribers {
-                walfold_store::metrics::metrics().set_paused(s, true);
+                walfold_telemetry::metrics::metrics().set_paused(s, true);
             }
         }
         if self.cause.as_deref() != Some(cause.as_str()) {
@@ -529,7 +529,7 @@ impl TargetDown {
     fn leave(&mut self) {
         if self.cause.take().is_some() {
             for s in &self.subscribers {
-                walfold_store::metrics::metrics().set_paused(s, false);
+                walfold_telemetry::metrics::metrics().set_paused(s, false);
             }
             tracing::info!(target = %self.target, "target reachable again; its projections resume");
         }
@@ -585,7 +585,7 @@ async fn plan(
         .collect();
     for r in &open {
         if r.state == RebuildState::Aborting {
-            end_abort(&mut client, schema, r, fence).await?;
+            crate::ops::end_abort(&mut client, schema, r, fence).await?;
         } else if retired_due(&retire_after, r, now) {
             // Not fatal: e.g. `--finish` came first, or something still depends on the
             // retired table (then it stays until an operator acts).
@@ -728,28 +728,6 @@ async fn push_workers(
         ));
     }
     Ok(())
-}
-
-/// Ends an aborted rebuild while none of its projectors runs. Its claims go with the
-/// next prune.
-pub(crate) async fn end_abort(
-    client: &mut Client,
-    schema: &str,
-    r: &Rebuild,
-    fence: &Fence,
-) -> Result<(), EngineError> {
-    rebuild::abort(client, schema, r, fence)
-        .await
-        .map_err(EngineError::store("aborting a rebuild"))?;
-    tracing::info!(projection = %r.projection, subscriber = %r.subscriber, "rebuild aborted; shadow table dropped");
-    Ok(())
-}
-
-/// Deletes a retired subscriber's claims; what is left is deleted next time.
-pub(crate) async fn forget(client: &Client, schema: &str, subscriber: &str) {
-    if let Err(e) = rebuild::forget_claims(client, schema, subscriber, 10_000).await {
-        tracing::warn!(subscriber, error = %e, "could not delete a retired subscriber's claims");
-    }
 }
 
 /// Waits until the generation must end. `log` is the log's target (client, schema)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tokio_postgres::{Client, Transaction};
 use walfold_config::QualifiedName;
-use walfold_store::Event;
+use walfold_event::Event;
 
 use crate::error::ProjectionError;
 

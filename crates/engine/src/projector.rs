@@ -22,13 +22,14 @@ use tokio::sync::watch;
 use tokio_postgres::{Client, Statement, Transaction};
 use tokio_util::sync::CancellationToken;
 use walfold_config::{ProjectionConfig, VersionMode};
+use walfold_event::{partition_hash, DeadLetter, DeadLetterStatus, ErrorKind, Event, Reason};
 use walfold_store::{
-    claim, claim_sql, connect, failpoint, partition_hash, read_events, read_page, read_sql,
-    Backoff, Checkpoints, DeadLetter, DeadLetterStatus, DeadLetters, ErrorKind, Event, Fence,
-    Filter, PartitionStats, Reason, RetryItem, StoreError,
+    claim, claim_sql, connect, read_events, read_page, read_sql, Backoff, Checkpoints, DeadLetters,
+    Fence, Filter, PartitionStats, RetryItem, StoreError,
 };
+use walfold_telemetry::failpoint;
 
-use walfold_store::metrics::{metrics, Metrics};
+use walfold_telemetry::metrics::{metrics, Metrics};
 
 use crate::error::EngineError;
 use crate::pages::SharedPages;
@@ -47,7 +48,7 @@ pub(crate) struct Partition {
     /// Pages of the log shared with the leader's other partitions.
     pub pages: Arc<SharedPages>,
     /// The extra target's name when `url` is one (`[targets.NAME]`): not reaching it
-    /// pauses this partition (see [`walfold_store::unreachable_target`]).
+    /// pauses this partition (see [`walfold_event::unreachable_target`]).
     pub target: Option<String>,
     /// The main target, whose event log this partition reads, when `url` is an extra
     /// target; `None`: the log is read on the partition's own connection.

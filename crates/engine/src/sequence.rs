@@ -9,7 +9,8 @@
 
 use std::collections::HashMap;
 
-use walfold_store::{AggregateRef, Event};
+use walfold_event::Event;
+use walfold_store::AggregateRef;
 
 /// What a strict projection does with its candidates.
 #[derive(Debug, Default)]
@@ -92,7 +93,7 @@ mod tests {
             payload: serde_json::json!({}),
             headers: None,
             occurred_at: None,
-            source_lsn: walfold_store::Lsn(0),
+            source_lsn: walfold_event::Lsn(0),
             committed_at: None,
             source: "default".into(),
         }

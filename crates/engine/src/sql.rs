@@ -31,7 +31,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 use walfold_config::{ParamType, Placeholder, ProjectionKind, Template, Upsert};
-use walfold_store::Event;
+use walfold_event::Event;
 
 use crate::error::ProjectionError;
 use crate::projection::{Applied, Projection};

@@ -8,7 +8,7 @@ use serde_json::json;
 use uuid::Uuid;
 use walfold_config::{ProjectionConfig, ProjectionKind};
 use walfold_engine::{Applied, Event, Projection, SqlProjection};
-use walfold_store::{ErrorKind, Lsn};
+use walfold_event::{ErrorKind, Lsn};
 use walfold_tempdb::Cluster;
 
 const TABLE: &str = "(order_id text primary key, status text, note text, version bigint not null)";

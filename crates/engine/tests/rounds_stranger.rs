@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 use walfold_config::{ProjectionConfig, ProjectionKind};
 use walfold_engine::{Applied, Event, Projection, SqlProjection};
-use walfold_store::Lsn;
+use walfold_event::Lsn;
 use walfold_tempdb::Cluster;
 
 fn projection(table: &str, key: &str, columns: &[(&str, String)]) -> SqlProjection {

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
+use walfold_event::{DeadLetter, Lsn, NewEvent};
 use walfold_store::{
-    failpoint, AppendOutcome, DeadLetter, EventLog, IngestCounts, Lsn, NewEvent, StagedChange,
-    StoreError, StreamCommit,
+    AppendOutcome, EventLog, IngestCounts, StagedChange, StoreError, StreamCommit,
 };
+use walfold_telemetry::failpoint;
 
 use crate::error::SourceError;
 use crate::feedback::Durable;
@@ -92,7 +93,7 @@ impl Appender {
     ) -> Result<(), SourceError> {
         self.flush_items(batch, totals).await?;
         // Whatever paused ingest (see `run_ingest`) is over once a flush succeeds.
-        walfold_store::metrics::metrics().set_ingest_paused(&self.source, false);
+        walfold_telemetry::metrics::metrics().set_ingest_paused(&self.source, false);
         Ok(())
     }
 
@@ -284,7 +285,7 @@ impl Appender {
         counts: IngestCounts,
         totals: &mut AppendTotals,
     ) {
-        walfold_store::metrics::metrics().appended(
+        walfold_telemetry::metrics::metrics().appended(
             &self.source,
             events_read + counts.malformed,
             outcome.appended,
@@ -329,7 +330,7 @@ impl Appender {
                 Err(e) if is_data_error(&e) => {
                     tracing::warn!(event_id = %event.id, error = %e, "event refused by the event log, dead-lettered");
                     counts.malformed += 1;
-                    walfold_store::metrics::metrics().appended(&self.source, 0, 0, 0, 0, 1);
+                    walfold_telemetry::metrics::metrics().appended(&self.source, 0, 0, 0, 0, 1);
                     dead.push(DeadLetter::refused(&event, &e.to_string()));
                 }
                 Err(e) => return Err(SourceError::store("appending to the event log")(e)),
@@ -347,5 +348,5 @@ impl Appender {
 /// violating a check). Anything else (privileges, schema drift, timeouts) is not the
 /// event's fault: it stops the stream unacknowledged instead of dead-lettering events.
 fn is_data_error(e: &StoreError) -> bool {
-    e.kind() == walfold_store::ErrorKind::Data
+    e.kind() == walfold_event::ErrorKind::Data
 }

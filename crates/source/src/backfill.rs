@@ -15,8 +15,9 @@
 use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
+use walfold_event::{Lsn, RowOrigin};
 use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
-use walfold_store::{connect, EventLog, IngestCounts, LogOrder, Lsn, RowOrigin, StoreError};
+use walfold_store::{connect, EventLog, IngestCounts, LogOrder, StoreError};
 
 use crate::error::SourceError;
 use crate::outbox::{Mapping, TxContext};

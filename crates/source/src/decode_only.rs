@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
-use walfold_store::Lsn;
+use walfold_event::Lsn;
 
 use crate::error::SourceError;
 use crate::feedback;

@@ -2,7 +2,8 @@
 //! point), environment (the same, loudly: a revoked right, a full disk), definite (stop
 //! with a message that says how to fix it).
 
-use walfold_store::{kind_for_code, ErrorKind, StoreError};
+use walfold_event::{kind_for_code, ErrorKind};
+use walfold_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -11,7 +12,7 @@ pub enum SourceError {
     #[error("outbox table {0} does not exist in the source database; create it or fix [[outbox]] table in the config")]
     MissingTable(String),
     #[error("{}; {}", .0.problem, .0.fix)]
-    Refused(crate::setup::Refusal),
+    Refused(Refusal),
     #[error("{0}")]
     NoSuchOutbox(String),
     #[error("replication slot {slot} {problem}")]
@@ -37,9 +38,9 @@ pub enum SourceError {
         relation: String,
         publication: String,
         slot: String,
-        commit_lsn: walfold_store::Lsn,
+        commit_lsn: walfold_event::Lsn,
         /// Just past the commit: where the slot must be advanced to skip the transaction.
-        skip_to: walfold_store::Lsn,
+        skip_to: walfold_event::Lsn,
     },
     #[error(
         "outbox {table}: the transaction at commit {commit_lsn} wrote rows without column \
@@ -55,7 +56,7 @@ pub enum SourceError {
         key: &'static str,
         column: String,
         columns: String,
-        commit_lsn: walfold_store::Lsn,
+        commit_lsn: walfold_event::Lsn,
     },
     #[error("replication stream: {0}")]
     Replication(#[from] crate::wire::WireError),
@@ -81,7 +82,7 @@ impl SourceError {
     }
 
     /// The error of a streamed transaction's change, once its commit position is known.
-    pub(crate) fn at_commit(self, at: walfold_store::Lsn) -> SourceError {
+    pub(crate) fn at_commit(self, at: walfold_event::Lsn) -> SourceError {
         match self {
             SourceError::Unmapped {
                 change,
@@ -95,7 +96,7 @@ impl SourceError {
                 publication,
                 slot,
                 commit_lsn: at,
-                skip_to: walfold_store::Lsn(at.0 + 1),
+                skip_to: walfold_event::Lsn(at.0 + 1),
             },
             SourceError::OutboxChanged {
                 table,
@@ -171,4 +172,11 @@ mod tests {
         assert_eq!(e("57P01").kind(), ErrorKind::Transient);
         assert_eq!(e("28P01").kind(), ErrorKind::Environment);
     }
+}
+
+/// A reason the source cannot be followed as configured, with its fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub problem: String,
+    pub fix: String,
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use walfold_store::Lsn;
+use walfold_event::Lsn;
 
 use crate::wire::ReplicationClient;
 
@@ -69,7 +69,7 @@ impl Acknowledger {
         let source = source.to_owned();
         Arc::new(move || {
             sent.fetch_add(1, Ordering::Relaxed);
-            walfold_store::metrics::metrics().feedback_sent(&source);
+            walfold_telemetry::metrics::metrics().feedback_sent(&source);
         })
     }
 

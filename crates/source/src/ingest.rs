@@ -10,7 +10,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
-use walfold_store::{connect, Backoff, ErrorKind, EventLog, Fence, LogOrder};
+use walfold_event::ErrorKind;
+use walfold_store::{connect, Backoff, EventLog, Fence, LogOrder};
 
 use crate::appender::Appender;
 use crate::error::SourceError;
@@ -66,7 +67,7 @@ async fn same_database(config: &Config) -> Result<(), SourceError> {
         .flatten();
         let Some(identity) = identity else { continue };
         if let Some((other, _)) = seen.iter().find(|(_, i)| *i == identity) {
-            return Err(SourceError::Refused(crate::setup::Refusal {
+            return Err(SourceError::Refused(crate::error::Refusal {
                 problem: format!("sources {other} and {} are the same database", source.name),
                 fix: "point each [[source]] at its own database: one outbox read by two sources \
                       is attributed to whichever appends first"
@@ -88,7 +89,7 @@ async fn follow(
 ) -> Result<(), SourceError> {
     let max = Duration::from_millis(config.pipeline.max_backoff_ms);
     let mut backoff = Backoff::new(Duration::from_millis(100), max);
-    let metrics = walfold_store::metrics::metrics();
+    let metrics = walfold_telemetry::metrics::metrics();
     let name = config.source().name.clone();
     let mut reported: Option<String> = None;
     loop {

@@ -15,8 +15,8 @@ mod wire;
 
 pub use backfill::{backfill, BackfillReport};
 pub use decode_only::{decode_only, DecodeStats};
-pub use error::SourceError;
+pub use error::{Refusal, SourceError};
 pub use ingest::run_ingest;
 pub use outbox::{Mapping, TxContext};
 pub use reader::{replication_config, Item};
-pub use setup::{database_identity, inspect, prepare_source, Refusal, SourceShape};
+pub use setup::{database_identity, inspect, prepare_source, SourceShape};

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
+use walfold_event::{DeadLetter, Lsn, NewEvent, Reason, RowOrigin};
 use walfold_pgoutput::{oid, parse_time, Column, Relation, Tuple};
-use walfold_store::{DeadLetter, Lsn, NewEvent, Reason, RowOrigin};
 
 /// The fields of an event, indexes into [`OutboxConfig::columns`].
 const ID: usize = 0;

@@ -9,10 +9,9 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
+use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
 use walfold_pgoutput::{decode, Message};
-use walfold_store::{
-    ConnectOptions, DeadLetter, Lsn, NewEvent, RowOrigin, StagedChange, StagedRow,
-};
+use walfold_store::{ConnectOptions, StagedChange, StagedRow};
 
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
@@ -168,7 +167,7 @@ impl<'a> Reader<'a> {
         cfg.observer = Some(ack.observer(&name));
         let mut client = ReplicationClient::connect(cfg).await?;
         tracing::info!(source = %name, slot = %self.config.source().slot, protocol = client.protocol, server_version = client.server_version, "streaming from slot");
-        let metrics = walfold_store::metrics::metrics();
+        let metrics = walfold_telemetry::metrics::metrics();
         metrics.set_streaming(&name, true);
         let result = loop {
             tokio::select! {

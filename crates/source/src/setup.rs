@@ -12,9 +12,10 @@
 
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, Config, OnSlotLost, OutboxConfig, QualifiedName};
-use walfold_store::{EventLog, IngestCounts, Lsn};
+use walfold_event::Lsn;
+use walfold_store::{EventLog, IngestCounts};
 
-use crate::error::SourceError;
+use crate::error::{Refusal, SourceError};
 
 /// How walfold creates its publication. Through the partition root: a partitioned
 /// outbox's rows then arrive under the outbox's name (otherwise under each partition's),
@@ -134,7 +135,7 @@ pub async fn prepare_source(
             open_gap(log, slot, ingested_through, "missing").await?;
             let to = create().await?;
             // Crash window: the slot exists, the gap is open; the next start closes it.
-            walfold_store::failpoint::hit("after_slot_recreated");
+            walfold_telemetry::failpoint::hit("after_slot_recreated");
             close_gap(log, slot, to).await?;
             return Ok(());
         }
@@ -283,13 +284,6 @@ pub async fn database_identity(client: &Client) -> Result<String, tokio_postgres
         )
         .await?
         .get(0))
-}
-
-/// A reason the source cannot be followed as configured, with its fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub problem: String,
-    pub fix: String,
 }
 
 /// The configured outboxes and publication as the source's catalog has them.

@@ -5,16 +5,7 @@ use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::StoreError;
-
-/// libpq's `sslmode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
-    Disable,
-    Prefer,
-    Require,
-    VerifyCa,
-    VerifyFull,
-}
+use crate::tls::SslMode;
 
 /// A URL split into what tokio-postgres understands and the TLS settings it does not.
 #[derive(Debug, Clone)]
@@ -123,6 +114,19 @@ pub(crate) fn walfold_redact(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
+
+/// The server notices a vanished client within about a minute (its default is the
+/// kernel's two hours), so a lock held by a dead session does not stall ingest for long;
+/// and no statement timeout cuts an append short.
+pub(crate) const SERVER_KEEPALIVES: &str = "set tcp_keepalives_idle = 30; \
+    set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; set statement_timeout = 0;";
+
+/// For projector sessions: half-open connections are noticed as above, and a
+/// transaction left open by a client that vanished ends within a minute, so it cannot
+/// hold the leader fence (or a read model's row locks) for long.
+pub const WORKER_SESSION: &str = "set tcp_keepalives_idle = 30; \
+    set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; \
+    set idle_in_transaction_session_timeout = '60s';";
 
 #[cfg(test)]
 mod tests {

@@ -1,4 +1,7 @@
-//! Store errors, with the context we own (schema, subscriber).
+//! Store errors, with the context we own (schema, subscriber), and what kind of failure
+//! a PostgreSQL error is.
+
+use walfold_event::{kind_for_code, ErrorKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -77,20 +80,27 @@ pub fn describe(err: &tokio_postgres::Error) -> String {
     }
 }
 
+/// Maps a PostgreSQL error to its kind.
+pub fn kind_of(err: &tokio_postgres::Error) -> ErrorKind {
+    kind_for_code(sqlstate(err))
+}
+
+/// The SQLSTATE of a PostgreSQL error, if the server sent one.
+pub fn sqlstate(err: &tokio_postgres::Error) -> Option<&str> {
+    err.code().map(|c| c.code())
+}
+
 impl StoreError {
     pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Self {
         let context = context.into();
         move |source| StoreError::Db { context, source }
     }
 
-    /// Whose fault it is (see [`crate::ErrorKind`]).
-    pub fn kind(&self) -> crate::ErrorKind {
-        use crate::ErrorKind;
+    /// Whose fault it is (see [`ErrorKind`]).
+    pub fn kind(&self) -> walfold_event::ErrorKind {
         match self {
             StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
-            StoreError::Connect { source, .. } | StoreError::Db { source, .. } => {
-                crate::kind_of(source)
-            }
+            StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
             // Migrations need the target and the right to create the schema.
             StoreError::MigrateConnect { .. } | StoreError::Migrate { .. } => {
                 ErrorKind::Environment
@@ -103,7 +113,7 @@ impl StoreError {
 
     /// Whether the server ran short of disk, memory or connections.
     pub fn is_resource(&self) -> bool {
-        crate::is_resource_code(self.pg().and_then(crate::sqlstate))
+        walfold_event::is_resource_code(self.pg().and_then(sqlstate))
     }
 
     /// The PostgreSQL error behind this one, if any.

@@ -6,16 +6,16 @@
 use std::collections::HashSet;
 use std::time::SystemTime;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio_postgres::types::{PgLsn, Type};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
+use walfold_event::{partition_hash, DeadLetter, Event, Lsn, NewEvent, Reason};
 
-use crate::dead_letter::{DeadLetter, DeadLetters, Reason};
+use crate::connect::SERVER_KEEPALIVES;
+use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
-use crate::event::{partition_hash, Event, NewEvent};
 use crate::log_order::{LogOrder, Turn};
-use crate::lsn::Lsn;
 use crate::q;
 
 /// What one append did.
@@ -35,19 +35,6 @@ pub struct IngestCounts {
     /// Updates, deletes and truncates of outbox tables (not events).
     pub ignored_changes: u64,
 }
-
-/// The server notices a vanished client within about a minute (its default is the
-/// kernel's two hours), so a lock held by a dead session does not stall ingest for long;
-/// and no statement timeout cuts an append short.
-pub(crate) const SERVER_KEEPALIVES: &str = "set tcp_keepalives_idle = 30; \
-    set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; set statement_timeout = 0;";
-
-/// For projector sessions: half-open connections are noticed as above, and a
-/// transaction left open by a client that vanished ends within a minute, so it cannot
-/// hold the leader fence (or a read model's row locks) for long.
-pub const WORKER_SESSION: &str = "set tcp_keepalives_idle = 30; \
-    set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; \
-    set idle_in_transaction_session_timeout = '60s';";
 
 /// An appender's handle on the event log: one per slot, all of a schema in one process
 /// (the appender lock of [`LogOrder`]).
@@ -369,7 +356,7 @@ impl<'a> Writer<'a> {
         let mut next_seq = head + events.len() as i64;
         if !compare.is_empty() {
             // Tests: a prune deleting the repeated IDs between the two statements.
-            crate::failpoint::delay("append_before_compare").await;
+            walfold_telemetry::failpoint::delay("append_before_compare").await;
             let rows = compare_rows(tx, self.compare, &compare).await?;
             let mut matched = vec![false; compare.len()];
             for row in rows {
@@ -523,19 +510,6 @@ async fn compare_rows(
 }
 
 /// The event as JSON, for dead letters.
-pub(crate) fn event_json(e: &NewEvent) -> Value {
-    json!({
-        "event_id": e.id,
-        "aggregate_type": e.aggregate_type,
-        "aggregate_id": e.aggregate_id,
-        "event_type": e.event_type,
-        "version": e.version,
-        "payload": e.payload,
-        "headers": e.headers,
-        "source_lsn": e.source_lsn.to_string(),
-    })
-}
-
 fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
     DeadLetter {
         existing: Some(existing),

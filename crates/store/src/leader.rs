@@ -214,7 +214,7 @@ impl Leadership {
     async fn try_once(url: &str, schema: &str) -> Result<Option<(Client, EpochKey)>, StoreError> {
         let client = connect(url).await?;
         client
-            .batch_execute(crate::event_log::SERVER_KEEPALIVES)
+            .batch_execute(crate::connect::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the leader session"))?;
         let locked: bool = client
@@ -262,7 +262,7 @@ impl Leadership {
                 .await
             {
                 Ok(_) => break,
-                Err(e) if crate::kind::sqlstate(&e) == Some("55P03") => {
+                Err(e) if crate::error::sqlstate(&e) == Some("55P03") => {
                     tracing::warn!(
                         schema,
                         "waiting for the previous leader's transactions to end before taking over"
@@ -293,7 +293,7 @@ impl Leadership {
             loop {
                 tokio::time::sleep(PERIOD).await;
                 // Tests: a leader slow to notice that its session is gone.
-                crate::failpoint::delay("leader_watch").await;
+                walfold_telemetry::failpoint::delay("leader_watch").await;
                 let check = tokio::time::timeout(CHECK_TIMEOUT, client.simple_query("select 1"));
                 match check.await {
                     Ok(Ok(_)) => {}

@@ -1,5 +1,6 @@
 //! walfold's durable state in the target database: the event log, dedup claims,
-//! checkpoints and dead letters, plus the connection and retry rules every component shares.
+//! checkpoints and dead letters, plus the connection and retry rules every component
+//! shares. What the rows mean (events, positions, reasons) is `walfold-event`.
 
 mod aggregate_version;
 mod backoff;
@@ -8,21 +9,15 @@ mod claim;
 mod connect;
 mod dead_letter;
 mod error;
-mod event;
 mod event_log;
-pub mod failpoint;
-mod kind;
 mod leader;
 mod log_order;
-mod lsn;
-pub mod metrics;
 mod migrate;
 mod pause;
 mod prune;
 pub mod rebuild;
 mod registry;
 mod status;
-mod stored_enum;
 mod stream_stage;
 mod target_lease;
 mod tls;
@@ -33,21 +28,14 @@ pub use aggregate_version::{
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql, unclaim};
-pub use connect::{connect, ConnectOptions, SslMode};
-pub use dead_letter::{
-    DeadLetter, DeadLetterEntry, DeadLetterStatus, DeadLetters, Gap, Reason, RetryItem,
-    RetryRequest, RowOrigin,
-};
-pub use error::{describe, StoreError};
-pub use event::{partition_hash, Event, NewEvent};
+pub use connect::{connect, ConnectOptions, WORKER_SESSION};
+pub use dead_letter::{DeadLetterEntry, DeadLetters, Gap, RetryItem, RetryRequest};
+pub use error::{describe, kind_of, sqlstate, StoreError};
 pub use event_log::{
     head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
-    WORKER_SESSION,
 };
-pub use kind::{is_resource_code, kind_for_code, kind_of, sqlstate, unreachable_target, ErrorKind};
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::LogOrder;
-pub use lsn::Lsn;
 pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
 pub use prune::{
@@ -56,13 +44,12 @@ pub use prune::{
 pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};
 pub use status::{
-    status, status_of, target_status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus,
-    SourceProbe, SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus,
+    metrics_reading, status, status_of, target_status, IngestStatus, PauseStatus, RebuildStatus,
+    SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus,
 };
-pub use stored_enum::UnknownValue;
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;
-pub use tls::client_config as tls_client_config;
+pub use tls::{client_config as tls_client_config, SslMode};
 
 /// Quotes an identifier (the configured schema) for SQL.
 pub(crate) fn q(ident: &str) -> String {

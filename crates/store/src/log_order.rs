@@ -98,7 +98,7 @@ impl LogOrder {
     async fn lock_session(&self) -> Result<Client, StoreError> {
         let client = connect(&self.url).await?;
         client
-            .batch_execute(crate::event_log::SERVER_KEEPALIVES)
+            .batch_execute(crate::connect::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the appender lock session"))?;
         let locked: bool = client

@@ -138,7 +138,7 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::MIGRATIONS;
 
     #[test]
@@ -155,5 +155,23 @@ mod tests {
         for (file, version) in files.iter().zip(&embedded) {
             assert!(file.starts_with(version.as_str()), "{file} vs {version}");
         }
+    }
+
+    /// The values the migrations' last `check (column in (…))` allows, sorted: what a test
+    /// compares with an enum's `ALL`.
+    pub(crate) fn checked_values(column: &str) -> Vec<String> {
+        let needle = format!("check ({column} in (");
+        let last = MIGRATIONS
+            .iter()
+            .filter_map(|(_, _, sql)| sql.rfind(&needle).map(|at| &sql[at + needle.len()..]))
+            .next_back()
+            .unwrap_or_else(|| panic!("no check constraint on {column}"));
+        let list = &last[..last.find(')').expect("the list closes")];
+        let mut values: Vec<String> = list
+            .split(',')
+            .map(|v| v.trim().trim_matches('\'').to_owned())
+            .collect();
+        values.sort();
+        values
     }
 }

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::leader::Fence;
 use crate::q;
 use crate::rebuild::RebuildState;
+use walfold_event::DeadLetterStatus;
 
 /// What to prune.
 #[derive(Debug, Clone)]

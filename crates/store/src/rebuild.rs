@@ -9,13 +9,12 @@ use std::time::Duration;
 use tokio_postgres::{Client, GenericClient};
 use walfold_config::QualifiedName;
 
-use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::leader::Fence;
 use crate::q;
-use crate::stored_enum::stored_enum;
+use walfold_event::DeadLetterStatus;
 
-stored_enum! {
+walfold_event::stored_enum! {
     /// Where a rebuild is: the `rebuild.state` column, whose check constraint allows
     /// exactly these.
     pub enum RebuildState {
@@ -809,7 +808,9 @@ async fn copy_grants(
 #[cfg(test)]
 mod tests {
     use super::RebuildState;
-    use crate::stored_enum::{assert_round_trips, checked_values};
+    use walfold_event::assert_round_trips;
+
+    use crate::migrate::tests::checked_values;
 
     #[test]
     fn every_state_round_trips() {

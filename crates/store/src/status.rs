@@ -7,9 +7,12 @@ use serde::Serialize;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Client;
 
-use crate::dead_letter::DeadLetterStatus;
+use walfold_event::{DeadLetterStatus, Lsn};
+use walfold_telemetry::metrics::{
+    DatabaseReading, Lag, SlotReading, SourceReading, SubscriberReading,
+};
+
 use crate::error::StoreError;
-use crate::lsn::Lsn;
 use crate::q;
 use crate::rebuild::RebuildState;
 
@@ -297,6 +300,73 @@ pub async fn status_of(
     };
     status.add(part);
     Ok(status)
+}
+
+/// The gauges that describe the database, for the metrics scrape; `extra` holds the
+/// extra targets' parts of the status (their subscribers' lag, parked aggregates, dead
+/// letters). Lag is read for the `active` (target, subscriber) pairs only (those serving
+/// a projection there now).
+pub async fn metrics_reading(
+    sources: &[SourceProbe<'_>],
+    target: &Client,
+    schema: &str,
+    extra: Vec<TargetStatus>,
+    active: &[(String, String)],
+) -> Result<DatabaseReading, StoreError> {
+    let mut s = status_of(target, schema, sources).await?;
+    for part in extra {
+        s.add(part);
+    }
+    let event_log_rows: i64 = target
+        .query_one(
+            "select greatest(reltuples, 0)::int8 from pg_class where oid = to_regclass($1)",
+            &[&format!("{}.event_log", q(schema))],
+        )
+        .await
+        .map_err(StoreError::db("estimating event_log"))?
+        .get(0);
+    let subscribers = s
+        .subscribers
+        .iter()
+        .map(|sub| SubscriberReading {
+            subscriber: sub.subscriber.clone(),
+            lag: active
+                .iter()
+                .any(|(t, s)| *t == sub.target && *s == sub.subscriber)
+                .then(|| Lag {
+                    events: sub.lag_events,
+                    seconds: sub.lag_seconds.unwrap_or(0.0),
+                }),
+            parked_aggregates: sub.parked_aggregates,
+        })
+        .collect();
+    let sources = s
+        .sources
+        .iter()
+        .map(|source| SourceReading {
+            name: source.name.clone(),
+            slot_gaps: source.slot_gaps,
+            slot: source.error.is_none().then(|| {
+                let slot = source.slot.as_ref();
+                SlotReading {
+                    active: slot.is_some_and(|s| s.active),
+                    retained_bytes: slot.and_then(|s| s.retained_bytes).unwrap_or(0),
+                    lag_bytes: slot.and_then(|s| s.lag_bytes).unwrap_or(0),
+                    confirmed_flush_lsn: slot
+                        .and_then(|s| s.confirmed_flush_lsn.as_deref())
+                        .and_then(|l| l.parse::<Lsn>().ok())
+                        .map_or(0, |l| l.0 as i64),
+                }
+            }),
+        })
+        .collect();
+    Ok(DatabaseReading {
+        subscribers,
+        sources,
+        dead_letters_open: s.dead_letters_open,
+        processed_message_rows: s.processed_message_rows,
+        event_log_rows,
+    })
 }
 
 /// The part of the status a target holds: `target` is the database holding `schema`

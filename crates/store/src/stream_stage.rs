@@ -14,12 +14,10 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 use tokio_postgres::types::PgLsn;
 use uuid::Uuid;
+use walfold_event::{partition_hash, DeadLetter, ErrorKind, Lsn, NewEvent, Reason, RowOrigin};
 
-use crate::dead_letter::{DeadLetter, Reason, RowOrigin};
 use crate::error::StoreError;
-use crate::event::{partition_hash, NewEvent};
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
-use crate::lsn::Lsn;
 use crate::q;
 
 /// One change of a streamed transaction, in stream order.
@@ -330,7 +328,7 @@ impl EventLog {
                         head += n as i64;
                         break;
                     }
-                    Err(e) if crate::sqlstate(&e) == Some("23505") => {
+                    Err(e) if crate::error::sqlstate(&e) == Some("23505") => {
                         sp.rollback()
                             .await
                             .map_err(StoreError::db("committing a streamed transaction"))?;
@@ -372,7 +370,7 @@ impl EventLog {
                         add(&mut result.outcome, o);
                         head = next;
                     }
-                    Err(e) if e.kind() == crate::ErrorKind::Data => {
+                    Err(e) if e.kind() == ErrorKind::Data => {
                         sp.rollback()
                             .await
                             .map_err(StoreError::db("committing a streamed transaction"))?;

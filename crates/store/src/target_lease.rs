@@ -65,7 +65,7 @@ impl Fence {
         loop {
             match self.take_over(url, schema).await {
                 Err(StoreError::Db { ref source, .. })
-                    if crate::kind::sqlstate(source) == Some("55P03") =>
+                    if crate::error::sqlstate(source) == Some("55P03") =>
                 {
                     tracing::warn!(target = %crate::connect::walfold_redact(url), schema, "waiting for the previous leader's transactions on this target to end before taking it over");
                 }
@@ -79,7 +79,7 @@ impl Fence {
     async fn take_over(&self, url: &str, schema: &str) -> Result<TargetLease, StoreError> {
         let mut client = connect(url).await?;
         client
-            .batch_execute(crate::event_log::SERVER_KEEPALIVES)
+            .batch_execute(crate::connect::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the lease session"))?;
         let tx = client

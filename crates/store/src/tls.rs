@@ -10,8 +10,17 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use crate::connect::SslMode;
 use crate::error::StoreError;
+
+/// libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
 
 /// A rustls client config for `mode`; `root_cert` is a PEM file (else the webpki roots).
 pub fn client_config(mode: SslMode, root_cert: Option<&str>) -> Result<ClientConfig, StoreError> {

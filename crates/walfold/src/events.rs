@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, Config, ProjectionConfig, ProjectionKind};
-use walfold_store::{DeadLetterStatus, Reason};
+use walfold_event::{DeadLetterStatus, Reason};
 
 use crate::run::load;
 use crate::Failure;

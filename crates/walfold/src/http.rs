@@ -18,8 +18,8 @@ use tokio::sync::Mutex;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
-use walfold_store::metrics::metrics;
 use walfold_store::SourceProbe;
+use walfold_telemetry::metrics::metrics;
 
 /// Connections reused across scrapes; reopened after an error.
 struct State {
@@ -209,9 +209,10 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &state.config.target.schema;
     let refresh = with_clients(state, async |sources, target| {
         let (extra, active) = every_target(&state.config, target).await?;
-        metrics()
-            .refresh(sources, target, schema, extra, &active)
-            .await
+        let reading =
+            walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
+        metrics().set_database(&reading);
+        Ok(())
     });
     let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
         .await

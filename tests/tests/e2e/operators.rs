@@ -648,7 +648,7 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
     )
     .await
     .unwrap();
-    let event = walfold_store::NewEvent {
+    let event = walfold_event::NewEvent {
         id: uuid::Uuid::new_v4(),
         aggregate_type: "order".into(),
         aggregate_id: "o-1".into(),
@@ -657,7 +657,7 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
         payload: serde_json::json!({"amount": "1"}),
         headers: None,
         occurred_at: None,
-        source_lsn: walfold_store::Lsn(1),
+        source_lsn: walfold_event::Lsn(1),
         origin: None,
         committed_at: None,
     };

@@ -431,7 +431,8 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
 /// source's database: the same identity from another source is another row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_rejection_is_identified_within_its_source() {
-    use walfold_store::{DeadLetter, DeadLetters, Lsn, Reason, RowOrigin};
+    use walfold_event::{DeadLetter, Lsn, Reason, RowOrigin};
+    use walfold_store::DeadLetters;
     let db = TestDb::new("dlsource");
     walfold_store::migrate(&db.url(), "walfold").await.unwrap();
     let c = db.client().await;

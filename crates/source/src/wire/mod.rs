@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch, Notify};
-use walfold_store::{Lsn, SslMode};
+use walfold_event::Lsn;
+use walfold_store::SslMode;
 
 /// How to open and start one replication session.
 #[derive(Clone)]

@@ -8,8 +8,8 @@ use postgres_protocol::message::backend::Message as Backend;
 use postgres_protocol::message::frontend;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+use walfold_event::Lsn;
 use walfold_pgoutput::{decode, Message};
-use walfold_store::Lsn;
 
 use super::session::{parse, server_error, Conn, Frame};
 use super::{Progress, ReplicationEvent, WireConfig, WireError};

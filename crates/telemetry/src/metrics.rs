@@ -13,10 +13,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tokio_postgres::Client;
-
-use crate::error::StoreError;
-use crate::q;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SubscriberLabel {
@@ -234,9 +230,9 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Renders everything; `database` is the outcome of [`Metrics::refresh`] (on an error
-    /// the database gauges keep their last values and `database_up` is 0).
-    pub fn render(&self, database: Result<(), StoreError>) -> String {
+    /// Renders everything; `database` is the outcome of reading the database gauges (on
+    /// an error they keep their last values and `database_up` is 0).
+    pub fn render<E: std::fmt::Display>(&self, database: Result<(), E>) -> String {
         if let Err(e) = &database {
             tracing::warn!(error = %e, "metrics: cannot read the database gauges");
         }
@@ -248,40 +244,20 @@ impl Metrics {
         out
     }
 
-    /// Reads the gauges that describe the database; `extra` holds the extra targets'
-    /// parts of the status (their subscribers' lag, parked aggregates, dead letters).
-    /// Lag is exported for the `active` (target, subscriber) pairs only (those serving a
-    /// projection there now):
-    /// a rebuild's replaying subscriber is behind by design, and a retired one forever.
-    pub async fn refresh(
-        &self,
-        sources: &[crate::status::SourceProbe<'_>],
-        target: &Client,
-        schema: &str,
-        extra: Vec<crate::status::TargetStatus>,
-        active: &[(String, String)],
-    ) -> Result<(), StoreError> {
-        let mut s = crate::status::status_of(target, schema, sources).await?;
-        for part in extra {
-            s.add(part);
-        }
+    /// Sets the gauges that describe the database, read at scrape time.
+    pub fn set_database(&self, reading: &DatabaseReading) {
         self.lag_events.clear();
         self.lag_seconds.clear();
         self.parked.clear();
-        for sub in &s.subscribers {
+        for sub in &reading.subscribers {
             let l = Self::subscriber(&sub.subscriber);
-            if active
-                .iter()
-                .any(|(t, s)| *t == sub.target && *s == sub.subscriber)
-            {
-                self.lag_events.get_or_create(&l).set(sub.lag_events);
-                self.lag_seconds
-                    .get_or_create(&l)
-                    .set(sub.lag_seconds.unwrap_or(0.0));
+            if let Some(lag) = &sub.lag {
+                self.lag_events.get_or_create(&l).set(lag.events);
+                self.lag_seconds.get_or_create(&l).set(lag.seconds);
             }
             self.parked.get_or_create(&l).set(sub.parked_aggregates);
         }
-        for source in &s.sources {
+        for source in &reading.sources {
             let l = Self::source(&source.name);
             self.slot_gaps.get_or_create(&l).set(source.slot_gaps);
             // Known without the database: how long since this process reported.
@@ -293,42 +269,71 @@ impl Metrics {
                 } else {
                     unix_ms().saturating_sub(last) as f64 / 1000.0
                 });
-            if source.error.is_some() {
+            let Some(slot) = &source.slot else {
                 // Unreachable: nobody streams its slot from here; the WAL gauges keep
                 // their last values (the server cannot be asked).
                 self.slot_active.get_or_create(&l).set(0);
                 continue;
-            }
-            let slot = source.slot.as_ref();
+            };
             self.slot_active
                 .get_or_create(&l)
-                .set(slot.map_or(0, |s| i64::from(s.active)));
+                .set(i64::from(slot.active));
             self.slot_retained_bytes
                 .get_or_create(&l)
-                .set(slot.and_then(|s| s.retained_bytes).unwrap_or(0));
-            self.slot_lag_bytes
+                .set(slot.retained_bytes);
+            self.slot_lag_bytes.get_or_create(&l).set(slot.lag_bytes);
+            self.slot_confirmed_flush_lsn
                 .get_or_create(&l)
-                .set(slot.and_then(|s| s.lag_bytes).unwrap_or(0));
-            self.slot_confirmed_flush_lsn.get_or_create(&l).set(
-                slot.and_then(|s| s.confirmed_flush_lsn.as_deref())
-                    .and_then(|l| l.parse::<crate::Lsn>().ok())
-                    .map_or(0, |l| l.0 as i64),
-            );
+                .set(slot.confirmed_flush_lsn);
         }
-        self.dead_letters_open.set(s.dead_letters_open);
-        self.processed_message_rows.set(s.processed_message_rows);
-        let rows: i64 = target
-            .query_one(
-                "select greatest(reltuples, 0)::int8 from pg_class \
-                 where oid = to_regclass($1)",
-                &[&format!("{}.event_log", q(schema))],
-            )
-            .await
-            .map_err(StoreError::db("estimating event_log"))?
-            .get(0);
-        self.event_log_rows.set(rows);
-        Ok(())
+        self.dead_letters_open.set(reading.dead_letters_open);
+        self.processed_message_rows
+            .set(reading.processed_message_rows);
+        self.event_log_rows.set(reading.event_log_rows);
     }
+}
+
+/// The database gauges, as read at scrape time.
+#[derive(Debug, Default)]
+pub struct DatabaseReading {
+    pub subscribers: Vec<SubscriberReading>,
+    pub sources: Vec<SourceReading>,
+    pub dead_letters_open: i64,
+    pub processed_message_rows: i64,
+    /// The planner's estimate.
+    pub event_log_rows: i64,
+}
+
+#[derive(Debug)]
+pub struct SubscriberReading {
+    pub subscriber: String,
+    /// Only for a subscriber serving a projection now: a rebuild's replaying subscriber
+    /// is behind by design, and a retired one forever.
+    pub lag: Option<Lag>,
+    pub parked_aggregates: i64,
+}
+
+#[derive(Debug)]
+pub struct Lag {
+    pub events: i64,
+    pub seconds: f64,
+}
+
+#[derive(Debug)]
+pub struct SourceReading {
+    pub name: String,
+    pub slot_gaps: i64,
+    /// `None`: the source could not be reached.
+    pub slot: Option<SlotReading>,
+}
+
+/// A reachable source's slot; zeros when the slot is missing.
+#[derive(Debug, Default)]
+pub struct SlotReading {
+    pub active: bool,
+    pub retained_bytes: i64,
+    pub lag_bytes: i64,
+    pub confirmed_flush_lsn: i64,
 }
 
 fn unix_ms() -> u64 {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use tokio_postgres::types::PgLsn;
+use postgres_types::PgLsn;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Lsn(pub u64);

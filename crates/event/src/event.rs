@@ -2,10 +2,9 @@
 
 use std::time::SystemTime;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::dead_letter::RowOrigin;
 use crate::lsn::Lsn;
 
 /// An event read from an outbox row, before it is in the event log.
@@ -26,6 +25,35 @@ pub struct NewEvent {
     pub origin: Option<RowOrigin>,
     /// Commit time of the source transaction.
     pub committed_at: Option<SystemTime>,
+}
+
+/// Where an outbox row was read: what identifies a row rejected at ingest, so it is
+/// recorded once however often it is read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOrigin {
+    /// Streamed from the slot: the LSN of the change's own WAL record (the same on every
+    /// replay), and the row's index among that record's rows: a COPY writes several rows
+    /// per record (heap multi-insert), every other insert one.
+    Wal { lsn: Lsn, index: i32 },
+    /// Read by `walfold backfill`: a digest of the table and the row's values, the same
+    /// when the same row is backfilled again.
+    Backfill { digest: Uuid },
+}
+
+impl NewEvent {
+    /// The event as JSON, as a dead letter keeps it.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "event_id": self.id,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "event_type": self.event_type,
+            "version": self.version,
+            "payload": self.payload,
+            "headers": self.headers,
+            "source_lsn": self.source_lsn.to_string(),
+        })
+    }
 }
 
 /// An event in the event log.

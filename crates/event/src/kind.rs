@@ -91,16 +91,6 @@ pub fn is_resource_code(code: Option<&str>) -> bool {
     code.is_some_and(|c| c.starts_with("53"))
 }
 
-/// Maps a PostgreSQL error to its kind.
-pub fn kind_of(err: &tokio_postgres::Error) -> ErrorKind {
-    kind_for_code(sqlstate(err))
-}
-
-/// The SQLSTATE of a PostgreSQL error, if the server sent one.
-pub fn sqlstate(err: &tokio_postgres::Error) -> Option<&str> {
-    err.code().map(|c| c.code())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
