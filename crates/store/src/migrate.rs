@@ -2,94 +2,19 @@
 //! The migrations run with `search_path` set to the configured schema, and sqlx's
 //! bookkeeping table lives in that schema too.
 
-use std::borrow::Cow;
 use std::str::FromStr;
 
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::Migrator;
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, SqlSafeStr};
+use sqlx::ConnectOptions;
 
 use crate::error::StoreError;
 use crate::q;
 
-/// `(version, description, sql)`, in order. A test checks every file in `migrations/` is here.
-pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        20261130000001,
-        "walfold schema",
-        include_str!("../../../migrations/20261130000001_walfold_schema.sql"),
-    ),
-    (
-        20261130000002,
-        "dead letter once",
-        include_str!("../../../migrations/20261130000002_dead_letter_once.sql"),
-    ),
-    (
-        20261130000003,
-        "dead letter resolution",
-        include_str!("../../../migrations/20261130000003_dead_letter_resolution.sql"),
-    ),
-    (
-        20261130000004,
-        "rebuild and retention",
-        include_str!("../../../migrations/20261130000004_rebuild_retention.sql"),
-    ),
-    (
-        20261130000005,
-        "slot gap",
-        include_str!("../../../migrations/20261130000005_slot_gap.sql"),
-    ),
-    (
-        20261201000001,
-        "fence, pause, park key",
-        include_str!("../../../migrations/20261201000001_fence_pause_park_key.sql"),
-    ),
-    (
-        20261201000002,
-        "strict versions",
-        include_str!("../../../migrations/20261201000002_strict_versions.sql"),
-    ),
-    (
-        20261201000100,
-        "dead letter change identity",
-        include_str!("../../../migrations/20261201000100_dead_letter_change_identity.sql"),
-    ),
-    (
-        20261201000101,
-        "dead letter row digest",
-        include_str!("../../../migrations/20261201000101_dead_letter_row_digest.sql"),
-    ),
-    (
-        20261201000200,
-        "stream staging",
-        include_str!("../../../migrations/20261201000200_stream_staging.sql"),
-    ),
-    (
-        20261201000300,
-        "event source",
-        include_str!("../../../migrations/20261201000300_event_source.sql"),
-    ),
-    (
-        20261201000301,
-        "dead letter source",
-        include_str!("../../../migrations/20261201000301_dead_letter_source.sql"),
-    ),
-    (
-        20261201000302,
-        "ingest position source",
-        include_str!("../../../migrations/20261201000302_ingest_position_source.sql"),
-    ),
-    (
-        20261201000303,
-        "target hold",
-        include_str!("../../../migrations/20261201000303_target_hold.sql"),
-    ),
-    (
-        20261201000400,
-        "dead letter reason check",
-        include_str!("../../../migrations/20261201000400_dead_letter_reason_check.sql"),
-    ),
-];
+/// Every file in `migrations/`, found and embedded at build time.
+pub(crate) fn embedded() -> Migrator {
+    sqlx::migrate!("../../migrations")
+}
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
 pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
@@ -109,20 +34,7 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
             schema: schema.to_owned(),
             source,
         })?;
-    let mut migrator = Migrator::with_migrations(
-        MIGRATIONS
-            .iter()
-            .map(|&(version, description, sql)| {
-                Migration::new(
-                    version,
-                    Cow::Borrowed(description),
-                    MigrationType::Simple,
-                    sql.into_sql_str(),
-                    false,
-                )
-            })
-            .collect(),
-    );
+    let mut migrator = embedded();
     migrator.dangerous_set_table_name(format!("{}._sqlx_migrations", q(schema)));
     migrator.create_schema(q(schema));
     // `run_direct` is sqlx's documented way around "Acquire is not general enough" when
@@ -139,21 +51,41 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::MIGRATIONS;
+    use std::borrow::Cow;
 
+    use sqlx::migrate::{Migration, MigrationType};
+    use sqlx::SqlSafeStr;
+
+    /// A schema migrated by an earlier build (which listed the files by hand) must
+    /// validate: every file is embedded, under its version, with the checksum of its text.
     #[test]
-    fn every_migration_file_is_embedded() {
+    fn every_migration_file_is_embedded_with_the_checksum_of_its_text() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
-        let mut files: Vec<String> = std::fs::read_dir(dir)
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
             .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".sql"))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "sql"))
             .collect();
         files.sort();
-        let embedded: Vec<String> = MIGRATIONS.iter().map(|(v, _, _)| v.to_string()).collect();
-        assert_eq!(files.len(), MIGRATIONS.len(), "{files:?}");
-        for (file, version) in files.iter().zip(&embedded) {
-            assert!(file.starts_with(version.as_str()), "{file} vs {version}");
+        let embedded = super::embedded();
+        assert_eq!(files.len(), embedded.iter().count(), "{files:?}");
+        for (file, m) in files.iter().zip(embedded.iter()) {
+            let name = file.file_name().unwrap().to_string_lossy();
+            assert!(
+                name.starts_with(&m.version.to_string()),
+                "{name} vs {}",
+                m.version
+            );
+            let text: &'static str = String::leak(std::fs::read_to_string(file).unwrap());
+            let by_hand = Migration::new(
+                m.version,
+                Cow::Borrowed(""),
+                MigrationType::Simple,
+                text.into_sql_str(),
+                false,
+            );
+            assert_eq!(by_hand.checksum, m.checksum, "{name}");
+            assert!(!m.no_tx, "{name}");
         }
     }
 
@@ -161,9 +93,14 @@ pub(crate) mod tests {
     /// compares with an enum's `ALL`.
     pub(crate) fn checked_values(column: &str) -> Vec<String> {
         let needle = format!("check ({column} in (");
-        let last = MIGRATIONS
+        let migrations = super::embedded();
+        let last = migrations
             .iter()
-            .filter_map(|(_, _, sql)| sql.rfind(&needle).map(|at| &sql[at + needle.len()..]))
+            .filter_map(|m| {
+                let sql = m.sql.as_str();
+                sql.rfind(&needle)
+                    .map(|at| sql[at + needle.len()..].to_owned())
+            })
             .next_back()
             .unwrap_or_else(|| panic!("no check constraint on {column}"));
         let list = &last[..last.find(')').expect("the list closes")];
