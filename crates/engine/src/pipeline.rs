@@ -189,23 +189,63 @@ struct Generation {
     workers: Vec<(String, Partition)>,
     /// Log pages shared by this generation's partitions.
     pages: Arc<crate::pages::SharedPages>,
-    /// Rebuilds replaying now, with how close to the head counts as caught up.
-    replaying: Vec<(Rebuild, u32, i64)>,
-    /// The open rebuilds this generation was planned for.
-    planned: Vec<(String, RebuildState)>,
-    /// `drop_retired_after` per projection that has one.
-    retire_after: Vec<(String, Duration)>,
+    /// Rebuilds replaying now.
+    replaying: Vec<Replay>,
+    /// The open rebuilds this generation was planned for: a change means plan again.
+    planned: Vec<Planned>,
+    /// Projections whose retired tables are dropped after a while.
+    retire_after: Vec<RetireAfter>,
     /// Whether a blocked rebuild was reported in this generation.
     warned: AtomicBool,
-    /// Rebuilds whose switch-over failed, and when: not tried again before SWITCH_BACKOFF.
-    failed_switches: Vec<(String, tokio::time::Instant)>,
+    /// Rebuilds whose switch-over failed: not tried again before SWITCH_BACKOFF.
+    failed_switches: Vec<FailedSwitch>,
+}
+
+/// A rebuild replaying in this generation.
+struct Replay {
+    rebuild: Rebuild,
+    /// Its subscriber's partitions.
+    partitions: u32,
+    /// How close to the head counts as caught up.
+    slack: i64,
+}
+
+/// An open rebuild as the plan saw it.
+#[derive(PartialEq)]
+struct Planned {
+    subscriber: String,
+    state: RebuildState,
+}
+
+impl Planned {
+    fn of(open: &[Rebuild]) -> Vec<Planned> {
+        open.iter()
+            .map(|r| Planned {
+                subscriber: r.subscriber.clone(),
+                state: r.state,
+            })
+            .collect()
+    }
+}
+
+/// A projection's `drop_retired_after`.
+struct RetireAfter {
+    projection: String,
+    after: Duration,
+}
+
+/// A rebuild whose switch-over failed, and when.
+#[derive(Clone)]
+struct FailedSwitch {
+    subscriber: String,
+    at: tokio::time::Instant,
 }
 
 /// Whether `r`'s retired table has been kept as long as its projection wants.
-fn retired_due(retire_after: &[(String, Duration)], r: &Rebuild, now_unix: f64) -> bool {
+fn retired_due(retire_after: &[RetireAfter], r: &Rebuild, now_unix: f64) -> bool {
     retire_after
         .iter()
-        .any(|(p, after)| *p == r.projection && r.retired_longer_than(*after, now_unix))
+        .any(|a| a.projection == r.projection && r.retired_longer_than(a.after, now_unix))
 }
 
 /// What ends a generation.
@@ -352,7 +392,7 @@ impl Projecting {
         let mut down = TargetDown::new(target, defined);
         let mut extra: Option<(Extra, Fence)> = None;
         // Rebuilds whose switch-over failed, and when: tried again after SWITCH_BACKOFF.
-        let mut failed_switches: Vec<(String, tokio::time::Instant)> = Vec::new();
+        let mut failed_switches: Vec<FailedSwitch> = Vec::new();
         while !stop.is_cancelled() && !lost.is_cancelled() && !ingest_done.is_cancelled() {
             if target.is_extra() && extra.is_none() {
                 match take_over(config, target, main_fence).await {
@@ -392,7 +432,7 @@ impl Projecting {
             // A later outage pauses the subscribers that run now (a rebuild may have
             // switched one).
             down.serving(&generation);
-            failed_switches.retain(|(_, at)| at.elapsed() < SWITCH_BACKOFF);
+            failed_switches.retain(|f| f.at.elapsed() < SWITCH_BACKOFF);
             generation.failed_switches = failed_switches.clone();
             let this = stop.child_token();
             let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
@@ -436,8 +476,10 @@ impl Projecting {
                         Ok(false) => {}
                         Err(e) => {
                             tracing::warn!(target = target.label(), projection = %r.projection, error = %e, "switch-over failed; trying again in {}s", SWITCH_BACKOFF.as_secs());
-                            failed_switches
-                                .push((r.subscriber.clone(), tokio::time::Instant::now()));
+                            failed_switches.push(FailedSwitch {
+                                subscriber: r.subscriber.clone(),
+                                at: tokio::time::Instant::now(),
+                            });
                         }
                     }
                 }
@@ -579,9 +621,14 @@ async fn plan(
         .await
         .map_err(EngineError::store("clearing pauses"))?;
     let now = unix_now();
-    let retire_after: Vec<(String, Duration)> = defined
+    let retire_after: Vec<RetireAfter> = defined
         .iter()
-        .filter_map(|d| Some((d.options.name.clone(), d.options.drop_retired_after()?)))
+        .filter_map(|d| {
+            Some(RetireAfter {
+                projection: d.options.name.clone(),
+                after: d.options.drop_retired_after()?,
+            })
+        })
         .collect();
     for r in &open {
         if r.state == RebuildState::Aborting {
@@ -606,10 +653,7 @@ async fn plan(
         workers: Vec::new(),
         pages: Arc::default(),
         replaying: Vec::new(),
-        planned: open
-            .iter()
-            .map(|r| (r.subscriber.clone(), r.state))
-            .collect(),
+        planned: Planned::of(&open),
         retire_after,
         warned: AtomicBool::new(false),
         failed_switches: Vec::new(),
@@ -675,11 +719,11 @@ async fn plan(
             fence,
         )
         .await?;
-        generation.replaying.push((
-            r.clone(),
-            replay.parallelism,
-            SWITCH_SLACK.min(replay.batch_size as i64),
-        ));
+        generation.replaying.push(Replay {
+            rebuild: r.clone(),
+            partitions: replay.parallelism,
+            slack: SWITCH_SLACK.min(replay.batch_size as i64),
+        });
     }
     for r in open.iter().filter(|r| r.state == RebuildState::Running) {
         if !defined.iter().any(|d| d.options.name == r.projection) {
@@ -777,11 +821,7 @@ async fn control_check(
     let open = rebuild::open(client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
-    let now: Vec<(String, RebuildState)> = open
-        .iter()
-        .map(|r| (r.subscriber.clone(), r.state))
-        .collect();
-    if now != generation.planned {
+    if Planned::of(&open) != generation.planned {
         return Ok(Some(Next::Replan));
     }
     let log_head = match (log, generation.replaying.is_empty()) {
@@ -792,11 +832,16 @@ async fn control_check(
         ),
         _ => None,
     };
-    for (r, partitions, slack) in &generation.replaying {
+    for Replay {
+        rebuild: r,
+        partitions,
+        slack,
+    } in &generation.replaying
+    {
         let backing_off = generation
             .failed_switches
             .iter()
-            .any(|(s, at)| *s == r.subscriber && at.elapsed() < SWITCH_BACKOFF);
+            .any(|f| f.subscriber == r.subscriber && f.at.elapsed() < SWITCH_BACKOFF);
         if backing_off {
             continue;
         }
