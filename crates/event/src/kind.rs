@@ -1,6 +1,7 @@
 //! The one place that decides whose fault an error is, and so what happens next. Every
 //! caller (the projector, the appender, the supervisors, the binary) reads the
-//! [`ErrorKind`] of an error; nobody else looks at SQLSTATEs.
+//! [`ErrorKind`] of an error; nobody else interprets SQLSTATEs (`walfold-store` only
+//! reads them off PostgreSQL errors).
 //!
 //! - *Transient*: the connection or the transaction failed, not the work (connection
 //!   lost, server shutting down, serialization failure, deadlock, a lock or slot still

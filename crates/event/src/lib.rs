@@ -1,6 +1,7 @@
 //! What walfold is about, free of any table: the event and its identity, WAL positions,
 //! the partition hash, why something is set aside (dead letters), and whose fault an
-//! error is. Every other crate depends on this one; it depends on none of them.
+//! error is (by SQLSTATE), with the macro that stores such states as text. Every crate
+//! that handles events depends on this one; it depends on no walfold crate.
 
 mod dead_letter;
 mod event;
@@ -12,7 +13,9 @@ pub use dead_letter::{DeadLetter, DeadLetterStatus, Reason};
 pub use event::{partition_hash, Event, NewEvent, RowOrigin};
 pub use kind::{is_resource_code, kind_for_code, unreachable_target, ErrorKind};
 pub use lsn::Lsn;
-pub use stored_enum::{assert_round_trips, UnknownValue};
+#[cfg(any(test, feature = "test-util"))]
+pub use stored_enum::assert_round_trips;
+pub use stored_enum::UnknownValue;
 
 /// What [`stored_enum!`] expands to needs, whichever crate invokes it.
 #[doc(hidden)]

@@ -96,7 +96,7 @@ pub struct UnknownValue {
 /// Asserts every value of `all` round-trips through its string, `Display`, serde and a
 /// `text` parameter, and that a string it does not know is refused. For tests, here and
 /// in the crates that define stored enums of their own.
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-util"))]
 pub fn assert_round_trips<T>(all: &[T], as_str: fn(T) -> &'static str)
 where
     T: Copy

@@ -155,6 +155,13 @@ impl SourceError {
     }
 }
 
+/// A reason the source cannot be followed as configured, with its fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub problem: String,
+    pub fix: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,11 +179,4 @@ mod tests {
         assert_eq!(e("57P01").kind(), ErrorKind::Transient);
         assert_eq!(e("28P01").kind(), ErrorKind::Environment);
     }
-}
-
-/// A reason the source cannot be followed as configured, with its fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub problem: String,
-    pub fix: String,
 }

@@ -509,7 +509,7 @@ async fn compare_rows(
     .map_err(StoreError::db("comparing repeated event IDs"))
 }
 
-/// The event as JSON, for dead letters.
+/// The dead letter for an event ID already in the log with different content.
 fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
     DeadLetter {
         existing: Some(existing),

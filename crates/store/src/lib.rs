@@ -44,8 +44,9 @@ pub use prune::{
 pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};
 pub use status::{
-    metrics_reading, status, status_of, target_status, IngestStatus, PauseStatus, RebuildStatus,
-    SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus,
+    event_log_estimate, metrics_reading, status, status_of, target_status, IngestStatus,
+    PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus,
+    TargetReach, TargetStatus,
 };
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;

@@ -1,5 +1,5 @@
 //! What `walfold status` reports: slot lag, event-log head, each subscriber's position,
-//! lag and counters, dead letters.
+//! lag and counters, dead letters; and the same read for the metrics scrape.
 
 use std::time::SystemTime;
 
@@ -317,14 +317,6 @@ pub async fn metrics_reading(
     for part in extra {
         s.add(part);
     }
-    let event_log_rows: i64 = target
-        .query_one(
-            "select greatest(reltuples, 0)::int8 from pg_class where oid = to_regclass($1)",
-            &[&format!("{}.event_log", q(schema))],
-        )
-        .await
-        .map_err(StoreError::db("estimating event_log"))?
-        .get(0);
     let subscribers = s
         .subscribers
         .iter()
@@ -365,8 +357,19 @@ pub async fn metrics_reading(
         sources,
         dead_letters_open: s.dead_letters_open,
         processed_message_rows: s.processed_message_rows,
-        event_log_rows,
     })
+}
+
+/// The planner's estimate of the event log's rows, for the metrics scrape.
+pub async fn event_log_estimate(target: &Client, schema: &str) -> Result<i64, StoreError> {
+    Ok(target
+        .query_one(
+            "select greatest(reltuples, 0)::int8 from pg_class where oid = to_regclass($1)",
+            &[&format!("{}.event_log", q(schema))],
+        )
+        .await
+        .map_err(StoreError::db("estimating event_log"))?
+        .get(0))
 }
 
 /// The part of the status a target holds: `target` is the database holding `schema`

@@ -1,7 +1,7 @@
 //! The process's metrics, in Prometheus text format (prometheus-client). Counters and
 //! histograms are kept in process by the code that does the work; gauges that describe
-//! the database (lag, retained WAL, table sizes) are read from it at scrape time, so
-//! they are right whichever instance leads.
+//! the database (lag, retained WAL, table sizes) are set at scrape time from what
+//! `walfold_store::metrics_reading` reads, so they are right whichever instance leads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -289,7 +289,11 @@ impl Metrics {
         self.dead_letters_open.set(reading.dead_letters_open);
         self.processed_message_rows
             .set(reading.processed_message_rows);
-        self.event_log_rows.set(reading.event_log_rows);
+    }
+
+    /// Sets the event log's row estimate (read after the other database gauges).
+    pub fn set_event_log_rows(&self, rows: i64) {
+        self.event_log_rows.set(rows);
     }
 }
 
@@ -300,8 +304,6 @@ pub struct DatabaseReading {
     pub sources: Vec<SourceReading>,
     pub dead_letters_open: i64,
     pub processed_message_rows: i64,
-    /// The planner's estimate.
-    pub event_log_rows: i64,
 }
 
 #[derive(Debug)]

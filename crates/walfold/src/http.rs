@@ -212,6 +212,7 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
         let reading =
             walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
         metrics().set_database(&reading);
+        metrics().set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
         Ok(())
     });
     let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
