@@ -84,7 +84,7 @@ fn build(
         projection: options.name.clone(),
         message,
     };
-    let kind = options.kind_for(index, table).map_err(|problems| {
+    let statement = options.statement_for(index, table).map_err(|problems| {
         invalid(
             problems
                 .iter()
@@ -93,7 +93,7 @@ fn build(
                 .join("; "),
         )
     })?;
-    let projection = SqlProjection::new(&kind, schema).map_err(|e| invalid(e.to_string()))?;
+    let projection = SqlProjection::new(&statement, schema).map_err(|e| invalid(e.to_string()))?;
     Ok(Arc::new(projection))
 }
 
@@ -107,8 +107,8 @@ impl Pipeline {
     }
 
     /// Adds a projection written in Rust. `options` gives its name, subscriber, filters,
-    /// parallelism and batching (its `sql`/`table` are ignored; `target` names its table
-    /// for rebuilds, see [`Projection::for_table`]).
+    /// parallelism and batching; its `kind` is [`ProjectionKind::Code`](walfold_config::ProjectionKind::Code), whose `target` names
+    /// its table for rebuilds (see [`Projection::for_table`]).
     pub fn with_projection(
         mut self,
         options: ProjectionConfig,
@@ -581,7 +581,12 @@ async fn plan(
     let now = unix_now();
     let retire_after: Vec<(String, Duration)> = defined
         .iter()
-        .filter_map(|d| Some((d.options.name.clone(), d.options.drop_retired_after()?)))
+        .filter_map(|d| {
+            Some((
+                d.options.name.clone(),
+                d.options.drop_retired_after.after()?,
+            ))
+        })
         .collect();
     for r in &open {
         if r.state == RebuildState::Aborting {
