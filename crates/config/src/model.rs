@@ -57,9 +57,15 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// `host:port` serving `/metrics`, `/healthz` and `/readyz`; off when absent.
+    /// `host:port` for `/metrics` (Prometheus/OpenMetrics text), `/healthz`, `/readyz`,
+    /// e.g. `"127.0.0.1:9187"`
+    ///
+    /// Default: off
     pub listen: Option<String>,
-    /// `/readyz` fails when a subscriber's oldest unapplied event is older than this.
+    /// `/readyz` fails when an active subscriber's oldest unapplied event is older than
+    /// this
+    ///
+    /// Default: `60`
     #[serde(default = "defaults::ready_max_lag_s")]
     pub ready_max_lag_s: u64,
 }
@@ -77,15 +83,19 @@ impl Default for MetricsConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRetention {
-    /// How long events stay in the event log (`"forever"`, or e.g. `"90d"`). Rebuilds
-    /// replay only what the log still holds. An event is never pruned before every
-    /// active subscriber and running rebuild has passed it.
+    /// how long events stay in the event log (rebuilds replay only what it holds)
+    ///
+    /// Default: `"forever"`
     #[serde(default)]
     event_log: Option<String>,
-    /// Seconds between the daemon's prune passes (0: only `walfold prune`).
+    /// seconds between the daemon's prune passes; `0`: only `walfold prune`
+    ///
+    /// Default: `300`
     #[serde(default = "defaults::prune_interval_s")]
     prune_interval_s: u64,
-    /// Rows deleted per prune transaction (short transactions, no long locks).
+    /// rows deleted per statement (short transactions, no long locks)
+    ///
+    /// Default: `5000`
     #[serde(default = "defaults::prune_batch_size")]
     prune_batch_size: i64,
 }
@@ -158,33 +168,51 @@ fn retention(
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
-    /// The source's name: `[[outbox]] source` and `[[projection]] sources` refer to it,
-    /// and events carry it (`:source`). Each source's own with several sources; a
-    /// single-source deployment that grows a second keeps `default` for the first.
+    /// the source's name: `[[outbox]] source`, `[[projection]] sources` and the `:source`
+    /// placeholder refer to it; each source its own ([Several sources](#several-sources));
+    /// a single-source deployment that grows a second keeps `default` for the first
+    ///
+    /// Default: `default`
     #[serde(default = "defaults::source_name")]
     pub name: String,
-    /// libpq-style URL: `postgresql://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`.
-    /// `sslmode` may be `disable`, `prefer`, `require`, `verify-ca` or `verify-full`.
+    /// `postgresql://user:password@host:port/db`; `sslmode` = `disable`, `prefer`
+    /// (default), `require`, `verify-ca`, `verify-full`; `sslrootcert=/path/ca.pem`
+    ///
+    /// Default: required
     pub url: String,
-    /// Logical replication slot (pgoutput), created if missing.
+    /// logical replication slot (pgoutput), created if missing
+    ///
+    /// Default: `walfold`
     #[serde(default = "defaults::slot")]
     pub slot: String,
-    /// Publication over the outbox tables, created if missing.
+    /// publication over the outbox tables, created if missing (`publish = 'insert,
+    /// truncate', publish_via_partition_root = true`); see [Publications](#publications)
+    /// for what an existing one must be
+    ///
+    /// Default: `walfold_outbox`
     #[serde(default = "defaults::publication")]
     pub publication: String,
-    /// Seconds between heartbeats (`pg_logical_emit_message`), so the slot advances and
-    /// WAL is released even when no outbox row is written; 0 turns them off.
+    /// seconds between heartbeats (`pg_logical_emit_message`), so the slot advances and WAL
+    /// is released even when no outbox row is written; `0` turns them off (each heartbeat
+    /// writes a small WAL record, so a database is never fully idle: with `archive_timeout`
+    /// set, expect a segment switch per period)
+    ///
+    /// Default: `10`
     #[serde(default = "defaults::heartbeat_interval_s")]
     pub heartbeat_interval_s: u64,
-    /// What to do when the slot is missing or invalidated after walfold has ingested
-    /// through it: `stop` (default: exit with the fix) or `recreate` (create a new slot,
-    /// record the skipped WAL range in `slot_gap`, and go on).
+    /// the slot is missing or invalidated after walfold ingested through it: `stop` exits
+    /// with the fix; `recreate` creates a new slot, records the skipped WAL range in
+    /// `slot_gap` (logged, `walfold_slot_gaps`, `walfold status`) and goes on
+    ///
+    /// Default: `"stop"`
     #[serde(default)]
     pub on_slot_lost: OnSlotLost,
-    /// pgoutput protocol version: `2` streams a large transaction while it runs (staged
-    /// in the target until its commit, so the source does not spill it to disk), `1`
-    /// sends each transaction only after its commit. Unset: 2 on PostgreSQL 14 and
-    /// later, else 1.
+    /// pgoutput protocol version: `2` streams a large transaction while it runs (staged in
+    /// the target until it commits, so the source does not spill it to disk; see [Large
+    /// transactions](#large-transactions-streaming-with-protocol-2)), `1` sends each
+    /// transaction only after its commit. `2` against a server before 14 stops with the fix
+    ///
+    /// Default: `2` on PostgreSQL 14+ without message outboxes, else `1`
     #[serde(default)]
     pub protocol: Option<u8>,
 }
@@ -217,39 +245,64 @@ impl fmt::Debug for SourceConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
-    /// The `[[source]]` whose database holds this outbox (by name); defaults to the only
-    /// source.
+    /// the `[[source]]` (by name) whose database holds this outbox; required with several
+    /// sources
+    ///
+    /// Default: the only source
     #[serde(default)]
     pub source: Option<String>,
-    /// A table outbox: `schema.table` (or `table`, meaning `public.table`).
+    /// a table outbox: `schema.table` (or `table` for `public.table`), a table or a
+    /// partitioned table (not one of its partitions)
+    ///
+    /// Default: —
     #[serde(default)]
     pub table: Option<String>,
-    /// A message outbox: the prefix of `pg_logical_emit_message(true, prefix, json)`
-    /// calls; the field names below are then the JSON object's keys. Set this or `table`.
+    /// a message outbox instead: the prefix of `pg_logical_emit_message(true, prefix,
+    /// json)` calls; the keys below then name JSON keys ([Message
+    /// outboxes](#message-outboxes))
+    ///
+    /// Default: —
     #[serde(default)]
     pub message_prefix: Option<String>,
-    /// The producer's event ID (uuid). Required, non-null.
+    /// the producer's event ID (uuid, or text holding one); required
+    ///
+    /// Default: `id`
     #[serde(default = "defaults::id")]
     pub id: String,
-    /// Aggregate type, e.g. `order`. Required, non-null.
+    /// aggregate type, e.g. `order`; required
+    ///
+    /// Default: `aggregate_type`
     #[serde(default = "defaults::aggregate_type")]
     pub aggregate_type: String,
-    /// Aggregate ID; events of one aggregate are applied in order. Required, non-null.
+    /// required; events of one aggregate are applied in order
+    ///
+    /// Default: `aggregate_id`
     #[serde(default = "defaults::aggregate_id")]
     pub aggregate_id: String,
-    /// Event type, e.g. `OrderPaid`. Required, non-null.
+    /// event type, e.g. `OrderPaid`; required
+    ///
+    /// Default: `event_type`
     #[serde(default = "defaults::event_type")]
     pub event_type: String,
-    /// Aggregate version (integer); null allowed, required by `table` projections.
+    /// integer or null; `table` projections need it
+    ///
+    /// Default: `version`
     #[serde(default = "defaults::version")]
     pub version: String,
-    /// JSON payload. Required, non-null.
+    /// JSON (json, jsonb or text holding JSON); required
+    ///
+    /// Default: `payload`
     #[serde(default = "defaults::payload")]
     pub payload: String,
-    /// Optional JSON headers (metadata; not part of an event's identity).
+    /// optional JSON metadata (not part of an event's identity)
+    ///
+    /// Default: `headers`
     #[serde(default = "defaults::headers")]
     pub headers: String,
-    /// Optional timestamptz of when the event occurred (metadata).
+    /// optional timestamptz metadata (a `timestamp without time zone` column is read as
+    /// UTC)
+    ///
+    /// Default: `occurred_at`
     #[serde(default = "defaults::occurred_at")]
     pub occurred_at: String,
 }
@@ -258,9 +311,14 @@ pub struct OutboxConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
-    /// Database for walfold's schema and the read models; defaults to `source.url`.
+    /// database for walfold's schema and the read models; required with several sources
+    ///
+    /// Default: `source.url`
     pub url: Option<String>,
-    /// walfold's own schema (event log, claims, checkpoints, dead letters).
+    /// walfold's own schema: `event_log`, `processed_message`, `checkpoint`, `dead_letter`,
+    /// `parked_aggregate`, `ingest_position`, `projection`, `rebuild`, `_sqlx_migrations`
+    ///
+    /// Default: `walfold`
     #[serde(default = "defaults::schema")]
     pub schema: String,
 }
@@ -289,9 +347,15 @@ impl fmt::Debug for TargetConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtraTarget {
-    /// libpq-style URL of the database, like `target.url`.
+    /// another database for the read models of the projections with `database = "NAME"`,
+    /// and for their claims, checkpoints, parked aggregates, dead letters, pauses and
+    /// rebuilds (see [Several targets](#several-targets)); same URL rules as `source.url`
+    ///
+    /// Default: required
     pub url: String,
-    /// walfold's own schema in that database (claims, checkpoints, dead letters, …).
+    /// walfold's own schema in that database, created there on start
+    ///
+    /// Default: `walfold`
     #[serde(default = "defaults::schema")]
     pub schema: String,
 }
@@ -309,21 +373,32 @@ impl fmt::Debug for ExtraTarget {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// Most events appended to the event log in one transaction.
+    /// most events appended to the event log per transaction
+    ///
+    /// Default: `2000`
     #[serde(default = "defaults::append_batch_size")]
     pub append_batch_size: usize,
-    /// Capacity of the channel between the replication reader and the appender; when it
-    /// is full the reader stops reading and back-pressure reaches the server.
+    /// reader → appender buffer, in items; when full, reading stops and back-pressure
+    /// reaches the server. It holds decoded payloads: it is what the daemon's memory grows
+    /// with (10000 took the drain's peak RSS from 36 to 66 MiB, for the same rate)
+    ///
+    /// Default: `2000`
     #[serde(default = "defaults::channel_capacity")]
     pub channel_capacity: usize,
-    /// Longest wait, in milliseconds, for more events before a partial batch is appended.
-    /// 0 appends whatever has arrived: batches then grow with the load by themselves.
+    /// longest wait for more events before a partial batch is appended; 0 appends what has
+    /// arrived (batches grow with the load)
+    ///
+    /// Default: `0`
     #[serde(default = "defaults::append_linger_ms")]
     pub append_linger_ms: u64,
-    /// Longest backoff, in milliseconds, between reconnect attempts.
+    /// cap of the reconnect backoff (exponential, with jitter)
+    ///
+    /// Default: `30000`
     #[serde(default = "defaults::max_backoff_ms")]
     pub max_backoff_ms: u64,
-    /// How long, in seconds, SIGTERM waits for in-flight batches before aborting.
+    /// how long SIGTERM waits for in-flight batches before aborting
+    ///
+    /// Default: `30`
     #[serde(default = "defaults::shutdown_timeout_s")]
     pub shutdown_timeout_s: u64,
 }
@@ -344,10 +419,14 @@ impl Default for PipelineConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogConfig {
-    /// `text` (default) or `json`.
+    /// `text` or `json`
+    ///
+    /// Default: `text`
     #[serde(default)]
     pub format: LogFormat,
-    /// A `tracing` filter, e.g. `info` or `walfold=debug`; `RUST_LOG` wins when set.
+    /// a `tracing` filter (`RUST_LOG` wins when set)
+    ///
+    /// Default: `info`
     #[serde(default = "defaults::log_level")]
     pub level: String,
 }
@@ -374,72 +453,117 @@ pub enum LogFormat {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawProjection {
-    /// Name used in logs, metrics and the CLI.
+    /// used in logs and status
+    ///
+    /// Default: required
     name: String,
-    /// Logical subscriber ID (e.g. `orders.status.v1`): dedup claims and checkpoints are
-    /// scoped to it. A new ID starts from the beginning of the event log.
+    /// logical subscriber ID; claims and checkpoints are scoped to it; a new ID starts from
+    /// the beginning of the event log
+    ///
+    /// Default: required
     subscriber: String,
-    /// Only these event types are applied (all when absent).
+    /// only these event types are applied
+    ///
+    /// Default: all
     event_types: Option<Vec<String>>,
-    /// Only these aggregate types are applied (all when absent).
+    /// only these aggregate types are applied
+    ///
+    /// Default: all
     aggregate_types: Option<Vec<String>>,
-    /// Only events from these sources (`[[source]] name`) are applied (all when absent).
+    /// only events from these sources (`[[source]] name`) are applied
+    ///
+    /// Default: all
     sources: Option<Vec<String>>,
-    /// A `sql` projection: a statement with named placeholders (`:aggregate_id`,
-    /// `:payload.a.b`, …), always bound as parameters.
+    /// a `sql` projection: one statement with named placeholders
+    ///
+    /// Default: —
     sql: Option<String>,
-    /// A `table` (state) projection: walfold generates the version-guarded upsert.
+    /// a `table` (state) projection: `schema.table`; walfold generates the guarded upsert
+    ///
+    /// Default: —
     table: Option<String>,
-    /// `table` projections: the key column, filled from the aggregate ID.
+    /// `table`: key column, filled from the aggregate ID (needs a unique index)
+    ///
+    /// Default: —
     key: Option<String>,
-    /// `table` projections: the version column; a row is updated only when its version
-    /// is lower than the event's.
+    /// `table`: the guard column; a row is updated only when its version is lower than the
+    /// event's
+    ///
+    /// Default: —
     version_column: Option<String>,
-    /// `table` projections: column → placeholder expression, e.g. `status = ":payload.status"`.
+    /// `table`: column → placeholder expression, e.g. `{ total = ":payload.total::numeric"
+    /// }`
+    ///
+    /// Default: —
     columns: Option<BTreeMap<String, String>>,
-    /// `sql` projections: the table the statement writes, named `{table}` in `sql`.
-    /// walfold substitutes it (quoted), so a rebuild can write to a shadow table.
+    /// `sql`: the table the statement writes, named `{table}` in `sql` (walfold substitutes
+    /// the quoted name); needed to rebuild a `sql` projection
+    ///
+    /// Default: —
     target: Option<String>,
-    /// How long dedup claims are kept (`"forever"`, the default, or e.g. `"30d"`): a
-    /// redelivery older than this is applied again.
+    /// how long claims are kept (`"30d"`, `"12h"`, `"15m"`, `"90s"`); see
+    /// [Retention](#retention-as-replay-policy)
+    ///
+    /// Default: `"forever"`
     #[serde(default)]
     dedup_retention: Option<String>,
-    /// Events per transaction while a rebuild replays history.
+    /// events per transaction while a rebuild replays
+    ///
+    /// Default: `5000`
     #[serde(default = "defaults::rebuild_batch_size")]
     rebuild_batch_size: usize,
-    /// After a rebuild switches over, drop the retired table after this long (e.g.
-    /// `"7d"`); by default it is kept until `walfold rebuild --finish`.
+    /// after a rebuild switches over, drop the retired table after this long; by default it
+    /// stays until `walfold rebuild NAME --finish`
+    ///
+    /// Default: `"forever"`
     #[serde(default)]
     drop_retired_after: Option<String>,
-    /// Workers, each owning a hash partition of aggregates (order per aggregate is kept).
+    /// workers, each owning a hash partition of aggregates; may be changed across a restart
+    /// (every partition then resumes at the old layout's lowest position)
+    ///
+    /// Default: `1`
     #[serde(default = "defaults::parallelism")]
     parallelism: u32,
-    /// Most events claimed and applied in one transaction.
+    /// most events claimed and applied per transaction
+    ///
+    /// Default: `500`
     #[serde(default = "defaults::batch_size")]
     batch_size: usize,
-    /// Attempts at an event that keeps failing before it is dead-lettered and its
-    /// aggregate parked.
+    /// attempts at an event whose data keeps failing before it is dead-lettered and its
+    /// aggregate parked (environment errors pause instead and are not counted)
+    ///
+    /// Default: `5`
     #[serde(default = "defaults::max_attempts")]
     max_attempts: u32,
-    /// First retry backoff in milliseconds (doubles each attempt).
+    /// first retry delay (doubles per attempt)
+    ///
+    /// Default: `200`
     #[serde(default = "defaults::retry_backoff_ms")]
     retry_backoff_ms: u64,
-    /// `guard` (default): an event applies when the stored version is lower (events
-    /// carrying a whole state; a late, older one is stale). `strict`: every version applies
-    /// exactly once, in order (delta events): a higher version waits for the missing
-    /// ones; one the aggregate has passed, under a new event ID, is dead-lettered.
+    /// `guard`: apply when the stored version is lower (state events); `strict`: apply
+    /// every version exactly once, in order (delta events); see [Strict-sequence
+    /// projections](#strict-sequence-projections)
+    ///
+    /// Default: `"guard"`
     #[serde(default)]
     version_mode: VersionMode,
-    /// `strict`: the first version of an aggregate walfold has not seen yet.
+    /// `strict`: the version an aggregate walfold has not seen starts at (a lower one is
+    /// dead-lettered, never skipped)
+    ///
+    /// Default: `1`
     #[serde(default = "defaults::first_version")]
     first_version: i64,
     /// `strict`: how long events may wait for a missing version before the gap becomes an
-    /// open dead letter (`walfold dead-letters retry` or `discard` resolve it); `"forever"`
-    /// waits without one.
+    /// open dead letter (`"forever"`: never)
+    ///
+    /// Default: `"10m"`
     #[serde(default)]
     gap_timeout: Option<String>,
-    /// The `[targets.NAME]` whose database holds this projection's read model and state
-    /// (claims, checkpoints, parked aggregates, dead letters); absent: `[target]`.
+    /// the `[targets.NAME]` holding this projection's read model and state; its events
+    /// still come from the main target's event log (an unknown name is refused, listing the
+    /// known ones)
+    ///
+    /// Default: the main target
     #[serde(default)]
     database: Option<String>,
 }
