@@ -23,6 +23,8 @@ const END: &str = "<!-- end generated -->";
 /// One key: its name, its default and what it means, as the doc comment states them.
 struct Row {
     key: String,
+    /// The function of `#[serde(default = "defaults::…")]`, when the field names one.
+    serde_default: Option<String>,
     default: String,
     meaning: String,
 }
@@ -36,6 +38,7 @@ fn rows(source: &str, name: &str) -> Vec<Row> {
         .skip(1);
     let mut rows = Vec::new();
     let mut doc: Vec<&str> = Vec::new();
+    let mut serde_default = None;
     for line in lines.by_ref() {
         let line = line.trim();
         if line == "}" {
@@ -44,9 +47,16 @@ fn rows(source: &str, name: &str) -> Vec<Row> {
         if let Some(text) = line.strip_prefix("///") {
             doc.push(text.strip_prefix(' ').unwrap_or(text));
         } else if line.starts_with("#[") {
-            continue;
+            serde_default = line
+                .split_once("default = \"defaults::")
+                .and_then(|(_, f)| f.split_once('"'))
+                .map(|(f, _)| f.to_owned())
+                .or(serde_default);
         } else if let Some((field, _)) = line.trim_start_matches("pub ").split_once(':') {
-            rows.push(row(field, &doc));
+            rows.push(Row {
+                serde_default: serde_default.take(),
+                ..row(field, &doc)
+            });
             doc.clear();
         }
     }
@@ -73,6 +83,7 @@ fn row(field: &str, doc: &[&str]) -> Row {
     );
     Row {
         key: field.to_owned(),
+        serde_default: None,
         default: defaults[0]["Default: ".len()..].to_owned(),
         meaning: meaning
             .iter()
@@ -138,6 +149,52 @@ fn the_readme_tables_are_the_doc_comments() {
             rendered.lines().nth(first).unwrap_or(""),
         );
     }
+}
+
+/// The value of the constant behind `defaults::function`, as written in `defaults.rs`.
+fn constant(defaults: &str, function: &str) -> String {
+    let name = defaults
+        .lines()
+        .find_map(|l| {
+            let (f, rest) = l.trim().split_once(" -> ")?;
+            let (_, name) = rest.split_once(" = ")?;
+            (f == function).then(|| name.trim_end_matches(';').to_owned())
+        })
+        .unwrap_or_else(|| panic!("defaults.rs makes no function `{function}`"));
+    defaults
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(&format!("pub const {name}: "))?;
+            Some(rest.split_once(" = ")?.1.trim_end_matches(';').to_owned())
+        })
+        .unwrap_or_else(|| panic!("defaults.rs has no constant `{name}`"))
+}
+
+#[test]
+fn the_documented_defaults_are_the_constants() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let source = std::fs::read_to_string(dir.join("src/model.rs")).unwrap();
+    let defaults = std::fs::read_to_string(dir.join("src/defaults.rs")).unwrap();
+    // `2_000` is `2000`, `"walfold"` is `walfold`: compare without quotes and `_`.
+    let plain = |s: &str| s.replace(['`', '"', '_'], "");
+    let mut checked = 0;
+    for (section, name) in SECTIONS {
+        for r in rows(&source, name) {
+            let Some(function) = &r.serde_default else {
+                continue;
+            };
+            let value = constant(&defaults, function);
+            assert_eq!(
+                plain(&r.default),
+                plain(&value),
+                "{section} `{}`: the doc comment says `Default: {}`, defaults.rs says {value}",
+                r.key,
+                r.default
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} defaults found to check");
 }
 
 #[test]
