@@ -74,8 +74,8 @@ pub async fn start_rebuild(
 }
 
 /// [`start_rebuild`] for any projection's options, e.g. a Rust projection added with
-/// `Pipeline::with_projection` (its `target` names the table; it must implement
-/// [`crate::Projection::for_table`]).
+/// `Pipeline::with_projection` (the `target` of its `ProjectionKind::Code` names the
+/// table; it must implement [`crate::Projection::for_table`]).
 pub async fn start_rebuild_with(
     config: &Config,
     options: &ProjectionConfig,
