@@ -2,6 +2,29 @@
 
 use std::time::Duration;
 
+/// How long something is kept (or waited for): parsed once, in validation, from
+/// `"forever"` or e.g. `"30d"`, so callers never read the text again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    Forever,
+    After(Duration),
+}
+
+impl Retention {
+    /// Parses `"forever"` or a whole number with a unit; the error says what to write.
+    pub fn parse(s: &str) -> Result<Retention, String> {
+        Ok(parse_retention(s)?.map_or(Retention::Forever, Retention::After))
+    }
+
+    /// The window, `None` for forever.
+    pub fn after(self) -> Option<Duration> {
+        match self {
+            Retention::Forever => None,
+            Retention::After(d) => Some(d),
+        }
+    }
+}
+
 /// Parses a retention window; `None` means forever.
 pub fn parse_retention(s: &str) -> Result<Option<Duration>, String> {
     let s = s.trim();
@@ -44,5 +67,10 @@ mod tests {
         assert!(parse_retention("30").is_err());
         assert!(parse_retention("d").is_err());
         assert!(parse_retention("1w").is_err());
+        assert_eq!(Retention::parse("forever"), Ok(Retention::Forever));
+        assert_eq!(
+            Retention::parse("10m"),
+            Ok(Retention::After(Duration::from_secs(600)))
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! environment variables, validated as a whole so every problem is reported at once.
 
 pub mod builder;
+pub mod defaults;
 mod duration;
 mod env;
 mod error;
@@ -10,12 +11,12 @@ mod model;
 mod redact;
 mod template;
 
-pub use duration::parse_retention;
+pub use duration::{parse_retention, Retention};
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
     Config, ExtraTarget, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig,
-    PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig,
+    PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, Statement,
     TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX,
 };
 pub use redact::redact_url;

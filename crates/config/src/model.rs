@@ -5,6 +5,13 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use crate::defaults::{
+    self, DEFAULT_BATCH_SIZE, DEFAULT_DEDUP_RETENTION, DEFAULT_DROP_RETIRED_AFTER,
+    DEFAULT_EVENT_LOG_RETENTION, DEFAULT_FIRST_VERSION, DEFAULT_GAP_TIMEOUT, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PARALLELISM, DEFAULT_PRUNE_BATCH_SIZE, DEFAULT_PRUNE_INTERVAL_S,
+    DEFAULT_REBUILD_BATCH_SIZE, DEFAULT_RETRY_BACKOFF_MS,
+};
+use crate::duration::Retention;
 use crate::error::{ConfigError, Problem};
 use crate::ident::{is_identifier, QualifiedName, IDENTIFIER_RULE};
 use crate::redact::redact_url;
@@ -50,10 +57,16 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// `host:port` serving `/metrics`, `/healthz` and `/readyz`; off when absent.
+    /// `host:port` for `/metrics` (Prometheus/OpenMetrics text), `/healthz`, `/readyz`,
+    /// e.g. `"127.0.0.1:9187"`
+    ///
+    /// Default: off
     pub listen: Option<String>,
-    /// `/readyz` fails when a subscriber's oldest unapplied event is older than this.
-    #[serde(default = "default_ready_lag")]
+    /// `/readyz` fails when an active subscriber's oldest unapplied event is older than
+    /// this
+    ///
+    /// Default: `60`
+    #[serde(default = "defaults::ready_max_lag_s")]
     pub ready_max_lag_s: u64,
 }
 
@@ -61,42 +74,93 @@ impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig {
             listen: None,
-            ready_max_lag_s: default_ready_lag(),
+            ready_max_lag_s: defaults::ready_max_lag_s(),
         }
     }
 }
 
-/// `[retention]`
-#[derive(Debug, Clone, Deserialize)]
+/// `[retention]`, as written in the file.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawRetention {
+    /// how long events stay in the event log (rebuilds replay only what it holds)
+    ///
+    /// Default: `"forever"`
+    #[serde(default)]
+    event_log: Option<String>,
+    /// seconds between the daemon's prune passes; `0`: only `walfold prune`
+    ///
+    /// Default: `300`
+    #[serde(default = "defaults::prune_interval_s")]
+    prune_interval_s: u64,
+    /// rows deleted per statement (short transactions, no long locks)
+    ///
+    /// Default: `5000`
+    #[serde(default = "defaults::prune_batch_size")]
+    prune_batch_size: i64,
+}
+
+/// `[retention]`: how long the event log keeps events, and how pruning runs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(from = "RawRetention")]
 pub struct RetentionConfig {
-    /// How long events stay in the event log (`"forever"`, or e.g. `"90d"`). Rebuilds
-    /// replay only what the log still holds. An event is never pruned before every
-    /// active subscriber and running rebuild has passed it.
-    #[serde(default = "default_forever")]
-    pub event_log: String,
+    /// How long events stay in the event log.
+    pub event_log: Retention,
     /// Seconds between the daemon's prune passes (0: only `walfold prune`).
-    #[serde(default = "default_prune_interval")]
     pub prune_interval_s: u64,
-    /// Rows deleted per prune transaction (short transactions, no long locks).
-    #[serde(default = "default_prune_batch")]
+    /// Rows deleted per prune transaction.
     pub prune_batch_size: i64,
+    /// What reading the section found wrong (keys within it); [`Config::validate`]
+    /// reports it with every other problem.
+    unresolved: Vec<Problem>,
 }
 
 impl Default for RetentionConfig {
     fn default() -> Self {
         RetentionConfig {
-            event_log: default_forever(),
-            prune_interval_s: default_prune_interval(),
-            prune_batch_size: default_prune_batch(),
+            event_log: DEFAULT_EVENT_LOG_RETENTION,
+            prune_interval_s: DEFAULT_PRUNE_INTERVAL_S,
+            prune_batch_size: DEFAULT_PRUNE_BATCH_SIZE,
+            unresolved: Vec::new(),
         }
     }
 }
 
-impl RetentionConfig {
-    /// The event log's retention (`None`: forever); valid after [`Config::validate`].
-    pub fn event_log(&self) -> Option<std::time::Duration> {
-        crate::duration::parse_retention(&self.event_log).unwrap_or(None)
+impl From<RawRetention> for RetentionConfig {
+    fn from(raw: RawRetention) -> Self {
+        let mut unresolved = Vec::new();
+        let event_log = retention(
+            &mut unresolved,
+            "event_log",
+            raw.event_log.as_deref(),
+            DEFAULT_EVENT_LOG_RETENTION,
+        );
+        RetentionConfig {
+            event_log,
+            prune_interval_s: raw.prune_interval_s,
+            prune_batch_size: raw.prune_batch_size,
+            unresolved,
+        }
+    }
+}
+
+/// Parses a retention key (`default` when absent); a bad one becomes a problem under `key`.
+fn retention(
+    problems: &mut Vec<Problem>,
+    key: &str,
+    text: Option<&str>,
+    default: Retention,
+) -> Retention {
+    match text.map(Retention::parse) {
+        None => default,
+        Some(Ok(r)) => r,
+        Some(Err(message)) => {
+            problems.push(Problem {
+                key: key.to_owned(),
+                message,
+            });
+            default
+        }
     }
 }
 
@@ -104,33 +168,51 @@ impl RetentionConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
-    /// The source's name: `[[outbox]] source` and `[[projection]] sources` refer to it,
-    /// and events carry it (`:source`). Each source's own with several sources; a
-    /// single-source deployment that grows a second keeps `default` for the first.
-    #[serde(default = "default_source_name")]
+    /// the source's name: `[[outbox]] source`, `[[projection]] sources` and the `:source`
+    /// placeholder refer to it; each source its own ([Several sources](#several-sources));
+    /// a single-source deployment that grows a second keeps `default` for the first
+    ///
+    /// Default: `default`
+    #[serde(default = "defaults::source_name")]
     pub name: String,
-    /// libpq-style URL: `postgresql://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`.
-    /// `sslmode` may be `disable`, `prefer`, `require`, `verify-ca` or `verify-full`.
+    /// `postgresql://user:password@host:port/db`; `sslmode` = `disable`, `prefer`
+    /// (default), `require`, `verify-ca`, `verify-full`; `sslrootcert=/path/ca.pem`
+    ///
+    /// Default: required
     pub url: String,
-    /// Logical replication slot (pgoutput), created if missing.
-    #[serde(default = "default_slot")]
+    /// logical replication slot (pgoutput), created if missing
+    ///
+    /// Default: `walfold`
+    #[serde(default = "defaults::slot")]
     pub slot: String,
-    /// Publication over the outbox tables, created if missing.
-    #[serde(default = "default_publication")]
+    /// publication over the outbox tables, created if missing (`publish = 'insert,
+    /// truncate', publish_via_partition_root = true`); see [Publications](#publications)
+    /// for what an existing one must be
+    ///
+    /// Default: `walfold_outbox`
+    #[serde(default = "defaults::publication")]
     pub publication: String,
-    /// Seconds between heartbeats (`pg_logical_emit_message`), so the slot advances and
-    /// WAL is released even when no outbox row is written; 0 turns them off.
-    #[serde(default = "default_heartbeat")]
+    /// seconds between heartbeats (`pg_logical_emit_message`), so the slot advances and WAL
+    /// is released even when no outbox row is written; `0` turns them off (each heartbeat
+    /// writes a small WAL record, so a database is never fully idle: with `archive_timeout`
+    /// set, expect a segment switch per period)
+    ///
+    /// Default: `10`
+    #[serde(default = "defaults::heartbeat_interval_s")]
     pub heartbeat_interval_s: u64,
-    /// What to do when the slot is missing or invalidated after walfold has ingested
-    /// through it: `stop` (default: exit with the fix) or `recreate` (create a new slot,
-    /// record the skipped WAL range in `slot_gap`, and go on).
+    /// the slot is missing or invalidated after walfold ingested through it: `stop` exits
+    /// with the fix; `recreate` creates a new slot, records the skipped WAL range in
+    /// `slot_gap` (logged, `walfold_slot_gaps`, `walfold status`) and goes on
+    ///
+    /// Default: `"stop"`
     #[serde(default)]
     pub on_slot_lost: OnSlotLost,
-    /// pgoutput protocol version: `2` streams a large transaction while it runs (staged
-    /// in the target until its commit, so the source does not spill it to disk), `1`
-    /// sends each transaction only after its commit. Unset: 2 on PostgreSQL 14 and
-    /// later, else 1.
+    /// pgoutput protocol version: `2` streams a large transaction while it runs (staged in
+    /// the target until it commits, so the source does not spill it to disk; see [Large
+    /// transactions](#large-transactions-streaming-with-protocol-2)), `1` sends each
+    /// transaction only after its commit. `2` against a server before 14 stops with the fix
+    ///
+    /// Default: `2` on PostgreSQL 14+ without message outboxes, else `1`
     #[serde(default)]
     pub protocol: Option<u8>,
 }
@@ -163,40 +245,65 @@ impl fmt::Debug for SourceConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
-    /// The `[[source]]` whose database holds this outbox (by name); defaults to the only
-    /// source.
+    /// the `[[source]]` (by name) whose database holds this outbox; required with several
+    /// sources
+    ///
+    /// Default: the only source
     #[serde(default)]
     pub source: Option<String>,
-    /// A table outbox: `schema.table` (or `table`, meaning `public.table`).
+    /// a table outbox: `schema.table` (or `table` for `public.table`), a table or a
+    /// partitioned table (not one of its partitions)
+    ///
+    /// Default: —
     #[serde(default)]
     pub table: Option<String>,
-    /// A message outbox: the prefix of `pg_logical_emit_message(true, prefix, json)`
-    /// calls; the field names below are then the JSON object's keys. Set this or `table`.
+    /// a message outbox instead: the prefix of `pg_logical_emit_message(true, prefix,
+    /// json)` calls; the keys below then name JSON keys ([Message
+    /// outboxes](#message-outboxes))
+    ///
+    /// Default: —
     #[serde(default)]
     pub message_prefix: Option<String>,
-    /// The producer's event ID (uuid). Required, non-null.
-    #[serde(default = "col_id")]
+    /// the producer's event ID (uuid, or text holding one); required
+    ///
+    /// Default: `id`
+    #[serde(default = "defaults::id")]
     pub id: String,
-    /// Aggregate type, e.g. `order`. Required, non-null.
-    #[serde(default = "col_aggregate_type")]
+    /// aggregate type, e.g. `order`; required
+    ///
+    /// Default: `aggregate_type`
+    #[serde(default = "defaults::aggregate_type")]
     pub aggregate_type: String,
-    /// Aggregate ID; events of one aggregate are applied in order. Required, non-null.
-    #[serde(default = "col_aggregate_id")]
+    /// required; events of one aggregate are applied in order
+    ///
+    /// Default: `aggregate_id`
+    #[serde(default = "defaults::aggregate_id")]
     pub aggregate_id: String,
-    /// Event type, e.g. `OrderPaid`. Required, non-null.
-    #[serde(default = "col_event_type")]
+    /// event type, e.g. `OrderPaid`; required
+    ///
+    /// Default: `event_type`
+    #[serde(default = "defaults::event_type")]
     pub event_type: String,
-    /// Aggregate version (integer); null allowed, required by `table` projections.
-    #[serde(default = "col_version")]
+    /// integer or null; `table` projections need it
+    ///
+    /// Default: `version`
+    #[serde(default = "defaults::version")]
     pub version: String,
-    /// JSON payload. Required, non-null.
-    #[serde(default = "col_payload")]
+    /// JSON (json, jsonb or text holding JSON); required
+    ///
+    /// Default: `payload`
+    #[serde(default = "defaults::payload")]
     pub payload: String,
-    /// Optional JSON headers (metadata; not part of an event's identity).
-    #[serde(default = "col_headers")]
+    /// optional JSON metadata (not part of an event's identity)
+    ///
+    /// Default: `headers`
+    #[serde(default = "defaults::headers")]
     pub headers: String,
-    /// Optional timestamptz of when the event occurred (metadata).
-    #[serde(default = "col_occurred_at")]
+    /// optional timestamptz metadata (a `timestamp without time zone` column is read as
+    /// UTC)
+    ///
+    /// Default: `occurred_at`
+    #[serde(default = "defaults::occurred_at")]
     pub occurred_at: String,
 }
 
@@ -204,10 +311,15 @@ pub struct OutboxConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
-    /// Database for walfold's schema and the read models; defaults to `source.url`.
+    /// database for walfold's schema and the read models; required with several sources
+    ///
+    /// Default: `source.url`
     pub url: Option<String>,
-    /// walfold's own schema (event log, claims, checkpoints, dead letters).
-    #[serde(default = "default_schema")]
+    /// walfold's own schema: `event_log`, `processed_message`, `checkpoint`, `dead_letter`,
+    /// `parked_aggregate`, `ingest_position`, `projection`, `rebuild`, `_sqlx_migrations`
+    ///
+    /// Default: `walfold`
+    #[serde(default = "defaults::schema")]
     pub schema: String,
 }
 
@@ -215,7 +327,7 @@ impl Default for TargetConfig {
     fn default() -> Self {
         TargetConfig {
             url: None,
-            schema: default_schema(),
+            schema: defaults::schema(),
         }
     }
 }
@@ -235,10 +347,16 @@ impl fmt::Debug for TargetConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtraTarget {
-    /// libpq-style URL of the database, like `target.url`.
+    /// another database for the read models of the projections with `database = "NAME"`,
+    /// and for their claims, checkpoints, parked aggregates, dead letters, pauses and
+    /// rebuilds (see [Several targets](#several-targets)); same URL rules as `source.url`
+    ///
+    /// Default: required
     pub url: String,
-    /// walfold's own schema in that database (claims, checkpoints, dead letters, …).
-    #[serde(default = "default_schema")]
+    /// walfold's own schema in that database, created there on start
+    ///
+    /// Default: `walfold`
+    #[serde(default = "defaults::schema")]
     pub schema: String,
 }
 
@@ -255,33 +373,44 @@ impl fmt::Debug for ExtraTarget {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// Most events appended to the event log in one transaction.
-    #[serde(default = "default_append_batch")]
+    /// most events appended to the event log per transaction
+    ///
+    /// Default: `2000`
+    #[serde(default = "defaults::append_batch_size")]
     pub append_batch_size: usize,
-    /// Capacity of the channel between the replication reader and the appender; when it
-    /// is full the reader stops reading and back-pressure reaches the server.
-    #[serde(default = "default_channel")]
+    /// reader → appender buffer, in items; when full, reading stops and back-pressure
+    /// reaches the server. It holds decoded payloads: it is what the daemon's memory grows
+    /// with (10000 took the drain's peak RSS from 36 to 66 MiB, for the same rate)
+    ///
+    /// Default: `2000`
+    #[serde(default = "defaults::channel_capacity")]
     pub channel_capacity: usize,
-    /// Longest wait, in milliseconds, for more events before a partial batch is appended.
-    /// 0 appends whatever has arrived: batches then grow with the load by themselves.
-    #[serde(default = "default_linger")]
+    /// longest wait for more events before a partial batch is appended; 0 appends what has
+    /// arrived (batches grow with the load)
+    ///
+    /// Default: `0`
+    #[serde(default = "defaults::append_linger_ms")]
     pub append_linger_ms: u64,
-    /// Longest backoff, in milliseconds, between reconnect attempts.
-    #[serde(default = "default_max_backoff")]
+    /// cap of the reconnect backoff (exponential, with jitter)
+    ///
+    /// Default: `30000`
+    #[serde(default = "defaults::max_backoff_ms")]
     pub max_backoff_ms: u64,
-    /// How long, in seconds, SIGTERM waits for in-flight batches before aborting.
-    #[serde(default = "default_shutdown")]
+    /// how long SIGTERM waits for in-flight batches before aborting
+    ///
+    /// Default: `30`
+    #[serde(default = "defaults::shutdown_timeout_s")]
     pub shutdown_timeout_s: u64,
 }
 
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
-            append_batch_size: default_append_batch(),
-            channel_capacity: default_channel(),
-            append_linger_ms: default_linger(),
-            max_backoff_ms: default_max_backoff(),
-            shutdown_timeout_s: default_shutdown(),
+            append_batch_size: defaults::append_batch_size(),
+            channel_capacity: defaults::channel_capacity(),
+            append_linger_ms: defaults::append_linger_ms(),
+            max_backoff_ms: defaults::max_backoff_ms(),
+            shutdown_timeout_s: defaults::shutdown_timeout_s(),
         }
     }
 }
@@ -290,11 +419,15 @@ impl Default for PipelineConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogConfig {
-    /// `text` (default) or `json`.
+    /// `text` or `json`
+    ///
+    /// Default: `text`
     #[serde(default)]
     pub format: LogFormat,
-    /// A `tracing` filter, e.g. `info` or `walfold=debug`; `RUST_LOG` wins when set.
-    #[serde(default = "default_level")]
+    /// a `tracing` filter (`RUST_LOG` wins when set)
+    ///
+    /// Default: `info`
+    #[serde(default = "defaults::log_level")]
     pub level: String,
 }
 
@@ -302,7 +435,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             format: LogFormat::default(),
-            level: default_level(),
+            level: defaults::log_level(),
         }
     }
 }
@@ -315,78 +448,170 @@ pub enum LogFormat {
     Json,
 }
 
-/// `[[projection]]`: one logical subscriber.
-#[derive(Debug, Clone, Deserialize)]
+/// `[[projection]]` as written in the file: flat keys, some of which belong to one kind
+/// of projection only. Reading it resolves them into a [`ProjectionConfig`].
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawProjection {
+    /// used in logs and status
+    ///
+    /// Default: required
+    name: String,
+    /// logical subscriber ID; claims and checkpoints are scoped to it; a new ID starts from
+    /// the beginning of the event log
+    ///
+    /// Default: required
+    subscriber: String,
+    /// only these event types are applied
+    ///
+    /// Default: all
+    event_types: Option<Vec<String>>,
+    /// only these aggregate types are applied
+    ///
+    /// Default: all
+    aggregate_types: Option<Vec<String>>,
+    /// only events from these sources (`[[source]] name`) are applied
+    ///
+    /// Default: all
+    sources: Option<Vec<String>>,
+    /// a `sql` projection: one statement with named placeholders
+    ///
+    /// Default: —
+    sql: Option<String>,
+    /// a `table` (state) projection: `schema.table`; walfold generates the guarded upsert
+    ///
+    /// Default: —
+    table: Option<String>,
+    /// `table`: key column, filled from the aggregate ID (needs a unique index)
+    ///
+    /// Default: —
+    key: Option<String>,
+    /// `table`: the guard column; a row is updated only when its version is lower than the
+    /// event's
+    ///
+    /// Default: —
+    version_column: Option<String>,
+    /// `table`: column → placeholder expression, e.g. `{ total = ":payload.total::numeric"
+    /// }`
+    ///
+    /// Default: —
+    columns: Option<BTreeMap<String, String>>,
+    /// `sql`: the table the statement writes, named `{table}` in `sql` (walfold substitutes
+    /// the quoted name); needed to rebuild a `sql` projection
+    ///
+    /// Default: —
+    target: Option<String>,
+    /// how long claims are kept (`"30d"`, `"12h"`, `"15m"`, `"90s"`); see
+    /// [Retention](#retention-as-replay-policy)
+    ///
+    /// Default: `"forever"`
+    #[serde(default)]
+    dedup_retention: Option<String>,
+    /// events per transaction while a rebuild replays
+    ///
+    /// Default: `5000`
+    #[serde(default = "defaults::rebuild_batch_size")]
+    rebuild_batch_size: usize,
+    /// after a rebuild switches over, drop the retired table after this long; by default it
+    /// stays until `walfold rebuild NAME --finish`
+    ///
+    /// Default: `"forever"`
+    #[serde(default)]
+    drop_retired_after: Option<String>,
+    /// workers, each owning a hash partition of aggregates; may be changed across a restart
+    /// (every partition then resumes at the old layout's lowest position)
+    ///
+    /// Default: `1`
+    #[serde(default = "defaults::parallelism")]
+    parallelism: u32,
+    /// most events claimed and applied per transaction
+    ///
+    /// Default: `500`
+    #[serde(default = "defaults::batch_size")]
+    batch_size: usize,
+    /// attempts at an event whose data keeps failing before it is dead-lettered and its
+    /// aggregate parked (environment errors pause instead and are not counted)
+    ///
+    /// Default: `5`
+    #[serde(default = "defaults::max_attempts")]
+    max_attempts: u32,
+    /// first retry delay (doubles per attempt)
+    ///
+    /// Default: `200`
+    #[serde(default = "defaults::retry_backoff_ms")]
+    retry_backoff_ms: u64,
+    /// `guard`: apply when the stored version is lower (state events); `strict`: apply
+    /// every version exactly once, in order (delta events); see [Strict-sequence
+    /// projections](#strict-sequence-projections)
+    ///
+    /// Default: `"guard"`
+    #[serde(default)]
+    version_mode: VersionMode,
+    /// `strict`: the version an aggregate walfold has not seen starts at (a lower one is
+    /// dead-lettered, never skipped)
+    ///
+    /// Default: `1`
+    #[serde(default = "defaults::first_version")]
+    first_version: i64,
+    /// `strict`: how long events may wait for a missing version before the gap becomes an
+    /// open dead letter (`"forever"`: never)
+    ///
+    /// Default: `"10m"`
+    #[serde(default)]
+    gap_timeout: Option<String>,
+    /// the `[targets.NAME]` holding this projection's read model and state; its events
+    /// still come from the main target's event log (an unknown name is refused, listing the
+    /// known ones)
+    ///
+    /// Default: the main target
+    #[serde(default)]
+    database: Option<String>,
+}
+
+/// `[[projection]]`: one logical subscriber, what it does, and how it runs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(from = "RawProjection")]
 pub struct ProjectionConfig {
     /// Name used in logs, metrics and the CLI.
     pub name: String,
-    /// Logical subscriber ID (e.g. `orders.status.v1`): dedup claims and checkpoints are
-    /// scoped to it. A new ID starts from the beginning of the event log.
+    /// Logical subscriber ID: dedup claims and checkpoints are scoped to it.
     pub subscriber: String,
     /// Only these event types are applied (all when absent).
     pub event_types: Option<Vec<String>>,
     /// Only these aggregate types are applied (all when absent).
     pub aggregate_types: Option<Vec<String>>,
-    /// Only events from these sources (`[[source]] name`) are applied (all when absent).
+    /// Only events from these sources are applied (all when absent).
     pub sources: Option<Vec<String>>,
-    /// A `sql` projection: a statement with named placeholders (`:aggregate_id`,
-    /// `:payload.a.b`, …), always bound as parameters.
-    pub sql: Option<String>,
-    /// A `table` (state) projection: walfold generates the version-guarded upsert.
-    pub table: Option<String>,
-    /// `table` projections: the key column, filled from the aggregate ID.
-    pub key: Option<String>,
-    /// `table` projections: the version column; a row is updated only when its version
-    /// is lower than the event's.
-    pub version_column: Option<String>,
-    /// `table` projections: column → placeholder expression, e.g. `status = ":payload.status"`.
-    pub columns: Option<BTreeMap<String, String>>,
-    /// `sql` projections: the table the statement writes, named `{table}` in `sql`.
-    /// walfold substitutes it (quoted), so a rebuild can write to a shadow table.
-    pub target: Option<String>,
-    /// How long dedup claims are kept (`"forever"`, the default, or e.g. `"30d"`): a
-    /// redelivery older than this is applied again.
-    #[serde(default = "default_forever")]
-    pub dedup_retention: String,
+    /// What the projection does: a statement, a state table, or Rust code.
+    pub kind: ProjectionKind,
+    /// How long dedup claims are kept: a redelivery older than this is applied again.
+    pub dedup_retention: Retention,
     /// Events per transaction while a rebuild replays history.
-    #[serde(default = "default_rebuild_batch")]
     pub rebuild_batch_size: usize,
-    /// After a rebuild switches over, drop the retired table after this long (e.g.
-    /// `"7d"`); by default it is kept until `walfold rebuild --finish`.
-    #[serde(default = "default_forever")]
-    pub drop_retired_after: String,
-    /// Workers, each owning a hash partition of aggregates (order per aggregate is kept).
-    #[serde(default = "default_parallelism")]
+    /// After a rebuild switches over, drop the retired table after this long
+    /// (`Forever`: keep it until `walfold rebuild --finish`).
+    pub drop_retired_after: Retention,
+    /// Workers, each owning a hash partition of aggregates.
     pub parallelism: u32,
     /// Most events claimed and applied in one transaction.
-    #[serde(default = "default_projection_batch")]
     pub batch_size: usize,
-    /// Attempts at an event that keeps failing before it is dead-lettered and its
-    /// aggregate parked.
-    #[serde(default = "default_max_attempts")]
+    /// Attempts at an event that keeps failing before it is dead-lettered.
     pub max_attempts: u32,
     /// First retry backoff in milliseconds (doubles each attempt).
-    #[serde(default = "default_retry_backoff")]
     pub retry_backoff_ms: u64,
-    /// `guard` (default): an event applies when the stored version is lower (events
-    /// carrying a whole state; a late, older one is stale). `strict`: every version applies
-    /// exactly once, in order (delta events): a higher version waits for the missing
-    /// ones; one the aggregate has passed, under a new event ID, is dead-lettered.
-    #[serde(default)]
+    /// `guard` or `strict`.
     pub version_mode: VersionMode,
     /// `strict`: the first version of an aggregate walfold has not seen yet.
-    #[serde(default = "default_first_version")]
     pub first_version: i64,
-    /// `strict`: how long events may wait for a missing version before the gap becomes an
-    /// open dead letter (`walfold dead-letters retry` or `discard` resolve it); `"forever"`
-    /// waits without one.
-    #[serde(default = "default_gap_timeout")]
-    pub gap_timeout: String,
-    /// The `[targets.NAME]` whose database holds this projection's read model and state
-    /// (claims, checkpoints, parked aggregates, dead letters); absent: `[target]`.
-    #[serde(default)]
+    /// `strict`: how long events may wait for a missing version before the gap becomes
+    /// an open dead letter.
+    pub gap_timeout: Retention,
+    /// The `[targets.NAME]` holding this projection's read model and state; `None`:
+    /// `[target]`.
     pub database: Option<String>,
+    /// What reading the entry found wrong (keys within the entry); [`Config::validate`]
+    /// reports it, with the entry's index, among every other problem.
+    unresolved: Vec<Problem>,
 }
 
 /// `projection.version_mode`
@@ -398,9 +623,30 @@ pub enum VersionMode {
     Strict,
 }
 
-/// What a projection does, resolved from its config.
-#[derive(Debug, Clone)]
+/// What a projection does, resolved once from its flat keys when the config is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProjectionKind {
+    /// `sql`: one statement with named placeholders; `target` is the table it names as
+    /// `{table}` (substituted, quoted, so a rebuild can write to a shadow table).
+    Sql {
+        statement: String,
+        target: Option<QualifiedName>,
+    },
+    /// `table`: a state projection, the version-guarded upsert walfold generates.
+    Table {
+        table: QualifiedName,
+        key: String,
+        version_column: String,
+        columns: BTreeMap<String, String>,
+    },
+    /// Written in Rust (`Pipeline::with_projection`); `target` names its table for
+    /// rebuilds (see `Projection::for_table`).
+    Code { target: Option<QualifiedName> },
+}
+
+/// A `sql` or `table` projection's statement, compiled for one table.
+#[derive(Debug, Clone)]
+pub enum Statement {
     Sql(Template),
     Table(Box<TableProjection>),
 }
@@ -417,76 +663,67 @@ pub struct TableProjection {
     pub template: Template,
 }
 
-impl ProjectionConfig {
-    /// Options for a projection written in Rust, with the defaults of the TOML keys.
-    pub fn new(name: &str, subscriber: &str) -> ProjectionConfig {
+impl From<RawProjection> for ProjectionConfig {
+    fn from(raw: RawProjection) -> Self {
+        let mut unresolved = Vec::new();
+        let problems = &mut unresolved;
+        let dedup_retention = retention(
+            problems,
+            "dedup_retention",
+            raw.dedup_retention.as_deref(),
+            DEFAULT_DEDUP_RETENTION,
+        );
+        let drop_retired_after = retention(
+            problems,
+            "drop_retired_after",
+            raw.drop_retired_after.as_deref(),
+            DEFAULT_DROP_RETIRED_AFTER,
+        );
+        let gap_timeout = retention(
+            problems,
+            "gap_timeout",
+            raw.gap_timeout.as_deref(),
+            DEFAULT_GAP_TIMEOUT,
+        );
+        let kind = raw.kind().unwrap_or_else(|ps| {
+            unresolved.extend(ps);
+            ProjectionKind::Code { target: None }
+        });
         ProjectionConfig {
-            name: name.to_owned(),
-            subscriber: subscriber.to_owned(),
-            event_types: None,
-            aggregate_types: None,
-            sources: None,
-            sql: None,
-            table: None,
-            key: None,
-            version_column: None,
-            columns: None,
-            target: None,
-            dedup_retention: default_forever(),
-            rebuild_batch_size: default_rebuild_batch(),
-            drop_retired_after: default_forever(),
-            parallelism: default_parallelism(),
-            batch_size: default_projection_batch(),
-            max_attempts: default_max_attempts(),
-            retry_backoff_ms: default_retry_backoff(),
-            version_mode: VersionMode::default(),
-            first_version: default_first_version(),
-            gap_timeout: default_gap_timeout(),
-            database: None,
+            name: raw.name,
+            subscriber: raw.subscriber,
+            event_types: raw.event_types,
+            aggregate_types: raw.aggregate_types,
+            sources: raw.sources,
+            kind,
+            dedup_retention,
+            rebuild_batch_size: raw.rebuild_batch_size,
+            drop_retired_after,
+            parallelism: raw.parallelism,
+            batch_size: raw.batch_size,
+            max_attempts: raw.max_attempts,
+            retry_backoff_ms: raw.retry_backoff_ms,
+            version_mode: raw.version_mode,
+            first_version: raw.first_version,
+            gap_timeout,
+            database: raw.database,
+            unresolved,
         }
     }
+}
 
-    /// How long a strict projection's gap may stay open (`None`: forever); valid after
-    /// [`Config::validate`].
-    pub fn gap_timeout(&self) -> Option<std::time::Duration> {
-        crate::duration::parse_retention(&self.gap_timeout).unwrap_or(None)
+/// A problem under `key`, relative to the projection's entry.
+fn problem(key: &str, message: String) -> Problem {
+    Problem {
+        key: key.to_owned(),
+        message,
     }
+}
 
-    /// Compiles the projection's statement; `index` is its position, for error keys.
-    pub fn kind(&self, index: usize) -> Result<ProjectionKind, Vec<Problem>> {
-        self.kind_for(index, None)
-    }
-
-    /// The table this projection writes: `table`, or `target` of a `sql` projection.
-    pub fn storage(&self) -> Option<QualifiedName> {
-        self.table
-            .as_deref()
-            .or(self.target.as_deref())
-            .and_then(|t| QualifiedName::parse(t).ok())
-    }
-
-    /// The dedup claims' retention (`None`: forever); valid after [`Config::validate`].
-    pub fn dedup_retention(&self) -> Option<std::time::Duration> {
-        crate::duration::parse_retention(&self.dedup_retention).unwrap_or(None)
-    }
-
-    /// How long a retired table is kept after a switch-over (`None`: until `--finish`).
-    pub fn drop_retired_after(&self) -> Option<std::time::Duration> {
-        crate::duration::parse_retention(&self.drop_retired_after).unwrap_or(None)
-    }
-
-    /// Compiles the projection's statement writing to `storage` instead of its own table
-    /// (a rebuild's shadow table) when given.
-    pub fn kind_for(
-        &self,
-        index: usize,
-        storage: Option<&QualifiedName>,
-    ) -> Result<ProjectionKind, Vec<Problem>> {
-        let key = |k: &str| format!("projection[{index}].{k}");
-        let problem = |k: &str, m: String| Problem {
-            key: key(k),
-            message: m,
-        };
+impl RawProjection {
+    /// Reconciles `sql`, `table`, `key`, `version_column`, `columns` and `target` into
+    /// what the projection does, and compiles it once to report what cannot compile.
+    fn kind(&self) -> Result<ProjectionKind, Vec<Problem>> {
         match (&self.sql, &self.table) {
             (Some(_), Some(_)) => Err(vec![problem(
                 "sql",
@@ -496,133 +733,216 @@ impl ProjectionConfig {
                 "sql",
                 "missing: set `sql` (a statement) or `table` (a state projection)".into(),
             )]),
-            (Some(sql), None) => {
-                let mut problems = Vec::new();
-                let in_code = |table: &QualifiedName| {
-                    Template::replace_in_code(sql, "{table}", &table.quoted())
-                        .map_err(|e| vec![problem("sql", e.to_string())])
-                };
-                let names_table = match Template::replace_in_code(sql, "{table}", "") {
-                    Ok(without) => without != *sql,
-                    Err(e) => return Err(vec![problem("sql", e.to_string())]),
-                };
-                let sql = match (&self.target, names_table) {
-                    (Some(t), true) => match (storage, QualifiedName::parse(t)) {
-                        (Some(s), _) => in_code(s)?,
-                        (None, Ok(t)) => in_code(&t)?,
-                        (None, Err(m)) => return Err(vec![problem("target", m)]),
-                    },
-                    (Some(_), false) => {
-                        return Err(vec![problem(
-                            "sql",
-                            "write `{table}` where the statement names its `target` table".into(),
-                        )])
-                    }
-                    (None, true) => {
-                        return Err(vec![problem(
-                            "target",
-                            "missing: `sql` names `{table}`; set `target` to that table".into(),
-                        )])
-                    }
-                    (None, false) => sql.clone(),
-                };
-                let sql = &sql;
-                for k in ["key", "version_column", "columns"] {
-                    let set = match k {
-                        "key" => self.key.is_some(),
-                        "version_column" => self.version_column.is_some(),
-                        _ => self.columns.is_some(),
-                    };
-                    if set {
-                        problems.push(problem(k, "only used with `table` projections".into()));
-                    }
-                }
-                match Template::compile(sql) {
-                    Ok(t) if problems.is_empty() => Ok(ProjectionKind::Sql(t)),
-                    Ok(_) => Err(problems),
-                    Err(e) => {
-                        problems.push(problem("sql", e.to_string()));
-                        Err(problems)
-                    }
-                }
-            }
+            (Some(sql), None) => self.sql_kind(sql),
             (None, Some(_)) if self.target.is_some() => Err(vec![problem(
                 "target",
                 "only used with `sql` projections (a `table` projection writes `table`)".into(),
             )]),
-            (None, Some(table)) => {
-                let table = storage.map_or_else(|| table.clone(), ToString::to_string);
-                self.table_kind(&table, index)
+            (None, Some(table)) => self.table_kind(table),
+        }
+    }
+
+    fn sql_kind(&self, sql: &str) -> Result<ProjectionKind, Vec<Problem>> {
+        let names_table = match Template::replace_in_code(sql, "{table}", "") {
+            Ok(without) => without != sql,
+            Err(e) => return Err(vec![problem("sql", e.to_string())]),
+        };
+        let target = match (&self.target, names_table) {
+            (Some(t), true) => {
+                Some(QualifiedName::parse(t).map_err(|m| vec![problem("target", m)])?)
+            }
+            (Some(_), false) => {
+                return Err(vec![problem(
+                    "sql",
+                    "write `{table}` where the statement names its `target` table".into(),
+                )])
+            }
+            (None, true) => {
+                return Err(vec![problem(
+                    "target",
+                    "missing: `sql` names `{table}`; set `target` to that table".into(),
+                )])
+            }
+            (None, false) => None,
+        };
+        let mut problems = Vec::new();
+        for (k, set) in [
+            ("key", self.key.is_some()),
+            ("version_column", self.version_column.is_some()),
+            ("columns", self.columns.is_some()),
+        ] {
+            if set {
+                problems.push(problem(k, "only used with `table` projections".into()));
+            }
+        }
+        let kind = ProjectionKind::Sql {
+            statement: sql.to_owned(),
+            target,
+        };
+        match kind.compile(None) {
+            Ok(_) if problems.is_empty() => Ok(kind),
+            Ok(_) => Err(problems),
+            Err(ps) => {
+                problems.extend(ps);
+                Err(problems)
             }
         }
     }
 
-    fn table_kind(&self, table: &str, index: usize) -> Result<ProjectionKind, Vec<Problem>> {
-        let key = |k: &str| format!("projection[{index}].{k}");
+    fn table_kind(&self, table: &str) -> Result<ProjectionKind, Vec<Problem>> {
         let mut problems = Vec::new();
         let name = match QualifiedName::parse(table) {
             Ok(n) => Some(n),
             Err(m) => {
-                problems.push(Problem {
-                    key: key("table"),
-                    message: m,
-                });
+                problems.push(problem("table", m));
                 None
             }
         };
         let mut column = |k: &str, v: &Option<String>| match v {
             None => {
-                problems.push(Problem {
-                    key: key(k),
-                    message: "missing: required for `table` projections".into(),
-                });
+                problems.push(problem(
+                    k,
+                    "missing: required for `table` projections".into(),
+                ));
                 None
             }
             Some(c) if !is_identifier(c) => {
-                problems.push(Problem {
-                    key: key(k),
-                    message: format!("`{c}` is not a valid column name: {IDENTIFIER_RULE}"),
-                });
+                problems.push(problem(
+                    k,
+                    format!("`{c}` is not a valid column name: {IDENTIFIER_RULE}"),
+                ));
                 None
             }
             Some(c) => Some(c.clone()),
         };
-        let key_col = column("key", &self.key);
-        let version_col = column("version_column", &self.version_column);
+        let key = column("key", &self.key);
+        let version_column = column("version_column", &self.version_column);
         let columns = self.columns.clone().unwrap_or_default();
         for (col, expr) in &columns {
             if !is_identifier(col) {
-                problems.push(Problem {
-                    key: key(&format!("columns.{col}")),
-                    message: format!("not a valid column name: {IDENTIFIER_RULE}"),
-                });
+                problems.push(problem(
+                    &format!("columns.{col}"),
+                    format!("not a valid column name: {IDENTIFIER_RULE}"),
+                ));
             }
             if let Err(e) = Template::compile(expr) {
-                problems.push(Problem {
-                    key: key(&format!("columns.{col}")),
-                    message: e.to_string(),
-                });
+                problems.push(problem(&format!("columns.{col}"), e.to_string()));
             }
         }
-        let (Some(name), Some(key_col), Some(version_col)) = (name, key_col, version_col) else {
+        let (Some(table), Some(key), Some(version_column)) = (name, key, version_column) else {
             return Err(problems);
         };
         if !problems.is_empty() {
             return Err(problems);
         }
-        let upsert = Upsert::new(&name, &key_col, &version_col, &columns);
-        match Template::compile(&upsert.one()) {
-            Ok(template) => Ok(ProjectionKind::Table(Box::new(TableProjection {
-                table: name,
-                key: key_col,
-                version_column: version_col,
-                upsert,
-                template,
-            }))),
-            Err(e) => Err(vec![Problem {
-                key: key("columns"),
-                message: e.to_string(),
-            }]),
+        let kind = ProjectionKind::Table {
+            table,
+            key,
+            version_column,
+            columns,
+        };
+        kind.compile(None)?;
+        Ok(kind)
+    }
+}
+
+impl ProjectionKind {
+    /// The statement, writing to `storage` instead of the projection's own table when
+    /// given (a rebuild's shadow table); problems' keys are within the entry.
+    fn compile(&self, storage: Option<&QualifiedName>) -> Result<Statement, Vec<Problem>> {
+        match self {
+            ProjectionKind::Sql { statement, target } => {
+                let sql = match storage.or(target.as_ref()) {
+                    Some(table) if target.is_some() => {
+                        Template::replace_in_code(statement, "{table}", &table.quoted())
+                            .map_err(|e| vec![problem("sql", e.to_string())])?
+                    }
+                    _ => statement.clone(),
+                };
+                Template::compile(&sql)
+                    .map(Statement::Sql)
+                    .map_err(|e| vec![problem("sql", e.to_string())])
+            }
+            ProjectionKind::Table {
+                table,
+                key,
+                version_column,
+                columns,
+            } => {
+                let table = storage.unwrap_or(table);
+                let upsert = Upsert::new(table, key, version_column, columns);
+                match Template::compile(&upsert.one()) {
+                    Ok(template) => Ok(Statement::Table(Box::new(TableProjection {
+                        table: table.clone(),
+                        key: key.clone(),
+                        version_column: version_column.clone(),
+                        upsert,
+                        template,
+                    }))),
+                    Err(e) => Err(vec![problem("columns", e.to_string())]),
+                }
+            }
+            ProjectionKind::Code { .. } => Err(vec![problem(
+                "sql",
+                "a projection written in Rust has no statement to compile".into(),
+            )]),
+        }
+    }
+}
+
+impl ProjectionConfig {
+    /// Options for a projection written in Rust, with the defaults of the TOML keys.
+    pub fn new(name: &str, subscriber: &str) -> ProjectionConfig {
+        ProjectionConfig {
+            name: name.to_owned(),
+            subscriber: subscriber.to_owned(),
+            event_types: None,
+            aggregate_types: None,
+            sources: None,
+            kind: ProjectionKind::Code { target: None },
+            dedup_retention: DEFAULT_DEDUP_RETENTION,
+            rebuild_batch_size: DEFAULT_REBUILD_BATCH_SIZE,
+            drop_retired_after: DEFAULT_DROP_RETIRED_AFTER,
+            parallelism: DEFAULT_PARALLELISM,
+            batch_size: DEFAULT_BATCH_SIZE,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retry_backoff_ms: DEFAULT_RETRY_BACKOFF_MS,
+            version_mode: VersionMode::default(),
+            first_version: DEFAULT_FIRST_VERSION,
+            gap_timeout: DEFAULT_GAP_TIMEOUT,
+            database: None,
+            unresolved: Vec::new(),
+        }
+    }
+
+    /// Compiles the projection's statement; `index` is its position, for error keys.
+    pub fn statement(&self, index: usize) -> Result<Statement, Vec<Problem>> {
+        self.statement_for(index, None)
+    }
+
+    /// Compiles the projection's statement writing to `storage` instead of its own table
+    /// (a rebuild's shadow table) when given.
+    pub fn statement_for(
+        &self,
+        index: usize,
+        storage: Option<&QualifiedName>,
+    ) -> Result<Statement, Vec<Problem>> {
+        self.kind.compile(storage).map_err(|ps| {
+            ps.into_iter()
+                .map(|p| Problem {
+                    key: format!("projection[{index}].{}", p.key),
+                    message: p.message,
+                })
+                .collect()
+        })
+    }
+
+    /// The table this projection writes: `table`, or `target` of a `sql` (or Rust)
+    /// projection.
+    pub fn storage(&self) -> Option<QualifiedName> {
+        match &self.kind {
+            ProjectionKind::Table { table, .. } => Some(table.clone()),
+            ProjectionKind::Sql { target, .. } | ProjectionKind::Code { target } => target.clone(),
         }
     }
 }
@@ -857,19 +1177,8 @@ impl Config {
                     "must be between 1 and 100000".into(),
                 );
             }
-            for (k, v) in [
-                ("dedup_retention", &proj.dedup_retention),
-                ("drop_retired_after", &proj.drop_retired_after),
-                ("gap_timeout", &proj.gap_timeout),
-            ] {
-                if let Err(m) = crate::duration::parse_retention(v) {
-                    push(&key(k), m);
-                }
-            }
-            if let Err(ps) = proj.kind(i) {
-                for p in ps {
-                    push(&p.key, p.message);
-                }
+            for p in &proj.unresolved {
+                push(&key(&p.key), p.message.clone());
             }
         }
         if let Some(listen) = &self.metrics.listen {
@@ -880,8 +1189,8 @@ impl Config {
                 );
             }
         }
-        if let Err(m) = crate::duration::parse_retention(&self.retention.event_log) {
-            push("retention.event_log", m);
+        for p in &self.retention.unresolved {
+            push(&format!("retention.{}", p.key), p.message.clone());
         }
         if !(1..=1_000_000).contains(&self.retention.prune_batch_size) {
             push(
@@ -1205,98 +1514,4 @@ where
         }
     }
     d.deserialize_any(OneOrMany)
-}
-
-/// The name of a source that has none (a single `[source]`).
-pub const DEFAULT_SOURCE: &str = "default";
-
-fn default_source_name() -> String {
-    DEFAULT_SOURCE.into()
-}
-fn default_slot() -> String {
-    "walfold".into()
-}
-fn default_heartbeat() -> u64 {
-    10
-}
-fn default_publication() -> String {
-    "walfold_outbox".into()
-}
-fn default_schema() -> String {
-    "walfold".into()
-}
-fn col_id() -> String {
-    "id".into()
-}
-fn col_aggregate_type() -> String {
-    "aggregate_type".into()
-}
-fn col_aggregate_id() -> String {
-    "aggregate_id".into()
-}
-fn col_event_type() -> String {
-    "event_type".into()
-}
-fn col_version() -> String {
-    "version".into()
-}
-fn col_payload() -> String {
-    "payload".into()
-}
-fn col_headers() -> String {
-    "headers".into()
-}
-fn col_occurred_at() -> String {
-    "occurred_at".into()
-}
-fn default_append_batch() -> usize {
-    2000
-}
-fn default_channel() -> usize {
-    2_000
-}
-fn default_linger() -> u64 {
-    0
-}
-fn default_max_backoff() -> u64 {
-    30_000
-}
-fn default_shutdown() -> u64 {
-    30
-}
-fn default_level() -> String {
-    "info".into()
-}
-fn default_ready_lag() -> u64 {
-    60
-}
-fn default_forever() -> String {
-    "forever".into()
-}
-fn default_prune_interval() -> u64 {
-    300
-}
-fn default_prune_batch() -> i64 {
-    5_000
-}
-fn default_rebuild_batch() -> usize {
-    5_000
-}
-fn default_parallelism() -> u32 {
-    1
-}
-fn default_projection_batch() -> usize {
-    500
-}
-fn default_max_attempts() -> u32 {
-    5
-}
-fn default_first_version() -> i64 {
-    1
-}
-fn default_gap_timeout() -> String {
-    "10m".into()
-}
-fn default_retry_backoff() -> u64 {
-    200
 }

@@ -1,6 +1,6 @@
 //! The config contract: the example parses, overrides apply, and every mistake names its key.
 
-use walfold_config::{Config, ConfigError, ProjectionKind};
+use walfold_config::{Config, ConfigError, ProjectionKind, Retention, Statement};
 
 const MINIMAL: &str = r#"
 [source]
@@ -41,7 +41,7 @@ fn the_shipped_examples_parse() {
         let config = Config::from_toml(&text, vec![]).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!(config.projection.len(), projections, "{file}");
         for (i, p) in config.projection.iter().enumerate() {
-            p.kind(i).unwrap();
+            p.statement(i).unwrap();
         }
     }
 }
@@ -53,9 +53,10 @@ fn defaults_fill_the_outbox_mapping_and_target() {
     assert_eq!(c.outbox[0].aggregate_id, "aggregate_id");
     assert_eq!(c.target.schema, "walfold");
     assert_eq!(c.target_url(), c.source().url);
+    assert!(matches!(c.projection[0].kind, ProjectionKind::Sql { .. }));
     assert!(matches!(
-        c.projection[0].kind(0),
-        Ok(ProjectionKind::Sql(_))
+        c.projection[0].statement(0),
+        Ok(Statement::Sql(_))
     ));
 }
 
@@ -154,8 +155,8 @@ parallelism = 0
 fn defaults_for_log_and_retention_are_usable() {
     let c = Config::from_toml(MINIMAL, vec![]).unwrap();
     assert_eq!(c.log.level, "info", "no [log] section still logs");
-    assert_eq!(c.retention.event_log(), None);
-    assert_eq!(c.projection[0].dedup_retention(), None);
+    assert_eq!(c.retention.event_log, Retention::Forever);
+    assert_eq!(c.projection[0].dedup_retention, Retention::Forever);
     assert_eq!(c.projection[0].rebuild_batch_size, 5000);
     let c = Config::from_toml(
         &MINIMAL.replace(
@@ -166,12 +167,12 @@ fn defaults_for_log_and_retention_are_usable() {
     )
     .unwrap();
     assert_eq!(
-        c.retention.event_log(),
-        Some(std::time::Duration::from_secs(90 * 86_400))
+        c.retention.event_log,
+        Retention::After(std::time::Duration::from_secs(90 * 86_400))
     );
     assert_eq!(
-        c.projection[0].dedup_retention(),
-        Some(std::time::Duration::from_secs(12 * 3_600))
+        c.projection[0].dedup_retention,
+        Retention::After(std::time::Duration::from_secs(12 * 3_600))
     );
 }
 
@@ -186,15 +187,16 @@ fn a_sql_projection_names_its_target_as_table() {
     };
     let c = Config::from_toml(&with("target = \"app.status\""), vec![]).unwrap();
     let shadow = walfold_config::QualifiedName::parse("app.status__rebuild").unwrap();
-    let sql_of = |k: ProjectionKind| match k {
-        ProjectionKind::Sql(t) => t.sql,
-        ProjectionKind::Table(t) => t.template.sql,
+    let sql_of = |k: Statement| match k {
+        Statement::Sql(t) => t.sql,
+        Statement::Table(t) => t.template.sql,
     };
+    assert!(sql_of(c.projection[0].statement(0).unwrap())
+        .contains("insert into \"app\".\"status\" values"));
     assert!(
-        sql_of(c.projection[0].kind(0).unwrap()).contains("insert into \"app\".\"status\" values")
+        sql_of(c.projection[0].statement_for(0, Some(&shadow)).unwrap())
+            .contains("insert into \"app\".\"status__rebuild\" values")
     );
-    assert!(sql_of(c.projection[0].kind_for(0, Some(&shadow)).unwrap())
-        .contains("insert into \"app\".\"status__rebuild\" values"));
     assert_eq!(
         c.projection[0].storage().map(|t| t.to_string()).as_deref(),
         Some("app.status")
@@ -280,15 +282,18 @@ fn strict_projections_name_their_mode_and_a_valid_gap_timeout() {
     let p = &c.projection[0];
     assert_eq!(p.version_mode, walfold_config::VersionMode::Strict);
     assert_eq!(p.first_version, 0);
-    assert_eq!(p.gap_timeout(), Some(std::time::Duration::from_secs(90)));
+    assert_eq!(
+        p.gap_timeout,
+        Retention::After(std::time::Duration::from_secs(90))
+    );
     let defaults = Config::from_toml(MINIMAL, vec![]).unwrap();
     assert_eq!(
         defaults.projection[0].version_mode,
         walfold_config::VersionMode::Guard
     );
     assert_eq!(
-        defaults.projection[0].gap_timeout(),
-        Some(std::time::Duration::from_secs(600))
+        defaults.projection[0].gap_timeout,
+        Retention::After(std::time::Duration::from_secs(600))
     );
     let bad = format!("{MINIMAL}version_mode = \"exact\"\n");
     assert!(

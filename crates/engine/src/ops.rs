@@ -74,8 +74,8 @@ pub async fn start_rebuild(
 }
 
 /// [`start_rebuild`] for any projection's options, e.g. a Rust projection added with
-/// `Pipeline::with_projection` (its `target` names the table; it must implement
-/// [`crate::Projection::for_table`]).
+/// `Pipeline::with_projection` (the `target` of its `ProjectionKind::Code` names the
+/// table; it must implement [`crate::Projection::for_table`]).
 pub async fn start_rebuild_with(
     config: &Config,
     options: &ProjectionConfig,
@@ -304,7 +304,7 @@ async fn policy(
         let active = walfold_store::active_subscriber(client, schema, &p.name, &p.subscriber)
             .await
             .map_err(EngineError::store("resolving the active subscriber"))?;
-        let Some(retention) = p.dedup_retention() else {
+        let Some(retention) = p.dedup_retention.after() else {
             continue;
         };
         claims.push((active, retention));
@@ -316,7 +316,7 @@ async fn policy(
         }
     }
     Ok(PrunePolicy {
-        event_log: config.retention.event_log(),
+        event_log: config.retention.event_log.after(),
         claims,
         batch: config.retention.prune_batch_size,
         held_elsewhere: None,

@@ -84,7 +84,7 @@ fn build(
         projection: options.name.clone(),
         message,
     };
-    let kind = options.kind_for(index, table).map_err(|problems| {
+    let statement = options.statement_for(index, table).map_err(|problems| {
         invalid(
             problems
                 .iter()
@@ -93,7 +93,7 @@ fn build(
                 .join("; "),
         )
     })?;
-    let projection = SqlProjection::new(&kind, schema).map_err(|e| invalid(e.to_string()))?;
+    let projection = SqlProjection::new(&statement, schema).map_err(|e| invalid(e.to_string()))?;
     Ok(Arc::new(projection))
 }
 
@@ -107,8 +107,8 @@ impl Pipeline {
     }
 
     /// Adds a projection written in Rust. `options` gives its name, subscriber, filters,
-    /// parallelism and batching (its `sql`/`table` are ignored; `target` names its table
-    /// for rebuilds, see [`Projection::for_table`]).
+    /// parallelism and batching; its `kind` is [`ProjectionKind::Code`](walfold_config::ProjectionKind::Code), whose `target` names
+    /// its table for rebuilds (see [`Projection::for_table`]).
     pub fn with_projection(
         mut self,
         options: ProjectionConfig,
@@ -626,7 +626,7 @@ async fn plan(
         .filter_map(|d| {
             Some(RetireAfter {
                 projection: d.options.name.clone(),
-                after: d.options.drop_retired_after()?,
+                after: d.options.drop_retired_after.after()?,
             })
         })
         .collect();

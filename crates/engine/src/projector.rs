@@ -1124,7 +1124,7 @@ impl Partition {
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let timeout = self.options.gap_timeout();
+        let timeout = self.options.gap_timeout.after();
         for gap in gaps
             .into_iter()
             .filter(|g| self.owns(&g.aggregate_type, &g.aggregate_id))

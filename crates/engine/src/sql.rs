@@ -30,7 +30,7 @@ use serde_json::Value;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
-use walfold_config::{ParamType, Placeholder, ProjectionKind, Template, Upsert};
+use walfold_config::{ParamType, Placeholder, Statement, Template, Upsert};
 use walfold_event::Event;
 
 use crate::error::ProjectionError;
@@ -84,10 +84,10 @@ const VAR: &str = "walfold_v";
 
 impl SqlProjection {
     /// Compiles the projection's functions for walfold's `schema`.
-    pub fn new(kind: &ProjectionKind, schema: &str) -> Result<SqlProjection, ProjectionError> {
-        let (template, upsert) = match kind {
-            ProjectionKind::Sql(t) => (t, None),
-            ProjectionKind::Table(t) => (&t.template, Some(t.upsert.clone())),
+    pub fn new(statement: &Statement, schema: &str) -> Result<SqlProjection, ProjectionError> {
+        let (template, upsert) = match statement {
+            Statement::Sql(t) => (t, None),
+            Statement::Table(t) => (&t.template, Some(t.upsert.clone())),
         };
         let compiled = Template::compile_with(&template.source, |n| format!("{VAR}{n}"))
             .map_err(|e| ProjectionError::Invalid(e.to_string()))?;
@@ -666,7 +666,7 @@ mod tests {
             "insert into t values (:aggregate_id, ':payload.x', :payload.amount::numeric)",
         )
         .unwrap();
-        let p = SqlProjection::new(&ProjectionKind::Sql(t), "walfold").unwrap();
+        let p = SqlProjection::new(&Statement::Sql(t), "walfold").unwrap();
         let plain = &p.variants[0];
         assert!(
             plain
@@ -688,7 +688,7 @@ mod tests {
         assert_eq!(p.call_types.len(), 3);
         assert!(matches!(p.installed(), Err(ProjectionError::NotInstalled)));
         let select = Template::compile("select pg_notify('x', :event_type) -- trailing").unwrap();
-        let p = SqlProjection::new(&ProjectionKind::Sql(select), "walfold").unwrap();
+        let p = SqlProjection::new(&Statement::Sql(select), "walfold").unwrap();
         assert!(
             p.variants[1].ddl.contains(
                 "with walfold_q as (\nselect pg_notify('x', walfold_v1) -- trailing\n) select count(*) into walfold_rows"

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 use uuid::Uuid;
-use walfold_config::{ProjectionConfig, ProjectionKind};
+use walfold_config::{ProjectionConfig, ProjectionKind, QualifiedName, Statement};
 use walfold_engine::{Applied, Event, Projection, SqlProjection};
 use walfold_event::{ErrorKind, Lsn};
 use walfold_tempdb::Cluster;
@@ -15,17 +15,19 @@ const TABLE: &str = "(order_id text primary key, status text, note text, version
 
 fn projection(table: &str, columns: &[(&str, &str)]) -> SqlProjection {
     let mut options = ProjectionConfig::new("state", "state.v1");
-    options.table = Some(table.to_owned());
-    options.key = Some("order_id".to_owned());
-    options.version_column = Some("version".to_owned());
     let columns: BTreeMap<String, String> = columns
         .iter()
         .map(|(c, e)| ((*c).to_owned(), (*e).to_owned()))
         .collect();
-    options.columns = Some(columns);
-    let kind = options.kind(0).expect("a table projection");
-    assert!(matches!(kind, ProjectionKind::Table(_)));
-    SqlProjection::new(&kind, "walfold").expect("compiles")
+    options.kind = ProjectionKind::Table {
+        table: QualifiedName::parse(table).expect("a table name"),
+        key: "order_id".to_owned(),
+        version_column: "version".to_owned(),
+        columns,
+    };
+    let statement = options.statement(0).expect("a table projection");
+    assert!(matches!(statement, Statement::Table(_)));
+    SqlProjection::new(&statement, "walfold").expect("compiles")
 }
 
 fn event(seq: i64, order: &str, version: i64, status: &str, note: &str) -> Event {

@@ -13,24 +13,26 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 use uuid::Uuid;
-use walfold_config::{ProjectionConfig, ProjectionKind};
+use walfold_config::{ProjectionConfig, ProjectionKind, QualifiedName, Statement};
 use walfold_engine::{Applied, Event, Projection, SqlProjection};
 use walfold_event::Lsn;
 use walfold_tempdb::Cluster;
 
 fn projection(table: &str, key: &str, columns: &[(&str, String)]) -> SqlProjection {
     let mut options = ProjectionConfig::new("state", "state.v1");
-    options.table = Some(table.to_owned());
-    options.key = Some(key.to_owned());
-    options.version_column = Some("version".to_owned());
     let columns: BTreeMap<String, String> = columns
         .iter()
         .map(|(c, e)| ((*c).to_owned(), e.clone()))
         .collect();
-    options.columns = Some(columns);
-    let kind = options.kind(0).expect("a table projection");
-    assert!(matches!(kind, ProjectionKind::Table(_)));
-    SqlProjection::new(&kind, "walfold").expect("compiles")
+    options.kind = ProjectionKind::Table {
+        table: QualifiedName::parse(table).expect("a table name"),
+        key: key.to_owned(),
+        version_column: "version".to_owned(),
+        columns,
+    };
+    let statement = options.statement(0).expect("a table projection");
+    assert!(matches!(statement, Statement::Table(_)));
+    SqlProjection::new(&statement, "walfold").expect("compiles")
 }
 
 fn ev(seq: i64, id: &str, version: i64, payload: Value) -> Event {
@@ -1017,15 +1019,21 @@ async fn quoted_mixed_case_names() {
     let mut client = walfold_store::connect(&cluster.url(&db)).await.unwrap();
     let mk = |t: &str| {
         let mut options = ProjectionConfig::new("state", "state.v1");
-        options.table = Some(t.to_owned());
-        options.key = Some("OrderId".to_owned());
-        options.version_column = Some("version".to_owned());
-        options.columns = Some(BTreeMap::from([(
-            "Status".to_owned(),
-            ":payload.status".to_owned(),
-        )]));
-        match options.kind(0) {
-            Ok(kind) => Some(SqlProjection::new(&kind, "walfold").unwrap()),
+        let table = match QualifiedName::parse(t) {
+            Ok(table) => table,
+            Err(e) => {
+                eprintln!("  config refuses {t}: {e:?}");
+                return None;
+            }
+        };
+        options.kind = ProjectionKind::Table {
+            table,
+            key: "OrderId".to_owned(),
+            version_column: "version".to_owned(),
+            columns: BTreeMap::from([("Status".to_owned(), ":payload.status".to_owned())]),
+        };
+        match options.statement(0) {
+            Ok(statement) => Some(SqlProjection::new(&statement, "walfold").unwrap()),
             Err(e) => {
                 eprintln!("  config refuses {t}: {e:?}");
                 None

@@ -433,7 +433,7 @@ impl Subscriber {
         }
         let guarded = projection
             .as_ref()
-            .is_some_and(|p| matches!(p.kind(0), Ok(ProjectionKind::Table(_))));
+            .is_some_and(|p| matches!(p.kind, ProjectionKind::Table { .. }));
         Ok(Subscriber {
             id: id.to_owned(),
             projection,

@@ -1,0 +1,80 @@
+//! Every default of a config key, in one place: the values the README's tables state.
+
+use std::time::Duration;
+
+use crate::duration::Retention;
+
+/// The name of a source that has none (a single `[source]`).
+pub const DEFAULT_SOURCE: &str = "default";
+pub const DEFAULT_SLOT: &str = "walfold";
+pub const DEFAULT_PUBLICATION: &str = "walfold_outbox";
+pub const DEFAULT_HEARTBEAT_INTERVAL_S: u64 = 10;
+pub const DEFAULT_SCHEMA: &str = "walfold";
+/// An outbox's columns (or JSON keys) default to the names of their keys.
+pub const DEFAULT_ID: &str = "id";
+pub const DEFAULT_AGGREGATE_TYPE: &str = "aggregate_type";
+pub const DEFAULT_AGGREGATE_ID: &str = "aggregate_id";
+pub const DEFAULT_EVENT_TYPE: &str = "event_type";
+pub const DEFAULT_VERSION: &str = "version";
+pub const DEFAULT_PAYLOAD: &str = "payload";
+pub const DEFAULT_HEADERS: &str = "headers";
+pub const DEFAULT_OCCURRED_AT: &str = "occurred_at";
+pub const DEFAULT_APPEND_BATCH_SIZE: usize = 2_000;
+pub const DEFAULT_CHANNEL_CAPACITY: usize = 2_000;
+pub const DEFAULT_APPEND_LINGER_MS: u64 = 0;
+pub const DEFAULT_MAX_BACKOFF_MS: u64 = 30_000;
+pub const DEFAULT_SHUTDOWN_TIMEOUT_S: u64 = 30;
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+pub const DEFAULT_READY_MAX_LAG_S: u64 = 60;
+pub const DEFAULT_EVENT_LOG_RETENTION: Retention = Retention::Forever;
+pub const DEFAULT_PRUNE_INTERVAL_S: u64 = 300;
+pub const DEFAULT_PRUNE_BATCH_SIZE: i64 = 5_000;
+pub const DEFAULT_DEDUP_RETENTION: Retention = Retention::Forever;
+pub const DEFAULT_REBUILD_BATCH_SIZE: usize = 5_000;
+pub const DEFAULT_DROP_RETIRED_AFTER: Retention = Retention::Forever;
+pub const DEFAULT_PARALLELISM: u32 = 1;
+pub const DEFAULT_BATCH_SIZE: usize = 500;
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 200;
+pub const DEFAULT_FIRST_VERSION: i64 = 1;
+pub const DEFAULT_GAP_TIMEOUT: Retention = Retention::After(Duration::from_secs(10 * 60));
+
+/// serde's `default = "…"` names a function, not a constant: one per constant above.
+macro_rules! serde_defaults {
+    ($($f:ident -> $t:ty = $c:ident;)*) => {
+        $(pub(crate) fn $f() -> $t {
+            $c.into()
+        })*
+    };
+}
+
+serde_defaults! {
+    source_name -> String = DEFAULT_SOURCE;
+    slot -> String = DEFAULT_SLOT;
+    publication -> String = DEFAULT_PUBLICATION;
+    heartbeat_interval_s -> u64 = DEFAULT_HEARTBEAT_INTERVAL_S;
+    schema -> String = DEFAULT_SCHEMA;
+    id -> String = DEFAULT_ID;
+    aggregate_type -> String = DEFAULT_AGGREGATE_TYPE;
+    aggregate_id -> String = DEFAULT_AGGREGATE_ID;
+    event_type -> String = DEFAULT_EVENT_TYPE;
+    version -> String = DEFAULT_VERSION;
+    payload -> String = DEFAULT_PAYLOAD;
+    headers -> String = DEFAULT_HEADERS;
+    occurred_at -> String = DEFAULT_OCCURRED_AT;
+    append_batch_size -> usize = DEFAULT_APPEND_BATCH_SIZE;
+    channel_capacity -> usize = DEFAULT_CHANNEL_CAPACITY;
+    append_linger_ms -> u64 = DEFAULT_APPEND_LINGER_MS;
+    max_backoff_ms -> u64 = DEFAULT_MAX_BACKOFF_MS;
+    shutdown_timeout_s -> u64 = DEFAULT_SHUTDOWN_TIMEOUT_S;
+    log_level -> String = DEFAULT_LOG_LEVEL;
+    ready_max_lag_s -> u64 = DEFAULT_READY_MAX_LAG_S;
+    prune_interval_s -> u64 = DEFAULT_PRUNE_INTERVAL_S;
+    prune_batch_size -> i64 = DEFAULT_PRUNE_BATCH_SIZE;
+    rebuild_batch_size -> usize = DEFAULT_REBUILD_BATCH_SIZE;
+    parallelism -> u32 = DEFAULT_PARALLELISM;
+    batch_size -> usize = DEFAULT_BATCH_SIZE;
+    max_attempts -> u32 = DEFAULT_MAX_ATTEMPTS;
+    retry_backoff_ms -> u64 = DEFAULT_RETRY_BACKOFF_MS;
+    first_version -> i64 = DEFAULT_FIRST_VERSION;
+}
