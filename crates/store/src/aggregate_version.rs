@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use tokio_postgres::GenericClient;
 
 use crate::error::StoreError;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// (aggregate_type, aggregate_id)
 pub type AggregateRef = (String, String);
@@ -33,7 +33,7 @@ pub async fn applied_versions(
                  from unnest($2::text[], $3::text[]) as a(t, i) \
                  join {s}.aggregate_version v on v.subscriber_id = $1 \
                    and v.aggregate_key = {s}.aggregate_key(a.t, a.i)",
-                s = q(schema)
+                s = quote_ident(schema)
             ),
             &[&subscriber, &types, &ids],
         )
@@ -64,7 +64,7 @@ pub async fn record_versions(
              select $1, t, i, n from unnest($2::text[], $3::text[], $4::int8[]) as a(t, i, n) \
              on conflict (subscriber_id, aggregate_key) do update \
              set version = excluded.version, updated_at = now()",
-            q(schema)
+            quote_ident(schema)
         ),
         &[&subscriber, &types, &ids, &numbers],
     )
@@ -86,7 +86,7 @@ pub async fn ran_without_versions(
                 "select exists (select 1 from {s}.checkpoint where subscriber_id = $1 \
                    and applied + stale > 0) \
                  and not exists (select 1 from {s}.aggregate_version where subscriber_id = $1)",
-                s = q(schema)
+                s = quote_ident(schema)
             ),
             &[&subscriber],
         )

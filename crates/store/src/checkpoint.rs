@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use tokio_postgres::{Client, Statement, Transaction};
 
 use crate::error::StoreError;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// Advisory-lock class serializing checkpoint reconciles (`'walC'`).
 const CHECKPOINT_LOCK: i32 = 0x7761_6c43;
@@ -50,7 +50,7 @@ impl Checkpoints {
                  last_committed_at = coalesce(excluded.last_committed_at, c.last_committed_at), \
                  updated_at = now() \
                  where c.partitions = excluded.partitions",
-                s = q(schema)
+                s = quote_ident(schema)
             ))
             .await
             .map_err(StoreError::db("preparing checkpoint save"))?;
@@ -77,7 +77,7 @@ impl Checkpoints {
         partitions: u32,
         fence: &crate::leader::Fence,
     ) -> Result<(), StoreError> {
-        let s = q(schema);
+        let s = quote_ident(schema);
         let n = partitions as i32;
         let tx = client
             .transaction()
@@ -188,7 +188,7 @@ impl Checkpoints {
             .query_opt(
                 &format!(
                     "select position from {}.checkpoint where subscriber_id = $1 and partition = $2",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[&subscriber, &(partition as i32)],
             )

@@ -8,7 +8,7 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// The claim statement for `schema`; prepare it once per connection.
 pub fn claim_sql(schema: &str) -> String {
@@ -16,7 +16,7 @@ pub fn claim_sql(schema: &str) -> String {
         "insert into {}.processed_message (subscriber_id, message_id, processed_at) \
          select $1, id, now() from unnest($2::uuid[]) as claim(id) \
          on conflict do nothing returning message_id",
-        q(schema)
+        quote_ident(schema)
     )
 }
 
@@ -53,7 +53,7 @@ pub async fn unclaim(
     tx.execute(
         &format!(
             "delete from {}.processed_message where subscriber_id = $1 and message_id = any($2)",
-            q(schema)
+            quote_ident(schema)
         ),
         &[&subscriber, &ids],
     )

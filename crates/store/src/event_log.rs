@@ -16,7 +16,7 @@ use crate::error::StoreError;
 use crate::event::{partition_hash, Event, NewEvent};
 use crate::log_order::{LogOrder, Turn};
 use crate::lsn::Lsn;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// What one append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,7 +80,7 @@ impl EventLog {
         source: &str,
         order: std::sync::Arc<LogOrder>,
     ) -> Result<Self, StoreError> {
-        let s = q(schema);
+        let s = quote_ident(schema);
         // The slot is acknowledged after this connection's commits: they must be durable
         // whatever the server's or role's default.
         client
@@ -203,7 +203,7 @@ impl EventLog {
                 &format!(
                     "select slot, lsn from {}.ingest_position \
                      where source = $1 and slot <> $2 and lsn > '0/0' order by slot",
-                    q(&self.schema)
+                    quote_ident(&self.schema)
                 ),
                 &[&self.source, &self.slot],
             )
@@ -561,7 +561,7 @@ impl EventLog {
                 &format!(
                     "insert into {}.slot_gap (slot, reason, from_lsn) values ($1, $2, $3) \
                      on conflict (slot) where to_lsn is null do nothing",
-                    q(&self.schema)
+                    quote_ident(&self.schema)
                 ),
                 &[&self.slot, &reason, &from],
             )
@@ -574,7 +574,7 @@ impl EventLog {
     /// gap's start (a failover to a server that was behind), the ingest position moves
     /// back to `to` as well. Returns the closed gap's start.
     pub async fn close_gap(&mut self, to: Lsn) -> Result<Option<Lsn>, StoreError> {
-        let s = q(&self.schema);
+        let s = quote_ident(&self.schema);
         let to_pg: PgLsn = to.into();
         let tx = self
             .client
@@ -673,7 +673,7 @@ pub fn read_sql(schema: &str) -> String {
              and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
              and ($7::text[] is null or l.source = any($7::text[])) \
            order by l.seq limit $6) e on true",
-        s = q(schema)
+        s = quote_ident(schema)
     )
 }
 
@@ -769,7 +769,7 @@ pub async fn read_events(
                 "select seq, event_id, aggregate_type, aggregate_id, event_type, version, \
                  payload, headers, occurred_at, source_lsn, committed_at, source \
                  from {}.event_log where seq = any($1) order by seq",
-                q(schema)
+                quote_ident(schema)
             ),
             &[&seqs],
         )
@@ -785,7 +785,10 @@ pub async fn head(
 ) -> Result<i64, StoreError> {
     Ok(client
         .query_one(
-            &format!("select coalesce(max(seq), 0) from {}.event_log", q(schema)),
+            &format!(
+                "select coalesce(max(seq), 0) from {}.event_log",
+                quote_ident(schema)
+            ),
             &[],
         )
         .await

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connect::connect;
 use crate::error::StoreError;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// Advisory-lock class of the leader lock (`'walL'`); the key is the schema's hash.
 const LEADER_LOCK: i32 = 0x7761_6c4c;
@@ -141,7 +141,7 @@ fn fence_sql(schema: &str) -> String {
     format!(
         "select pg_try_advisory_xact_lock_shared($1, $2) \
          and exists (select 1 from {}.leader where epoch = $3)",
-        q(schema)
+        quote_ident(schema)
     )
 }
 
@@ -233,7 +233,7 @@ impl Leadership {
                 &format!(
                     "update {}.leader set epoch = epoch + 1, pid = pg_backend_pid(), \
                      acquired_at = now() returning epoch, hashtext($1)",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[&schema],
             )

@@ -21,6 +21,7 @@ mod pause;
 mod prune;
 pub mod rebuild;
 mod registry;
+mod schema;
 mod status;
 mod stored_enum;
 mod stream_stage;
@@ -55,6 +56,7 @@ pub use prune::{
 };
 pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};
+pub use schema::Schema;
 pub use status::{
     status, status_of, target_status, IngestStatus, PauseStatus, RebuildStatus, SlotStatus,
     SourceProbe, SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus,
@@ -63,8 +65,3 @@ pub use stored_enum::UnknownValue;
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;
 pub use tls::client_config as tls_client_config;
-
-/// Quotes an identifier (the configured schema) for SQL.
-pub(crate) fn q(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
-}

@@ -16,7 +16,7 @@ use tokio_postgres::Client;
 
 use crate::connect::connect;
 use crate::error::StoreError;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
 const APPENDER_LOCK: i32 = 0x7761_6c66;
@@ -77,7 +77,7 @@ impl LogOrder {
                     .query_one(
                         &format!(
                             "select coalesce(max(seq), 0) from {}.event_log",
-                            q(&self.schema)
+                            quote_ident(&self.schema)
                         ),
                         &[],
                     )

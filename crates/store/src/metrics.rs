@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use tokio_postgres::Client;
 
 use crate::error::StoreError;
-use crate::q;
+use walfold_config::quote_ident;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SubscriberLabel {
@@ -321,7 +321,7 @@ impl Metrics {
             .query_one(
                 "select greatest(reltuples, 0)::int8 from pg_class \
                  where oid = to_regclass($1)",
-                &[&format!("{}.event_log", q(schema))],
+                &[&format!("{}.event_log", quote_ident(schema))],
             )
             .await
             .map_err(StoreError::db("estimating event_log"))?

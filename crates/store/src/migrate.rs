@@ -10,7 +10,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, SqlSafeStr};
 
 use crate::error::StoreError;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// `(version, description, sql)`, in order. A test checks every file in `migrations/` is here.
 pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -99,7 +99,7 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
             source,
         })?
         // Quoted, so a mixed-case schema is not folded to lower case.
-        .options([("search_path", q(schema))])
+        .options([("search_path", quote_ident(schema))])
         .application_name("walfold-migrate")
         .disable_statement_logging();
     let mut conn = options
@@ -123,8 +123,8 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
             })
             .collect(),
     );
-    migrator.dangerous_set_table_name(format!("{}._sqlx_migrations", q(schema)));
-    migrator.create_schema(q(schema));
+    migrator.dangerous_set_table_name(format!("{}._sqlx_migrations", quote_ident(schema)));
+    migrator.create_schema(quote_ident(schema));
     // `run_direct` is sqlx's documented way around "Acquire is not general enough" when
     // the future must be Send (it runs inside a spawned task).
     migrator

@@ -6,7 +6,7 @@ use tokio_postgres::Client;
 
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::q;
+use walfold_config::quote_ident;
 
 /// Records (or updates) why `partition` of `subscriber` is paused; fenced, so a deposed
 /// leader cannot leave a pause behind that nothing would clear.
@@ -29,7 +29,7 @@ pub async fn record_pause(
             "insert into {}.projection_pause as p (subscriber_id, partition, sqlstate, error) \
                  values ($1, $2, $3, $4) on conflict (subscriber_id, partition) do update \
                  set sqlstate = excluded.sqlstate, error = excluded.error, updated_at = now()",
-            q(schema)
+            quote_ident(schema)
         ),
         &[&subscriber, &(partition as i32), &sqlstate, &error],
     )
@@ -52,9 +52,12 @@ pub async fn clear_pauses(
         .await
         .map_err(StoreError::db("clearing pauses"))?;
     fence.check(&tx).await?;
-    tx.execute(&format!("delete from {}.projection_pause", q(schema)), &[])
-        .await
-        .map_err(StoreError::db("clearing pauses"))?;
+    tx.execute(
+        &format!("delete from {}.projection_pause", quote_ident(schema)),
+        &[],
+    )
+    .await
+    .map_err(StoreError::db("clearing pauses"))?;
     tx.commit()
         .await
         .map_err(StoreError::db("clearing pauses"))?;
@@ -72,7 +75,7 @@ pub async fn clear_pause(
         .execute(
             &format!(
                 "delete from {}.projection_pause where subscriber_id = $1 and partition = $2",
-                q(schema)
+                quote_ident(schema)
             ),
             &[&subscriber, &(partition as i32)],
         )

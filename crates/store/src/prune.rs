@@ -22,8 +22,8 @@ use tokio_postgres::Client;
 use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::q;
 use crate::rebuild::RebuildState;
+use walfold_config::quote_ident;
 
 /// What to prune.
 #[derive(Debug, Clone)]
@@ -57,7 +57,7 @@ pub async fn prune(
     policy: &PrunePolicy,
     fence: Option<&Fence>,
 ) -> Result<Pruned, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let mut pruned = Pruned::default();
     let claims = format!(
         "delete from {s}.processed_message where ctid = any(array( \
@@ -122,7 +122,7 @@ pub async fn prune(
 /// The subscribers that hold events in the log: every projection's active one, and
 /// every rebuild's in progress.
 async fn holders(client: &Client, schema: &str) -> Result<Vec<String>, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     Ok(client
         .query(
             &format!(
@@ -144,7 +144,7 @@ async fn holders(client: &Client, schema: &str) -> Result<Vec<String>, StoreErro
 /// target's per-event one, which a join across databases cannot express). `None` when
 /// nothing there holds events.
 pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let holders = holders(client, schema).await?;
     let mut bound: Option<i64> = None;
     for subscriber in &holders {
@@ -184,7 +184,7 @@ pub async fn register_target(
     tx.execute(
         &format!(
             "insert into {}.target_hold (target, bound) values ($1, 0) on conflict do nothing",
-            q(schema)
+            quote_ident(schema)
         ),
         &[&target],
     )
@@ -207,7 +207,7 @@ pub async fn record_holds(
     configured: &[String],
     fence: Option<&Fence>,
 ) -> Result<(Option<i64>, Vec<(String, i64)>), StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let tx = client
         .transaction()
         .await
@@ -271,7 +271,7 @@ pub async fn prune_claims_elsewhere(
     policy: &PrunePolicy,
     fence: Option<&Fence>,
 ) -> Result<Pruned, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let mut pruned = Pruned::default();
     let claims = format!(
         "delete from {s}.processed_message where ctid = any(array( \
@@ -305,7 +305,7 @@ pub async fn prune_claims_elsewhere(
             .query(
                 &format!(
                     "select event_id from {}.event_log where seq > $1 and seq <= $2",
-                    q(log_schema)
+                    quote_ident(log_schema)
                 ),
                 &[&passed, &reached],
             )
@@ -366,7 +366,7 @@ async fn passed(client: &Client, schema: &str, subscriber: &str) -> Result<i64, 
             &format!(
                 "select count(*), coalesce(max(partitions), 0)::int8, coalesce(min(position), 0) \
                  from {}.checkpoint where subscriber_id = $1",
-                q(schema)
+                quote_ident(schema)
             ),
             &[&subscriber],
         )

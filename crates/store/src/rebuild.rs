@@ -12,8 +12,8 @@ use walfold_config::QualifiedName;
 use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::q;
 use crate::stored_enum::stored_enum;
+use walfold_config::quote_ident;
 
 stored_enum! {
     /// Where a rebuild is: the `rebuild.state` column, whose check constraint allows
@@ -141,7 +141,7 @@ async fn read_open(
             &format!(
                 "select {COLUMNS} from {}.rebuild \
                  where state = any($1) order by requested_at{lock}",
-                q(schema)
+                quote_ident(schema)
             ),
             &[&RebuildState::OPEN],
         )
@@ -161,7 +161,7 @@ pub async fn start(
     previous: &str,
     subscriber: &str,
 ) -> Result<Rebuild, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let shadow = sibling(live, "__rebuild")?;
     let retired = sibling(live, "__retired")?;
     let tx = client
@@ -280,7 +280,7 @@ pub async fn readiness(
     slack: i64,
     log_head: Option<i64>,
 ) -> Result<Readiness, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let row = client
         .query_one(
             &format!(
@@ -318,7 +318,7 @@ pub async fn switch(
     rebuild: &Rebuild,
     fence: &Fence,
 ) -> Result<bool, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let (live, shadow, retired) = (
         rebuild.live_table(),
         rebuild.shadow_table(),
@@ -399,7 +399,7 @@ pub async fn request_abort(
     schema: &str,
     projection: &str,
 ) -> Result<Rebuild, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let row = client
         .query_opt(
             &format!(
@@ -452,7 +452,7 @@ pub async fn abort(
     rebuild: &Rebuild,
     fence: &Fence,
 ) -> Result<(), StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let tx = client
         .transaction()
         .await
@@ -498,7 +498,7 @@ pub async fn finish(
     projection: &str,
     fence: Option<&Fence>,
 ) -> Result<Rebuild, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let tx = client
         .transaction()
         .await
@@ -553,7 +553,7 @@ async fn retire_subscriber(
     subscriber: &str,
     why: &str,
 ) -> Result<(), StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     for sql in [
         format!("delete from {s}.checkpoint where subscriber_id = $1 and $2::text is not null"),
         format!(
@@ -607,7 +607,7 @@ pub async fn forget_claims(
     let sql = format!(
         "delete from {s}.processed_message where ctid = any(array( \
          select ctid from {s}.processed_message where subscriber_id = $1 limit $2))",
-        s = q(schema)
+        s = quote_ident(schema)
     );
     let mut total = 0;
     loop {

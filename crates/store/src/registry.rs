@@ -6,8 +6,8 @@
 use tokio_postgres::Client;
 
 use crate::error::StoreError;
-use crate::q;
 use crate::rebuild::RebuildState;
+use walfold_config::quote_ident;
 
 /// The subscriber ID serving `projection` live, given the config's `configured` ID.
 pub async fn active_subscriber(
@@ -16,7 +16,7 @@ pub async fn active_subscriber(
     projection: &str,
     configured: &str,
 ) -> Result<String, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let tx = client
         .transaction()
         .await
@@ -94,7 +94,10 @@ pub async fn active_subscriber(
 pub async fn active_subscribers(client: &Client, schema: &str) -> Result<Vec<String>, StoreError> {
     Ok(client
         .query(
-            &format!("select subscriber_id from {}.projection", q(schema)),
+            &format!(
+                "select subscriber_id from {}.projection",
+                quote_ident(schema)
+            ),
             &[],
         )
         .await
@@ -111,7 +114,10 @@ pub async fn active_projections(
 ) -> Result<Vec<(String, String)>, StoreError> {
     Ok(client
         .query(
-            &format!("select name, subscriber_id from {}.projection", q(schema)),
+            &format!(
+                "select name, subscriber_id from {}.projection",
+                quote_ident(schema)
+            ),
             &[],
         )
         .await

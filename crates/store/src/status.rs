@@ -10,8 +10,8 @@ use tokio_postgres::Client;
 use crate::dead_letter::DeadLetterStatus;
 use crate::error::StoreError;
 use crate::lsn::Lsn;
-use crate::q;
 use crate::rebuild::RebuildState;
+use walfold_config::quote_ident;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -221,7 +221,7 @@ async fn source_status(
     probe: &SourceProbe<'_>,
     only: bool,
 ) -> Result<SourceStatus, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let (slot, error) = match &probe.client {
         Ok(source) if only => (read_slot(source, probe.slot).await?, None),
         Ok(source) => match read_slot(source, probe.slot).await {
@@ -309,7 +309,7 @@ pub async fn target_status(
     schema: &str,
     name: &str,
 ) -> Result<TargetStatus, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let head = crate::event_log::head(log, log_schema).await?;
     // A partition without a checkpoint row has read nothing (it may still be
     // connecting): its subscriber's position is 0, never the others' minimum.
@@ -336,7 +336,7 @@ pub async fn target_status(
     let oldest_after = format!(
         "select coalesce(committed_at, appended_at) from {}.event_log \
          where seq > $1 order by seq limit 1",
-        q(log_schema)
+        quote_ident(log_schema)
     );
     let mut subscribers: Vec<SubscriberStatus> = Vec::with_capacity(rows.len());
     for r in &rows {

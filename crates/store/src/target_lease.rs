@@ -41,7 +41,7 @@ use tokio_postgres::Client;
 use crate::connect::connect;
 use crate::error::StoreError;
 use crate::leader::{EpochKey, Fence};
-use crate::q;
+use walfold_config::quote_ident;
 
 /// The session that holds a takeover of an extra target, and the fence for writes there.
 pub struct TargetLease {
@@ -90,7 +90,7 @@ impl Fence {
             .query_one(
                 &format!(
                     "select epoch, hashtext($1) from {}.leader for update",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[&schema],
             )
@@ -122,7 +122,7 @@ impl Fence {
             tx.execute(
                 &format!(
                     "update {}.leader set epoch = $1, pid = pg_backend_pid(), acquired_at = now()",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[&epoch],
             )
