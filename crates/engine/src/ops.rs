@@ -37,7 +37,7 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, EngineError>
 
 /// A connection to `target`, with walfold's schema there created or upgraded first.
 pub(crate) async fn connect_to(target: &Target) -> Result<tokio_postgres::Client, EngineError> {
-    walfold_store::migrate(&target.url, &target.schema)
+    walfold_store::migrate(&target.url, target.schema.name())
         .await
         .map_err(EngineError::store("creating walfold's schema"))?;
     walfold_store::connect(&target.url)
@@ -56,7 +56,7 @@ async fn fence_on(
         return Ok((fence.clone(), None));
     }
     let lease = fence
-        .extend_to(&target.url, &target.schema)
+        .extend_to(&target.url, target.schema.name())
         .await
         .map_err(EngineError::store("taking over the target"))?;
     Ok((lease.fence(), Some(lease)))
@@ -96,9 +96,16 @@ pub async fn start_rebuild_with(
     let previous = walfold_store::active_subscriber(&mut client, schema, name, &options.subscriber)
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
-    rebuild::start(&mut client, schema, name, &live, &previous, subscriber)
-        .await
-        .map_err(EngineError::store("starting a rebuild"))
+    rebuild::start(
+        &mut client,
+        schema.name(),
+        name,
+        &live,
+        &previous,
+        subscriber,
+    )
+    .await
+    .map_err(EngineError::store("starting a rebuild"))
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's
@@ -111,7 +118,7 @@ pub async fn abort_rebuild(
     let target = Target::of(config, projection(config, name)?);
     let mut client = connect_to(&target).await?;
     let schema = &target.schema;
-    let r = rebuild::request_abort(&client, schema, name)
+    let r = rebuild::request_abort(&client, schema.name(), name)
         .await
         .map_err(EngineError::store("aborting a rebuild"))?;
     if let Some(leader) = Leadership::try_acquire(config.target_url(), &config.target.schema)
@@ -119,14 +126,14 @@ pub async fn abort_rebuild(
         .map_err(EngineError::store("taking the leader lock"))?
     {
         let (fence, lease) = fence_on(&leader.fence(), &target).await?;
-        crate::pipeline::end_abort(&mut client, schema, &r, &fence).await?;
+        crate::pipeline::end_abort(&mut client, schema.name(), &r, &fence).await?;
         drop(lease);
         drop(leader);
         return Ok(r);
     }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let open = rebuild::open(&client, schema)
+        let open = rebuild::open(&client, schema.name())
             .await
             .map_err(EngineError::store("reading rebuilds"))?;
         if !open.iter().any(|o| o.subscriber == r.subscriber) {
@@ -147,10 +154,10 @@ pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, Engi
     let target = Target::of(config, projection(config, name)?);
     let mut client = connect_to(&target).await?;
     let schema = &target.schema;
-    let r = rebuild::finish(&mut client, schema, name, None)
+    let r = rebuild::finish(&mut client, schema.name(), name, None)
         .await
         .map_err(EngineError::store("finishing a rebuild"))?;
-    crate::pipeline::forget(&client, schema, &r.previous).await;
+    crate::pipeline::forget(&client, schema.name(), &r.previous).await;
     Ok(r)
 }
 
@@ -222,7 +229,7 @@ pub(crate) async fn prune_fenced(
     }
     // A target taken out of the config still holds the log where it last did.
     let (recorded, removed) =
-        walfold_store::record_holds(&mut client, &main.schema, &holds, &configured, fence)
+        walfold_store::record_holds(&mut client, main.schema.name(), &holds, &configured, fence)
             .await
             .map_err(EngineError::store("recording target holds"))?;
     if let Some(r) = recorded {
@@ -233,7 +240,7 @@ pub(crate) async fn prune_fenced(
             "target {target} is no longer in the config but its projections had read the log only \
              up to {bound}: the log is kept from there (delete from {}.target_hold where \
              target = '{target}' to let go)",
-            main.schema
+            main.schema.name()
         );
         tracing::warn!(target = %target, bound, "{why}");
         pruned.held_by.push((target, why));
@@ -245,7 +252,7 @@ pub(crate) async fn prune_fenced(
         .collect();
     let mut policy = policy(config, &mut client, &main.schema, &here).await?;
     policy.held_elsewhere = held_elsewhere;
-    let p = walfold_store::prune(&mut client, &main.schema, &policy, fence)
+    let p = walfold_store::prune(&mut client, main.schema.name(), &policy, fence)
         .await
         .map_err(EngineError::store("pruning"))?;
     pruned.claims += p.claims;
@@ -274,7 +281,7 @@ async fn prune_extra(
     let policy = policy(config, &mut client, &target.schema, projections).await?;
     let pruned = walfold_store::prune_claims_elsewhere(
         &mut client,
-        &target.schema,
+        target.schema.name(),
         log,
         &config.target.schema,
         &policy,
@@ -282,7 +289,7 @@ async fn prune_extra(
     )
     .await
     .map_err(EngineError::store("pruning"))?;
-    let held = walfold_store::hold(&client, &target.schema)
+    let held = walfold_store::hold(&client, target.schema.name())
         .await
         .map_err(EngineError::store("pruning"))?;
     Ok((pruned, held))
@@ -293,10 +300,10 @@ async fn prune_extra(
 async fn policy(
     config: &Config,
     client: &mut tokio_postgres::Client,
-    schema: &str,
+    schema: &walfold_store::Schema,
     projections: &[ProjectionConfig],
 ) -> Result<PrunePolicy, EngineError> {
-    let open = rebuild::open(client, schema)
+    let open = rebuild::open(client, schema.name())
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut claims = Vec::new();

@@ -128,7 +128,7 @@ impl Pipeline {
             let target = Target::of(&config, p);
             defined.push(Defined {
                 options: p.clone(),
-                live: build(p, i, &target.schema, None)?,
+                live: build(p, i, target.schema.name(), None)?,
                 index: Some(i),
                 target,
             });
@@ -347,7 +347,7 @@ impl Projecting {
             fence: main_fence,
             head: head_rx,
         } = &self;
-        let schema = target.schema.as_str();
+        let schema = &target.schema;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         let mut down = TargetDown::new(target, defined);
         let mut extra: Option<(Extra, Fence)> = None;
@@ -403,7 +403,7 @@ impl Projecting {
             let log = extra.as_ref().map(|(x, _)| &x.log);
             let next = watch_generation(
                 &mut client,
-                schema,
+                schema.name(),
                 log.map(|l| (l, config.target.schema.as_str())),
                 &generation,
                 &mut tasks,
@@ -429,7 +429,7 @@ impl Projecting {
                 // taken over again then.
                 Next::Replan => {}
                 Next::Switch(r) if !lost.is_cancelled() => {
-                    match rebuild::switch(&mut client, schema, &r, fence).await {
+                    match rebuild::switch(&mut client, schema.name(), &r, fence).await {
                         Ok(true) => {
                             tracing::info!(target = target.label(), projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
                         }
@@ -460,11 +460,11 @@ async fn take_over(
         target: target.label().to_owned(),
         source,
     };
-    migrate(&target.url, &target.schema)
+    migrate(&target.url, target.schema.name())
         .await
         .map_err(unreachable)?;
     let lease = fence
-        .extend_to(&target.url, &target.schema)
+        .extend_to(&target.url, target.schema.name())
         .await
         .map_err(|e| match e {
             // A newer leader wrote there: this instance stands down (not a pause).
@@ -562,7 +562,7 @@ async fn plan(
     defined: &[Defined],
     fence: &Fence,
 ) -> Result<(Client, Generation), EngineError> {
-    let schema = target.schema.as_str();
+    let schema = &target.schema;
     let mut client = walfold_store::connect(&target.url)
         .await
         .map_err(|source| match target.is_extra() {
@@ -572,7 +572,7 @@ async fn plan(
             },
             false => EngineError::store("connecting to the target")(source),
         })?;
-    let open = rebuild::open_settled(&client, schema)
+    let open = rebuild::open_settled(&client, schema.name())
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     walfold_store::clear_pauses(&mut client, fence, schema)
@@ -585,11 +585,11 @@ async fn plan(
         .collect();
     for r in &open {
         if r.state == RebuildState::Aborting {
-            end_abort(&mut client, schema, r, fence).await?;
+            end_abort(&mut client, schema.name(), r, fence).await?;
         } else if retired_due(&retire_after, r, now) {
             // Not fatal: e.g. `--finish` came first, or something still depends on the
             // retired table (then it stays until an operator acts).
-            match rebuild::finish(&mut client, schema, &r.projection, Some(fence)).await {
+            match rebuild::finish(&mut client, schema.name(), &r.projection, Some(fence)).await {
                 Ok(finished) => {
                     tracing::info!(projection = %r.projection, retired = %finished.retired, "retired table dropped (drop_retired_after)")
                 }
@@ -599,7 +599,7 @@ async fn plan(
             }
         }
     }
-    let open = rebuild::open_settled(&client, schema)
+    let open = rebuild::open_settled(&client, schema.name())
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut generation = Generation {
@@ -657,7 +657,7 @@ async fn plan(
         else {
             continue;
         };
-        let Some(shadow) = d.for_table(schema, &r.shadow_table())? else {
+        let Some(shadow) = d.for_table(schema.name(), &r.shadow_table())? else {
             tracing::error!(projection = %options.name, "this projection cannot write to another table (no `target`, or a Rust projection without for_table); abort its rebuild");
             continue;
         };
@@ -704,7 +704,7 @@ async fn push_workers(
 ) -> Result<(), EngineError> {
     Checkpoints::reconcile(
         client,
-        &target.schema,
+        target.schema.name(),
         &options.subscriber,
         options.parallelism,
         fence,

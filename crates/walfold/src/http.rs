@@ -235,7 +235,7 @@ async fn serving(
     config: &Config,
     label: &str,
     client: &Client,
-    schema: &str,
+    schema: &walfold_store::Schema,
 ) -> Result<Vec<(String, String)>, walfold_store::StoreError> {
     Ok(walfold_store::active_projections(client, schema)
         .await?
@@ -282,7 +282,7 @@ async fn extra_parts(
                 log,
                 &config.target.schema,
                 &client,
-                &t.schema,
+                t.schema.name(),
                 t.label(),
             )
             .await?;

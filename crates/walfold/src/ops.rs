@@ -157,7 +157,7 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = rebuild_state(&home_client, &home.schema, s).await?;
+            let state = rebuild_state(&home_client, home.schema.name(), s).await?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.map_or("gone", RebuildState::as_str));
             }

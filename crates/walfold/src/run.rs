@@ -53,13 +53,17 @@ pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
     let config = load(path)?;
     telemetry::init(&config.log);
     for t in walfold_engine::Target::all(&config) {
-        walfold_store::migrate(&t.url, &t.schema)
+        walfold_store::migrate(&t.url, t.schema.name())
             .await
             .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
         if t.is_extra() {
-            println!("schema {} on target {} is up to date", t.schema, t.label());
+            println!(
+                "schema {} on target {} is up to date",
+                t.schema.name(),
+                t.label()
+            );
         } else {
-            println!("schema {} is up to date", t.schema);
+            println!("schema {} is up to date", t.schema.name());
         }
     }
     Ok(())

@@ -73,7 +73,7 @@ pub(crate) async fn read(
                 target,
                 &config.target.schema,
                 &client,
-                &t.schema,
+                t.schema.name(),
                 t.label(),
             )
             .await
