@@ -704,7 +704,7 @@ async fn push_workers(
 ) -> Result<(), EngineError> {
     Checkpoints::reconcile(
         client,
-        target.schema.name(),
+        &target.schema,
         &options.subscriber,
         options.parallelism,
         fence,

@@ -716,7 +716,7 @@ impl Partition {
             .map_err(db("preparing the claim"))?;
         let checkpoints = Checkpoints::prepare(
             &client,
-            self.schema.name(),
+            &self.schema,
             self.subscriber(),
             self.options.parallelism,
         )
@@ -763,7 +763,7 @@ impl Partition {
         let mut conn = self.connect().await?;
         let mut position = Checkpoints::position(
             &conn.client,
-            self.schema.name(),
+            &self.schema,
             self.subscriber(),
             self.partition,
         )
