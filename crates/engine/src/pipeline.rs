@@ -348,6 +348,8 @@ impl Projecting {
             head: head_rx,
         } = &self;
         let schema = &target.schema;
+        // An extra target's projectors read the log on the main target.
+        let log_schema = Target::main(config).schema;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         let mut down = TargetDown::new(target, defined);
         let mut extra: Option<(Extra, Fence)> = None;
@@ -404,7 +406,7 @@ impl Projecting {
             let next = watch_generation(
                 &mut client,
                 schema.name(),
-                log.map(|l| (l, config.target.schema.as_str())),
+                log.map(|l| (l, &log_schema)),
                 &generation,
                 &mut tasks,
                 stop,
@@ -758,7 +760,7 @@ pub(crate) async fn forget(client: &Client, schema: &str, subscriber: &str) {
 async fn watch_generation(
     client: &mut Client,
     schema: &str,
-    log: Option<(&Client, &str)>,
+    log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
     tasks: &mut JoinSet<(String, Result<(), EngineError>)>,
     stop: &CancellationToken,
@@ -793,7 +795,7 @@ async fn watch_generation(
 async fn control_check(
     client: &Client,
     schema: &str,
-    log: Option<(&Client, &str)>,
+    log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
 ) -> Result<Option<Next>, EngineError> {
     let open = rebuild::open(client, schema)

@@ -167,8 +167,8 @@ impl<'c> Work<'c> {
     /// when the partition's target is an extra one (log rows never change).
     async fn read_events(&self, seqs: &[i64]) -> Result<Vec<Event>, EngineError> {
         let read = match (self.log, &self.part.log) {
-            (Some(log), Some(main)) => read_events(log, main.schema.name(), seqs).await,
-            _ => read_events(&self.tx, self.part.schema.name(), seqs).await,
+            (Some(log), Some(main)) => read_events(log, &main.schema, seqs).await,
+            _ => read_events(&self.tx, &self.part.schema, seqs).await,
         };
         read.map_err(EngineError::store("reading waiting events"))
     }
@@ -740,11 +740,7 @@ impl Partition {
         Ok(Conn {
             client,
             log,
-            read: read_sql(
-                self.log
-                    .as_ref()
-                    .map_or(self.schema.name(), |main| main.schema.name()),
-            ),
+            read: read_sql(self.log.as_ref().map_or(&self.schema, |main| &main.schema)),
             statements: Statements {
                 fence,
                 claim,
@@ -1033,8 +1029,8 @@ impl Partition {
                 };
                 let seqs: Vec<i64> = page.iter().map(|i| i.seq).collect();
                 let events = match (&conn.log, &self.log) {
-                    (Some(log), Some(main)) => read_events(log, main.schema.name(), &seqs).await,
-                    _ => read_events(&conn.client, self.schema.name(), &seqs).await,
+                    (Some(log), Some(main)) => read_events(log, &main.schema, &seqs).await,
+                    _ => read_events(&conn.client, &self.schema, &seqs).await,
                 }
                 .map_err(EngineError::store("reading events to retry"))?;
                 for (k, item) in page.iter().enumerate() {

@@ -280,7 +280,7 @@ pub async fn status_of(
         per_source.push(source_status(target, schema, probe, sources.len() == 1).await?);
     }
     let part = target_status(target, schema, target, schema, "main").await?;
-    let head = crate::event_log::head(target, schema).await?;
+    let head = crate::event_log::head(target, &crate::Schema::new(schema)).await?;
     let first = per_source.first();
     let mut status = Status {
         paused: 0,
@@ -310,7 +310,7 @@ pub async fn target_status(
     name: &str,
 ) -> Result<TargetStatus, StoreError> {
     let s = quote_ident(schema);
-    let head = crate::event_log::head(log, log_schema).await?;
+    let head = crate::event_log::head(log, &crate::Schema::new(log_schema)).await?;
     // A partition without a checkpoint row has read nothing (it may still be
     // connecting): its subscriber's position is 0, never the others' minimum.
     let rows = target
