@@ -56,7 +56,7 @@ async fn fence_on(
         return Ok((fence.clone(), None));
     }
     let lease = fence
-        .extend_to(&target.url, target.schema.name())
+        .extend_to(&target.url, &target.schema)
         .await
         .map_err(EngineError::store("taking over the target"))?;
     Ok((lease.fence(), Some(lease)))
@@ -121,7 +121,7 @@ pub async fn abort_rebuild(
     let r = rebuild::request_abort(&client, schema.name(), name)
         .await
         .map_err(EngineError::store("aborting a rebuild"))?;
-    if let Some(leader) = Leadership::try_acquire(config.target_url(), &config.target.schema)
+    if let Some(leader) = Leadership::try_acquire(config.target_url(), &Target::main(config).schema)
         .await
         .map_err(EngineError::store("taking the leader lock"))?
     {
@@ -176,7 +176,7 @@ pub async fn prune(
     for target in Target::all(config).iter().filter(|t| t.is_extra()) {
         drop(connect_to(target).await);
     }
-    let leader = Leadership::try_acquire(config.target_url(), &config.target.schema)
+    let leader = Leadership::try_acquire(config.target_url(), &Target::main(config).schema)
         .await
         .map_err(EngineError::store("taking the leader lock"))?;
     let fence = leader.as_ref().map(Leadership::fence);

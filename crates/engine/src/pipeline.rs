@@ -122,7 +122,7 @@ impl Pipeline {
     /// returns. A definite error (e.g. wal_level is not logical) stops everything.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), EngineError> {
         let config = self.config;
-        let schema = config.target.schema.clone();
+        let schema = Target::main(&config).schema;
         let mut defined = Vec::new();
         for (i, p) in config.projection.iter().enumerate() {
             let target = Target::of(&config, p);
@@ -135,7 +135,7 @@ impl Pipeline {
         }
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
-            match migrate(config.target_url(), &schema).await {
+            match migrate(config.target_url(), schema.name()).await {
                 Ok(()) => break,
                 Err(e) if e.kind().retries() => {
                     tracing::warn!(error = %e, "cannot create or upgrade walfold's schema yet; retrying");
@@ -466,7 +466,7 @@ async fn take_over(
         .await
         .map_err(unreachable)?;
     let lease = fence
-        .extend_to(&target.url, target.schema.name())
+        .extend_to(&target.url, &target.schema)
         .await
         .map_err(|e| match e {
             // A newer leader wrote there: this instance stands down (not a pause).
