@@ -37,7 +37,7 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, EngineError>
 
 /// A connection to `target`, with walfold's schema there created or upgraded first.
 pub(crate) async fn connect_to(target: &Target) -> Result<tokio_postgres::Client, EngineError> {
-    walfold_store::migrate(&target.url, target.schema.name())
+    walfold_store::migrate(&target.url, &target.schema)
         .await
         .map_err(EngineError::store("creating walfold's schema"))?;
     walfold_store::connect(&target.url)

@@ -135,7 +135,7 @@ impl Pipeline {
         }
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
-            match migrate(config.target_url(), schema.name()).await {
+            match migrate(config.target_url(), &schema).await {
                 Ok(()) => break,
                 Err(e) if e.kind().retries() => {
                     tracing::warn!(error = %e, "cannot create or upgrade walfold's schema yet; retrying");
@@ -462,7 +462,7 @@ async fn take_over(
         target: target.label().to_owned(),
         source,
     };
-    migrate(&target.url, target.schema.name())
+    migrate(&target.url, &target.schema)
         .await
         .map_err(unreachable)?;
     let lease = fence

@@ -10,7 +10,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, SqlSafeStr};
 
 use crate::error::StoreError;
-use walfold_config::quote_ident;
+use crate::schema::Schema;
 
 /// `(version, description, sql)`, in order. A test checks every file in `migrations/` is here.
 pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -91,22 +91,25 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
+/// sqlx's bookkeeping table, inside walfold's schema.
+const BOOKKEEPING: &str = "{schema}._sqlx_migrations";
+
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
-pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
+pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
     let options = PgConnectOptions::from_str(url)
         .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.to_owned(),
+            schema: schema.name().to_owned(),
             source,
         })?
         // Quoted, so a mixed-case schema is not folded to lower case.
-        .options([("search_path", quote_ident(schema))])
+        .options([("search_path", schema.quoted())])
         .application_name("walfold-migrate")
         .disable_statement_logging();
     let mut conn = options
         .connect()
         .await
         .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.to_owned(),
+            schema: schema.name().to_owned(),
             source,
         })?;
     let mut migrator = Migrator::with_migrations(
@@ -123,15 +126,15 @@ pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
             })
             .collect(),
     );
-    migrator.dangerous_set_table_name(format!("{}._sqlx_migrations", quote_ident(schema)));
-    migrator.create_schema(quote_ident(schema));
+    migrator.dangerous_set_table_name(schema.sql(BOOKKEEPING));
+    migrator.create_schema(schema.quoted().to_owned());
     // `run_direct` is sqlx's documented way around "Acquire is not general enough" when
     // the future must be Send (it runs inside a spawned task).
     migrator
         .run_direct(None, &mut conn, false)
         .await
         .map_err(|source| StoreError::Migrate {
-            schema: schema.to_owned(),
+            schema: schema.name().to_owned(),
             source,
         })?;
     Ok(())

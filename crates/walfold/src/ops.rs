@@ -279,9 +279,12 @@ pub async fn backfill(
             }
         }
     };
-    walfold_store::migrate(config.target_url(), &config.target.schema)
-        .await
-        .map_err(Failure::runtime)?;
+    walfold_store::migrate(
+        config.target_url(),
+        &walfold_engine::Target::main(&config).schema,
+    )
+    .await
+    .map_err(Failure::runtime)?;
     let watcher = BackfillWatcher::open(&config, outbox).await;
     let mut progress = Progress::new(format!("backfill of {outbox}"), "rows");
     let work = ops::backfill(&config, outbox, order_by, batch);

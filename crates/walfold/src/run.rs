@@ -53,7 +53,7 @@ pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
     let config = load(path)?;
     telemetry::init(&config.log);
     for t in walfold_engine::Target::all(&config) {
-        walfold_store::migrate(&t.url, t.schema.name())
+        walfold_store::migrate(&t.url, &t.schema)
             .await
             .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
         if t.is_extra() {

@@ -433,7 +433,9 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
 async fn an_ingest_rejection_is_identified_within_its_source() {
     use walfold_store::{DeadLetter, DeadLetters, Lsn, Reason, RowOrigin};
     let db = TestDb::new("dlsource");
-    walfold_store::migrate(&db.url(), "walfold").await.unwrap();
+    walfold_store::migrate(&db.url(), &walfold_store::Schema::new("walfold"))
+        .await
+        .unwrap();
     let c = db.client().await;
     let letter = |origin: RowOrigin, raw: serde_json::Value| DeadLetter {
         subscriber_id: None,

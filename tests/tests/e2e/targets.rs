@@ -592,7 +592,9 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
     let main = TestDb::new("fence_main");
     let extra = TestDb::new("fence_extra");
     for url in [main.url(), extra.url()] {
-        walfold_store::migrate(&url, "walfold").await.unwrap();
+        walfold_store::migrate(&url, &Schema::new("walfold"))
+            .await
+            .unwrap();
     }
     let cancel = tokio_util::sync::CancellationToken::new();
     let a = Leadership::acquire(&main.url(), &Schema::new("walfold"), &cancel)
