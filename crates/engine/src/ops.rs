@@ -229,7 +229,7 @@ pub(crate) async fn prune_fenced(
     }
     // A target taken out of the config still holds the log where it last did.
     let (recorded, removed) =
-        walfold_store::record_holds(&mut client, main.schema.name(), &holds, &configured, fence)
+        walfold_store::record_holds(&mut client, &main.schema, &holds, &configured, fence)
             .await
             .map_err(EngineError::store("recording target holds"))?;
     if let Some(r) = recorded {
@@ -252,7 +252,7 @@ pub(crate) async fn prune_fenced(
         .collect();
     let mut policy = policy(config, &mut client, &main.schema, &here).await?;
     policy.held_elsewhere = held_elsewhere;
-    let p = walfold_store::prune(&mut client, main.schema.name(), &policy, fence)
+    let p = walfold_store::prune(&mut client, &main.schema, &policy, fence)
         .await
         .map_err(EngineError::store("pruning"))?;
     pruned.claims += p.claims;
@@ -281,15 +281,15 @@ async fn prune_extra(
     let policy = policy(config, &mut client, &target.schema, projections).await?;
     let pruned = walfold_store::prune_claims_elsewhere(
         &mut client,
-        target.schema.name(),
+        &target.schema,
         log,
-        &config.target.schema,
+        &Target::main(config).schema,
         &policy,
         fence.as_ref(),
     )
     .await
     .map_err(EngineError::store("pruning"))?;
-    let held = walfold_store::hold(&client, target.schema.name())
+    let held = walfold_store::hold(&client, &target.schema)
         .await
         .map_err(EngineError::store("pruning"))?;
     Ok((pruned, held))

@@ -476,9 +476,14 @@ async fn take_over(
     let mut log = walfold_store::connect(config.target_url())
         .await
         .map_err(EngineError::store("connecting to the target"))?;
-    walfold_store::register_target(&mut log, &config.target.schema, target.label(), fence)
-        .await
-        .map_err(EngineError::store("registering the target"))?;
+    walfold_store::register_target(
+        &mut log,
+        &Target::main(config).schema,
+        target.label(),
+        fence,
+    )
+    .await
+    .map_err(EngineError::store("registering the target"))?;
     let fence = lease.fence();
     Ok((Extra { _lease: lease, log }, fence))
 }
