@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use tokio_postgres::Client;
 
 use crate::error::StoreError;
-use walfold_config::quote_ident;
+use crate::schema::Schema;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SubscriberLabel {
@@ -257,7 +257,7 @@ impl Metrics {
         &self,
         sources: &[crate::status::SourceProbe<'_>],
         target: &Client,
-        schema: &str,
+        schema: &Schema,
         extra: Vec<crate::status::TargetStatus>,
         active: &[(String, String)],
     ) -> Result<(), StoreError> {
@@ -319,13 +319,14 @@ impl Metrics {
         self.processed_message_rows.set(s.processed_message_rows);
         let rows: i64 = target
             .query_one(
-                "select greatest(reltuples, 0)::int8 from pg_class \
+                "select greatest(reltuples, 0)::int8 as rows from pg_class \
                  where oid = to_regclass($1)",
-                &[&format!("{}.event_log", quote_ident(schema))],
+                // A value (the table's name for to_regclass), not statement text.
+                &[&schema.sql("{schema}.event_log")],
             )
             .await
             .map_err(StoreError::db("estimating event_log"))?
-            .get(0);
+            .get("rows");
         self.event_log_rows.set(rows);
         Ok(())
     }
