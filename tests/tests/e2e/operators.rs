@@ -638,7 +638,7 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
     walfold_store::migrate(&db.url(), &walfold_store::Schema::new("walfold"))
         .await
         .unwrap();
-    let order = walfold_store::LogOrder::acquire(&db.url(), "walfold")
+    let order = walfold_store::LogOrder::acquire(&db.url(), &walfold_store::Schema::new("walfold"))
         .await
         .unwrap();
     let mut log = walfold_store::EventLog::open(
