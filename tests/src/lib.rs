@@ -350,9 +350,14 @@ pub fn lines_of(
 
 /// walfold's status, read in the test database (schema `walfold`, slot `walfold`).
 pub async fn status(client: &tokio_postgres::Client) -> Option<walfold_store::Status> {
-    walfold_store::status(client, client, "walfold", "walfold")
-        .await
-        .ok()
+    walfold_store::status(
+        client,
+        client,
+        &walfold_store::Schema::new("walfold"),
+        "walfold",
+    )
+    .await
+    .ok()
 }
 
 /// Waits until `events` events are in the log (sequence numbers may have gaps) and

@@ -777,7 +777,7 @@ async fn history(
     })
     .await?;
     let url = |db: &str| format!("{}?sslmode=disable", cluster.url(db));
-    walfold_store::migrate(&url("hist_full"), "walfold").await?;
+    walfold_store::migrate(&url("hist_full"), &walfold_store::Schema::new("walfold")).await?;
     let started = Instant::now();
     blocking(move || {
         cluster.psql(

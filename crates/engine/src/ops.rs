@@ -96,9 +96,16 @@ pub async fn start_rebuild_with(
     let previous = walfold_store::active_subscriber(&mut client, schema, name, &options.subscriber)
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
-    rebuild::start(&mut client, schema, name, &live, &previous, subscriber)
-        .await
-        .map_err(EngineError::store("starting a rebuild"))
+    rebuild::start(
+        &mut client,
+        schema.name(),
+        name,
+        &live,
+        &previous,
+        subscriber,
+    )
+    .await
+    .map_err(EngineError::store("starting a rebuild"))
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's
@@ -111,22 +118,22 @@ pub async fn abort_rebuild(
     let target = Target::of(config, projection(config, name)?);
     let mut client = connect_to(&target).await?;
     let schema = &target.schema;
-    let r = rebuild::request_abort(&client, schema, name)
+    let r = rebuild::request_abort(&client, schema.name(), name)
         .await
         .map_err(EngineError::store("aborting a rebuild"))?;
-    if let Some(leader) = Leadership::try_acquire(config.target_url(), &config.target.schema)
+    if let Some(leader) = Leadership::try_acquire(config.target_url(), &Target::main(config).schema)
         .await
         .map_err(EngineError::store("taking the leader lock"))?
     {
         let (fence, lease) = fence_on(&leader.fence(), &target).await?;
-        end_abort(&mut client, schema, &r, &fence).await?;
+        end_abort(&mut client, schema.name(), &r, &fence).await?;
         drop(lease);
         drop(leader);
         return Ok(r);
     }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let open = rebuild::open(&client, schema)
+        let open = rebuild::open(&client, schema.name())
             .await
             .map_err(EngineError::store("reading rebuilds"))?;
         if !open.iter().any(|o| o.subscriber == r.subscriber) {
@@ -147,10 +154,10 @@ pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, Engi
     let target = Target::of(config, projection(config, name)?);
     let mut client = connect_to(&target).await?;
     let schema = &target.schema;
-    let r = rebuild::finish(&mut client, schema, name, None)
+    let r = rebuild::finish(&mut client, schema.name(), name, None)
         .await
         .map_err(EngineError::store("finishing a rebuild"))?;
-    forget(&client, schema, &r.previous).await;
+    forget(&client, schema.name(), &r.previous).await;
     Ok(r)
 }
 
@@ -169,7 +176,7 @@ pub async fn prune(
     for target in Target::all(config).iter().filter(|t| t.is_extra()) {
         drop(connect_to(target).await);
     }
-    let leader = Leadership::try_acquire(config.target_url(), &config.target.schema)
+    let leader = Leadership::try_acquire(config.target_url(), &Target::main(config).schema)
         .await
         .map_err(EngineError::store("taking the leader lock"))?;
     let fence = leader.as_ref().map(Leadership::fence);
@@ -233,7 +240,7 @@ pub(crate) async fn prune_fenced(
             "target {target} is no longer in the config but its projections had read the log only \
              up to {bound}: the log is kept from there (delete from {}.target_hold where \
              target = '{target}' to let go)",
-            main.schema
+            main.schema.name()
         );
         tracing::warn!(target = %target, bound, "{why}");
         pruned.held_by.push((target, why));
@@ -276,7 +283,7 @@ async fn prune_extra(
         &mut client,
         &target.schema,
         log,
-        &config.target.schema,
+        &Target::main(config).schema,
         &policy,
         fence.as_ref(),
     )
@@ -293,10 +300,10 @@ async fn prune_extra(
 async fn policy(
     config: &Config,
     client: &mut tokio_postgres::Client,
-    schema: &str,
+    schema: &walfold_store::Schema,
     projections: &[ProjectionConfig],
 ) -> Result<PrunePolicy, EngineError> {
-    let open = rebuild::open(client, schema)
+    let open = rebuild::open(client, schema.name())
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut claims = Vec::new();

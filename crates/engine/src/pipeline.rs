@@ -122,13 +122,13 @@ impl Pipeline {
     /// returns. A definite error (e.g. wal_level is not logical) stops everything.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), EngineError> {
         let config = self.config;
-        let schema = config.target.schema.clone();
+        let schema = Target::main(&config).schema;
         let mut defined = Vec::new();
         for (i, p) in config.projection.iter().enumerate() {
             let target = Target::of(&config, p);
             defined.push(Defined {
                 options: p.clone(),
-                live: build(p, i, &target.schema, None)?,
+                live: build(p, i, target.schema.name(), None)?,
                 index: Some(i),
                 target,
             });
@@ -387,7 +387,9 @@ impl Projecting {
             fence: main_fence,
             head: head_rx,
         } = &self;
-        let schema = target.schema.as_str();
+        let schema = &target.schema;
+        // An extra target's projectors read the log on the main target.
+        let log_schema = Target::main(config).schema;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         let mut down = TargetDown::new(target, defined);
         let mut extra: Option<(Extra, Fence)> = None;
@@ -443,8 +445,8 @@ impl Projecting {
             let log = extra.as_ref().map(|(x, _)| &x.log);
             let next = watch_generation(
                 &mut client,
-                schema,
-                log.map(|l| (l, config.target.schema.as_str())),
+                schema.name(),
+                log.map(|l| (l, &log_schema)),
                 &generation,
                 &mut tasks,
                 stop,
@@ -469,7 +471,7 @@ impl Projecting {
                 // taken over again then.
                 Next::Replan => {}
                 Next::Switch(r) if !lost.is_cancelled() => {
-                    match rebuild::switch(&mut client, schema, &r, fence).await {
+                    match rebuild::switch(&mut client, schema.name(), &r, fence).await {
                         Ok(true) => {
                             tracing::info!(target = target.label(), projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
                         }
@@ -516,9 +518,14 @@ async fn take_over(
     let mut log = walfold_store::connect(config.target_url())
         .await
         .map_err(EngineError::store("connecting to the target"))?;
-    walfold_store::register_target(&mut log, &config.target.schema, target.label(), fence)
-        .await
-        .map_err(EngineError::store("registering the target"))?;
+    walfold_store::register_target(
+        &mut log,
+        &Target::main(config).schema,
+        target.label(),
+        fence,
+    )
+    .await
+    .map_err(EngineError::store("registering the target"))?;
     let fence = lease.fence();
     Ok((Extra { _lease: lease, log }, fence))
 }
@@ -604,7 +611,7 @@ async fn plan(
     defined: &[Defined],
     fence: &Fence,
 ) -> Result<(Client, Generation), EngineError> {
-    let schema = target.schema.as_str();
+    let schema = &target.schema;
     let mut client = walfold_store::connect(&target.url)
         .await
         .map_err(|source| match target.is_extra() {
@@ -614,7 +621,7 @@ async fn plan(
             },
             false => EngineError::store("connecting to the target")(source),
         })?;
-    let open = rebuild::open_settled(&client, schema)
+    let open = rebuild::open_settled(&client, schema.name())
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     walfold_store::clear_pauses(&mut client, fence, schema)
@@ -632,11 +639,11 @@ async fn plan(
         .collect();
     for r in &open {
         if r.state == RebuildState::Aborting {
-            crate::ops::end_abort(&mut client, schema, r, fence).await?;
+            crate::ops::end_abort(&mut client, schema.name(), r, fence).await?;
         } else if retired_due(&retire_after, r, now) {
             // Not fatal: e.g. `--finish` came first, or something still depends on the
             // retired table (then it stays until an operator acts).
-            match rebuild::finish(&mut client, schema, &r.projection, Some(fence)).await {
+            match rebuild::finish(&mut client, schema.name(), &r.projection, Some(fence)).await {
                 Ok(finished) => {
                     tracing::info!(projection = %r.projection, retired = %finished.retired, "retired table dropped (drop_retired_after)")
                 }
@@ -646,7 +653,7 @@ async fn plan(
             }
         }
     }
-    let open = rebuild::open_settled(&client, schema)
+    let open = rebuild::open_settled(&client, schema.name())
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut generation = Generation {
@@ -701,7 +708,7 @@ async fn plan(
         else {
             continue;
         };
-        let Some(shadow) = d.for_table(schema, &r.shadow_table())? else {
+        let Some(shadow) = d.for_table(schema.name(), &r.shadow_table())? else {
             tracing::error!(projection = %options.name, "this projection cannot write to another table (no `target`, or a Rust projection without for_table); abort its rebuild");
             continue;
         };
@@ -780,7 +787,7 @@ async fn push_workers(
 async fn watch_generation(
     client: &mut Client,
     schema: &str,
-    log: Option<(&Client, &str)>,
+    log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
     tasks: &mut JoinSet<(String, Result<(), EngineError>)>,
     stop: &CancellationToken,
@@ -815,7 +822,7 @@ async fn watch_generation(
 async fn control_check(
     client: &Client,
     schema: &str,
-    log: Option<(&Client, &str)>,
+    log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
 ) -> Result<Option<Next>, EngineError> {
     let open = rebuild::open(client, schema)

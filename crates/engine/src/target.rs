@@ -6,6 +6,7 @@
 //! transaction there; its projectors read the log from the main target.
 
 use walfold_config::{Config, ProjectionConfig};
+use walfold_store::Schema;
 
 /// One database holding walfold's schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,7 +14,8 @@ pub struct Target {
     /// `None` for the main target, else the `[targets.NAME]` name.
     pub name: Option<String>,
     pub url: String,
-    pub schema: String,
+    /// walfold's schema there, quoted once for every statement the store runs on it.
+    pub schema: Schema,
 }
 
 impl Target {
@@ -22,7 +24,7 @@ impl Target {
         Target {
             name: None,
             url: config.target_url().to_owned(),
-            schema: config.target.schema.clone(),
+            schema: Schema::new(config.target.schema.as_str()),
         }
     }
 
@@ -32,7 +34,7 @@ impl Target {
             Some((name, t)) => Target {
                 name: Some(name.to_owned()),
                 url: t.url.clone(),
-                schema: t.schema.clone(),
+                schema: Schema::new(t.schema.as_str()),
             },
             None => Target::main(config),
         }
@@ -44,7 +46,7 @@ impl Target {
         all.extend(config.targets.iter().map(|(name, t)| Target {
             name: Some(name.clone()),
             url: t.url.clone(),
-            schema: t.schema.clone(),
+            schema: Schema::new(t.schema.as_str()),
         }));
         all
     }

@@ -31,7 +31,10 @@ pub async fn run_ingest(
     fence: Fence,
 ) -> Result<(), SourceError> {
     same_database(&config).await?;
-    let order = Arc::new(LogOrder::new(config.target_url(), &config.target.schema));
+    let order = Arc::new(LogOrder::new(
+        config.target_url(),
+        &walfold_store::Schema::new(config.target.schema.as_str()),
+    ));
     let head = Arc::new(head);
     let stop = cancel.child_token();
     let mut sources = JoinSet::new();

@@ -7,7 +7,26 @@ use std::collections::HashMap;
 use tokio_postgres::GenericClient;
 
 use crate::error::StoreError;
-use crate::q;
+use crate::schema::Schema;
+
+/// The recorded version of each aggregate (types `$2`, IDs `$3`) for subscriber `$1`.
+const APPLIED: &str = "select v.aggregate_type, v.aggregate_id, v.version \
+     from unnest($2::text[], $3::text[]) as a(t, i) \
+     join {schema}.aggregate_version v on v.subscriber_id = $1 \
+       and v.aggregate_key = {schema}.aggregate_key(a.t, a.i)";
+
+/// Records version `$4` of each aggregate (types `$2`, IDs `$3`) for subscriber `$1`.
+const RECORD: &str = "insert into {schema}.aggregate_version as v (subscriber_id, aggregate_type, aggregate_id, version) \
+     select $1, t, i, n from unnest($2::text[], $3::text[], $4::int8[]) as a(t, i, n) \
+     on conflict (subscriber_id, aggregate_key) do update \
+     set version = excluded.version, updated_at = now()";
+
+/// Whether subscriber `$1` applied events but recorded no versions.
+const RAN_WITHOUT: &str =
+    "select exists (select 1 from {schema}.checkpoint where subscriber_id = $1 \
+       and applied + stale > 0) \
+     and not exists (select 1 from {schema}.aggregate_version where subscriber_id = $1) \
+     as ran_without_versions";
 
 /// (aggregate_type, aggregate_id)
 pub type AggregateRef = (String, String);
@@ -15,7 +34,7 @@ pub type AggregateRef = (String, String);
 /// The last applied version of each of `aggregates` that has one.
 pub async fn applied_versions(
     tx: &impl GenericClient,
-    schema: &str,
+    schema: &Schema,
     subscriber: &str,
     aggregates: &[AggregateRef],
 ) -> Result<HashMap<AggregateRef, i64>, StoreError> {
@@ -27,28 +46,24 @@ pub async fn applied_versions(
         .map(|(t, i)| (t.as_str(), i.as_str()))
         .unzip();
     let rows = tx
-        .query(
-            &format!(
-                "select v.aggregate_type, v.aggregate_id, v.version \
-                 from unnest($2::text[], $3::text[]) as a(t, i) \
-                 join {s}.aggregate_version v on v.subscriber_id = $1 \
-                   and v.aggregate_key = {s}.aggregate_key(a.t, a.i)",
-                s = q(schema)
-            ),
-            &[&subscriber, &types, &ids],
-        )
+        .query(&schema.sql(APPLIED), &[&subscriber, &types, &ids])
         .await
         .map_err(StoreError::db("reading applied versions"))?;
     Ok(rows
         .iter()
-        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .map(|r| {
+            (
+                (r.get("aggregate_type"), r.get("aggregate_id")),
+                r.get("version"),
+            )
+        })
         .collect())
 }
 
 /// Records the last applied version of each aggregate, in the caller's transaction.
 pub async fn record_versions(
     tx: &impl GenericClient,
-    schema: &str,
+    schema: &Schema,
     subscriber: &str,
     versions: &[(AggregateRef, i64)],
 ) -> Result<(), StoreError> {
@@ -58,18 +73,9 @@ pub async fn record_versions(
     let types: Vec<&str> = versions.iter().map(|((t, _), _)| t.as_str()).collect();
     let ids: Vec<&str> = versions.iter().map(|((_, i), _)| i.as_str()).collect();
     let numbers: Vec<i64> = versions.iter().map(|(_, v)| *v).collect();
-    tx.execute(
-        &format!(
-            "insert into {}.aggregate_version as v (subscriber_id, aggregate_type, aggregate_id, version) \
-             select $1, t, i, n from unnest($2::text[], $3::text[], $4::int8[]) as a(t, i, n) \
-             on conflict (subscriber_id, aggregate_key) do update \
-             set version = excluded.version, updated_at = now()",
-            q(schema)
-        ),
-        &[&subscriber, &types, &ids, &numbers],
-    )
-    .await
-    .map_err(StoreError::db("recording applied versions"))?;
+    tx.execute(&schema.sql(RECORD), &[&subscriber, &types, &ids, &numbers])
+        .await
+        .map_err(StoreError::db("recording applied versions"))?;
     Ok(())
 }
 
@@ -77,20 +83,12 @@ pub async fn record_versions(
 /// `guard` mode): strict mode cannot know which versions those were.
 pub async fn ran_without_versions(
     client: &impl GenericClient,
-    schema: &str,
+    schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
     Ok(client
-        .query_one(
-            &format!(
-                "select exists (select 1 from {s}.checkpoint where subscriber_id = $1 \
-                   and applied + stale > 0) \
-                 and not exists (select 1 from {s}.aggregate_version where subscriber_id = $1)",
-                s = q(schema)
-            ),
-            &[&subscriber],
-        )
+        .query_one(&schema.sql(RAN_WITHOUT), &[&subscriber])
         .await
         .map_err(StoreError::db("reading applied versions"))?
-        .get(0))
+        .get("ran_without_versions"))
 }

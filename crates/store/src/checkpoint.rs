@@ -6,10 +6,66 @@ use std::time::SystemTime;
 use tokio_postgres::{Client, Statement, Transaction};
 
 use crate::error::StoreError;
-use crate::q;
+use crate::schema::Schema;
 
 /// Advisory-lock class serializing checkpoint reconciles (`'walC'`).
 const CHECKPOINT_LOCK: i32 = 0x7761_6c43;
+
+/// Saves partition `$2`'s position `$4` and adds the batch's counters, unless the
+/// partition count changed under it (`$3`).
+const SAVE: &str =
+    "insert into {schema}.checkpoint as c (subscriber_id, partition, partitions, position, \
+     applied, duplicates, stale, dead_lettered, last_committed_at, updated_at) \
+     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, now()) \
+     on conflict (subscriber_id, partition) do update set \
+     partitions = excluded.partitions, \
+     position = greatest(c.position, excluded.position), \
+     applied = c.applied + excluded.applied, \
+     duplicates = c.duplicates + excluded.duplicates, \
+     stale = c.stale + excluded.stale, \
+     dead_lettered = c.dead_lettered + excluded.dead_lettered, \
+     last_committed_at = coalesce(excluded.last_committed_at, c.last_committed_at), \
+     updated_at = now() \
+     where c.partitions = excluded.partitions";
+
+/// Subscriber `$1`'s checkpoint rows, locked for the reconcile.
+const LOCK_ALL: &str = "select partition, partitions, position from {schema}.checkpoint \
+     where subscriber_id = $1 for update";
+
+/// A row at 0 for each of partitions 0..`$2` of subscriber `$1` that has none.
+const CREATE_MISSING: &str =
+    "insert into {schema}.checkpoint (subscriber_id, partition, partitions, position) \
+     select $1::text, p, $2::int4, 0 from generate_series(0, $2::int4 - 1) as p \
+     on conflict do nothing";
+
+/// Deletes subscriber `$1`'s checkpoint rows and sums their counters.
+const DELETE_SUMMED: &str =
+    "with old as (delete from {schema}.checkpoint where subscriber_id = $1 returning *) \
+     select coalesce(sum(applied), 0)::int8 as applied, \
+     coalesce(sum(duplicates), 0)::int8 as duplicates, \
+     coalesce(sum(stale), 0)::int8 as stale, \
+     coalesce(sum(dead_lettered), 0)::int8 as dead_lettered, \
+     max(last_committed_at) as last_committed_at from old";
+
+/// Partitions 0..`$2` of subscriber `$1` at position `$3`, the summed counters on 0.
+const CREATE_LAYOUT: &str =
+    "insert into {schema}.checkpoint (subscriber_id, partition, partitions, position, \
+     applied, duplicates, stale, dead_lettered, last_committed_at) \
+     select $1::text, p, $2::int4, $3::int8, \
+       case when p = 0 then $4::int8 else 0 end, case when p = 0 then $5::int8 else 0 end, \
+       case when p = 0 then $6::int8 else 0 end, case when p = 0 then $7::int8 else 0 end, \
+       $8::timestamptz \
+     from generate_series(0, $2::int4 - 1) as p";
+
+/// Where partition `$2` of subscriber `$1` resumes.
+const POSITION: &str =
+    "select position from {schema}.checkpoint where subscriber_id = $1 and partition = $2";
+
+/// A checkpoint row as the reconcile reads it.
+struct Stored {
+    partitions: i32,
+    position: i64,
+}
 
 /// What one batch did, added to the partition's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,27 +87,12 @@ pub struct Checkpoints {
 impl Checkpoints {
     pub async fn prepare(
         client: &Client,
-        schema: &str,
+        schema: &Schema,
         subscriber: &str,
         partitions: u32,
     ) -> Result<Self, StoreError> {
         let save = client
-            .prepare(&format!(
-                "insert into {s}.checkpoint as c (subscriber_id, partition, partitions, position, \
-                 applied, duplicates, stale, dead_lettered, last_committed_at, updated_at) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, now()) \
-                 on conflict (subscriber_id, partition) do update set \
-                 partitions = excluded.partitions, \
-                 position = greatest(c.position, excluded.position), \
-                 applied = c.applied + excluded.applied, \
-                 duplicates = c.duplicates + excluded.duplicates, \
-                 stale = c.stale + excluded.stale, \
-                 dead_lettered = c.dead_lettered + excluded.dead_lettered, \
-                 last_committed_at = coalesce(excluded.last_committed_at, c.last_committed_at), \
-                 updated_at = now() \
-                 where c.partitions = excluded.partitions",
-                s = q(schema)
-            ))
+            .prepare(&schema.sql(SAVE))
             .await
             .map_err(StoreError::db("preparing checkpoint save"))?;
         Ok(Checkpoints {
@@ -72,12 +113,11 @@ impl Checkpoints {
     /// counters are kept, summed into partition 0.
     pub async fn reconcile(
         client: &mut Client,
-        schema: &str,
+        schema: &Schema,
         subscriber: &str,
         partitions: u32,
         fence: &crate::leader::Fence,
     ) -> Result<(), StoreError> {
-        let s = q(schema);
         let n = partitions as i32;
         let tx = client
             .transaction()
@@ -91,32 +131,22 @@ impl Checkpoints {
         .await
         .map_err(StoreError::db("locking checkpoints"))?;
         let rows = tx
-            .query(
-                &format!(
-                    "select partition, partitions, position from {s}.checkpoint \
-                     where subscriber_id = $1 for update"
-                ),
-                &[&subscriber],
-            )
+            .query(&schema.sql(LOCK_ALL), &[&subscriber])
             .await
             .map_err(StoreError::db("reading checkpoints"))?;
-        let stored: Vec<(i32, i32, i64)> = rows
+        let stored: Vec<Stored> = rows
             .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .map(|r| Stored {
+                partitions: r.get("partitions"),
+                position: r.get("position"),
+            })
             .collect();
-        if stored.iter().all(|&(_, np, _)| np == n) {
+        if stored.iter().all(|c| c.partitions == n) {
             // Same layout: a partition without a row has read nothing yet.
             if stored.len() < partitions as usize {
-                tx.execute(
-                    &format!(
-                        "insert into {s}.checkpoint (subscriber_id, partition, partitions, position) \
-                         select $1::text, p, $2::int4, 0 from generate_series(0, $2::int4 - 1) as p \
-                         on conflict do nothing"
-                    ),
-                    &[&subscriber, &n],
-                )
-                .await
-                .map_err(StoreError::db("creating checkpoints"))?;
+                tx.execute(&schema.sql(CREATE_MISSING), &[&subscriber, &n])
+                    .await
+                    .map_err(StoreError::db("creating checkpoints"))?;
                 fence.check(&tx).await?;
                 tx.commit()
                     .await
@@ -124,37 +154,25 @@ impl Checkpoints {
             }
             return Ok(());
         }
-        let old_partitions = stored.iter().map(|&(_, np, _)| np).max().unwrap_or(0);
+        let old_partitions = stored.iter().map(|c| c.partitions).max().unwrap_or(0);
         let resume = if stored.len() < old_partitions.max(0) as usize {
             0
         } else {
-            stored.iter().map(|&(_, _, pos)| pos).min().unwrap_or(0)
+            stored.iter().map(|c| c.position).min().unwrap_or(0)
         };
         let totals = tx
-            .query_one(
-                &format!(
-                    "with old as (delete from {s}.checkpoint where subscriber_id = $1 returning *) \
-                     select coalesce(sum(applied), 0)::int8, coalesce(sum(duplicates), 0)::int8, \
-                     coalesce(sum(stale), 0)::int8, coalesce(sum(dead_lettered), 0)::int8, \
-                     max(last_committed_at) from old"
-                ),
-                &[&subscriber],
-            )
+            .query_one(&schema.sql(DELETE_SUMMED), &[&subscriber])
             .await
             .map_err(StoreError::db("resetting checkpoints"))?;
-        let (applied, duplicates, stale, dead): (i64, i64, i64, i64) =
-            (totals.get(0), totals.get(1), totals.get(2), totals.get(3));
-        let last: Option<SystemTime> = totals.get(4);
+        let (applied, duplicates, stale, dead): (i64, i64, i64, i64) = (
+            totals.get("applied"),
+            totals.get("duplicates"),
+            totals.get("stale"),
+            totals.get("dead_lettered"),
+        );
+        let last: Option<SystemTime> = totals.get("last_committed_at");
         tx.execute(
-            &format!(
-                "insert into {s}.checkpoint (subscriber_id, partition, partitions, position, \
-                 applied, duplicates, stale, dead_lettered, last_committed_at) \
-                 select $1::text, p, $2::int4, $3::int8, \
-                   case when p = 0 then $4::int8 else 0 end, case when p = 0 then $5::int8 else 0 end, \
-                   case when p = 0 then $6::int8 else 0 end, case when p = 0 then $7::int8 else 0 end, \
-                   $8::timestamptz \
-                 from generate_series(0, $2::int4 - 1) as p"
-            ),
+            &schema.sql(CREATE_LAYOUT),
             &[
                 &subscriber,
                 &n,
@@ -180,21 +198,15 @@ impl Checkpoints {
     /// Where `partition` resumes (after [`Checkpoints::reconcile`]).
     pub async fn position(
         client: &Client,
-        schema: &str,
+        schema: &Schema,
         subscriber: &str,
         partition: u32,
     ) -> Result<i64, StoreError> {
         Ok(client
-            .query_opt(
-                &format!(
-                    "select position from {}.checkpoint where subscriber_id = $1 and partition = $2",
-                    q(schema)
-                ),
-                &[&subscriber, &(partition as i32)],
-            )
+            .query_opt(&schema.sql(POSITION), &[&subscriber, &(partition as i32)])
             .await
             .map_err(StoreError::db("loading a checkpoint"))?
-            .map_or(0, |r| r.get(0)))
+            .map_or(0, |r| r.get("position")))
     }
 
     /// Saves a partition's position and adds `stats` (in the batch's transaction; the

@@ -8,16 +8,21 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::q;
+use crate::schema::Schema;
+
+/// Claims each of `$2` for subscriber `$1`; returns the IDs not claimed before.
+const CLAIM: &str =
+    "insert into {schema}.processed_message (subscriber_id, message_id, processed_at) \
+     select $1, id, now() from unnest($2::uuid[]) as claim(id) \
+     on conflict do nothing returning message_id";
+
+/// Releases the claims of subscriber `$1` on the IDs `$2`.
+const UNCLAIM: &str =
+    "delete from {schema}.processed_message where subscriber_id = $1 and message_id = any($2)";
 
 /// The claim statement for `schema`; prepare it once per connection.
-pub fn claim_sql(schema: &str) -> String {
-    format!(
-        "insert into {}.processed_message (subscriber_id, message_id, processed_at) \
-         select $1, id, now() from unnest($2::uuid[]) as claim(id) \
-         on conflict do nothing returning message_id",
-        q(schema)
-    )
+pub fn claim_sql(schema: &Schema) -> String {
+    schema.sql(CLAIM)
 }
 
 /// Claims `ids` for `subscriber` inside `tx`; returns the IDs this transaction claimed.
@@ -35,7 +40,7 @@ pub async fn claim(
         .query(statement, &[&subscriber, &ids])
         .await
         .map_err(StoreError::db(format!("claiming events for {subscriber}")))?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(rows.iter().map(|r| r.get("message_id")).collect())
 }
 
 /// Takes back claims made earlier in `tx` for events that were not applied after all
@@ -43,21 +48,15 @@ pub async fn claim(
 /// again in the transaction that applies them. Only ever in the claiming transaction.
 pub async fn unclaim(
     tx: &Transaction<'_>,
-    schema: &str,
+    schema: &Schema,
     subscriber: &str,
     ids: &[Uuid],
 ) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
-    tx.execute(
-        &format!(
-            "delete from {}.processed_message where subscriber_id = $1 and message_id = any($2)",
-            q(schema)
-        ),
-        &[&subscriber, &ids],
-    )
-    .await
-    .map_err(StoreError::db(format!("releasing claims of {subscriber}")))?;
+    tx.execute(&schema.sql(UNCLAIM), &[&subscriber, &ids])
+        .await
+        .map_err(StoreError::db(format!("releasing claims of {subscriber}")))?;
     Ok(())
 }

@@ -9,8 +9,8 @@ use uuid::Uuid;
 use walfold_event::{DeadLetter, DeadLetterStatus, Reason, RowOrigin};
 
 use crate::error::StoreError;
-use crate::q;
 use crate::rebuild::RebuildState;
+use walfold_config::quote_ident;
 
 /// Prepared statements for dead letters and parking.
 #[derive(Clone)]
@@ -33,7 +33,7 @@ impl DeadLetters {
         schema: &str,
         source: Option<&str>,
     ) -> Result<Self, StoreError> {
-        let s = q(schema);
+        let s = quote_ident(schema);
         let insert = client
             .prepare(&format!(
                 // Any conflict is on one of the ingest identities (a change, a backfilled
@@ -141,7 +141,7 @@ impl DeadLetters {
                     "select p.aggregate_type, p.aggregate_id, d.reason = $2 \
                      from {s}.parked_aggregate p join {s}.dead_letter d on d.id = p.dead_letter_id \
                      where p.subscriber_id = $1",
-                    s = q(schema)
+                    s = quote_ident(schema)
                 ),
                 &[&subscriber, &Reason::VersionGap],
             )
@@ -197,7 +197,7 @@ impl DeadLetters {
                        and ($2::text is null or subscriber_id = $2 \
                             or ($2 = 'ingest' and subscriber_id is null)) \
                      order by id desc limit $3",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[&all, &subscriber, &limit, &DeadLetterStatus::Open],
             )
@@ -239,7 +239,7 @@ impl DeadLetters {
                 &format!(
                     "update {}.dead_letter set status = $3, resolution = $2, \
                      resolved_at = now() where id = $1 and status = $4",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[
                     &id,
@@ -281,7 +281,7 @@ impl DeadLetters {
         schema: &str,
         request: RetryRequest<'_>,
     ) -> Result<u64, StoreError> {
-        let s = q(schema);
+        let s = quote_ident(schema);
         match request {
             RetryRequest::One(id) => {
                 let row = client
@@ -381,7 +381,7 @@ impl DeadLetters {
                 &format!(
                     "select distinct aggregate_type, aggregate_id from {}.dead_letter \
                      where subscriber_id = $1 and status = $2 and seq is not null",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[&subscriber, &DeadLetterStatus::Retrying],
             )
@@ -407,7 +407,7 @@ impl DeadLetters {
                      where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
                        and status = any($6) and seq > $4 \
                      order by seq, id limit $5",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[
                     &subscriber,
@@ -442,7 +442,7 @@ impl DeadLetters {
             &format!(
                 "update {}.dead_letter set status = $3, resolution = $2, \
                  resolved_at = now(), attempts = attempts + 1 where id = $1",
-                q(schema)
+                quote_ident(schema)
             ),
             &[&id, &outcome, &DeadLetterStatus::Retried],
         )
@@ -461,7 +461,7 @@ impl DeadLetters {
         head: i64,
         error: &str,
     ) -> Result<(), StoreError> {
-        let s = q(schema);
+        let s = quote_ident(schema);
         client
             .execute(
                 &format!(
@@ -499,7 +499,7 @@ impl DeadLetters {
             &format!(
                 "delete from {s}.parked_aggregate where subscriber_id = $1 \
                  and aggregate_key = {s}.aggregate_key($2, $3)",
-                s = q(schema)
+                s = quote_ident(schema)
             ),
             &[&subscriber, &aggregate_type, &aggregate_id],
         )
@@ -548,7 +548,7 @@ impl DeadLetters {
                      where d.subscriber_id = $1 and d.reason = $5 \
                        and d.status = $4 and d.seq is not null \
                      order by d.seq, d.id",
-                    q(schema)
+                    quote_ident(schema)
                 ),
                 &[
                     &subscriber,
@@ -584,7 +584,7 @@ impl DeadLetters {
         tx.execute(
             &format!(
                 "delete from {}.dead_letter where id = any($1) and status = $2",
-                q(schema)
+                quote_ident(schema)
             ),
             &[&ids, &DeadLetterStatus::Waiting],
         )
@@ -609,7 +609,7 @@ impl DeadLetters {
                  where p.dead_letter_id <> $4 and p.subscriber_id = $1 and p.aggregate_key = {s}.aggregate_key($2, $3) \
                    and exists (select 1 from {s}.dead_letter d where d.id = p.dead_letter_id \
                                and d.status = $5)",
-                s = q(schema)
+                s = quote_ident(schema)
             ),
             &[
                 &subscriber,
@@ -637,7 +637,7 @@ impl DeadLetters {
                      extract(epoch from p.parked_at)::float8 \
                      from {s}.parked_aggregate p join {s}.dead_letter d on d.id = p.dead_letter_id \
                      where p.subscriber_id = $1 and d.reason = $2",
-                    s = q(schema)
+                    s = quote_ident(schema)
                 ),
                 &[&subscriber, &Reason::VersionGap],
             )
@@ -684,7 +684,7 @@ impl DeadLetters {
             &format!(
                 "update {s}.parked_aggregate set dead_letter_id = $3 where subscriber_id = $1 \
                  and aggregate_key = {s}.aggregate_key($2, $4)",
-                s = q(schema)
+                s = quote_ident(schema)
             ),
             &[&subscriber, &gap.aggregate_type, &id, &gap.aggregate_id],
         )
@@ -712,7 +712,7 @@ impl DeadLetters {
                  where subscriber_id = $1 and aggregate_type = $2 and aggregate_id = $3 \
                    and reason = $8 and seq is null \
                    and status = any($7)",
-                q(schema)
+                quote_ident(schema)
             ),
             &[
                 &subscriber,
@@ -746,7 +746,7 @@ impl DeadLetters {
             &format!(
                 "update {}.dead_letter set status = $3, error = $2, attempts = attempts + 1, \
                  last_failed_at = now() where id = $1 and status = $4",
-                q(schema)
+                quote_ident(schema)
             ),
             &[
                 &letter,

@@ -16,7 +16,8 @@ use crate::connect::SERVER_KEEPALIVES;
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::log_order::{LogOrder, Turn};
-use crate::q;
+use crate::schema::Schema;
+use walfold_config::quote_ident;
 
 /// What one append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,7 +68,7 @@ impl EventLog {
         source: &str,
         order: std::sync::Arc<LogOrder>,
     ) -> Result<Self, StoreError> {
-        let s = q(schema);
+        let s = quote_ident(schema);
         // The slot is acknowledged after this connection's commits: they must be durable
         // whatever the server's or role's default.
         client
@@ -190,7 +191,7 @@ impl EventLog {
                 &format!(
                     "select slot, lsn from {}.ingest_position \
                      where source = $1 and slot <> $2 and lsn > '0/0' order by slot",
-                    q(&self.schema)
+                    quote_ident(&self.schema)
                 ),
                 &[&self.source, &self.slot],
             )
@@ -535,7 +536,7 @@ impl EventLog {
                 &format!(
                     "insert into {}.slot_gap (slot, reason, from_lsn) values ($1, $2, $3) \
                      on conflict (slot) where to_lsn is null do nothing",
-                    q(&self.schema)
+                    quote_ident(&self.schema)
                 ),
                 &[&self.slot, &reason, &from],
             )
@@ -548,7 +549,7 @@ impl EventLog {
     /// gap's start (a failover to a server that was behind), the ingest position moves
     /// back to `to` as well. Returns the closed gap's start.
     pub async fn close_gap(&mut self, to: Lsn) -> Result<Option<Lsn>, StoreError> {
-        let s = q(&self.schema);
+        let s = quote_ident(&self.schema);
         let to_pg: PgLsn = to.into();
         let tx = self
             .client
@@ -632,23 +633,34 @@ impl Filter {
     }
 }
 
+/// Up to `$6` events after seq `$1` and at most `$8` of partition `$3` of `$2` that pass
+/// the filters `$4`, `$5`, `$7`, each row with the head `h` (one row with null event
+/// columns when none does).
+const READ_PAGE: &str = "with head as (select coalesce(max(seq), 0) as h from {schema}.event_log) \
+     select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
+     e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at, \
+     e.source \
+     from head left join lateral ( \
+       select * from {schema}.event_log l \
+       where l.seq > $1 and l.seq <= $8 and l.seq <= head.h \
+         and ($2::int4 = 1 or l.partition_hash % $2::int4 = $3::int4) \
+         and ($4::text[] is null or l.event_type = any($4::text[])) \
+         and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
+         and ($7::text[] is null or l.source = any($7::text[])) \
+       order by l.seq limit $6) e on true";
+
+/// The events with the seqs `$1`, in seq order.
+const READ_EVENTS: &str =
+    "select seq, event_id, aggregate_type, aggregate_id, event_type, version, \
+     payload, headers, occurred_at, source_lsn, committed_at, source \
+     from {schema}.event_log where seq = any($1) order by seq";
+
+/// The highest seq in the log (0 when empty).
+const HEAD: &str = "select coalesce(max(seq), 0) as head from {schema}.event_log";
+
 /// The page read of [`read_page`].
-pub fn read_sql(schema: &str) -> String {
-    format!(
-        "with head as (select coalesce(max(seq), 0) as h from {s}.event_log) \
-         select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
-         e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at, \
-         e.source \
-         from head left join lateral ( \
-           select * from {s}.event_log l \
-           where l.seq > $1 and l.seq <= $8 and l.seq <= head.h \
-             and ($2::int4 = 1 or l.partition_hash % $2::int4 = $3::int4) \
-             and ($4::text[] is null or l.event_type = any($4::text[])) \
-             and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
-             and ($7::text[] is null or l.source = any($7::text[])) \
-           order by l.seq limit $6) e on true",
-        s = q(schema)
-    )
+pub fn read_sql(schema: &Schema) -> String {
+    schema.sql(READ_PAGE)
 }
 
 /// Seqs one read looks at, in pages of its limit per partition: the bound on its work.
@@ -691,11 +703,11 @@ pub async fn read_page(
         )
         .await
         .map_err(StoreError::db("reading the event log"))?;
-    let head: i64 = rows.first().map_or(after, |r| r.get(0));
+    let head: i64 = rows.first().map_or(after, |r| r.get("h"));
     let mut events = Vec::with_capacity(rows.len());
     for r in &rows {
-        if r.get::<_, Option<i64>>(1).is_some() {
-            events.push(event_from_row(r, 1));
+        if r.get::<_, Option<i64>>("seq").is_some() {
+            events.push(event_from_row(r));
         }
     }
     // Fewer than the limit: every event of the window is here, up to the head.
@@ -713,56 +725,46 @@ pub async fn read_page(
     })
 }
 
-/// An event from a row holding the event columns from `at` on, in [`read_sql`]'s order.
-fn event_from_row(r: &Row, at: usize) -> Event {
+/// An event from a row holding the `event_log` columns, by name (in any order, beside
+/// other columns).
+fn event_from_row(r: &Row) -> Event {
     Event {
-        seq: r.get(at),
-        id: r.get(at + 1),
-        aggregate_type: r.get(at + 2),
-        aggregate_id: r.get(at + 3),
-        event_type: r.get(at + 4),
-        version: r.get(at + 5),
-        payload: r.get(at + 6),
-        headers: r.get(at + 7),
-        occurred_at: r.get(at + 8),
-        source_lsn: r.get::<_, PgLsn>(at + 9).into(),
-        committed_at: r.get(at + 10),
-        source: r.get(at + 11),
+        seq: r.get("seq"),
+        id: r.get("event_id"),
+        aggregate_type: r.get("aggregate_type"),
+        aggregate_id: r.get("aggregate_id"),
+        event_type: r.get("event_type"),
+        version: r.get("version"),
+        payload: r.get("payload"),
+        headers: r.get("headers"),
+        occurred_at: r.get("occurred_at"),
+        source_lsn: r.get::<_, PgLsn>("source_lsn").into(),
+        committed_at: r.get("committed_at"),
+        source: r.get("source"),
     }
 }
 
 /// The events with these seqs, in seq order (those still in the log).
 pub async fn read_events(
     client: &impl tokio_postgres::GenericClient,
-    schema: &str,
+    schema: &Schema,
     seqs: &[i64],
 ) -> Result<Vec<Event>, StoreError> {
     let rows = client
-        .query(
-            &format!(
-                "select seq, event_id, aggregate_type, aggregate_id, event_type, version, \
-                 payload, headers, occurred_at, source_lsn, committed_at, source \
-                 from {}.event_log where seq = any($1) order by seq",
-                q(schema)
-            ),
-            &[&seqs],
-        )
+        .query(&schema.sql(READ_EVENTS), &[&seqs])
         .await
         .map_err(StoreError::db("reading events"))?;
-    Ok(rows.iter().map(|r| event_from_row(r, 0)).collect())
+    Ok(rows.iter().map(event_from_row).collect())
 }
 
 /// The log's head: the highest seq (0 when empty).
 pub async fn head(
     client: &impl tokio_postgres::GenericClient,
-    schema: &str,
+    schema: &Schema,
 ) -> Result<i64, StoreError> {
     Ok(client
-        .query_one(
-            &format!("select coalesce(max(seq), 0) from {}.event_log", q(schema)),
-            &[],
-        )
+        .query_one(&schema.sql(HEAD), &[])
         .await
         .map_err(StoreError::db("reading the event log head"))?
-        .get(0))
+        .get("head"))
 }

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connect::connect;
 use crate::error::StoreError;
-use crate::q;
+use crate::schema::Schema;
 
 /// Advisory-lock class of the leader lock (`'walL'`); the key is the schema's hash.
 const LEADER_LOCK: i32 = 0x7761_6c4c;
@@ -85,7 +85,7 @@ impl Fence {
             )
             .await
             .map_err(StoreError::db("checking leadership"))?;
-        self.verdict(row.get(0))
+        self.verdict(row.get("leads"))
     }
 
     /// The check prepared on `client`, for a connection's hot path (no parse per call).
@@ -123,7 +123,7 @@ impl Fence {
     /// This leader's fence on another walfold schema (an extra target's, taken over by
     /// [`Fence::extend_to`]): the same epoch, under that schema's key class, checked
     /// against that schema's `leader` row.
-    pub(crate) fn on_schema(&self, schema: &str, class: i32, place: String) -> Fence {
+    pub(crate) fn on_schema(&self, schema: &Schema, class: i32, place: String) -> Fence {
         Fence {
             check: fence_sql(schema).into(),
             key: EpochKey {
@@ -136,13 +136,18 @@ impl Fence {
     }
 }
 
-/// The one statement that proves leadership inside a transaction (see the module docs).
-fn fence_sql(schema: &str) -> String {
-    format!(
-        "select pg_try_advisory_xact_lock_shared($1, $2) \
-         and exists (select 1 from {}.leader where epoch = $3)",
-        q(schema)
-    )
+/// The one statement that proves leadership inside a transaction (see the module docs):
+/// the shared lock on key (`$1`, `$2`) and epoch `$3` still recorded.
+const FENCE: &str = "select pg_try_advisory_xact_lock_shared($1, $2) \
+     and exists (select 1 from {schema}.leader where epoch = $3) as leads";
+
+/// Advances the leader epoch; returns it with the schema's key class (`hashtext($1)`).
+const ADVANCE: &str = "update {schema}.leader set epoch = epoch + 1, pid = pg_backend_pid(), \
+     acquired_at = now() returning epoch, hashtext($1) as class";
+
+/// [`FENCE`] for `schema`.
+fn fence_sql(schema: &Schema) -> String {
+    schema.sql(FENCE)
 }
 
 /// [`Fence::check`] prepared on one connection.
@@ -160,7 +165,7 @@ impl PreparedFence {
             .query_one(&self.statement, &[&key.class, &key.objid(), &key.epoch])
             .await
             .map_err(StoreError::db("checking leadership"))?;
-        self.fence.verdict(row.get(0))
+        self.fence.verdict(row.get("leads"))
     }
 }
 
@@ -169,7 +174,7 @@ impl Leadership {
     /// `cancel` fires first.
     pub async fn acquire(
         url: &str,
-        schema: &str,
+        schema: &Schema,
         cancel: &CancellationToken,
     ) -> Result<Option<Leadership>, StoreError> {
         let mut announced = false;
@@ -177,14 +182,14 @@ impl Leadership {
             match Self::try_once(url, schema).await {
                 Ok(Some((client, key))) => {
                     tracing::info!(
-                        schema,
+                        schema = schema.name(),
                         epoch = key.epoch,
                         "leading: this instance reads the slot and projects"
                     );
                     return Ok(Some(Self::watch(client, schema, key)));
                 }
                 Ok(None) if !announced => {
-                    tracing::info!(schema, "another walfold leads; standing by");
+                    tracing::info!(schema = schema.name(), "another walfold leads; standing by");
                     announced = true;
                 }
                 Ok(None) => {}
@@ -203,7 +208,7 @@ impl Leadership {
 
     /// Leads now if no other instance does (for one-shot commands that change what the
     /// leader runs, e.g. aborting a rebuild while no daemon is up).
-    pub async fn try_acquire(url: &str, schema: &str) -> Result<Option<Leadership>, StoreError> {
+    pub async fn try_acquire(url: &str, schema: &Schema) -> Result<Option<Leadership>, StoreError> {
         Ok(Self::try_once(url, schema)
             .await?
             .map(|(client, key)| Self::watch(client, schema, key)))
@@ -211,7 +216,10 @@ impl Leadership {
 
     /// One attempt: a new session that holds the lock, has advanced the epoch and has
     /// fenced off the previous one, or `None` if another session holds the lock.
-    async fn try_once(url: &str, schema: &str) -> Result<Option<(Client, EpochKey)>, StoreError> {
+    async fn try_once(
+        url: &str,
+        schema: &Schema,
+    ) -> Result<Option<(Client, EpochKey)>, StoreError> {
         let client = connect(url).await?;
         client
             .batch_execute(crate::connect::SERVER_KEEPALIVES)
@@ -220,7 +228,7 @@ impl Leadership {
         let locked: bool = client
             .query_one(
                 "select pg_try_advisory_lock($1::int4, hashtext($2))",
-                &[&LEADER_LOCK, &schema],
+                &[&LEADER_LOCK, &schema.name()],
             )
             .await
             .map_err(StoreError::db("taking the leader lock"))?
@@ -229,19 +237,12 @@ impl Leadership {
             return Ok(None);
         }
         let row = client
-            .query_one(
-                &format!(
-                    "update {}.leader set epoch = epoch + 1, pid = pg_backend_pid(), \
-                     acquired_at = now() returning epoch, hashtext($1)",
-                    q(schema)
-                ),
-                &[&schema],
-            )
+            .query_one(&schema.sql(ADVANCE), &[&schema.name()])
             .await
             .map_err(StoreError::db("advancing the leader epoch"))?;
         let key = EpochKey {
-            epoch: row.get(0),
-            class: row.get(1),
+            epoch: row.get("epoch"),
+            class: row.get("class"),
         };
         let previous = EpochKey {
             epoch: key.epoch - 1,
@@ -264,7 +265,7 @@ impl Leadership {
                 Ok(_) => break,
                 Err(e) if crate::error::sqlstate(&e) == Some("55P03") => {
                     tracing::warn!(
-                        schema,
+                        schema = schema.name(),
                         "waiting for the previous leader's transactions to end before taking over"
                     );
                 }
@@ -280,7 +281,7 @@ impl Leadership {
 
     /// Checks the session every second; a failed or slow check means the lock may be
     /// gone, so leadership counts as lost at once.
-    fn watch(client: Client, schema: &str, key: EpochKey) -> Leadership {
+    fn watch(client: Client, schema: &Schema, key: EpochKey) -> Leadership {
         let lost = CancellationToken::new();
         let signal = lost.clone();
         let fence = Fence {

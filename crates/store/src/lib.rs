@@ -17,6 +17,7 @@ mod pause;
 mod prune;
 pub mod rebuild;
 mod registry;
+mod schema;
 mod status;
 mod stream_stage;
 mod target_lease;
@@ -43,6 +44,7 @@ pub use prune::{
 };
 pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};
+pub use schema::Schema;
 pub use status::{
     event_log_estimate, metrics_reading, status, status_of, target_status, IngestStatus,
     PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus,
@@ -51,8 +53,3 @@ pub use status::{
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;
 pub use tls::{client_config as tls_client_config, SslMode};
-
-/// Quotes an identifier (the configured schema) for SQL.
-pub(crate) fn q(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
-}

@@ -16,7 +16,7 @@ use tokio_postgres::Client;
 
 use crate::connect::connect;
 use crate::error::StoreError;
-use crate::q;
+use crate::schema::Schema;
 
 /// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
 const APPENDER_LOCK: i32 = 0x7761_6c66;
@@ -24,7 +24,7 @@ const APPENDER_LOCK: i32 = 0x7761_6c66;
 /// The appender lock and the log's head, shared by every appender of a schema.
 pub struct LogOrder {
     url: String,
-    schema: String,
+    schema: Schema,
     state: Mutex<State>,
 }
 
@@ -45,17 +45,17 @@ pub struct Turn<'a> {
 
 impl LogOrder {
     /// The order of `schema`'s log; the lock is taken at the first turn.
-    pub fn new(url: &str, schema: &str) -> LogOrder {
+    pub fn new(url: &str, schema: &Schema) -> LogOrder {
         LogOrder {
             url: url.to_owned(),
-            schema: schema.to_owned(),
+            schema: schema.clone(),
             state: Mutex::new(State::default()),
         }
     }
 
     /// Takes the appender lock of `schema` (fails with [`StoreError::Busy`] while
     /// another process holds it).
-    pub async fn acquire(url: &str, schema: &str) -> Result<LogOrder, StoreError> {
+    pub async fn acquire(url: &str, schema: &Schema) -> Result<LogOrder, StoreError> {
         let order = LogOrder::new(url, schema);
         order.turn().await?.advance_none();
         Ok(order)
@@ -73,17 +73,7 @@ impl LogOrder {
             Some(h) => h,
             None => {
                 let session = state.session.as_ref().expect("taken above");
-                let h: i64 = session
-                    .query_one(
-                        &format!(
-                            "select coalesce(max(seq), 0) from {}.event_log",
-                            q(&self.schema)
-                        ),
-                        &[],
-                    )
-                    .await
-                    .map_err(StoreError::db("reading the event log head"))?
-                    .get(0);
+                let h = crate::event_log::head(session, &self.schema).await?;
                 state.head = Some(h);
                 h
             }
@@ -103,16 +93,16 @@ impl LogOrder {
             .map_err(StoreError::db("configuring the appender lock session"))?;
         let locked: bool = client
             .query_one(
-                "select pg_try_advisory_lock($1::int4, hashtext($2))",
-                &[&APPENDER_LOCK, &self.schema],
+                "select pg_try_advisory_lock($1::int4, hashtext($2)) as locked",
+                &[&APPENDER_LOCK, &self.schema.name()],
             )
             .await
             .map_err(StoreError::db("taking the appender lock"))?
-            .get(0);
+            .get("locked");
         if !locked {
             return Err(StoreError::Busy(format!(
                 "another walfold is appending to {}.event_log; waiting for it to stop",
-                self.schema
+                self.schema.name()
             )));
         }
         Ok(client)

@@ -9,41 +9,44 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::ConnectOptions;
 
 use crate::error::StoreError;
-use crate::q;
+use crate::schema::Schema;
 
 /// Every file in `migrations/`, found and embedded at build time.
 pub(crate) fn embedded() -> Migrator {
     sqlx::migrate!("../../migrations")
 }
 
+/// sqlx's bookkeeping table, inside walfold's schema.
+const BOOKKEEPING: &str = "{schema}._sqlx_migrations";
+
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
-pub async fn migrate(url: &str, schema: &str) -> Result<(), StoreError> {
+pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
     let options = PgConnectOptions::from_str(url)
         .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.to_owned(),
+            schema: schema.name().to_owned(),
             source,
         })?
         // Quoted, so a mixed-case schema is not folded to lower case.
-        .options([("search_path", q(schema))])
+        .options([("search_path", schema.quoted())])
         .application_name("walfold-migrate")
         .disable_statement_logging();
     let mut conn = options
         .connect()
         .await
         .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.to_owned(),
+            schema: schema.name().to_owned(),
             source,
         })?;
     let mut migrator = embedded();
-    migrator.dangerous_set_table_name(format!("{}._sqlx_migrations", q(schema)));
-    migrator.create_schema(q(schema));
+    migrator.dangerous_set_table_name(schema.sql(BOOKKEEPING));
+    migrator.create_schema(schema.quoted().to_owned());
     // `run_direct` is sqlx's documented way around "Acquire is not general enough" when
     // the future must be Send (it runs inside a spawned task).
     migrator
         .run_direct(None, &mut conn, false)
         .await
         .map_err(|source| StoreError::Migrate {
-            schema: schema.to_owned(),
+            schema: schema.name().to_owned(),
             source,
         })?;
     Ok(())

@@ -6,14 +6,27 @@ use tokio_postgres::Client;
 
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::q;
+use crate::schema::Schema;
+
+/// Records why partition `$2` of subscriber `$1` is paused, replacing an earlier reason.
+const RECORD: &str =
+    "insert into {schema}.projection_pause as p (subscriber_id, partition, sqlstate, error) \
+     values ($1, $2, $3, $4) on conflict (subscriber_id, partition) do update \
+     set sqlstate = excluded.sqlstate, error = excluded.error, updated_at = now()";
+
+/// Forgets every pause.
+const CLEAR_ALL: &str = "delete from {schema}.projection_pause";
+
+/// Forgets the pause of partition `$2` of subscriber `$1`.
+const CLEAR: &str =
+    "delete from {schema}.projection_pause where subscriber_id = $1 and partition = $2";
 
 /// Records (or updates) why `partition` of `subscriber` is paused; fenced, so a deposed
 /// leader cannot leave a pause behind that nothing would clear.
 pub async fn record_pause(
     client: &mut Client,
     fence: &Fence,
-    schema: &str,
+    schema: &Schema,
     subscriber: &str,
     partition: u32,
     sqlstate: Option<&str>,
@@ -25,12 +38,7 @@ pub async fn record_pause(
         .map_err(StoreError::db("recording a pause"))?;
     fence.check(&tx).await?;
     tx.execute(
-        &format!(
-            "insert into {}.projection_pause as p (subscriber_id, partition, sqlstate, error) \
-                 values ($1, $2, $3, $4) on conflict (subscriber_id, partition) do update \
-                 set sqlstate = excluded.sqlstate, error = excluded.error, updated_at = now()",
-            q(schema)
-        ),
+        &schema.sql(RECORD),
         &[&subscriber, &(partition as i32), &sqlstate, &error],
     )
     .await
@@ -45,14 +53,14 @@ pub async fn record_pause(
 pub async fn clear_pauses(
     client: &mut Client,
     fence: &Fence,
-    schema: &str,
+    schema: &Schema,
 ) -> Result<(), StoreError> {
     let tx = client
         .transaction()
         .await
         .map_err(StoreError::db("clearing pauses"))?;
     fence.check(&tx).await?;
-    tx.execute(&format!("delete from {}.projection_pause", q(schema)), &[])
+    tx.execute(&schema.sql(CLEAR_ALL), &[])
         .await
         .map_err(StoreError::db("clearing pauses"))?;
     tx.commit()
@@ -64,18 +72,12 @@ pub async fn clear_pauses(
 /// Clears the pause of `partition` of `subscriber`.
 pub async fn clear_pause(
     client: &Client,
-    schema: &str,
+    schema: &Schema,
     subscriber: &str,
     partition: u32,
 ) -> Result<(), StoreError> {
     client
-        .execute(
-            &format!(
-                "delete from {}.projection_pause where subscriber_id = $1 and partition = $2",
-                q(schema)
-            ),
-            &[&subscriber, &(partition as i32)],
-        )
+        .execute(&schema.sql(CLEAR), &[&subscriber, &(partition as i32)])
         .await
         .map_err(StoreError::db("clearing a pause"))?;
     Ok(())

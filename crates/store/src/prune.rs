@@ -21,9 +21,81 @@ use tokio_postgres::Client;
 
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::q;
 use crate::rebuild::RebuildState;
+use crate::schema::Schema;
 use walfold_event::DeadLetterStatus;
+
+/// A batch (`$3`) of subscriber `$1`'s claims older than `$2` seconds whose events are
+/// gone or at most seq `$4` (passed by every partition).
+const PRUNE_CLAIMS: &str = "delete from {schema}.processed_message where ctid = any(array( \
+     select m.ctid from {schema}.processed_message m \
+     where m.subscriber_id = $1 and m.processed_at < now() - make_interval(secs => $2) \
+       and not exists (select 1 from {schema}.event_log e \
+                       where e.event_id = m.message_id and e.seq > $4) \
+     limit $3))";
+
+/// A batch (`$3`) of events up to seq `$1` older than `$2` seconds that no unresolved
+/// (`$4`) dead letter needs.
+const PRUNE_EVENTS: &str = "delete from {schema}.event_log where seq = any(array( \
+     select e.seq from {schema}.event_log e \
+     where e.seq <= $1 and e.appended_at < now() - make_interval(secs => $2) \
+       and not exists (select 1 from {schema}.dead_letter d where d.seq = e.seq \
+                       and d.subscriber_id is not null and d.status = any($4)) \
+     order by e.seq limit $3))";
+
+/// Every projection's active subscriber and every rebuild's in progress (states `$1`).
+const HOLDERS: &str = "select subscriber_id from {schema}.projection union \
+     select subscriber_id from {schema}.rebuild where state = any($1)";
+
+/// The first seq an unresolved (`$1`) dead letter still needs.
+const FIRST_NEEDED: &str =
+    "select min(seq) as seq from {schema}.dead_letter where subscriber_id is not null \
+     and seq is not null and status = any($1)";
+
+/// Registers target `$1` as holding the whole log, unless registered.
+const REGISTER_TARGET: &str =
+    "insert into {schema}.target_hold (target, bound) values ($1, 0) on conflict do nothing";
+
+/// Records that target `$1` lets go of the log up to `$2`.
+const RECORD_HOLD: &str = "insert into {schema}.target_hold (target, bound) values ($1, $2) \
+     on conflict (target) do update set bound = excluded.bound, updated_at = now()";
+
+/// Forgets target `$1`'s hold.
+const FORGET_HOLD: &str = "delete from {schema}.target_hold where target = $1";
+
+/// Every recorded target hold.
+const HOLDS: &str = "select target, bound from {schema}.target_hold";
+
+/// A batch (`$3`) of subscriber `$1`'s claims older than `$2` seconds, except on `$4`.
+const PRUNE_CLAIMS_ELSEWHERE: &str =
+    "delete from {schema}.processed_message where ctid = any(array( \
+     select m.ctid from {schema}.processed_message m \
+     where m.subscriber_id = $1 and m.processed_at < now() - make_interval(secs => $2) \
+       and m.message_id <> all($4::uuid[]) \
+     limit $3))";
+
+/// How far the furthest partition of subscriber `$1` has read.
+const REACHED: &str = "select coalesce(max(position), 0) as reached from {schema}.checkpoint where subscriber_id = $1";
+
+/// The IDs of the events after seq `$1` up to `$2`.
+const EVENT_IDS: &str = "select event_id from {schema}.event_log where seq > $1 and seq <= $2";
+
+/// A batch (`$1`) of the claims of subscribers a rebuild retired (aborted `$2`, or
+/// replaced and finished `$3`), unless one serves or rebuilds (`$4`) again.
+const PRUNE_RETIRED_CLAIMS: &str =
+    "delete from {schema}.processed_message where ctid = any(array( \
+     select ctid from {schema}.processed_message where subscriber_id = any(array( \
+       select subscriber_id from {schema}.rebuild where state = $2 union \
+       select previous_subscriber from {schema}.rebuild where state = $3 \
+       except select subscriber_id from {schema}.projection \
+       except select subscriber_id from {schema}.rebuild where state = any($4))) \
+     limit $1))";
+
+/// Subscriber `$1`'s checkpoint count, partition count and lowest position.
+const PASSED: &str =
+    "select count(*) as checkpoints, coalesce(max(partitions), 0)::int8 as partitions, \
+     coalesce(min(position), 0) as position \
+     from {schema}.checkpoint where subscriber_id = $1";
 
 /// What to prune.
 #[derive(Debug, Clone)]
@@ -53,20 +125,12 @@ pub struct Pruned {
 /// transaction that this instance still leads.
 pub async fn prune(
     client: &mut Client,
-    schema: &str,
+    schema: &Schema,
     policy: &PrunePolicy,
     fence: Option<&Fence>,
 ) -> Result<Pruned, StoreError> {
-    let s = q(schema);
     let mut pruned = Pruned::default();
-    let claims = format!(
-        "delete from {s}.processed_message where ctid = any(array( \
-         select m.ctid from {s}.processed_message m \
-         where m.subscriber_id = $1 and m.processed_at < now() - make_interval(secs => $2) \
-           and not exists (select 1 from {s}.event_log e \
-                           where e.event_id = m.message_id and e.seq > $4) \
-         limit $3))"
-    );
+    let claims = schema.sql(PRUNE_CLAIMS);
     for (subscriber, retention) in &policy.claims {
         let passed = passed(client, schema, subscriber).await?;
         pruned.claims += delete_batches(
@@ -78,7 +142,7 @@ pub async fn prune(
         )
         .await?;
     }
-    pruned.claims += delete_retired_claims(client, fence, &s, policy.batch).await?;
+    pruned.claims += delete_retired_claims(client, fence, schema, policy.batch).await?;
     let Some(retention) = policy.event_log else {
         return Ok(pruned);
     };
@@ -95,14 +159,7 @@ pub async fn prune(
     if bound <= 0 {
         return Ok(pruned);
     }
-    let events = format!(
-        "delete from {s}.event_log where seq = any(array( \
-         select e.seq from {s}.event_log e \
-         where e.seq <= $1 and e.appended_at < now() - make_interval(secs => $2) \
-           and not exists (select 1 from {s}.dead_letter d where d.seq = e.seq \
-                           and d.subscriber_id is not null and d.status = any($4)) \
-         order by e.seq limit $3))"
-    );
+    let events = schema.sql(PRUNE_EVENTS);
     pruned.events = delete_batches(
         client,
         fence,
@@ -121,20 +178,13 @@ pub async fn prune(
 
 /// The subscribers that hold events in the log: every projection's active one, and
 /// every rebuild's in progress.
-async fn holders(client: &Client, schema: &str) -> Result<Vec<String>, StoreError> {
-    let s = q(schema);
+async fn holders(client: &Client, schema: &Schema) -> Result<Vec<String>, StoreError> {
     Ok(client
-        .query(
-            &format!(
-                "select subscriber_id from {s}.projection union \
-                 select subscriber_id from {s}.rebuild where state = any($1)"
-            ),
-            &[&RebuildState::REPLAYING],
-        )
+        .query(&schema.sql(HOLDERS), &[&RebuildState::REPLAYING])
         .await
         .map_err(StoreError::db("reading subscribers for pruning"))?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| r.get("subscriber_id"))
         .collect())
 }
 
@@ -143,8 +193,7 @@ async fn holders(client: &Client, schema: &str) -> Result<Vec<String>, StoreErro
 /// the first event an open dead letter there still needs (a coarser rule than the main
 /// target's per-event one, which a join across databases cannot express). `None` when
 /// nothing there holds events.
-pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreError> {
-    let s = q(schema);
+pub async fn hold(client: &Client, schema: &Schema) -> Result<Option<i64>, StoreError> {
     let holders = holders(client, schema).await?;
     let mut bound: Option<i64> = None;
     for subscriber in &holders {
@@ -152,16 +201,10 @@ pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreErr
         bound = Some(bound.map_or(p, |b| b.min(p)));
     }
     let needed: Option<i64> = client
-        .query_one(
-            &format!(
-                "select min(seq) from {s}.dead_letter where subscriber_id is not null \
-                 and seq is not null and status = any($1)"
-            ),
-            &[&DeadLetterStatus::UNRESOLVED],
-        )
+        .query_one(&schema.sql(FIRST_NEEDED), &[&DeadLetterStatus::UNRESOLVED])
         .await
         .map_err(StoreError::db("reading dead letters for pruning"))?
-        .get(0);
+        .get("seq");
     if let Some(first) = needed {
         bound = Some(bound.map_or(first - 1, |b| b.min(first - 1)));
     }
@@ -173,7 +216,7 @@ pub async fn hold(client: &Client, schema: &str) -> Result<Option<i64>, StoreErr
 /// projections run, taking it out of the config never frees what they have not read.
 pub async fn register_target(
     client: &mut Client,
-    schema: &str,
+    schema: &Schema,
     target: &str,
     fence: &Fence,
 ) -> Result<(), StoreError> {
@@ -181,15 +224,9 @@ pub async fn register_target(
         .transaction()
         .await
         .map_err(StoreError::db("registering a target"))?;
-    tx.execute(
-        &format!(
-            "insert into {}.target_hold (target, bound) values ($1, 0) on conflict do nothing",
-            q(schema)
-        ),
-        &[&target],
-    )
-    .await
-    .map_err(StoreError::db("registering a target"))?;
+    tx.execute(&schema.sql(REGISTER_TARGET), &[&target])
+        .await
+        .map_err(StoreError::db("registering a target"))?;
     fence.check(&tx).await?;
     tx.commit()
         .await
@@ -202,12 +239,11 @@ pub async fn register_target(
 /// bound holds the log until the row is deleted.
 pub async fn record_holds(
     client: &mut Client,
-    schema: &str,
+    schema: &Schema,
     holds: &[(String, Option<i64>)],
     configured: &[String],
     fence: Option<&Fence>,
 ) -> Result<(Option<i64>, Vec<(String, i64)>), StoreError> {
-    let s = q(schema);
     let tx = client
         .transaction()
         .await
@@ -215,26 +251,17 @@ pub async fn record_holds(
     for (target, bound) in holds {
         match bound {
             Some(b) => tx
-                .execute(
-                    &format!(
-                        "insert into {s}.target_hold (target, bound) values ($1, $2) \
-                         on conflict (target) do update set bound = excluded.bound, updated_at = now()"
-                    ),
-                    &[target, b],
-                )
+                .execute(&schema.sql(RECORD_HOLD), &[target, b])
                 .await
                 .map_err(StoreError::db("recording a target hold"))?,
             None => tx
-                .execute(
-                    &format!("delete from {s}.target_hold where target = $1"),
-                    &[target],
-                )
+                .execute(&schema.sql(FORGET_HOLD), &[target])
                 .await
                 .map_err(StoreError::db("recording a target hold"))?,
         };
     }
     let rows = tx
-        .query(&format!("select target, bound from {s}.target_hold"), &[])
+        .query(&schema.sql(HOLDS), &[])
         .await
         .map_err(StoreError::db("reading target holds"))?;
     if let Some(fence) = fence {
@@ -246,7 +273,7 @@ pub async fn record_holds(
     let mut lowest: Option<i64> = None;
     let mut removed = Vec::new();
     for r in &rows {
-        let (target, bound): (String, i64) = (r.get(0), r.get(1));
+        let (target, bound): (String, i64) = (r.get("target"), r.get("bound"));
         lowest = Some(lowest.map_or(bound, |l| l.min(bound)));
         if !configured.contains(&target) {
             removed.push((target, bound));
@@ -265,33 +292,21 @@ const AHEAD_LIMIT: i64 = 100_000;
 /// `log` is a connection to the main target (schema `log_schema`), where the events are.
 pub async fn prune_claims_elsewhere(
     client: &mut Client,
-    schema: &str,
+    schema: &Schema,
     log: &Client,
-    log_schema: &str,
+    log_schema: &Schema,
     policy: &PrunePolicy,
     fence: Option<&Fence>,
 ) -> Result<Pruned, StoreError> {
-    let s = q(schema);
     let mut pruned = Pruned::default();
-    let claims = format!(
-        "delete from {s}.processed_message where ctid = any(array( \
-         select m.ctid from {s}.processed_message m \
-         where m.subscriber_id = $1 and m.processed_at < now() - make_interval(secs => $2) \
-           and m.message_id <> all($4::uuid[]) \
-         limit $3))"
-    );
+    let claims = schema.sql(PRUNE_CLAIMS_ELSEWHERE);
     for (subscriber, retention) in &policy.claims {
         let passed = passed(client, schema, subscriber).await?;
         let reached: i64 = client
-            .query_one(
-                &format!(
-                    "select coalesce(max(position), 0) from {s}.checkpoint where subscriber_id = $1"
-                ),
-                &[subscriber],
-            )
+            .query_one(&schema.sql(REACHED), &[subscriber])
             .await
             .map_err(StoreError::db("reading checkpoints for pruning"))?
-            .get(0);
+            .get("reached");
         if reached - passed > AHEAD_LIMIT {
             tracing::debug!(
                 subscriber,
@@ -302,17 +317,11 @@ pub async fn prune_claims_elsewhere(
             continue;
         }
         let ahead: Vec<uuid::Uuid> = log
-            .query(
-                &format!(
-                    "select event_id from {}.event_log where seq > $1 and seq <= $2",
-                    q(log_schema)
-                ),
-                &[&passed, &reached],
-            )
+            .query(&log_schema.sql(EVENT_IDS), &[&passed, &reached])
             .await
             .map_err(StoreError::db("reading the event log for pruning"))?
             .iter()
-            .map(|r| r.get(0))
+            .map(|r| r.get("event_id"))
             .collect();
         pruned.claims += delete_batches(
             client,
@@ -323,27 +332,19 @@ pub async fn prune_claims_elsewhere(
         )
         .await?;
     }
-    pruned.claims += delete_retired_claims(client, fence, &s, policy.batch).await?;
+    pruned.claims += delete_retired_claims(client, fence, schema, policy.batch).await?;
     Ok(pruned)
 }
 
 /// Deletes the claims of subscribers a rebuild retired (aborted, or replaced and
-/// finished); `s` is the quoted schema.
+/// finished).
 async fn delete_retired_claims(
     client: &mut Client,
     fence: Option<&Fence>,
-    s: &str,
+    schema: &Schema,
     batch: i64,
 ) -> Result<u64, StoreError> {
-    let sql = format!(
-        "delete from {s}.processed_message where ctid = any(array( \
-         select ctid from {s}.processed_message where subscriber_id = any(array( \
-           select subscriber_id from {s}.rebuild where state = $2 union \
-           select previous_subscriber from {s}.rebuild where state = $3 \
-           except select subscriber_id from {s}.projection \
-           except select subscriber_id from {s}.rebuild where state = any($4))) \
-         limit $1))"
-    );
+    let sql = schema.sql(PRUNE_RETIRED_CLAIMS);
     delete_batches(
         client,
         fence,
@@ -360,19 +361,16 @@ async fn delete_retired_claims(
 }
 
 /// The seq every partition of `subscriber` has passed (0 when one has not started).
-async fn passed(client: &Client, schema: &str, subscriber: &str) -> Result<i64, StoreError> {
+async fn passed(client: &Client, schema: &Schema, subscriber: &str) -> Result<i64, StoreError> {
     let row = client
-        .query_one(
-            &format!(
-                "select count(*), coalesce(max(partitions), 0)::int8, coalesce(min(position), 0) \
-                 from {}.checkpoint where subscriber_id = $1",
-                q(schema)
-            ),
-            &[&subscriber],
-        )
+        .query_one(&schema.sql(PASSED), &[&subscriber])
         .await
         .map_err(StoreError::db("reading checkpoints for pruning"))?;
-    let (n, partitions, min): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    let (n, partitions, min): (i64, i64, i64) = (
+        row.get("checkpoints"),
+        row.get("partitions"),
+        row.get("position"),
+    );
     Ok(if n == 0 || n < partitions { 0 } else { min })
 }
 

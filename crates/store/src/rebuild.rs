@@ -11,7 +11,7 @@ use walfold_config::QualifiedName;
 
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::q;
+use walfold_config::quote_ident;
 use walfold_event::DeadLetterStatus;
 
 walfold_event::stored_enum! {
@@ -140,7 +140,7 @@ async fn read_open(
             &format!(
                 "select {COLUMNS} from {}.rebuild \
                  where state = any($1) order by requested_at{lock}",
-                q(schema)
+                quote_ident(schema)
             ),
             &[&RebuildState::OPEN],
         )
@@ -160,7 +160,7 @@ pub async fn start(
     previous: &str,
     subscriber: &str,
 ) -> Result<Rebuild, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let shadow = sibling(live, "__rebuild")?;
     let retired = sibling(live, "__retired")?;
     let tx = client
@@ -279,7 +279,7 @@ pub async fn readiness(
     slack: i64,
     log_head: Option<i64>,
 ) -> Result<Readiness, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let row = client
         .query_one(
             &format!(
@@ -317,7 +317,7 @@ pub async fn switch(
     rebuild: &Rebuild,
     fence: &Fence,
 ) -> Result<bool, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let (live, shadow, retired) = (
         rebuild.live_table(),
         rebuild.shadow_table(),
@@ -398,7 +398,7 @@ pub async fn request_abort(
     schema: &str,
     projection: &str,
 ) -> Result<Rebuild, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let row = client
         .query_opt(
             &format!(
@@ -451,7 +451,7 @@ pub async fn abort(
     rebuild: &Rebuild,
     fence: &Fence,
 ) -> Result<(), StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let tx = client
         .transaction()
         .await
@@ -497,7 +497,7 @@ pub async fn finish(
     projection: &str,
     fence: Option<&Fence>,
 ) -> Result<Rebuild, StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     let tx = client
         .transaction()
         .await
@@ -552,7 +552,7 @@ async fn retire_subscriber(
     subscriber: &str,
     why: &str,
 ) -> Result<(), StoreError> {
-    let s = q(schema);
+    let s = quote_ident(schema);
     for sql in [
         format!("delete from {s}.checkpoint where subscriber_id = $1 and $2::text is not null"),
         format!(
@@ -606,7 +606,7 @@ pub async fn forget_claims(
     let sql = format!(
         "delete from {s}.processed_message where ctid = any(array( \
          select ctid from {s}.processed_message where subscriber_id = $1 limit $2))",
-        s = q(schema)
+        s = quote_ident(schema)
     );
     let mut total = 0;
     loop {

@@ -6,51 +6,59 @@
 use tokio_postgres::Client;
 
 use crate::error::StoreError;
-use crate::q;
 use crate::rebuild::RebuildState;
+use crate::schema::Schema;
+
+/// Registers projection `$1` with subscriber `$2` unless it is registered.
+const REGISTER: &str =
+    "insert into {schema}.projection (name, subscriber_id, configured_subscriber) \
+     values ($1, $2, $2) on conflict (name) do nothing";
+
+/// Projection `$1`'s live and last configured subscriber, locked for the transaction.
+const LOCK: &str = "select subscriber_id, configured_subscriber from {schema}.projection \
+     where name = $1 for update";
+
+/// What the latest rebuild of projection `$1` did with subscriber `$2`: `rebuilding`
+/// (still replaying under it, states `$3`) or `replaced` (switched away, states `$4`).
+const REBUILD_ROLE: &str =
+    "select case when subscriber_id = $2 and state = any($3) then 'rebuilding' \
+     when previous_subscriber = $2 and state = any($4) then 'replaced' end as role \
+     from {schema}.rebuild where projection = $1 \
+     and (subscriber_id = $2 or previous_subscriber = $2) \
+     order by requested_at desc limit 1";
+
+/// Makes `$2` projection `$1`'s live and configured subscriber.
+const ADOPT: &str =
+    "update {schema}.projection set subscriber_id = $2, configured_subscriber = $2, \
+     updated_at = now() where name = $1";
+
+/// Every projection and its live subscriber.
+const ALL: &str = "select name, subscriber_id from {schema}.projection";
 
 /// The subscriber ID serving `projection` live, given the config's `configured` ID.
 pub async fn active_subscriber(
     client: &mut Client,
-    schema: &str,
+    schema: &Schema,
     projection: &str,
     configured: &str,
 ) -> Result<String, StoreError> {
-    let s = q(schema);
     let tx = client
         .transaction()
         .await
         .map_err(StoreError::db("reading the projection registry"))?;
-    tx.execute(
-        &format!(
-            "insert into {s}.projection (name, subscriber_id, configured_subscriber) \
-             values ($1, $2, $2) on conflict (name) do nothing"
-        ),
-        &[&projection, &configured],
-    )
-    .await
-    .map_err(StoreError::db("registering a projection"))?;
+    tx.execute(&schema.sql(REGISTER), &[&projection, &configured])
+        .await
+        .map_err(StoreError::db("registering a projection"))?;
     let row = tx
-        .query_one(
-            &format!(
-                "select subscriber_id, configured_subscriber from {s}.projection \
-                 where name = $1 for update"
-            ),
-            &[&projection],
-        )
+        .query_one(&schema.sql(LOCK), &[&projection])
         .await
         .map_err(StoreError::db("reading the projection registry"))?;
-    let (active, recorded): (String, String) = (row.get(0), row.get(1));
+    let (active, recorded): (String, String) =
+        (row.get("subscriber_id"), row.get("configured_subscriber"));
     // What a rebuild of this projection did with the configured ID, if anything.
     let role: Option<String> = tx
         .query_opt(
-            &format!(
-                "select case when subscriber_id = $2 and state = any($3) then 'rebuilding' \
-                 when previous_subscriber = $2 and state = any($4) then 'replaced' end \
-                 from {s}.rebuild where projection = $1 \
-                 and (subscriber_id = $2 or previous_subscriber = $2) \
-                 order by requested_at desc limit 1"
-            ),
+            &schema.sql(REBUILD_ROLE),
             &[
                 &projection,
                 &configured,
@@ -60,7 +68,7 @@ pub async fn active_subscriber(
         )
         .await
         .map_err(StoreError::db("reading rebuilds"))?
-        .and_then(|r| r.get(0));
+        .and_then(|r| r.get("role"));
     let active = if recorded == configured || role.as_deref() == Some("replaced") {
         // The config still names the subscriber a rebuild replaced: stale, not a choice.
         active
@@ -70,15 +78,9 @@ pub async fn active_subscriber(
              that ID; keep {active} until the rebuild has switched over"
         )));
     } else {
-        tx.execute(
-            &format!(
-                "update {s}.projection set subscriber_id = $2, configured_subscriber = $2, \
-                 updated_at = now() where name = $1"
-            ),
-            &[&projection, &configured],
-        )
-        .await
-        .map_err(StoreError::db("updating the projection registry"))?;
+        tx.execute(&schema.sql(ADOPT), &[&projection, &configured])
+            .await
+            .map_err(StoreError::db("updating the projection registry"))?;
         configured.to_owned()
     };
     tx.commit()
@@ -91,32 +93,29 @@ pub async fn active_subscriber(
 }
 
 /// The subscriber IDs serving projections now.
-pub async fn active_subscribers(client: &Client, schema: &str) -> Result<Vec<String>, StoreError> {
+pub async fn active_subscribers(
+    client: &Client,
+    schema: &Schema,
+) -> Result<Vec<String>, StoreError> {
     Ok(client
-        .query(
-            &format!("select subscriber_id from {}.projection", q(schema)),
-            &[],
-        )
+        .query(&schema.sql(ALL), &[])
         .await
         .map_err(StoreError::db("reading the projection registry"))?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| r.get("subscriber_id"))
         .collect())
 }
 
 /// The registry as (projection name, active subscriber) pairs.
 pub async fn active_projections(
     client: &Client,
-    schema: &str,
+    schema: &Schema,
 ) -> Result<Vec<(String, String)>, StoreError> {
     Ok(client
-        .query(
-            &format!("select name, subscriber_id from {}.projection", q(schema)),
-            &[],
-        )
+        .query(&schema.sql(ALL), &[])
         .await
         .map_err(StoreError::db("reading the projection registry"))?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| (r.get("name"), r.get("subscriber_id")))
         .collect())
 }

@@ -13,8 +13,51 @@ use walfold_telemetry::metrics::{
 };
 
 use crate::error::StoreError;
-use crate::q;
 use crate::rebuild::RebuildState;
+use crate::schema::Schema;
+
+/// Slot `$1` on the source: whether it streams, how far it confirmed, what it retains.
+const SLOT: &str = "select active, confirmed_flush_lsn, \
+     (pg_current_wal_lsn() - restart_lsn)::int8 as retained_bytes, \
+     (pg_current_wal_lsn() - confirmed_flush_lsn)::int8 as lag_bytes, wal_status \
+     from pg_replication_slots where slot_name = $1";
+
+/// Slot `$1`'s ingest position and counters.
+const INGEST: &str = "select lsn, appended, duplicates, id_conflicts, malformed, ignored_changes, \
+     extract(epoch from updated_at)::float8 as updated_at_unix from {schema}.ingest_position where slot = $1";
+
+/// How many gaps slot `$1` has recorded.
+const SLOT_GAPS: &str = "select count(*) as gaps from {schema}.slot_gap where slot = $1";
+
+/// Each subscriber's checkpoints summed, with its parked aggregates and first pause.
+const SUBSCRIBERS: &str = "select c.subscriber_id, max(c.partitions) as partitions, \
+     case when count(*) < max(c.partitions) then 0 else min(c.position) end as position, \
+     sum(c.applied)::int8 as applied, \
+     sum(c.duplicates)::int8 as duplicates, sum(c.stale)::int8 as stale, \
+     sum(c.dead_lettered)::int8 as dead_lettered, \
+     max(c.last_committed_at) as last_committed_at, \
+     (select count(*) from {schema}.parked_aggregate p where p.subscriber_id = c.subscriber_id) as parked, \
+     (select count(*) from {schema}.projection_pause z where z.subscriber_id = c.subscriber_id) as paused, \
+     (select array[z.sqlstate, z.error, extract(epoch from z.since)::text] \
+      from {schema}.projection_pause z where z.subscriber_id = c.subscriber_id \
+      order by z.since limit 1) as first_pause \
+     from {schema}.checkpoint c group by c.subscriber_id order by c.subscriber_id";
+
+/// When the first event after seq `$1` was committed (or appended).
+const OLDEST_AFTER: &str =
+    "select coalesce(committed_at, appended_at) as at from {schema}.event_log \
+     where seq > $1 order by seq limit 1";
+
+/// How many dead letters are in status `$1`.
+const DEAD_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter where status = $1";
+
+/// Estimated claim rows in schema `$1` (reltuples is -1 until the first analyze; the
+/// live count is kept from the start).
+const CLAIM_ROWS: &str =
+    "select greatest(c.reltuples::int8, coalesce(t.n_live_tup, 0), 0) as claims from pg_class c \
+     join pg_namespace n on n.oid = c.relnamespace \
+     left join pg_stat_all_tables t on t.relid = c.oid \
+     where n.nspname = $1 and c.relname = 'processed_message'";
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -182,7 +225,7 @@ pub struct PauseStatus {
 pub async fn status(
     source: &Client,
     target: &Client,
-    schema: &str,
+    schema: &Schema,
     slot: &str,
 ) -> Result<Status, StoreError> {
     let probe = SourceProbe {
@@ -195,24 +238,18 @@ pub async fn status(
 
 async fn read_slot(source: &Client, slot: &str) -> Result<Option<SlotStatus>, StoreError> {
     let slot_row = source
-        .query_opt(
-            "select active, confirmed_flush_lsn, \
-             (pg_current_wal_lsn() - restart_lsn)::int8, \
-             (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, wal_status \
-             from pg_replication_slots where slot_name = $1",
-            &[&slot],
-        )
+        .query_opt(SLOT, &[&slot])
         .await
         .map_err(StoreError::db("reading the slot"))?;
     Ok(slot_row.map(|r| SlotStatus {
         name: slot.to_owned(),
-        active: r.get(0),
+        active: r.get("active"),
         confirmed_flush_lsn: r
-            .get::<_, Option<PgLsn>>(1)
+            .get::<_, Option<PgLsn>>("confirmed_flush_lsn")
             .map(|l| Lsn::from(l).to_string()),
-        retained_bytes: r.get(2),
-        lag_bytes: r.get(3),
-        wal_status: r.get(4),
+        retained_bytes: r.get("retained_bytes"),
+        lag_bytes: r.get("lag_bytes"),
+        wal_status: r.get("wal_status"),
     }))
 }
 
@@ -220,11 +257,10 @@ async fn read_slot(source: &Client, slot: &str) -> Result<Option<SlotStatus>, St
 /// `only`: the only source, whose slot not being readable is an error of the whole status.
 async fn source_status(
     target: &Client,
-    schema: &str,
+    schema: &Schema,
     probe: &SourceProbe<'_>,
     only: bool,
 ) -> Result<SourceStatus, StoreError> {
-    let s = q(schema);
     let (slot, error) = match &probe.client {
         Ok(source) if only => (read_slot(source, probe.slot).await?, None),
         Ok(source) => match read_slot(source, probe.slot).await {
@@ -235,32 +271,23 @@ async fn source_status(
     };
     let slot_name = probe.slot;
     let ingest = target
-        .query_opt(
-            &format!(
-                "select lsn, appended, duplicates, id_conflicts, malformed, ignored_changes, \
-                 extract(epoch from updated_at)::float8 from {s}.ingest_position where slot = $1"
-            ),
-            &[&slot_name],
-        )
+        .query_opt(&schema.sql(INGEST), &[&slot_name])
         .await
         .map_err(StoreError::db("reading the ingest position"))?
         .map(|r| IngestStatus {
-            lsn: Lsn::from(r.get::<_, PgLsn>(0)).to_string(),
-            appended: r.get(1),
-            duplicates: r.get(2),
-            id_conflicts: r.get(3),
-            malformed: r.get(4),
-            ignored_changes: r.get(5),
-            updated_at_unix: r.get(6),
+            lsn: Lsn::from(r.get::<_, PgLsn>("lsn")).to_string(),
+            appended: r.get("appended"),
+            duplicates: r.get("duplicates"),
+            id_conflicts: r.get("id_conflicts"),
+            malformed: r.get("malformed"),
+            ignored_changes: r.get("ignored_changes"),
+            updated_at_unix: r.get("updated_at_unix"),
         });
     let slot_gaps: i64 = target
-        .query_one(
-            &format!("select count(*) from {s}.slot_gap where slot = $1"),
-            &[&slot_name],
-        )
+        .query_one(&schema.sql(SLOT_GAPS), &[&slot_name])
         .await
         .map_err(StoreError::db("counting slot gaps"))?
-        .get(0);
+        .get("gaps");
     Ok(SourceStatus {
         name: probe.name.to_owned(),
         slot_name: slot_name.to_owned(),
@@ -275,7 +302,7 @@ async fn source_status(
 /// `schema` (add the extra targets' parts with [`Status::add`]).
 pub async fn status_of(
     target: &Client,
-    schema: &str,
+    schema: &Schema,
     sources: &[SourceProbe<'_>],
 ) -> Result<Status, StoreError> {
     let mut per_source = Vec::with_capacity(sources.len());
@@ -309,7 +336,7 @@ pub async fn status_of(
 pub async fn metrics_reading(
     sources: &[SourceProbe<'_>],
     target: &Client,
-    schema: &str,
+    schema: &Schema,
     extra: Vec<TargetStatus>,
     active: &[(String, String)],
 ) -> Result<DatabaseReading, StoreError> {
@@ -361,108 +388,79 @@ pub async fn metrics_reading(
 }
 
 /// The planner's estimate of the event log's rows, for the metrics scrape.
-pub async fn event_log_estimate(target: &Client, schema: &str) -> Result<i64, StoreError> {
+pub async fn event_log_estimate(target: &Client, schema: &Schema) -> Result<i64, StoreError> {
     Ok(target
-        .query_one(
-            "select greatest(reltuples, 0)::int8 from pg_class where oid = to_regclass($1)",
-            &[&format!("{}.event_log", q(schema))],
-        )
+        .query_one(EVENT_LOG_ESTIMATE, &[&schema.sql("{schema}.event_log")])
         .await
         .map_err(StoreError::db("estimating event_log"))?
-        .get(0))
+        .get("rows"))
 }
+
+/// The planner's row estimate of table `$1` (a name for `to_regclass`, bound as a value).
+const EVENT_LOG_ESTIMATE: &str =
+    "select greatest(reltuples, 0)::int8 as rows from pg_class where oid = to_regclass($1)";
 
 /// The part of the status a target holds: `target` is the database holding `schema`
 /// (the subscribers' state), `log` the one holding the event log in `log_schema` (the
 /// same for the main target); `name` says which target it is.
 pub async fn target_status(
     log: &Client,
-    log_schema: &str,
+    log_schema: &Schema,
     target: &Client,
-    schema: &str,
+    schema: &Schema,
     name: &str,
 ) -> Result<TargetStatus, StoreError> {
-    let s = q(schema);
     let head = crate::event_log::head(log, log_schema).await?;
     // A partition without a checkpoint row has read nothing (it may still be
     // connecting): its subscriber's position is 0, never the others' minimum.
     let rows = target
-        .query(
-            &format!(
-                "select c.subscriber_id, max(c.partitions), \
-                 case when count(*) < max(c.partitions) then 0 else min(c.position) end, \
-                 sum(c.applied)::int8, \
-                 sum(c.duplicates)::int8, sum(c.stale)::int8, sum(c.dead_lettered)::int8, \
-                 max(c.last_committed_at), \
-                 (select count(*) from {s}.parked_aggregate p where p.subscriber_id = c.subscriber_id), \
-                 (select count(*) from {s}.projection_pause z where z.subscriber_id = c.subscriber_id), \
-                 (select array[z.sqlstate, z.error, extract(epoch from z.since)::text] \
-                  from {s}.projection_pause z where z.subscriber_id = c.subscriber_id \
-                  order by z.since limit 1) \
-                 from {s}.checkpoint c group by c.subscriber_id order by c.subscriber_id"
-            ),
-            &[],
-        )
+        .query(&schema.sql(SUBSCRIBERS), &[])
         .await
         .map_err(StoreError::db("reading checkpoints"))?;
     let now = SystemTime::now();
-    let oldest_after = format!(
-        "select coalesce(committed_at, appended_at) from {}.event_log \
-         where seq > $1 order by seq limit 1",
-        q(log_schema)
-    );
+    let oldest_after = log_schema.sql(OLDEST_AFTER);
     let mut subscribers: Vec<SubscriberStatus> = Vec::with_capacity(rows.len());
     for r in &rows {
-        let position: i64 = r.get(2);
+        let position: i64 = r.get("position");
         let lag_seconds = if head > position {
             log.query_opt(&oldest_after, &[&position])
                 .await
                 .map_err(StoreError::db("reading the oldest unapplied event"))?
-                .and_then(|row| row.get::<_, Option<SystemTime>>(0))
+                .and_then(|row| row.get::<_, Option<SystemTime>>("at"))
                 .map(|t| now.duration_since(t).map_or(0.0, |d| d.as_secs_f64()))
         } else {
             None
         };
         subscribers.push(SubscriberStatus {
-            subscriber: r.get(0),
+            subscriber: r.get("subscriber_id"),
             target: name.to_owned(),
-            partitions: r.get(1),
+            partitions: r.get("partitions"),
             position,
             lag_events: (head - position).max(0),
             lag_seconds,
-            applied: r.get(3),
-            duplicates: r.get(4),
-            stale: r.get(5),
-            dead_lettered: r.get(6),
-            parked_aggregates: r.get(8),
-            paused: pause_status(r.get(9), r.get(10)),
+            applied: r.get("applied"),
+            duplicates: r.get("duplicates"),
+            stale: r.get("stale"),
+            dead_lettered: r.get("dead_lettered"),
+            parked_aggregates: r.get("parked"),
+            paused: pause_status(r.get("paused"), r.get("first_pause")),
         });
     }
     let dead_letters_open: i64 = target
-        .query_one(
-            &format!("select count(*) from {s}.dead_letter where status = $1"),
-            &[&DeadLetterStatus::Open],
-        )
+        .query_one(&schema.sql(DEAD_LETTERS), &[&DeadLetterStatus::Open])
         .await
         .map_err(StoreError::db("counting dead letters"))?
-        .get(0);
+        .get("letters");
     let processed_message_rows: i64 = target
-        .query_one(
-            // reltuples is -1 until the first analyze; the live count is kept from the start.
-            "select greatest(c.reltuples::int8, coalesce(t.n_live_tup, 0), 0) from pg_class c \
-             join pg_namespace n on n.oid = c.relnamespace \
-             left join pg_stat_all_tables t on t.relid = c.oid \
-             where n.nspname = $1 and c.relname = 'processed_message'",
-            &[&schema],
-        )
+        .query_one(CLAIM_ROWS, &[&schema.name()])
         .await
         .map_err(StoreError::db("estimating processed_message"))?
-        .get(0);
+        .get("claims");
     let mut rebuilds = Vec::new();
     let now_unix = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    for r in crate::rebuild::open(target, schema).await? {
+    for r in crate::rebuild::open(target, schema.name()).await? {
         let (replayed, remaining) = match subscribers.iter().find(|s| s.subscriber == r.subscriber)
         {
             Some(sub) => (

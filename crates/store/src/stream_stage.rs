@@ -18,7 +18,7 @@ use walfold_event::{partition_hash, DeadLetter, ErrorKind, Lsn, NewEvent, Reason
 
 use crate::error::StoreError;
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
-use crate::q;
+use walfold_config::quote_ident;
 
 /// One change of a streamed transaction, in stream order.
 #[derive(Debug, Clone)]
@@ -74,7 +74,7 @@ impl EventLog {
             .execute(
                 &format!(
                     "delete from {}.stream_stage where slot = $1",
-                    q(parts.schema)
+                    quote_ident(parts.schema)
                 ),
                 &[&parts.slot],
             )
@@ -100,7 +100,7 @@ impl EventLog {
              select $1, * from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
              $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
              $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[])",
-            q(parts.schema)
+            quote_ident(parts.schema)
         );
         let n = changes.len();
         let mut xids = Vec::with_capacity(n);
@@ -207,7 +207,7 @@ impl EventLog {
         subxid: Option<u32>,
     ) -> Result<u64, StoreError> {
         let parts = self.parts();
-        let s = q(parts.schema);
+        let s = quote_ident(parts.schema);
         let tx = parts
             .client
             .transaction()
@@ -252,7 +252,7 @@ impl EventLog {
         one_by_one: bool,
     ) -> Result<StreamOutcome, StoreError> {
         let parts = self.parts();
-        let s = q(parts.schema);
+        let s = quote_ident(parts.schema);
         let select = format!(
             "select ord, event_id, aggregate_type, aggregate_id, event_type, version, payload, \
              headers, occurred_at, change_lsn, change_index, rejected from {s}.stream_stage \

@@ -41,7 +41,14 @@ use tokio_postgres::Client;
 use crate::connect::connect;
 use crate::error::StoreError;
 use crate::leader::{EpochKey, Fence};
-use crate::q;
+use crate::schema::Schema;
+
+/// The target's recorded leader epoch and its schema's key class (`hashtext($1)`), locked.
+const LOCK_EPOCH: &str = "select epoch, hashtext($1) as class from {schema}.leader for update";
+
+/// Records this leader's epoch `$1` on the target.
+const RECORD_EPOCH: &str =
+    "update {schema}.leader set epoch = $1, pid = pg_backend_pid(), acquired_at = now()";
 
 /// The session that holds a takeover of an extra target, and the fence for writes there.
 pub struct TargetLease {
@@ -61,13 +68,13 @@ impl Fence {
     /// Takes over the extra target at `url` (walfold's schema `schema`, migrated) for
     /// this leader; see the module docs. Fails with [`StoreError::Fenced`] (and marks
     /// leadership lost) when a newer leader has written there.
-    pub async fn extend_to(&self, url: &str, schema: &str) -> Result<TargetLease, StoreError> {
+    pub async fn extend_to(&self, url: &str, schema: &Schema) -> Result<TargetLease, StoreError> {
         loop {
             match self.take_over(url, schema).await {
                 Err(StoreError::Db { ref source, .. })
                     if crate::error::sqlstate(source) == Some("55P03") =>
                 {
-                    tracing::warn!(target = %crate::connect::walfold_redact(url), schema, "waiting for the previous leader's transactions on this target to end before taking it over");
+                    tracing::warn!(target = %crate::connect::walfold_redact(url), schema = schema.name(), "waiting for the previous leader's transactions on this target to end before taking it over");
                 }
                 other => return other,
             }
@@ -76,7 +83,7 @@ impl Fence {
 
     /// One attempt at [`Fence::extend_to`]; a lock timeout (55P03) means the previous
     /// leader still has a transaction open there.
-    async fn take_over(&self, url: &str, schema: &str) -> Result<TargetLease, StoreError> {
+    async fn take_over(&self, url: &str, schema: &Schema) -> Result<TargetLease, StoreError> {
         let mut client = connect(url).await?;
         client
             .batch_execute(crate::connect::SERVER_KEEPALIVES)
@@ -87,19 +94,13 @@ impl Fence {
             .await
             .map_err(StoreError::db("taking over a target"))?;
         let row = tx
-            .query_one(
-                &format!(
-                    "select epoch, hashtext($1) from {}.leader for update",
-                    q(schema)
-                ),
-                &[&schema],
-            )
+            .query_one(&schema.sql(LOCK_EPOCH), &[&schema.name()])
             .await
             .map_err(StoreError::db("reading the target's leader epoch"))?;
-        let (recorded, class): (i64, i32) = (row.get(0), row.get(1));
+        let (recorded, class): (i64, i32) = (row.get("epoch"), row.get("class"));
         let epoch = self.epoch();
         if recorded > epoch {
-            tracing::warn!(target = %crate::connect::walfold_redact(url), schema, epoch, recorded, "a newer leader has written on this target (or another walfold deployment uses its schema): standing down");
+            tracing::warn!(target = %crate::connect::walfold_redact(url), schema = schema.name(), epoch, recorded, "a newer leader has written on this target (or another walfold deployment uses its schema): standing down");
             return Err(self.deposed());
         }
         if recorded < epoch {
@@ -119,21 +120,15 @@ impl Fence {
             )
             .await
             .map_err(StoreError::db("fencing the previous leader on a target"))?;
-            tx.execute(
-                &format!(
-                    "update {}.leader set epoch = $1, pid = pg_backend_pid(), acquired_at = now()",
-                    q(schema)
-                ),
-                &[&epoch],
-            )
-            .await
-            .map_err(StoreError::db("recording the leader epoch on a target"))?;
+            tx.execute(&schema.sql(RECORD_EPOCH), &[&epoch])
+                .await
+                .map_err(StoreError::db("recording the leader epoch on a target"))?;
         }
         tx.commit()
             .await
             .map_err(StoreError::db("taking over a target"))?;
         tracing::info!(
-            schema,
+            schema = schema.name(),
             epoch,
             previous = recorded,
             "leading on an extra target"
@@ -143,7 +138,11 @@ impl Fence {
             fence: self.on_schema(
                 schema,
                 class,
-                format!("{} schema {schema}", crate::connect::walfold_redact(url)),
+                format!(
+                    "{} schema {}",
+                    crate::connect::walfold_redact(url),
+                    schema.name()
+                ),
             ),
         })
     }

@@ -135,7 +135,14 @@ pub async fn demo() -> Result<(), Failure> {
         .await
         .map_err(Failure::runtime)?;
     let caught_up = wait_for(Duration::from_secs(60), || async {
-        let Ok(s) = walfold_store::status(&client, &client, "walfold", "walfold_demo").await else {
+        let Ok(s) = walfold_store::status(
+            &client,
+            &client,
+            &walfold_store::Schema::new("walfold"),
+            "walfold_demo",
+        )
+        .await
+        else {
             return false;
         };
         s.ingest.as_ref().is_some_and(|i| i.appended >= 9)
@@ -194,9 +201,14 @@ pub async fn demo() -> Result<(), Failure> {
             r.get::<_, Option<i64>>(2).unwrap_or(0)
         );
     }
-    let s = walfold_store::status(&client, &client, "walfold", "walfold_demo")
-        .await
-        .map_err(Failure::runtime)?;
+    let s = walfold_store::status(
+        &client,
+        &client,
+        &walfold_store::Schema::new("walfold"),
+        "walfold_demo",
+    )
+    .await
+    .map_err(Failure::runtime)?;
     if let Some(i) = &s.ingest {
         println!(
             "\nevent log: {} events appended, {} duplicate IDs skipped, {} malformed rows dead-lettered",

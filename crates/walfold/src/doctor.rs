@@ -445,7 +445,7 @@ async fn target_checks(
     home: &walfold_engine::Target,
     target: &Client,
 ) -> Result<(), tokio_postgres::Error> {
-    let schema = &home.schema;
+    let schema = home.schema.name();
     let on = if home.is_extra() {
         format!(" on target {}", home.label())
     } else {
@@ -456,7 +456,7 @@ async fn target_checks(
             "select exists (select 1 from pg_namespace where nspname = $1), \
              has_database_privilege(current_database(), 'create'), \
              coalesce((select has_schema_privilege(oid, 'create') from pg_namespace where nspname = $1), false)",
-            &[schema],
+            &[&schema],
         )
         .await?;
     let (exists, db_create, schema_create): (bool, bool, bool) =

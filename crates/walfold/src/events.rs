@@ -304,7 +304,7 @@ async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, St
         let client = walfold_store::connect(&t.url)
             .await
             .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
-        Ok::<_, Failure>((client, t.schema))
+        Ok::<_, Failure>((client, t.schema.name().to_owned()))
     };
     if let Some(p) = config
         .projection

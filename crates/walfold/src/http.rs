@@ -206,7 +206,7 @@ async fn with_clients<T>(
 
 /// Process metrics always; the database gauges when the database answers in time.
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
-    let schema = &state.config.target.schema;
+    let schema = &walfold_engine::Target::main(&state.config).schema;
     let refresh = with_clients(state, async |sources, target| {
         let (extra, active) = every_target(&state.config, target).await?;
         let reading =
@@ -237,7 +237,7 @@ async fn serving(
     config: &Config,
     label: &str,
     client: &Client,
-    schema: &str,
+    schema: &walfold_store::Schema,
 ) -> Result<Vec<(String, String)>, walfold_store::StoreError> {
     Ok(walfold_store::active_projections(client, schema)
         .await?
@@ -282,7 +282,7 @@ async fn extra_parts(
             let client = walfold_store::connect(&t.url).await?;
             let part = walfold_store::target_status(
                 log,
-                &config.target.schema,
+                &walfold_engine::Target::main(config).schema,
                 &client,
                 &t.schema,
                 t.label(),
@@ -334,7 +334,7 @@ async fn ready(state: &State) -> Result<(), String> {
             "paused by an error of the environment (see `walfold status` and the log)".into(),
         );
     }
-    let schema = &state.config.target.schema;
+    let schema = &walfold_engine::Target::main(&state.config).schema;
     let check = with_clients(state, async |sources, target| {
         let mut status = walfold_store::status_of(target, schema, sources).await?;
         let (parts, active) = every_target(&state.config, target).await?;

@@ -157,7 +157,7 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = rebuild_state(&home_client, &home.schema, s).await?;
+            let state = rebuild_state(&home_client, home.schema.name(), s).await?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.map_or("gone", RebuildState::as_str));
             }
@@ -279,9 +279,12 @@ pub async fn backfill(
             }
         }
     };
-    walfold_store::migrate(config.target_url(), &config.target.schema)
-        .await
-        .map_err(Failure::runtime)?;
+    walfold_store::migrate(
+        config.target_url(),
+        &walfold_engine::Target::main(&config).schema,
+    )
+    .await
+    .map_err(Failure::runtime)?;
     let watcher = BackfillWatcher::open(&config, outbox).await;
     let mut progress = Progress::new(format!("backfill of {outbox}"), "rows");
     let work = ops::backfill(&config, outbox, order_by, batch);

@@ -57,9 +57,13 @@ pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
             .await
             .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
         if t.is_extra() {
-            println!("schema {} on target {} is up to date", t.schema, t.label());
+            println!(
+                "schema {} on target {} is up to date",
+                t.schema.name(),
+                t.label()
+            );
         } else {
-            println!("schema {} is up to date", t.schema);
+            println!("schema {} is up to date", t.schema.name());
         }
     }
     Ok(())

@@ -60,9 +60,13 @@ pub(crate) async fn read(
         })
         .collect();
     let target = &c.target;
-    let mut status = walfold_store::status_of(target, &config.target.schema, &probes)
-        .await
-        .map_err(Failure::runtime)?;
+    let mut status = walfold_store::status_of(
+        target,
+        &walfold_engine::Target::main(config).schema,
+        &probes,
+    )
+    .await
+    .map_err(Failure::runtime)?;
     for t in walfold_engine::Target::all(config)
         .iter()
         .filter(|t| t.is_extra())
@@ -71,7 +75,7 @@ pub(crate) async fn read(
             let client = walfold_store::connect(&t.url).await?;
             walfold_store::target_status(
                 target,
-                &config.target.schema,
+                &walfold_engine::Target::main(config).schema,
                 &client,
                 &t.schema,
                 t.label(),

@@ -635,8 +635,10 @@ async fn a_long_retry_chain_applies_in_order_in_pages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_pruned_during_an_append_is_appended_not_lost() {
     let db = TestDb::new("prunerace");
-    walfold_store::migrate(&db.url(), "walfold").await.unwrap();
-    let order = walfold_store::LogOrder::acquire(&db.url(), "walfold")
+    walfold_store::migrate(&db.url(), &walfold_store::Schema::new("walfold"))
+        .await
+        .unwrap();
+    let order = walfold_store::LogOrder::acquire(&db.url(), &walfold_store::Schema::new("walfold"))
         .await
         .unwrap();
     let mut log = walfold_store::EventLog::open(

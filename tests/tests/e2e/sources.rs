@@ -434,7 +434,9 @@ async fn an_ingest_rejection_is_identified_within_its_source() {
     use walfold_event::{DeadLetter, Lsn, Reason, RowOrigin};
     use walfold_store::DeadLetters;
     let db = TestDb::new("dlsource");
-    walfold_store::migrate(&db.url(), "walfold").await.unwrap();
+    walfold_store::migrate(&db.url(), &walfold_store::Schema::new("walfold"))
+        .await
+        .unwrap();
     let c = db.client().await;
     let letter = |origin: RowOrigin, raw: serde_json::Value| DeadLetter {
         subscriber_id: None,

@@ -588,19 +588,24 @@ url = "{}"
 /// does its attempt to take the target over again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took_it_over() {
-    use walfold_store::{Leadership, StoreError};
+    use walfold_store::{Leadership, Schema, StoreError};
     let main = TestDb::new("fence_main");
     let extra = TestDb::new("fence_extra");
     for url in [main.url(), extra.url()] {
-        walfold_store::migrate(&url, "walfold").await.unwrap();
+        walfold_store::migrate(&url, &Schema::new("walfold"))
+            .await
+            .unwrap();
     }
     let cancel = tokio_util::sync::CancellationToken::new();
-    let a = Leadership::acquire(&main.url(), "walfold", &cancel)
+    let a = Leadership::acquire(&main.url(), &Schema::new("walfold"), &cancel)
         .await
         .unwrap()
         .unwrap();
     let a_main = a.fence();
-    let a_lease = a_main.extend_to(&extra.url(), "walfold").await.unwrap();
+    let a_lease = a_main
+        .extend_to(&extra.url(), &Schema::new("walfold"))
+        .await
+        .unwrap();
     let a_extra = a_lease.fence();
     let mut a_client = extra.client().await;
     // A's transaction on the extra target, in flight when A is deposed.
@@ -611,14 +616,14 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
         .unwrap();
     // A loses its session on the main target; B leads there.
     drop(a);
-    let b = Leadership::acquire(&main.url(), "walfold", &cancel)
+    let b = Leadership::acquire(&main.url(), &Schema::new("walfold"), &cancel)
         .await
         .unwrap()
         .unwrap();
     assert!(b.fence().epoch() > a_main.epoch());
     let takeover = {
         let (fence, url) = (b.fence(), extra.url());
-        tokio::spawn(async move { fence.extend_to(&url, "walfold").await })
+        tokio::spawn(async move { fence.extend_to(&url, &Schema::new("walfold")).await })
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -635,7 +640,9 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
     drop(tx);
     // And A cannot take the target over again: a newer leader has written there.
     assert!(matches!(
-        a_main.extend_to(&extra.url(), "walfold").await,
+        a_main
+            .extend_to(&extra.url(), &Schema::new("walfold"))
+            .await,
         Err(StoreError::Fenced)
     ));
     // B's transactions pass.
@@ -651,7 +658,11 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
         2
     );
     // B taking the target over again (a reconnect) needs no wait and keeps its epoch.
-    let again = b.fence().extend_to(&extra.url(), "walfold").await.unwrap();
+    let again = b
+        .fence()
+        .extend_to(&extra.url(), &Schema::new("walfold"))
+        .await
+        .unwrap();
     let tx = b_client.transaction().await.unwrap();
     again.fence().check(&tx).await.unwrap();
 }
