@@ -655,9 +655,6 @@ const READ_EVENTS: &str =
      payload, headers, occurred_at, source_lsn, committed_at, source \
      from {schema}.event_log where seq = any($1) order by seq";
 
-/// The highest seq in the log (0 when empty).
-const HEAD: &str = "select coalesce(max(seq), 0) as head from {schema}.event_log";
-
 /// The page read of [`read_page`].
 pub fn read_sql(schema: &Schema) -> String {
     schema.sql(READ_PAGE)
@@ -755,16 +752,4 @@ pub async fn read_events(
         .await
         .map_err(StoreError::db("reading events"))?;
     Ok(rows.iter().map(event_from_row).collect())
-}
-
-/// The log's head: the highest seq (0 when empty).
-pub async fn head(
-    client: &impl tokio_postgres::GenericClient,
-    schema: &Schema,
-) -> Result<i64, StoreError> {
-    Ok(client
-        .query_one(&schema.sql(HEAD), &[])
-        .await
-        .map_err(StoreError::db("reading the event log head"))?
-        .get("head"))
 }

@@ -33,10 +33,10 @@ pub use connect::{connect, ConnectOptions, WORKER_SESSION};
 pub use dead_letter::{DeadLetterEntry, DeadLetters, Gap, RetryItem, RetryRequest};
 pub use error::{describe, kind_of, sqlstate, StoreError};
 pub use event_log::{
-    head, read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
+    read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
 };
 pub use leader::{Fence, Leadership, PreparedFence};
-pub use log_order::LogOrder;
+pub use log_order::{head, LogOrder};
 pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
 pub use prune::{

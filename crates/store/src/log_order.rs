@@ -73,7 +73,7 @@ impl LogOrder {
             Some(h) => h,
             None => {
                 let session = state.session.as_ref().expect("taken above");
-                let h = crate::event_log::head(session, &self.schema).await?;
+                let h = head(session, &self.schema).await?;
                 state.head = Some(h);
                 h
             }
@@ -136,4 +136,19 @@ impl Drop for Turn<'_> {
             self.state.head = None;
         }
     }
+}
+
+/// The highest seq in the log (0 when empty).
+const HEAD: &str = "select coalesce(max(seq), 0) as head from {schema}.event_log";
+
+/// The log's head: the highest seq (0 when empty).
+pub async fn head(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &Schema,
+) -> Result<i64, StoreError> {
+    Ok(client
+        .query_one(&schema.sql(HEAD), &[])
+        .await
+        .map_err(StoreError::db("reading the event log head"))?
+        .get("head"))
 }

@@ -149,7 +149,7 @@ pub async fn prune(
     // Every projection's active subscriber and every rebuild in progress must have
     // passed an event; the head stays.
     let holders = holders(client, schema).await?;
-    let mut bound = crate::event_log::head(&*client, schema).await? - 1;
+    let mut bound = crate::log_order::head(&*client, schema).await? - 1;
     for subscriber in &holders {
         bound = bound.min(passed(client, schema, subscriber).await?);
     }

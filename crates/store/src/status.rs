@@ -310,7 +310,7 @@ pub async fn status_of(
         per_source.push(source_status(target, schema, probe, sources.len() == 1).await?);
     }
     let part = target_status(target, schema, target, schema, "main").await?;
-    let head = crate::event_log::head(target, schema).await?;
+    let head = crate::log_order::head(target, schema).await?;
     let first = per_source.first();
     let mut status = Status {
         paused: 0,
@@ -410,7 +410,7 @@ pub async fn target_status(
     schema: &Schema,
     name: &str,
 ) -> Result<TargetStatus, StoreError> {
-    let head = crate::event_log::head(log, log_schema).await?;
+    let head = crate::log_order::head(log, log_schema).await?;
     // A partition without a checkpoint row has read nothing (it may still be
     // connecting): its subscriber's position is 0, never the others' minimum.
     let rows = target
