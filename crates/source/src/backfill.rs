@@ -71,25 +71,23 @@ pub async fn backfill(
     let target = connect(config.target_url())
         .await
         .map_err(SourceError::store("connecting to the target"))?;
-    let order = LogOrder::acquire(
-        config.target_url(),
-        &walfold_store::Schema::new(config.target.schema.as_str()),
-    )
-    .await
-    .map_err(|e| match e {
-        StoreError::Busy(_) => SourceError::Store {
-            context: "backfill".into(),
-            source: StoreError::Refused(
-                "a walfold daemon is appending to the event log; stop it for the backfill \
+    let schema = walfold_store::Schema::new(config.target.schema.as_str());
+    let order = LogOrder::acquire(config.target_url(), &schema)
+        .await
+        .map_err(|e| match e {
+            StoreError::Busy(_) => SourceError::Store {
+                context: "backfill".into(),
+                source: StoreError::Refused(
+                    "a walfold daemon is appending to the event log; stop it for the backfill \
                      (its slot keeps every change meanwhile) and start it again afterwards"
-                    .into(),
-            ),
-        },
-        other => SourceError::store("opening the event log")(other),
-    })?;
+                        .into(),
+                ),
+            },
+            other => SourceError::store("opening the event log")(other),
+        })?;
     let mut log = EventLog::open(
         target,
-        &config.target.schema,
+        &schema,
         &config.source().slot,
         &config.source().name,
         std::sync::Arc::new(order),

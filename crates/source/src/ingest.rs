@@ -171,7 +171,7 @@ async fn attempt(
     let slot = &config.source().slot;
     let mut log = EventLog::open(
         target,
-        &config.target.schema,
+        &walfold_store::Schema::new(config.target.schema.as_str()),
         slot,
         &config.source().name,
         order.clone(),

@@ -17,7 +17,6 @@ use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::log_order::{LogOrder, Turn};
 use crate::schema::Schema;
-use walfold_config::quote_ident;
 
 /// What one append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,7 +40,7 @@ pub struct IngestCounts {
 /// (the appender lock of [`LogOrder`]).
 pub struct EventLog {
     client: Client,
-    schema: String,
+    schema: Schema,
     slot: String,
     /// The log's head as of this appender's last turn.
     head: i64,
@@ -58,17 +57,81 @@ pub struct EventLog {
     fence: Option<crate::leader::PreparedFence>,
 }
 
+/// Creates slot `$1`'s ingest position (source `$2`) at 0/0, unless it exists.
+const CREATE_POSITION: &str =
+    "insert into {schema}.ingest_position (slot, lsn, source) values ($1, '0/0', $2) \
+     on conflict do nothing";
+
+/// Slot `$1`'s recorded source, set to `$2` in the same statement.
+const RENAME_SOURCE: &str =
+    "with old as (select source from {schema}.ingest_position where slot = $1), \
+     upd as (update {schema}.ingest_position set source = $2 \
+       where slot = $1 and source <> $2) \
+     select source from old";
+
+/// Inserts a batch's events (arrays `$1`…`$12`, source `$13`) whose IDs are not in the
+/// log yet; returns the inserted IDs.
+const INSERT_EVENTS: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
+                 event_type, version, payload, headers, occurred_at, partition_hash, \
+                 source_lsn, committed_at, source) \
+                 select u.*, $13::text from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
+                 $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
+                 $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
+                 $12::timestamptz[]) as u(seq, event_id) order by u.event_id, u.seq) u \
+                 where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
+                 returning event_id";
+
+/// Compares a batch's repeated IDs (arrays `$1`…`$6`) with what the log holds, by the
+/// event's position in the batch (`ord`, from 1).
+const COMPARE: &str = "select i.ord, (e.event_type = i.event_type and \
+                 e.aggregate_type = i.aggregate_type and e.aggregate_id = i.aggregate_id and \
+                 e.version is not distinct from i.version and e.payload = i.payload) as same, \
+                 jsonb_build_object('seq', e.seq, 'event_id', e.event_id, \
+                 'aggregate_type', e.aggregate_type, 'aggregate_id', e.aggregate_id, \
+                 'event_type', e.event_type, 'version', e.version, 'payload', e.payload, \
+                 'headers', e.headers) as existing \
+                 from unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], \
+                 $6::jsonb[]) with ordinality \
+                 as i(event_id, event_type, aggregate_type, aggregate_id, version, payload, ord) \
+                 join {schema}.event_log e on e.event_id = i.event_id";
+
+/// Moves slot `$1`'s ingest position to `$2` (never back) and adds the counts `$3`…`$7`.
+const UPDATE_POSITION: &str = "update {schema}.ingest_position set lsn = greatest(lsn, $2), \
+                 appended = appended + $3, duplicates = duplicates + $4, \
+                 id_conflicts = id_conflicts + $5, malformed = malformed + $6, \
+                 ignored_changes = ignored_changes + $7, updated_at = now() \
+                 where slot = $1";
+
+/// Slot `$1`'s ingest position.
+const READ_POSITION: &str = "select lsn from {schema}.ingest_position where slot = $1";
+
+/// The other slots (than `$2`) that source `$1` ingested through.
+const OTHER_SLOTS: &str = "select slot, lsn from {schema}.ingest_position \
+     where source = $1 and slot <> $2 and lsn > '0/0' order by slot";
+
+/// Opens slot `$1`'s gap (reason `$2`) from `$3`, unless one is open.
+const OPEN_GAP: &str =
+    "insert into {schema}.slot_gap (slot, reason, from_lsn) values ($1, $2, $3) \
+     on conflict (slot) where to_lsn is null do nothing";
+
+/// Closes slot `$1`'s open gap at `$2`; returns its start.
+const CLOSE_GAP: &str =
+    "update {schema}.slot_gap set to_lsn = $2 where slot = $1 and to_lsn is null \
+     returning from_lsn";
+
+/// Moves slot `$1`'s ingest position back to `$2` (a failover to a server that was behind).
+const MOVE_POSITION_BACK: &str = "update {schema}.ingest_position set lsn = $2 where slot = $1";
+
 impl EventLog {
     /// Opens the log for appending `slot`'s events (of the source named `source`) on its own connection, in turns
     /// taken from `order` (shared by every slot appending to this schema).
     pub async fn open(
         client: Client,
-        schema: &str,
+        schema: &Schema,
         slot: &str,
         source: &str,
         order: std::sync::Arc<LogOrder>,
     ) -> Result<Self, StoreError> {
-        let s = quote_ident(schema);
         // The slot is acknowledged after this connection's commits: they must be durable
         // whatever the server's or role's default.
         client
@@ -79,34 +142,20 @@ impl EventLog {
         let head = turn.head();
         turn.advance_none();
         client
-            .execute(
-                &format!(
-                    "insert into {s}.ingest_position (slot, lsn, source) values ($1, '0/0', $2) \
-                     on conflict do nothing"
-                ),
-                &[&slot, &source],
-            )
+            .execute(&schema.sql(CREATE_POSITION), &[&slot, &source])
             .await
             .map_err(StoreError::db("creating the ingest position"))?;
         // A slot whose source was renamed: say what the events before carry.
         let recorded: String = client
-            .query_one(
-                &format!(
-                    "with old as (select source from {s}.ingest_position where slot = $1), \
-                     upd as (update {s}.ingest_position set source = $2 \
-                       where slot = $1 and source <> $2) \
-                     select source from old"
-                ),
-                &[&slot, &source],
-            )
+            .query_one(&schema.sql(RENAME_SOURCE), &[&slot, &source])
             .await
             .map_err(StoreError::db("reading the ingest position's source"))?
-            .get(0);
+            .get("source");
         if recorded != source {
             tracing::warn!(slot, was = %recorded, now = %source, "this slot's source was renamed: events appended before carry the old name (list both in a projection's `sources` to keep them)");
         }
-        let prepare = |sql: String, what: &'static str| {
-            let client = &client;
+        let prepare = |statement: &'static str, what: &'static str| {
+            let (client, sql) = (&client, schema.sql(statement));
             async move {
                 client
                     .prepare(&sql)
@@ -118,59 +167,15 @@ impl EventLog {
         // that decodes this database (the target is often the source) cannot stream a
         // transaction while one is half done, so it spills a large append to disk. One
         // appender holds the lock, so nobody else inserts between the check and the row.
-        let insert = prepare(
-            format!(
-                "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
-                 event_type, version, payload, headers, occurred_at, partition_hash, \
-                 source_lsn, committed_at, source) \
-                 select u.*, $13::text from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
-                 $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
-                 $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
-                 $12::timestamptz[]) as u(seq, event_id) order by u.event_id, u.seq) u \
-                 where not exists (select from {s}.event_log e where e.event_id = u.event_id) \
-                 returning event_id"
-            ),
-            "the event insert",
-        )
-        .await?;
-        let compare = prepare(
-            format!(
-                "select i.ord, (e.event_type = i.event_type and \
-                 e.aggregate_type = i.aggregate_type and e.aggregate_id = i.aggregate_id and \
-                 e.version is not distinct from i.version and e.payload = i.payload) as same, \
-                 jsonb_build_object('seq', e.seq, 'event_id', e.event_id, \
-                 'aggregate_type', e.aggregate_type, 'aggregate_id', e.aggregate_id, \
-                 'event_type', e.event_type, 'version', e.version, 'payload', e.payload, \
-                 'headers', e.headers) as existing \
-                 from unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], \
-                 $6::jsonb[]) with ordinality \
-                 as i(event_id, event_type, aggregate_type, aggregate_id, version, payload, ord) \
-                 join {s}.event_log e on e.event_id = i.event_id"
-            ),
-            "the duplicate comparison",
-        )
-        .await?;
-        let position = prepare(
-            format!(
-                "update {s}.ingest_position set lsn = greatest(lsn, $2), \
-                 appended = appended + $3, duplicates = duplicates + $4, \
-                 id_conflicts = id_conflicts + $5, malformed = malformed + $6, \
-                 ignored_changes = ignored_changes + $7, updated_at = now() \
-                 where slot = $1"
-            ),
-            "the ingest position update",
-        )
-        .await?;
-        let read_position = prepare(
-            format!("select lsn from {s}.ingest_position where slot = $1"),
-            "the ingest position read",
-        )
-        .await?;
-        let dead_letters = DeadLetters::prepare_for(&client, schema, Some(source)).await?;
+        let insert = prepare(INSERT_EVENTS, "the event insert").await?;
+        let compare = prepare(COMPARE, "the duplicate comparison").await?;
+        let position = prepare(UPDATE_POSITION, "the ingest position update").await?;
+        let read_position = prepare(READ_POSITION, "the ingest position read").await?;
+        let dead_letters = DeadLetters::prepare_for(&client, schema.name(), Some(source)).await?;
         Ok(EventLog {
             read_position,
             client,
-            schema: schema.to_owned(),
+            schema: schema.clone(),
             slot: slot.to_owned(),
             head,
             order,
@@ -187,19 +192,12 @@ impl EventLog {
     pub async fn other_slots(&self) -> Result<Vec<(String, Lsn)>, StoreError> {
         let rows = self
             .client
-            .query(
-                &format!(
-                    "select slot, lsn from {}.ingest_position \
-                     where source = $1 and slot <> $2 and lsn > '0/0' order by slot",
-                    quote_ident(&self.schema)
-                ),
-                &[&self.source, &self.slot],
-            )
+            .query(&self.schema.sql(OTHER_SLOTS), &[&self.source, &self.slot])
             .await
             .map_err(StoreError::db("reading the source's other slots"))?;
         Ok(rows
             .iter()
-            .map(|r| (r.get(0), r.get::<_, PgLsn>(1).into()))
+            .map(|r| (r.get("slot"), r.get::<_, PgLsn>("lsn").into()))
             .collect())
     }
 
@@ -294,7 +292,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) client: &'a mut Client,
     pub(crate) writer: Writer<'a>,
     pub(crate) ending: Ending<'a>,
-    pub(crate) schema: &'a str,
+    pub(crate) schema: &'a Schema,
     pub(crate) slot: &'a str,
     pub(crate) head: &'a mut i64,
     pub(crate) order: &'a LogOrder,
@@ -341,7 +339,7 @@ impl<'a> Writer<'a> {
             insert_rows(tx, self.insert, self.source, head, events)
                 .await?
                 .iter()
-                .map(|r| r.get(0))
+                .map(|r| r.get("event_id"))
                 .collect()
         };
         let mut compare = Vec::new();
@@ -361,8 +359,8 @@ impl<'a> Writer<'a> {
             let rows = compare_rows(tx, self.compare, &compare).await?;
             let mut matched = vec![false; compare.len()];
             for row in rows {
-                let ord: i64 = row.get(0);
-                let same: bool = row.get(1);
+                let ord: i64 = row.get("ord");
+                let same: bool = row.get("same");
                 let Some(i) = usize::try_from(ord - 1).ok().filter(|&i| i < compare.len()) else {
                     continue;
                 };
@@ -373,7 +371,7 @@ impl<'a> Writer<'a> {
                     outcome.id_conflicts += 1;
                     let e = compare[i];
                     tracing::warn!(event_id = %e.id, aggregate_type = %e.aggregate_type, aggregate_id = %e.aggregate_id, source_lsn = %e.source_lsn, "event ID already in the log with different content: quarantined as id_conflict (dead letter)");
-                    quarantined.push(id_conflict(e, row.get(2)));
+                    quarantined.push(id_conflict(e, row.get("existing")));
                 }
             }
             // An ID that conflicted on insert but is gone by the comparison was pruned in
@@ -532,14 +530,7 @@ impl EventLog {
     pub async fn open_gap(&self, from: Lsn, reason: &str) -> Result<(), StoreError> {
         let from: PgLsn = from.into();
         self.client
-            .execute(
-                &format!(
-                    "insert into {}.slot_gap (slot, reason, from_lsn) values ($1, $2, $3) \
-                     on conflict (slot) where to_lsn is null do nothing",
-                    quote_ident(&self.schema)
-                ),
-                &[&self.slot, &reason, &from],
-            )
+            .execute(&self.schema.sql(OPEN_GAP), &[&self.slot, &reason, &from])
             .await
             .map_err(StoreError::db("recording a slot gap"))?;
         Ok(())
@@ -549,7 +540,6 @@ impl EventLog {
     /// gap's start (a failover to a server that was behind), the ingest position moves
     /// back to `to` as well. Returns the closed gap's start.
     pub async fn close_gap(&mut self, to: Lsn) -> Result<Option<Lsn>, StoreError> {
-        let s = quote_ident(&self.schema);
         let to_pg: PgLsn = to.into();
         let tx = self
             .client
@@ -557,23 +547,14 @@ impl EventLog {
             .await
             .map_err(StoreError::db("closing a slot gap"))?;
         let from = tx
-            .query_opt(
-                &format!(
-                    "update {s}.slot_gap set to_lsn = $2 where slot = $1 and to_lsn is null \
-                     returning from_lsn"
-                ),
-                &[&self.slot, &to_pg],
-            )
+            .query_opt(&self.schema.sql(CLOSE_GAP), &[&self.slot, &to_pg])
             .await
             .map_err(StoreError::db("closing a slot gap"))?
-            .map(|r| Lsn::from(r.get::<_, PgLsn>(0)));
+            .map(|r| Lsn::from(r.get::<_, PgLsn>("from_lsn")));
         if from.is_some_and(|f| to < f) {
-            tx.execute(
-                &format!("update {s}.ingest_position set lsn = $2 where slot = $1"),
-                &[&self.slot, &to_pg],
-            )
-            .await
-            .map_err(StoreError::db("moving the ingest position back"))?;
+            tx.execute(&self.schema.sql(MOVE_POSITION_BACK), &[&self.slot, &to_pg])
+                .await
+                .map_err(StoreError::db("moving the ingest position back"))?;
         }
         tx.commit()
             .await

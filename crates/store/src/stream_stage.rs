@@ -18,7 +18,6 @@ use walfold_event::{partition_hash, DeadLetter, ErrorKind, Lsn, NewEvent, Reason
 
 use crate::error::StoreError;
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
-use walfold_config::quote_ident;
 
 /// One change of a streamed transaction, in stream order.
 #[derive(Debug, Clone)]
@@ -60,6 +59,44 @@ pub struct StreamCommit {
     pub commit_time: Option<SystemTime>,
 }
 
+/// Deletes everything staged for slot `$1`.
+const CLEAR: &str = "delete from {schema}.stream_stage where slot = $1";
+
+/// Stages a batch of slot `$1`'s changes (arrays `$2`…`$16`).
+const STAGE: &str =
+    "insert into {schema}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
+             aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
+             change_index, rejected, partition_hash) \
+             select $1, * from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
+             $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[])";
+
+/// Deletes what slot `$1` staged for transaction `$2`.
+const DISCARD: &str = "delete from {schema}.stream_stage where slot = $1 and xid = $2";
+
+/// Deletes what slot `$1` staged for subtransaction `$3` of `$2`.
+const DISCARD_SUBTRANSACTION: &str =
+    "delete from {schema}.stream_stage where slot = $1 and xid = $2 and subxid = $3";
+
+/// A page (`$4` rows after `ord` `$3`) of what slot `$1` staged for transaction `$2`:
+/// its rejected rows (`$5` true) or its events.
+const READ_STAGED: &str =
+    "select ord, event_id, aggregate_type, aggregate_id, event_type, version, payload, \
+             headers, occurred_at, change_lsn, change_index, rejected from {schema}.stream_stage \
+             where slot = $1 and xid = $2 and ord > $3 and (rejected is not null) = $5 \
+             order by ord limit $4";
+
+/// Moves every event slot `$1` staged for transaction `$2` into the log after seq `$3`,
+/// with commit LSN `$4`, commit time `$5` and source `$6`.
+const MOVE_ALL: &str =
+    "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
+             event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
+             committed_at, source) \
+             select $3 + row_number() over (order by ord), event_id, aggregate_type, \
+             aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
+             $4, $5, $6::text from {schema}.stream_stage \
+             where slot = $1 and xid = $2 and rejected is null";
+
 impl EventLog {
     /// Deletes everything staged for this slot (a new session: the server sends every
     /// unfinished transaction again). Returns the number of rows deleted.
@@ -71,13 +108,7 @@ impl EventLog {
             .await
             .map_err(StoreError::db("clearing staged changes"))?;
         let n = tx
-            .execute(
-                &format!(
-                    "delete from {}.stream_stage where slot = $1",
-                    quote_ident(parts.schema)
-                ),
-                &[&parts.slot],
-            )
+            .execute(&parts.schema.sql(CLEAR), &[&parts.slot])
             .await
             .map_err(StoreError::db("clearing staged changes"))?;
         parts.ending.check_fence(&tx).await?;
@@ -93,15 +124,7 @@ impl EventLog {
             return Ok(());
         }
         let parts = self.parts();
-        let sql = format!(
-            "insert into {}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
-             aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
-             change_index, rejected, partition_hash) \
-             select $1, * from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
-             $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
-             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[])",
-            quote_ident(parts.schema)
-        );
+        let sql = parts.schema.sql(STAGE);
         let n = changes.len();
         let mut xids = Vec::with_capacity(n);
         let mut subxids = Vec::with_capacity(n);
@@ -207,7 +230,6 @@ impl EventLog {
         subxid: Option<u32>,
     ) -> Result<u64, StoreError> {
         let parts = self.parts();
-        let s = quote_ident(parts.schema);
         let tx = parts
             .client
             .transaction()
@@ -216,17 +238,12 @@ impl EventLog {
         let xid = i64::from(xid);
         let n = match subxid {
             None => {
-                tx.execute(
-                    &format!("delete from {s}.stream_stage where slot = $1 and xid = $2"),
-                    &[&parts.slot, &xid],
-                )
-                .await
+                tx.execute(&parts.schema.sql(DISCARD), &[&parts.slot, &xid])
+                    .await
             }
             Some(sub) => {
                 tx.execute(
-                    &format!(
-                        "delete from {s}.stream_stage where slot = $1 and xid = $2 and subxid = $3"
-                    ),
+                    &parts.schema.sql(DISCARD_SUBTRANSACTION),
                     &[&parts.slot, &xid, &i64::from(sub)],
                 )
                 .await
@@ -252,22 +269,8 @@ impl EventLog {
         one_by_one: bool,
     ) -> Result<StreamOutcome, StoreError> {
         let parts = self.parts();
-        let s = quote_ident(parts.schema);
-        let select = format!(
-            "select ord, event_id, aggregate_type, aggregate_id, event_type, version, payload, \
-             headers, occurred_at, change_lsn, change_index, rejected from {s}.stream_stage \
-             where slot = $1 and xid = $2 and ord > $3 and (rejected is not null) = $5 \
-             order by ord limit $4"
-        );
-        let move_all = format!(
-            "insert into {s}.event_log (seq, event_id, aggregate_type, aggregate_id, \
-             event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
-             committed_at, source) \
-             select $3 + row_number() over (order by ord), event_id, aggregate_type, \
-             aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-             $4, $5, $6::text from {s}.stream_stage \
-             where slot = $1 and xid = $2 and rejected is null"
-        );
+        let select = parts.schema.sql(READ_STAGED);
+        let move_all = parts.schema.sql(MOVE_ALL);
         let source_lsn: PgLsn = commit.commit_lsn.into();
         let turn = parts.order.turn().await?;
         let mut tx = parts
@@ -337,7 +340,7 @@ impl EventLog {
                     Err(e) => return Err(StoreError::db("moving staged events")(e)),
                 }
             };
-            after = last.get(0);
+            after = last.get("ord");
             let mut events = Vec::with_capacity(rows.len());
             let mut dead = Vec::new();
             for row in &rows {
@@ -383,12 +386,9 @@ impl EventLog {
             }
             parts.writer.write(&tx, head, &[], &dead).await?;
         }
-        tx.execute(
-            &format!("delete from {s}.stream_stage where slot = $1 and xid = $2"),
-            &[&parts.slot, &xid],
-        )
-        .await
-        .map_err(StoreError::db("deleting staged changes"))?;
+        tx.execute(&parts.schema.sql(DISCARD), &[&parts.slot, &xid])
+            .await
+            .map_err(StoreError::db("deleting staged changes"))?;
         let counts = IngestCounts {
             malformed: result.malformed + result.refused,
             ignored_changes: 0,

@@ -643,7 +643,7 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
         .unwrap();
     let mut log = walfold_store::EventLog::open(
         db.client().await,
-        "walfold",
+        &walfold_store::Schema::new("walfold"),
         "walfold",
         "default",
         order.into(),
