@@ -105,16 +105,39 @@ async fn twin(prefix: &str, ddl: &str, key: &str, columns: &[(&str, &str)]) -> T
     };
     let fast = projection("public.fast", key, &cols("fast"));
     let slow = projection("public.slow", key, &cols("slow"));
-    fast.install(&mut client).await.expect("install fast");
-    slow.install(&mut client).await.expect("install slow");
-    assert!(!slow.applies_in_rounds(), "the twin keeps the loop");
-    eprintln!("[{prefix}] rounds chosen: {}", fast.applies_in_rounds());
+    install_pair(&mut client, &fast, &slow, prefix).await;
     Twin {
         db,
         client,
         fast,
         slow,
     }
+}
+
+/// Installs both; `slow` must keep the loop (its no-op trigger or other obstacle).
+async fn install_pair(
+    client: &mut tokio_postgres::Client,
+    fast: &SqlProjection,
+    slow: &SqlProjection,
+    tag: &str,
+) {
+    fast.install(client).await.expect("install fast");
+    slow.install(client).await.expect("install slow");
+    assert!(!slow.applies_in_rounds(), "the twin keeps the loop");
+    eprintln!("[{tag}] rounds chosen: {}", fast.applies_in_rounds());
+}
+
+/// Applies `batch` with each; returns (rounds' outcome, loop's outcome).
+async fn apply_pair(
+    client: &mut tokio_postgres::Client,
+    fast: &SqlProjection,
+    slow: &SqlProjection,
+    batch: &[Event],
+) -> (Outcome, Outcome) {
+    let f = apply(client, fast, batch).await;
+    let s = apply(client, slow, batch).await;
+    eprintln!("  rounds: {f:?}\n  loop:   {s:?}");
+    (f, s)
 }
 
 async fn apply(
@@ -158,10 +181,7 @@ impl Twin {
 
     /// Applies `batch` to both; returns (rounds' outcome, loop's outcome).
     async fn both(&mut self, batch: &[Event]) -> (Outcome, Outcome) {
-        let f = apply(&mut self.client, &self.fast, batch).await;
-        let s = apply(&mut self.client, &self.slow, batch).await;
-        eprintln!("  rounds: {f:?}\n  loop:   {s:?}");
-        (f, s)
+        apply_pair(&mut self.client, &self.fast, &self.slow, batch).await
     }
 
     /// Applies each batch to both and asserts outcomes equal after each, rows at the end.
@@ -798,13 +818,9 @@ async fn updatable_view_over_a_table_with_a_trigger() {
         "order_id",
         &[("status", "(select :payload.status)".into())],
     );
-    fast.install(&mut client).await.expect("install fast");
-    slow.install(&mut client).await.expect("install slow");
-    eprintln!("[strview] rounds chosen: {}", fast.applies_in_rounds());
-    assert!(!slow.applies_in_rounds());
+    install_pair(&mut client, &fast, &slow, "strview").await;
     let batch = evs(1, &[("a", 1, "x"), ("a", 2, "y"), ("b", 1, "z")]);
-    let f = apply(&mut client, &fast, &batch).await;
-    let s = apply(&mut client, &slow, &batch).await;
+    let (f, s) = apply_pair(&mut client, &fast, &slow, &batch).await;
     assert_eq!(f, s);
     let log = |t: &str| {
         cluster
@@ -887,14 +903,9 @@ async fn rls_policy_reading_the_table_for_an_ordinary_role() {
         "order_id",
         &[("status", ":payload.status".into())],
     );
-    fast.install(&mut client).await.expect("install fast");
-    slow.install(&mut client).await.expect("install slow");
-    eprintln!("[strrls2] rounds chosen: {}", fast.applies_in_rounds());
-    assert!(!slow.applies_in_rounds());
+    install_pair(&mut client, &fast, &slow, "strrls2").await;
     let batch = evs(1, &[("a", 1, "x"), ("b", 1, "y"), ("c", 1, "z")]);
-    let f = apply(&mut client, &fast, &batch).await;
-    let s = apply(&mut client, &slow, &batch).await;
-    eprintln!("  rounds: {f:?}\n  loop:   {s:?}");
+    let (f, s) = apply_pair(&mut client, &fast, &slow, &batch).await;
     assert_eq!(f, s);
 }
 
@@ -1043,16 +1054,12 @@ async fn quoted_mixed_case_names() {
     let (Some(fast), Some(slow)) = (mk("Sales.Fast"), mk("Sales.Slow")) else {
         return;
     };
-    fast.install(&mut client).await.unwrap();
-    slow.install(&mut client).await.unwrap();
-    eprintln!("[strquoted] rounds chosen: {}", fast.applies_in_rounds());
+    install_pair(&mut client, &fast, &slow, "strquoted").await;
     assert!(fast.applies_in_rounds());
-    assert!(!slow.applies_in_rounds());
     let batch = evs(
         1,
         &[("a", 1, "x"), ("a", 2, "y"), ("b", 1, "z"), ("a", 1, "w")],
     );
-    let f = apply(&mut client, &fast, &batch).await;
-    let s = apply(&mut client, &slow, &batch).await;
+    let (f, s) = apply_pair(&mut client, &fast, &slow, &batch).await;
     assert_eq!(f, s);
 }
