@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use walfold_config::{Config, ProjectionConfig};
 use walfold_store::{
-    rebuild, Fence, Leadership, PrunePolicy, Pruned, Rebuild, RebuildState, StoreError,
+    rebuild, Fence, Leadership, PrunePolicy, Pruned, Rebuild, RebuildState, Schema, StoreError,
 };
 
 pub use walfold_source::{backfill, BackfillReport, SourceError};
@@ -96,16 +96,9 @@ pub async fn start_rebuild_with(
     let previous = walfold_store::active_subscriber(&mut client, schema, name, &options.subscriber)
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
-    rebuild::start(
-        &mut client,
-        schema.name(),
-        name,
-        &live,
-        &previous,
-        subscriber,
-    )
-    .await
-    .map_err(EngineError::store("starting a rebuild"))
+    rebuild::start(&mut client, schema, name, &live, &previous, subscriber)
+        .await
+        .map_err(EngineError::store("starting a rebuild"))
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's
@@ -118,7 +111,7 @@ pub async fn abort_rebuild(
     let target = Target::of(config, projection(config, name)?);
     let mut client = connect_to(&target).await?;
     let schema = &target.schema;
-    let r = rebuild::request_abort(&client, schema.name(), name)
+    let r = rebuild::request_abort(&client, schema, name)
         .await
         .map_err(EngineError::store("aborting a rebuild"))?;
     if let Some(leader) = Leadership::try_acquire(config.target_url(), &Target::main(config).schema)
@@ -126,14 +119,14 @@ pub async fn abort_rebuild(
         .map_err(EngineError::store("taking the leader lock"))?
     {
         let (fence, lease) = fence_on(&leader.fence(), &target).await?;
-        end_abort(&mut client, schema.name(), &r, &fence).await?;
+        end_abort(&mut client, schema, &r, &fence).await?;
         drop(lease);
         drop(leader);
         return Ok(r);
     }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let open = rebuild::open(&client, schema.name())
+        let open = rebuild::open(&client, schema)
             .await
             .map_err(EngineError::store("reading rebuilds"))?;
         if !open.iter().any(|o| o.subscriber == r.subscriber) {
@@ -154,10 +147,10 @@ pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, Engi
     let target = Target::of(config, projection(config, name)?);
     let mut client = connect_to(&target).await?;
     let schema = &target.schema;
-    let r = rebuild::finish(&mut client, schema.name(), name, None)
+    let r = rebuild::finish(&mut client, schema, name, None)
         .await
         .map_err(EngineError::store("finishing a rebuild"))?;
-    forget(&client, schema.name(), &r.previous).await;
+    forget(&client, schema, &r.previous).await;
     Ok(r)
 }
 
@@ -303,7 +296,7 @@ async fn policy(
     schema: &walfold_store::Schema,
     projections: &[ProjectionConfig],
 ) -> Result<PrunePolicy, EngineError> {
-    let open = rebuild::open(client, schema.name())
+    let open = rebuild::open(client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut claims = Vec::new();
@@ -334,7 +327,7 @@ async fn policy(
 /// next prune.
 pub(crate) async fn end_abort(
     client: &mut tokio_postgres::Client,
-    schema: &str,
+    schema: &Schema,
     r: &Rebuild,
     fence: &Fence,
 ) -> Result<(), EngineError> {
@@ -346,7 +339,7 @@ pub(crate) async fn end_abort(
 }
 
 /// Deletes a retired subscriber's claims; what is left is deleted next time.
-pub(crate) async fn forget(client: &tokio_postgres::Client, schema: &str, subscriber: &str) {
+pub(crate) async fn forget(client: &tokio_postgres::Client, schema: &Schema, subscriber: &str) {
     if let Err(e) = rebuild::forget_claims(client, schema, subscriber, 10_000).await {
         tracing::warn!(subscriber, error = %e, "could not delete a retired subscriber's claims");
     }

@@ -445,7 +445,7 @@ impl Projecting {
             let log = extra.as_ref().map(|(x, _)| &x.log);
             let next = watch_generation(
                 &mut client,
-                schema.name(),
+                schema,
                 log.map(|l| (l, &log_schema)),
                 &generation,
                 &mut tasks,
@@ -471,7 +471,7 @@ impl Projecting {
                 // taken over again then.
                 Next::Replan => {}
                 Next::Switch(r) if !lost.is_cancelled() => {
-                    match rebuild::switch(&mut client, schema.name(), &r, fence).await {
+                    match rebuild::switch(&mut client, schema, &r, fence).await {
                         Ok(true) => {
                             tracing::info!(target = target.label(), projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
                         }
@@ -621,7 +621,7 @@ async fn plan(
             },
             false => EngineError::store("connecting to the target")(source),
         })?;
-    let open = rebuild::open_settled(&client, schema.name())
+    let open = rebuild::open_settled(&client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     walfold_store::clear_pauses(&mut client, fence, schema)
@@ -639,11 +639,11 @@ async fn plan(
         .collect();
     for r in &open {
         if r.state == RebuildState::Aborting {
-            crate::ops::end_abort(&mut client, schema.name(), r, fence).await?;
+            crate::ops::end_abort(&mut client, schema, r, fence).await?;
         } else if retired_due(&retire_after, r, now) {
             // Not fatal: e.g. `--finish` came first, or something still depends on the
             // retired table (then it stays until an operator acts).
-            match rebuild::finish(&mut client, schema.name(), &r.projection, Some(fence)).await {
+            match rebuild::finish(&mut client, schema, &r.projection, Some(fence)).await {
                 Ok(finished) => {
                     tracing::info!(projection = %r.projection, retired = %finished.retired, "retired table dropped (drop_retired_after)")
                 }
@@ -653,7 +653,7 @@ async fn plan(
             }
         }
     }
-    let open = rebuild::open_settled(&client, schema.name())
+    let open = rebuild::open_settled(&client, schema)
         .await
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut generation = Generation {
@@ -786,7 +786,7 @@ async fn push_workers(
 #[allow(clippy::too_many_arguments)]
 async fn watch_generation(
     client: &mut Client,
-    schema: &str,
+    schema: &walfold_store::Schema,
     log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
     tasks: &mut JoinSet<(String, Result<(), EngineError>)>,
@@ -821,7 +821,7 @@ async fn watch_generation(
 /// A change of rebuilds since the plan, or a rebuild that has caught up.
 async fn control_check(
     client: &Client,
-    schema: &str,
+    schema: &walfold_store::Schema,
     log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
 ) -> Result<Option<Next>, EngineError> {

@@ -267,7 +267,7 @@ impl<'c> Work<'c> {
             .filter(|k| held.gaps.contains(*k))
             .cloned()
             .collect();
-        let letters = DeadLetters::waiting(&self.tx, schema.name(), subscriber, &gapped)
+        let letters = DeadLetters::waiting(&self.tx, schema, subscriber, &gapped)
             .await
             .map_err(EngineError::store("reading waiting events"))?;
         let seqs: Vec<i64> = letters.iter().map(|l| l.seq).collect();
@@ -383,7 +383,7 @@ impl<'c> Work<'c> {
             let Some(id) = first_letter else { continue };
             if held.gaps.contains(k) {
                 // The park may point at a waiting event that has just applied.
-                DeadLetters::repark_waiting(&self.tx, schema.name(), subscriber, k, id)
+                DeadLetters::repark_waiting(&self.tx, schema, subscriber, k, id)
                     .await
                     .map_err(EngineError::store("parking"))?;
             } else {
@@ -402,17 +402,17 @@ impl<'c> Work<'c> {
             } else {
                 "the missing versions arrived"
             };
-            DeadLetters::resolve_gap(&self.tx, schema.name(), subscriber, &k, resolution)
+            DeadLetters::resolve_gap(&self.tx, schema, subscriber, &k, resolution)
                 .await
                 .map_err(EngineError::store("resolving a version gap"))?;
-            DeadLetters::unpark(&self.tx, schema.name(), subscriber, &k.0, &k.1)
+            DeadLetters::unpark(&self.tx, schema, subscriber, &k.0, &k.1)
                 .await
                 .map_err(EngineError::store("releasing a parked aggregate"))?;
             outcome.released.push(k);
         }
         // The waiting events that went through leave no dead letter behind: waiting is
         // ordinary in strict mode, and the open gap letter (if any) is the record.
-        DeadLetters::forget_waiting(&self.tx, schema.name(), &done)
+        DeadLetters::forget_waiting(&self.tx, schema, &done)
             .await
             .map_err(EngineError::store("clearing waiting events"))?;
         Ok(outcome)
@@ -431,7 +431,7 @@ impl<'c> Work<'c> {
             .await
             .map_err(EngineError::store("reading applied versions"))?;
         let next = applied.get(k).map_or(part.options.first_version, |v| v + 1);
-        let letters = DeadLetters::waiting(&self.tx, schema.name(), subscriber, aggregate)
+        let letters = DeadLetters::waiting(&self.tx, schema, subscriber, aggregate)
             .await
             .map_err(EngineError::store("reading waiting events"))?;
         let seqs: Vec<i64> = letters.iter().map(|l| l.seq).collect();
@@ -493,7 +493,7 @@ impl<'c> Work<'c> {
         } else {
             "retried: already applied (duplicate)"
         };
-        DeadLetters::retried(&self.tx, self.part.schema.name(), item.id, outcome)
+        DeadLetters::retried(&self.tx, &self.part.schema, item.id, outcome)
             .await
             .map_err(EngineError::store("resolving a retried dead letter"))?;
         Ok(())
@@ -504,7 +504,7 @@ impl<'c> Work<'c> {
     async fn release(&mut self, aggregate: &AggregateKey) -> Result<(), EngineError> {
         DeadLetters::unpark(
             &self.tx,
-            self.part.schema.name(),
+            &self.part.schema,
             self.part.subscriber(),
             &aggregate.0,
             &aggregate.1,
@@ -723,7 +723,7 @@ impl Partition {
         )
         .await
         .map_err(EngineError::store("preparing checkpoints"))?;
-        let dead_letters = DeadLetters::prepare(&client, self.schema.name())
+        let dead_letters = DeadLetters::prepare(&client, &self.schema)
             .await
             .map_err(EngineError::store("preparing dead letters"))?;
         let log = match &self.log {
@@ -767,7 +767,7 @@ impl Partition {
         .await
         .map_err(EngineError::store("loading the checkpoint"))?;
         let mut held = Held::default();
-        for (t, i, gap) in DeadLetters::parked(&conn.client, self.schema.name(), self.subscriber())
+        for (t, i, gap) in DeadLetters::parked(&conn.client, &self.schema, self.subscriber())
             .await
             .map_err(EngineError::store("loading parked aggregates"))?
         {
@@ -1002,7 +1002,7 @@ impl Partition {
         cancel: &CancellationToken,
     ) -> Result<(), EngineError> {
         let aggregates: Vec<AggregateKey> =
-            DeadLetters::retry_aggregates(&conn.client, self.schema.name(), self.subscriber())
+            DeadLetters::retry_aggregates(&conn.client, &self.schema, self.subscriber())
                 .await
                 .map_err(EngineError::store("reading retry requests"))?
                 .into_iter()
@@ -1015,7 +1015,7 @@ impl Partition {
             let failure = 'chain: loop {
                 let mut page = DeadLetters::retry_page(
                     &conn.client,
-                    self.schema.name(),
+                    &self.schema,
                     self.subscriber(),
                     (kind, id),
                     after,
@@ -1067,7 +1067,7 @@ impl Partition {
                     tracing::error!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, dead_letter = head, error = %message, "retry failed again; the aggregate stays parked");
                     DeadLetters::retry_failed(
                         &conn.client,
-                        self.schema.name(),
+                        &self.schema,
                         self.subscriber(),
                         (kind, id),
                         head,
@@ -1118,7 +1118,7 @@ impl Partition {
         if self.options.version_mode != VersionMode::Strict || held.gaps.is_empty() {
             return Ok(());
         }
-        let gaps = DeadLetters::gaps(&conn.client, self.schema.name(), self.subscriber())
+        let gaps = DeadLetters::gaps(&conn.client, &self.schema, self.subscriber())
             .await
             .map_err(EngineError::store("reading version gaps"))?;
         let now = SystemTime::now()
@@ -1138,13 +1138,7 @@ impl Partition {
                     tracing::error!(subscriber = %self.subscriber(), aggregate_type = %k.0, aggregate_id = %k.1, error = %error, "a version gap outlived gap_timeout: open dead letter");
                     work.statements
                         .dead_letters
-                        .open_gap(
-                            &work.tx,
-                            self.schema.name(),
-                            self.subscriber(),
-                            &gap,
-                            &error,
-                        )
+                        .open_gap(&work.tx, self.subscriber(), &gap, &error)
                         .await
                         .map_err(EngineError::store("recording a version gap"))?;
                     work.commit(0, None).await?;
@@ -1158,14 +1152,9 @@ impl Partition {
                         .await?;
                     if !accept && !strict.released.contains(&k) {
                         let error = work.describe_gap(&k, timeout).await?;
-                        DeadLetters::gap_still_open(
-                            &work.tx,
-                            self.schema.name(),
-                            gap.letter,
-                            &error,
-                        )
-                        .await
-                        .map_err(EngineError::store("reopening a version gap"))?;
+                        DeadLetters::gap_still_open(&work.tx, &self.schema, gap.letter, &error)
+                            .await
+                            .map_err(EngineError::store("reopening a version gap"))?;
                     }
                     work.commit(0, None).await?;
                     if accept {

@@ -171,7 +171,7 @@ impl EventLog {
         let compare = prepare(COMPARE, "the duplicate comparison").await?;
         let position = prepare(UPDATE_POSITION, "the ingest position update").await?;
         let read_position = prepare(READ_POSITION, "the ingest position read").await?;
-        let dead_letters = DeadLetters::prepare_for(&client, schema.name(), Some(source)).await?;
+        let dead_letters = DeadLetters::prepare_for(&client, schema, Some(source)).await?;
         Ok(EventLog {
             read_position,
             client,

@@ -460,7 +460,7 @@ pub async fn target_status(
     let now_unix = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    for r in crate::rebuild::open(target, schema.name()).await? {
+    for r in crate::rebuild::open(target, schema).await? {
         let (replayed, remaining) = match subscribers.iter().find(|s| s.subscriber == r.subscriber)
         {
             Some(sub) => (

@@ -50,7 +50,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             for t in Target::all(&config) {
                 let client = connect(&t).await?;
                 let entries =
-                    DeadLetters::list(&client, t.schema.name(), subscriber.as_deref(), all, limit)
+                    DeadLetters::list(&client, &t.schema, subscriber.as_deref(), all, limit)
                         .await
                         .map_err(Failure::runtime)?;
                 listed.extend(entries.into_iter().map(|e| (t.label().to_owned(), e)));
@@ -142,7 +142,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
                     (Some(id), false) => RetryRequest::One(id),
                     _ => RetryRequest::All(subscriber.as_deref()),
                 };
-                n += DeadLetters::request_retry(&client, t.schema.name(), request)
+                n += DeadLetters::request_retry(&client, &t.schema, request)
                     .await
                     .map_err(crate::store_failure)?;
             }
@@ -161,7 +161,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             }
             let t = target(&config, name.as_deref())?;
             let client = connect(&t).await?;
-            if DeadLetters::discard(&client, t.schema.name(), id, &reason)
+            if DeadLetters::discard(&client, &t.schema, id, &reason)
                 .await
                 .map_err(Failure::runtime)?
             {

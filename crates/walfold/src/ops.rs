@@ -157,7 +157,9 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = rebuild_state(&home_client, home.schema.name(), s).await?;
+            let state = walfold_store::rebuild::state_of(&home_client, &home.schema, s)
+                .await
+                .map_err(Failure::runtime)?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.map_or("gone", RebuildState::as_str));
             }
@@ -220,25 +222,6 @@ async fn follow_rebuild(
             }
         }
     }
-}
-
-/// A rebuild's recorded state (`None`: no such rebuild).
-async fn rebuild_state(
-    target: &Client,
-    schema: &str,
-    subscriber: &str,
-) -> Result<Option<RebuildState>, Failure> {
-    Ok(target
-        .query_opt(
-            &format!(
-                "select state from {}.rebuild where subscriber_id = $1",
-                quote_ident(schema)
-            ),
-            &[&subscriber],
-        )
-        .await
-        .map_err(Failure::runtime)?
-        .map(|r| r.get(0)))
 }
 
 pub async fn backfill(

@@ -432,7 +432,7 @@ async fn two_sources_fold_into_one_read_model_through_outages_and_kills() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_rejection_is_identified_within_its_source() {
     use walfold_event::{DeadLetter, Lsn, Reason, RowOrigin};
-    use walfold_store::DeadLetters;
+    use walfold_store::{DeadLetters, Schema};
     let db = TestDb::new("dlsource");
     walfold_store::migrate(&db.url(), &walfold_store::Schema::new("walfold"))
         .await
@@ -452,10 +452,10 @@ async fn an_ingest_rejection_is_identified_within_its_source() {
         source_lsn: Some(Lsn(0x0100_0000)),
         origin: Some(origin),
     };
-    let orders = DeadLetters::prepare_for(&c, "walfold", Some("orders"))
+    let orders = DeadLetters::prepare_for(&c, &Schema::new("walfold"), Some("orders"))
         .await
         .unwrap();
-    let payments = DeadLetters::prepare_for(&c, "walfold", Some("payments"))
+    let payments = DeadLetters::prepare_for(&c, &Schema::new("walfold"), Some("payments"))
         .await
         .unwrap();
     // (A row read by the stream and by a backfill is recorded once: each kind gets a

@@ -1,0 +1,309 @@
+//! Dead letters: rows and events set aside with their reason, never dropped. Also the
+//! parked aggregates whose later events wait behind a dead-lettered one (keyed by a hash
+//! of the aggregate, so an ID of any length can be parked). Retries are in `retry`, a
+//! strict projection's version gaps in `gap`.
+
+mod gap;
+mod retry;
+
+use serde_json::Value;
+use tokio_postgres::types::PgLsn;
+use tokio_postgres::{Client, GenericClient, Row, Statement};
+use uuid::Uuid;
+use walfold_event::{DeadLetter, DeadLetterStatus, Reason, RowOrigin};
+
+use crate::error::StoreError;
+use crate::schema::Schema;
+
+pub use gap::Gap;
+pub use retry::{RetryItem, RetryRequest};
+
+/// Records dead letter `$1`…`$15` (source `$16`, `default` when null); returns its ID.
+/// Any conflict is on one of the ingest identities (a change, a backfilled row): that
+/// row was recorded before. A row read both by the stream and by `walfold backfill` has
+/// one identity of each kind: the same reason and raw row recorded under the other kind
+/// is that row, recorded before.
+const INSERT: &str =
+    "insert into {schema}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
+     aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
+     change_index, row_digest, status, source) \
+     select $1::text, $2::uuid, $3::int8, $4::text, $5::text, $6::text, $7::text, \
+     $8::jsonb, $9::jsonb, $10::int4, $11::pg_lsn, $12::pg_lsn, $13::int4, $14::uuid, \
+     $15::text, coalesce($16::text, 'default') \
+     where not exists (select 1 from {schema}.dead_letter d where $1::text is null \
+       and d.subscriber_id is null and d.reason = $6::text and d.raw = $8::jsonb \
+       and d.source = coalesce($16::text, 'default') \
+       and (($12::pg_lsn is not null and d.row_digest is not null) \
+         or ($14::uuid is not null and d.change_lsn is not null))) \
+     on conflict do nothing returning id";
+
+/// Parks aggregate (`$2`, `$3`) for subscriber `$1` behind dead letter `$4`.
+const PARK: &str =
+    "insert into {schema}.parked_aggregate (subscriber_id, aggregate_type, aggregate_id, \
+     dead_letter_id) values ($1, $2, $3, $4) on conflict do nothing";
+
+/// Releases aggregate (`$2`, `$3`) of subscriber `$1`.
+const UNPARK: &str = "delete from {schema}.parked_aggregate where subscriber_id = $1 \
+     and aggregate_key = {schema}.aggregate_key($2, $3)";
+
+/// Subscriber `$1`'s parked aggregates; `gap` when they wait for a missing version
+/// (their letter's reason is `$2`, `version_gap`).
+const PARKED: &str = "select p.aggregate_type, p.aggregate_id, d.reason = $2 as gap \
+     from {schema}.parked_aggregate p join {schema}.dead_letter d on d.id = p.dead_letter_id \
+     where p.subscriber_id = $1";
+
+/// Dead letters newest first, at most `$3`: every one when `$1`, else those with status
+/// `$4` (open); of subscriber `$2` when not null (`ingest`: those rejected at ingest).
+const LIST: &str =
+    "select id, subscriber_id, event_id, seq, aggregate_type, aggregate_id, reason, \
+     error, attempts, status, \
+     extract(epoch from first_failed_at)::float8 as first_failed_at_unix, \
+     extract(epoch from last_failed_at)::float8 as last_failed_at_unix, \
+     raw, existing, resolution, source from {schema}.dead_letter \
+     where ($1 or status = $4) \
+       and ($2::text is null or subscriber_id = $2 \
+            or ($2 = 'ingest' and subscriber_id is null)) \
+     order by id desc limit $3";
+
+/// Sets dead letter `$1` to status `$3` (discarded) with resolution `$2`, if its status
+/// is `$4` (open).
+const DISCARD: &str = "update {schema}.dead_letter set status = $3, resolution = $2, \
+     resolved_at = now() where id = $1 and status = $4";
+
+/// Prepared statements for dead letters and parking.
+#[derive(Clone)]
+pub struct DeadLetters {
+    schema: Schema,
+    insert: Statement,
+    park: Statement,
+    /// The source whose ingest rejections these statements record (`None`: a
+    /// projector's, which name their subscriber instead).
+    source: Option<String>,
+}
+
+impl DeadLetters {
+    pub async fn prepare(client: &Client, schema: &Schema) -> Result<Self, StoreError> {
+        Self::prepare_for(client, schema, None).await
+    }
+
+    /// For an appender: its rejections are identified within `source`'s database.
+    pub async fn prepare_for(
+        client: &Client,
+        schema: &Schema,
+        source: Option<&str>,
+    ) -> Result<Self, StoreError> {
+        let insert = client
+            .prepare(&schema.sql(INSERT))
+            .await
+            .map_err(StoreError::db("preparing dead-letter insert"))?;
+        let park = client
+            .prepare(&schema.sql(PARK))
+            .await
+            .map_err(StoreError::db("preparing park"))?;
+        Ok(DeadLetters {
+            schema: schema.clone(),
+            insert,
+            park,
+            source: source.map(str::to_owned),
+        })
+    }
+
+    /// Records `dl` (in the caller's transaction) and returns its ID; `None` when this
+    /// ingest rejection was already recorded (a replay of the same WAL).
+    pub async fn record(
+        &self,
+        tx: &impl GenericClient,
+        dl: &DeadLetter,
+    ) -> Result<Option<i64>, StoreError> {
+        let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
+        let (change_lsn, change_index, digest): (Option<PgLsn>, Option<i32>, Option<Uuid>) =
+            match dl.origin {
+                Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index), None),
+                Some(RowOrigin::Backfill { digest }) => (None, None, Some(digest)),
+                None => (None, None, None),
+            };
+        let row = tx
+            .query_opt(
+                &self.insert,
+                &[
+                    &dl.subscriber_id,
+                    &dl.event_id,
+                    &dl.seq,
+                    &dl.aggregate_type,
+                    &dl.aggregate_id,
+                    &dl.reason,
+                    &dl.error,
+                    &dl.raw,
+                    &dl.existing,
+                    &dl.attempts,
+                    &lsn,
+                    &change_lsn,
+                    &change_index,
+                    &digest,
+                    &dl.reason.initial_status(dl.seq.is_some()),
+                    &self.source,
+                ],
+            )
+            .await
+            .map_err(StoreError::db("recording a dead letter"))?;
+        Ok(row.map(|r| r.get("id")))
+    }
+
+    /// Parks an aggregate for a subscriber (in the caller's transaction).
+    pub async fn park(
+        &self,
+        tx: &impl GenericClient,
+        subscriber: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        dead_letter_id: i64,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &self.park,
+            &[&subscriber, &aggregate_type, &aggregate_id, &dead_letter_id],
+        )
+        .await
+        .map_err(StoreError::db("parking an aggregate"))?;
+        Ok(())
+    }
+
+    /// Releases a parked aggregate (in the transaction that applied its last waiting event).
+    pub async fn unpark(
+        tx: &impl GenericClient,
+        schema: &Schema,
+        subscriber: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            &schema.sql(UNPARK),
+            &[&subscriber, &aggregate_type, &aggregate_id],
+        )
+        .await
+        .map_err(StoreError::db("releasing a parked aggregate"))?;
+        Ok(())
+    }
+
+    /// The aggregates parked for `subscriber`, as (aggregate_type, aggregate_id, whether
+    /// they wait for a missing version rather than behind a failure).
+    pub async fn parked(
+        client: &Client,
+        schema: &Schema,
+        subscriber: &str,
+    ) -> Result<Vec<(String, String, bool)>, StoreError> {
+        let rows = client
+            .query(&schema.sql(PARKED), &[&subscriber, &Reason::VersionGap])
+            .await
+            .map_err(StoreError::db("loading parked aggregates"))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get("aggregate_type"), r.get("aggregate_id"), r.get("gap")))
+            .collect())
+    }
+}
+
+/// A dead letter as operators see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadLetterEntry {
+    pub id: i64,
+    pub subscriber_id: Option<String>,
+    pub event_id: Option<Uuid>,
+    pub seq: Option<i64>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub reason: Reason,
+    pub error: String,
+    pub attempts: i32,
+    pub status: DeadLetterStatus,
+    pub first_failed_at_unix: f64,
+    pub last_failed_at_unix: f64,
+    pub raw: Option<Value>,
+    pub existing: Option<Value>,
+    pub resolution: Option<String>,
+    /// The source of an ingest rejection (`default` for a single source).
+    pub source: String,
+}
+
+impl DeadLetterEntry {
+    fn from_row(r: &Row) -> Self {
+        DeadLetterEntry {
+            id: r.get("id"),
+            subscriber_id: r.get("subscriber_id"),
+            event_id: r.get("event_id"),
+            seq: r.get("seq"),
+            aggregate_type: r.get("aggregate_type"),
+            aggregate_id: r.get("aggregate_id"),
+            reason: r.get("reason"),
+            error: r.get("error"),
+            attempts: r.get("attempts"),
+            status: r.get("status"),
+            first_failed_at_unix: r.get("first_failed_at_unix"),
+            last_failed_at_unix: r.get("last_failed_at_unix"),
+            raw: r.get("raw"),
+            existing: r.get("existing"),
+            resolution: r.get("resolution"),
+            source: r.get("source"),
+        }
+    }
+}
+
+impl DeadLetters {
+    /// Dead letters, newest first: open ones unless `all`; of one subscriber when given
+    /// (`ingest` selects rows rejected before any subscriber).
+    pub async fn list(
+        client: &Client,
+        schema: &Schema,
+        subscriber: Option<&str>,
+        all: bool,
+        limit: i64,
+    ) -> Result<Vec<DeadLetterEntry>, StoreError> {
+        let rows = client
+            .query(
+                &schema.sql(LIST),
+                &[&all, &subscriber, &limit, &DeadLetterStatus::Open],
+            )
+            .await
+            .map_err(StoreError::db("listing dead letters"))?;
+        Ok(rows.iter().map(DeadLetterEntry::from_row).collect())
+    }
+
+    /// Marks an open dead letter discarded with the operator's reason. Returns false when
+    /// there is no open dead letter with that ID. A parked aggregate stays parked.
+    pub async fn discard(
+        client: &Client,
+        schema: &Schema,
+        id: i64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let n = client
+            .execute(
+                &schema.sql(DISCARD),
+                &[
+                    &id,
+                    &reason,
+                    &DeadLetterStatus::Discarded,
+                    &DeadLetterStatus::Open,
+                ],
+            )
+            .await
+            .map_err(StoreError::db("discarding a dead letter"))?;
+        Ok(n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use walfold_event::{DeadLetterStatus, Reason};
+
+    use crate::migrate::tests::checked_values;
+
+    #[test]
+    fn the_check_constraints_allow_exactly_the_statuses_and_reasons() {
+        let mut statuses: Vec<&str> = DeadLetterStatus::ALL.iter().map(|s| s.as_str()).collect();
+        statuses.sort();
+        assert_eq!(checked_values("status"), statuses);
+        let mut reasons: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        reasons.sort();
+        assert_eq!(checked_values("reason"), reasons);
+    }
+}

@@ -1,0 +1,620 @@
+//! Rebuilds: a new subscriber ID replays the event log into a shadow table beside the
+//! live one; when it has caught up, one transaction swaps the tables and makes the new
+//! subscriber the projection's active one. The old table stays, retired, until
+//! `finish`. Every change of state is one transaction, so a crash leaves either the old
+//! state or the new one. The statements here are on walfold's tables; what they do to
+//! the read model's tables (named by the config, so built at run time) is in `ddl`.
+
+mod ddl;
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, GenericClient, Row};
+use walfold_config::QualifiedName;
+use walfold_event::DeadLetterStatus;
+
+use crate::error::StoreError;
+use crate::leader::Fence;
+use crate::schema::Schema;
+
+walfold_event::stored_enum! {
+    /// Where a rebuild is: the `rebuild.state` column, whose check constraint allows
+    /// exactly these.
+    pub enum RebuildState {
+        /// Replaying the log into the shadow table.
+        Running = "running",
+        /// An abort was requested; the leader stops its projectors, then ends it.
+        Aborting = "aborting",
+        /// Switched over; the retired table stays until `finish`.
+        Switched = "switched",
+        /// Switched, and the retired table dropped.
+        Finished = "finished",
+        /// Ended without switching; the shadow table dropped.
+        Aborted = "aborted",
+    }
+}
+
+impl RebuildState {
+    /// Not ended yet: what [`open`] reads (one per projection at most).
+    pub const OPEN: &'static [RebuildState] = &[
+        RebuildState::Running,
+        RebuildState::Aborting,
+        RebuildState::Switched,
+    ];
+    /// Not switched and not ended: its subscriber replays, or is being stopped.
+    pub const REPLAYING: &'static [RebuildState] = &[RebuildState::Running, RebuildState::Aborting];
+}
+
+/// The columns a [`Rebuild`] is read from, by name (a literal, for `concat!`).
+macro_rules! rebuild_columns {
+    () => {
+        "subscriber_id, projection, previous_subscriber, live_table, shadow_table, \
+         retired_table, state, extract(epoch from requested_at)::float8 as requested_at_unix, \
+         extract(epoch from switched_at)::float8 as switched_at_unix"
+    };
+}
+
+/// The rebuilds with a state in `$1`, oldest first.
+const OPEN: &str = concat!(
+    "select ",
+    rebuild_columns!(),
+    " from {schema}.rebuild where state = any($1) order by requested_at"
+);
+
+/// [`OPEN`], waiting for a transaction that changes one of them to end.
+const OPEN_SETTLED: &str = concat!(
+    "select ",
+    rebuild_columns!(),
+    " from {schema}.rebuild where state = any($1) order by requested_at for share"
+);
+
+/// Whether subscriber ID `$1` has left any trace.
+const USED: &str = "select exists (select 1 from {schema}.checkpoint where subscriber_id = $1) \
+     or exists (select 1 from {schema}.processed_message where subscriber_id = $1) \
+     or exists (select 1 from {schema}.rebuild where subscriber_id = $1) \
+     or exists (select 1 from {schema}.projection where subscriber_id = $1) as used";
+
+/// Records a rebuild (`$1`…`$7`).
+const INSERT: &str = concat!(
+    "insert into {schema}.rebuild (subscriber_id, projection, previous_subscriber, \
+     live_table, shadow_table, retired_table, state) \
+     values ($1, $2, $3, $4, $5, $6, $7) returning ",
+    rebuild_columns!()
+);
+
+/// Subscriber `$1`'s checkpoint count and lowest position, the log's head, and its dead
+/// letters with a status in `$2`.
+const PROGRESS: &str = "select count(*) as partitions, coalesce(min(position), 0) as lowest, \
+     (select coalesce(max(seq), 0) from {schema}.event_log) as head, \
+     (select count(*) from {schema}.dead_letter where subscriber_id = $1 \
+      and status = any($2)) as dead_letters \
+     from {schema}.checkpoint where subscriber_id = $1";
+
+/// Rebuild `$1` in state `$3` moves to `$2` (switched), now.
+const SWITCHED: &str = "update {schema}.rebuild set state = $2, switched_at = now() \
+     where subscriber_id = $1 and state = $3";
+
+/// Releases every aggregate parked for subscriber `$1`.
+const UNPARK_ALL: &str = "delete from {schema}.parked_aggregate where subscriber_id = $1";
+
+/// Projection `$1`'s active subscriber becomes `$2`.
+const SET_ACTIVE: &str =
+    "update {schema}.projection set subscriber_id = $2, updated_at = now() where name = $1";
+
+/// Projection `$1`'s rebuild in a state in `$3` moves to `$2` (aborting).
+const REQUEST_ABORT: &str = concat!(
+    "update {schema}.rebuild set state = $2 \
+     where projection = $1 and state = any($3) returning ",
+    rebuild_columns!()
+);
+
+/// Rebuild `$1` in a state in `$3` ends in `$2` (aborted).
+const ABORTED: &str = "update {schema}.rebuild set state = $2, ended_at = now() \
+     where subscriber_id = $1 and state = any($3)";
+
+/// Projection `$1`'s rebuild in state `$3` ends in `$2` (finished).
+const FINISHED: &str = concat!(
+    "update {schema}.rebuild set state = $2, ended_at = now() \
+     where projection = $1 and state = $3 returning ",
+    rebuild_columns!()
+);
+
+/// Deletes a retired subscriber `$1`'s rows (`$2`, the reason, is bound so that every
+/// statement of [`retire_subscriber`] takes the same parameters).
+const RETIRE: [&str; 3] = [
+    "delete from {schema}.checkpoint where subscriber_id = $1 and $2::text is not null",
+    "delete from {schema}.parked_aggregate where subscriber_id = $1 and $2::text is not null",
+    "delete from {schema}.aggregate_version where subscriber_id = $1 and $2::text is not null",
+];
+
+/// Subscriber `$1`'s dead letters with a status in `$4` are set to `$3` (discarded),
+/// with resolution `$2`.
+const DISCARD_UNRESOLVED: &str = "update {schema}.dead_letter set status = $3, resolution = $2, \
+     resolved_at = now() where subscriber_id = $1 and status = any($4)";
+
+/// Deletes at most `$2` of subscriber `$1`'s claims.
+const FORGET_CLAIMS: &str = "delete from {schema}.processed_message where ctid = any(array( \
+     select ctid from {schema}.processed_message where subscriber_id = $1 limit $2))";
+
+/// The state of the rebuild under subscriber ID `$1`.
+const STATE: &str = "select state from {schema}.rebuild where subscriber_id = $1";
+
+/// A rebuild as stored.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Rebuild {
+    /// The new subscriber ID (the rebuild's identity).
+    pub subscriber: String,
+    pub projection: String,
+    /// The subscriber that served the live table when the rebuild started.
+    pub previous: String,
+    pub live: String,
+    pub shadow: String,
+    pub retired: String,
+    pub state: RebuildState,
+    pub requested_at_unix: f64,
+    pub switched_at_unix: Option<f64>,
+}
+
+impl Rebuild {
+    pub fn live_table(&self) -> QualifiedName {
+        parse(&self.live)
+    }
+    pub fn shadow_table(&self) -> QualifiedName {
+        parse(&self.shadow)
+    }
+    pub fn retired_table(&self) -> QualifiedName {
+        parse(&self.retired)
+    }
+    /// Switched over, with the retired table kept longer than `after`.
+    pub fn retired_longer_than(&self, after: Duration, now_unix: f64) -> bool {
+        self.state == RebuildState::Switched
+            && self
+                .switched_at_unix
+                .is_some_and(|t| now_unix - t >= after.as_secs_f64())
+    }
+
+    fn from_row(r: &Row) -> Self {
+        Rebuild {
+            subscriber: r.get("subscriber_id"),
+            projection: r.get("projection"),
+            previous: r.get("previous_subscriber"),
+            live: r.get("live_table"),
+            shadow: r.get("shadow_table"),
+            retired: r.get("retired_table"),
+            state: r.get("state"),
+            requested_at_unix: r.get("requested_at_unix"),
+            switched_at_unix: r.get("switched_at_unix"),
+        }
+    }
+}
+
+fn parse(s: &str) -> QualifiedName {
+    QualifiedName::parse(s).unwrap_or_else(|_| QualifiedName {
+        schema: "public".into(),
+        name: s.to_owned(),
+    })
+}
+
+/// Rebuilds not ended yet (running, aborting, or switched with a retired table kept).
+pub async fn open(
+    client: &impl GenericClient,
+    schema: &Schema,
+) -> Result<Vec<Rebuild>, StoreError> {
+    read_open(client, schema, OPEN).await
+}
+
+/// [`open`], waiting for a switch-over or abort in progress to commit: what a new leader
+/// plans from, so it never starts projectors on tables about to be renamed or dropped.
+pub async fn open_settled(
+    client: &impl GenericClient,
+    schema: &Schema,
+) -> Result<Vec<Rebuild>, StoreError> {
+    read_open(client, schema, OPEN_SETTLED).await
+}
+
+async fn read_open(
+    client: &impl GenericClient,
+    schema: &Schema,
+    statement: &str,
+) -> Result<Vec<Rebuild>, StoreError> {
+    let rows = client
+        .query(&schema.sql(statement), &[&RebuildState::OPEN])
+        .await
+        .map_err(StoreError::db("reading rebuilds"))?;
+    Ok(rows.iter().map(Rebuild::from_row).collect())
+}
+
+/// The state of the rebuild under subscriber ID `subscriber` (`None`: no such rebuild).
+pub async fn state_of(
+    client: &impl GenericClient,
+    schema: &Schema,
+    subscriber: &str,
+) -> Result<Option<RebuildState>, StoreError> {
+    Ok(client
+        .query_opt(&schema.sql(STATE), &[&subscriber])
+        .await
+        .map_err(StoreError::db("reading a rebuild's state"))?
+        .map(|r| r.get("state")))
+}
+
+/// Starts a rebuild of `projection` (whose live table is `live`, served by `previous`)
+/// under the unused subscriber ID `subscriber`: creates the shadow table from the live
+/// table's definition and records the rebuild, in one transaction.
+pub async fn start(
+    client: &mut Client,
+    schema: &Schema,
+    projection: &str,
+    live: &QualifiedName,
+    previous: &str,
+    subscriber: &str,
+) -> Result<Rebuild, StoreError> {
+    let shadow = ddl::sibling(live, "__rebuild")?;
+    let retired = ddl::sibling(live, "__retired")?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("starting a rebuild"))?;
+    if let Some(open) = open(&tx, schema)
+        .await?
+        .into_iter()
+        .find(|r| r.projection == projection)
+    {
+        return Err(StoreError::Refused(format!(
+            "projection {projection} already has a rebuild ({}, state {}); \
+             wait for it to switch and run `walfold rebuild {projection} --finish`, or `--abort` it",
+            open.subscriber, open.state
+        )));
+    }
+    let used: bool = tx
+        .query_one(&schema.sql(USED), &[&subscriber])
+        .await
+        .map_err(StoreError::db("checking the subscriber ID"))?
+        .get("used");
+    if used {
+        return Err(StoreError::Refused(format!(
+            "subscriber ID {subscriber} has been used before; a rebuild needs a new one \
+             (its claims must start empty), e.g. {subscriber}.2"
+        )));
+    }
+    ddl::create_shadow(&tx, live, &shadow, &retired).await?;
+    let row = tx
+        .query_one(
+            &schema.sql(INSERT),
+            &[
+                &subscriber,
+                &projection,
+                &previous,
+                &live.to_string(),
+                &shadow.to_string(),
+                &retired.to_string(),
+                &RebuildState::Running,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("recording the rebuild"))?;
+    let rebuild = Rebuild::from_row(&row);
+    tx.commit()
+        .await
+        .map_err(StoreError::db("starting a rebuild"))?;
+    Ok(rebuild)
+}
+
+/// Whether a rebuild may switch over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Still replaying.
+    Behind,
+    /// Every partition is within the slack of the head.
+    Ready,
+    /// Caught up, but this many of its dead letters are open: the rebuilt table would
+    /// lack those events. Retry or discard them first.
+    Blocked(i64),
+}
+
+/// Whether every partition of the rebuild's subscriber has read to within `slack` events
+/// of the log's head, with no open dead letter. `log_head` is the head of the event log
+/// when it lives in another database (a projection on an extra target); `None` reads
+/// it here.
+pub async fn readiness(
+    client: &Client,
+    schema: &Schema,
+    subscriber: &str,
+    partitions: u32,
+    slack: i64,
+    log_head: Option<i64>,
+) -> Result<Readiness, StoreError> {
+    let row = client
+        .query_one(
+            &schema.sql(PROGRESS),
+            &[&subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
+        )
+        .await
+        .map_err(StoreError::db("reading a rebuild's progress"))?;
+    let (n, min, head, dead): (i64, i64, i64, i64) = (
+        row.get("partitions"),
+        row.get("lowest"),
+        row.get("head"),
+        row.get("dead_letters"),
+    );
+    let head = log_head.unwrap_or(head);
+    Ok(if n < i64::from(partitions) || head - min > slack {
+        Readiness::Behind
+    } else if dead > 0 {
+        Readiness::Blocked(dead)
+    } else {
+        Readiness::Ready
+    })
+}
+
+/// The switch-over, in one transaction: the live table is retired, the shadow table takes
+/// its name, and the rebuild's subscriber becomes the projection's active one (the old
+/// one's open dead letters are discarded and its aggregates released: nothing runs it
+/// any more). The caller leads (its `fence` is checked inside the transaction) and has
+/// stopped every projector writing either table. Returns false when the rebuild is no
+/// longer running (aborted meanwhile).
+pub async fn switch(
+    client: &mut Client,
+    schema: &Schema,
+    rebuild: &Rebuild,
+    fence: &Fence,
+) -> Result<bool, StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("switching over"))?;
+    let moved = tx
+        .execute(
+            &schema.sql(SWITCHED),
+            &[
+                &rebuild.subscriber,
+                &RebuildState::Switched,
+                &RebuildState::Running,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("switching over"))?;
+    if moved == 0 {
+        return Ok(false);
+    }
+    let (live, shadow) = (rebuild.live_table(), rebuild.shadow_table());
+    ddl::lock_for_swap(&tx, &live, &shadow).await?;
+    fence.check(&tx).await?;
+    ddl::swap(&tx, &live, &shadow, &rebuild.retired_table()).await?;
+    tx.execute(&schema.sql(UNPARK_ALL), &[&rebuild.previous])
+        .await
+        .map_err(StoreError::db("retiring the previous subscriber"))?;
+    discard_unresolved(
+        &tx,
+        schema,
+        &rebuild.previous,
+        "subscriber replaced by a rebuild",
+    )
+    .await
+    .map_err(StoreError::db("retiring the previous subscriber"))?;
+    tx.execute(
+        &schema.sql(SET_ACTIVE),
+        &[&rebuild.projection, &rebuild.subscriber],
+    )
+    .await
+    .map_err(StoreError::db("recording the new active subscriber"))?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("switching over"))?;
+    Ok(true)
+}
+
+/// Asks the leader to abort the running rebuild of `projection` (it stops the rebuild's
+/// projectors first, then calls [`abort`]).
+pub async fn request_abort(
+    client: &Client,
+    schema: &Schema,
+    projection: &str,
+) -> Result<Rebuild, StoreError> {
+    let row = client
+        .query_opt(
+            &schema.sql(REQUEST_ABORT),
+            &[
+                &projection,
+                &RebuildState::Aborting,
+                &RebuildState::REPLAYING,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    match row {
+        Some(r) => Ok(Rebuild::from_row(&r)),
+        None => Err(StoreError::Refused(
+            not_open(client, schema, projection, "abort").await?,
+        )),
+    }
+}
+
+async fn not_open(
+    client: &Client,
+    schema: &Schema,
+    projection: &str,
+    action: &str,
+) -> Result<String, StoreError> {
+    let open = open(client, schema).await?;
+    Ok(match open.iter().find(|r| r.projection == projection) {
+        Some(r) if r.state == RebuildState::Switched => format!(
+            "the rebuild of {projection} has switched over already; nothing to {action} \
+             (run `walfold rebuild {projection} --finish` to drop the retired table)"
+        ),
+        Some(r) => format!(
+            "the rebuild of {projection} is still {}; it switches over once it has caught up",
+            r.state
+        ),
+        None => format!("projection {projection} has no rebuild to {action}"),
+    })
+}
+
+/// Ends an aborting or running rebuild: drops the shadow table and the new subscriber's
+/// checkpoints and parked aggregates, in one transaction; nothing live is touched. The
+/// caller leads (its `fence` is checked inside the transaction) and runs no projector of
+/// this rebuild. Claims are removed afterwards by [`forget_claims`] (or `prune`).
+pub async fn abort(
+    client: &mut Client,
+    schema: &Schema,
+    rebuild: &Rebuild,
+    fence: &Fence,
+) -> Result<(), StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    let n = tx
+        .execute(
+            &schema.sql(ABORTED),
+            &[
+                &rebuild.subscriber,
+                &RebuildState::Aborted,
+                &RebuildState::REPLAYING,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    if n == 1 {
+        fence.check(&tx).await?;
+        ddl::drop_table(&tx, &rebuild.shadow_table())
+            .await
+            .map_err(StoreError::db("dropping the shadow table"))?;
+        retire_subscriber(&tx, schema, &rebuild.subscriber, "rebuild aborted").await?;
+    }
+    tx.commit()
+        .await
+        .map_err(StoreError::db("aborting a rebuild"))?;
+    Ok(())
+}
+
+/// Ends a switched rebuild: drops the retired table and the previous subscriber's
+/// checkpoints and parked aggregates, in one transaction. Sequences the retired table
+/// owns (a `serial` column, whose sequence the live table's default shares) pass to the
+/// live table first. The daemon passes its `fence`; the CLI may finish without one
+/// (nothing runs on a retired table). Returns the rebuild.
+pub async fn finish(
+    client: &mut Client,
+    schema: &Schema,
+    projection: &str,
+    fence: Option<&Fence>,
+) -> Result<Rebuild, StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("finishing a rebuild"))?;
+    let row = tx
+        .query_opt(
+            &schema.sql(FINISHED),
+            &[
+                &projection,
+                &RebuildState::Finished,
+                &RebuildState::Switched,
+            ],
+        )
+        .await
+        .map_err(StoreError::db("finishing a rebuild"))?;
+    let Some(row) = row else {
+        drop(tx);
+        return Err(StoreError::Refused(
+            not_open(client, schema, projection, "finish").await?,
+        ));
+    };
+    let rebuild = Rebuild::from_row(&row);
+    if let Some(fence) = fence {
+        fence.check(&tx).await?;
+    }
+    ddl::hand_over_sequences(&tx, &rebuild.retired_table(), &rebuild.live_table()).await?;
+    ddl::drop_table(&tx, &rebuild.retired_table())
+        .await
+        .map_err(StoreError::db("dropping the retired table"))?;
+    retire_subscriber(
+        &tx,
+        schema,
+        &rebuild.previous,
+        "subscriber retired by a rebuild",
+    )
+    .await?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("finishing a rebuild"))?;
+    Ok(rebuild)
+}
+
+async fn retire_subscriber(
+    tx: &impl GenericClient,
+    schema: &Schema,
+    subscriber: &str,
+    why: &str,
+) -> Result<(), StoreError> {
+    for statement in RETIRE {
+        tx.execute(&schema.sql(statement), &[&subscriber, &why])
+            .await
+            .map_err(StoreError::db("retiring a subscriber"))?;
+    }
+    discard_unresolved(tx, schema, subscriber, why)
+        .await
+        .map_err(StoreError::db("retiring a subscriber"))?;
+    Ok(())
+}
+
+/// Discards the dead letters of a subscriber nothing runs any more, with `why` as the
+/// resolution.
+async fn discard_unresolved(
+    tx: &impl GenericClient,
+    schema: &Schema,
+    subscriber: &str,
+    why: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    tx.execute(
+        &schema.sql(DISCARD_UNRESOLVED),
+        &[
+            &subscriber,
+            &why,
+            &DeadLetterStatus::Discarded,
+            &DeadLetterStatus::UNRESOLVED,
+        ],
+    )
+    .await
+}
+
+/// Deletes a retired subscriber's claims in batches of `batch` rows (short transactions,
+/// no long locks); returns how many.
+pub async fn forget_claims(
+    client: &Client,
+    schema: &Schema,
+    subscriber: &str,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let sql = schema.sql(FORGET_CLAIMS);
+    let mut total = 0;
+    loop {
+        let n = client
+            .execute(&sql, &[&subscriber, &batch])
+            .await
+            .map_err(StoreError::db("deleting a retired subscriber's claims"))?;
+        total += n;
+        if n < batch as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RebuildState;
+    use walfold_event::assert_round_trips;
+
+    use crate::migrate::tests::checked_values;
+
+    #[test]
+    fn every_state_round_trips() {
+        assert_round_trips(RebuildState::ALL, RebuildState::as_str);
+    }
+
+    #[test]
+    fn the_check_constraint_allows_exactly_the_states() {
+        let mut ours: Vec<&str> = RebuildState::ALL.iter().map(|s| s.as_str()).collect();
+        ours.sort();
+        assert_eq!(checked_values("state"), ours);
+    }
+}
