@@ -10,6 +10,7 @@ mod connect;
 mod dead_letter;
 mod error;
 mod event_log;
+mod event_trail;
 mod leader;
 mod log_order;
 mod migrate;
@@ -34,6 +35,11 @@ pub use dead_letter::{DeadLetterEntry, DeadLetters, Gap, RetryItem, RetryRequest
 pub use error::{describe, kind_of, sqlstate, StoreError};
 pub use event_log::{
     read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
+};
+pub use event_trail::{
+    checkpointed_subscribers, knows_subscriber, log_page, log_time, log_time_ago, projection_of,
+    recorded_for, subscriber_has_read, Claim, DeadLetterAt, LogFilter, LoggedEvent,
+    PartitionPosition, Recorded,
 };
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
