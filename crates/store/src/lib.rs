@@ -11,6 +11,7 @@ mod dead_letter;
 mod error;
 mod event_log;
 mod event_trail;
+mod ingest_position;
 mod leader;
 mod log_order;
 mod migrate;
@@ -41,6 +42,7 @@ pub use event_trail::{
     recorded_for, subscriber_has_read, Claim, DeadLetterAt, LogFilter, LoggedEvent,
     PartitionPosition, Recorded,
 };
+pub use ingest_position::{ingested_rows, ingested_slots, ingested_through, IngestedSlot};
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::migrate;
