@@ -10,6 +10,8 @@ mod connect;
 mod dead_letter;
 mod error;
 mod event_log;
+mod event_trail;
+mod ingest_position;
 mod leader;
 mod log_order;
 mod migrate;
@@ -35,6 +37,12 @@ pub use error::{describe, kind_of, sqlstate, StoreError};
 pub use event_log::{
     read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
 };
+pub use event_trail::{
+    checkpointed_subscribers, knows_subscriber, log_page, log_time, log_time_ago, projection_of,
+    recorded_for, subscriber_has_read, Claim, DeadLetterAt, LogFilter, LoggedEvent,
+    PartitionPosition, Recorded,
+};
+pub use ingest_position::{ingested_rows, ingested_slots, ingested_through, IngestedSlot};
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::migrate;

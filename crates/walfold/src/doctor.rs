@@ -356,18 +356,14 @@ async fn source_checks(
 
     // The slot.
     let ingested: Option<String> = match target {
-        Some(t) => t
-            .query_opt(
-                &format!(
-                    "select lsn::text from {}.ingest_position where slot = $1 and lsn > '0/0'",
-                    walfold_config::quote_ident(&config.target.schema)
-                ),
-                &[&config.source().slot],
-            )
-            .await
-            .ok()
-            .flatten()
-            .map(|r| r.get(0)),
+        Some(t) => walfold_store::ingested_through(
+            t,
+            &walfold_store::Schema::new(&config.target.schema),
+            &config.source().slot,
+        )
+        .await
+        .ok()
+        .flatten(),
         None => None,
     };
     let slot = &config.source().slot;
@@ -409,25 +405,14 @@ async fn source_checks(
     Ok(())
 }
 
-/// The rights walfold needs on one target: its schema, and the tables of the
-/// projections whose state lives there.
 /// Slots walfold ingested through that no source of the config uses any more (a
 /// source's slot renamed, a source removed): on its server such a slot keeps WAL.
 async fn abandoned_slots(r: &mut Report, config: &Config, target: &Client) {
-    let Ok(rows) = target
-        .query(
-            &format!(
-                "select slot, lsn::text from {}.ingest_position where lsn > '0/0' order by slot",
-                walfold_config::quote_ident(&config.target.schema)
-            ),
-            &[],
-        )
-        .await
-    else {
+    let schema = walfold_store::Schema::new(&config.target.schema);
+    let Ok(slots) = walfold_store::ingested_slots(target, &schema).await else {
         return;
     };
-    for row in rows {
-        let (slot, lsn): (String, String) = (row.get(0), row.get(1));
+    for walfold_store::IngestedSlot { slot, lsn } in slots {
         if config.sources().iter().any(|s| s.slot == slot) {
             continue;
         }
@@ -439,6 +424,8 @@ async fn abandoned_slots(r: &mut Report, config: &Config, target: &Client) {
     }
 }
 
+/// The rights walfold needs on one target: its schema, and the tables of the
+/// projections whose state lives there.
 async fn target_checks(
     r: &mut Report,
     config: &Config,

@@ -20,13 +20,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use tokio_postgres::types::Type;
 use tokio_postgres::Client;
-use walfold_config::{quote_ident, Config, ProjectionConfig, ProjectionKind};
+use walfold_config::{Config, ProjectionConfig, ProjectionKind};
 use walfold_event::{DeadLetterStatus, Reason};
+use walfold_store::{LogFilter, Schema};
 
 use crate::run::load;
-use crate::Failure;
+use crate::{store_failure, Failure};
 
 /// What `walfold events` was asked for.
 #[derive(Debug, Clone)]
@@ -59,7 +59,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
     let client = walfold_store::connect(config.target_url())
         .await
         .map_err(Failure::runtime)?;
-    let schema = quote_ident(&config.target.schema);
+    let schema = Schema::new(&config.target.schema);
     let since = match &q.since {
         Some(s) => Some(since(&client, s).await?),
         None => None,
@@ -70,19 +70,18 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         None => None,
     };
     let (state, state_schema) = match &home {
-        Some((c, schema)) => (c, quote_ident(schema)),
-        None => (&client, schema.clone()),
+        Some((c, schema)) => (c, schema),
+        None => (&client, &schema),
     };
     let subscriber = match &q.subscriber {
-        Some(s) => Some(Subscriber::resolve(state, &config, &state_schema, s).await?),
+        Some(s) => Some(Subscriber::resolve(state, &config, state_schema, s).await?),
         None => None,
     };
     // Applied-or-stale needs each aggregate's claimed history from the log's start:
     // then only the aggregate filters go into SQL and the others apply here.
     let history = subscriber.as_ref().is_some_and(|s| s.guarded);
-    let sql_filters = Filters {
-        after: if history { 0 } else { q.after },
-        aggregate: q.aggregate.clone(),
+    let sql_filter = LogFilter {
+        aggregate_id: q.aggregate.clone(),
         source: q.source.clone(),
         aggregate_type: q.aggregate_type.clone(),
         event_type: if history { None } else { q.event_type.clone() },
@@ -90,9 +89,9 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
     };
     let mut reader = Reader {
         client: &client,
-        sql: page_sql(&schema),
-        position: sql_filters.after,
-        filters: sql_filters,
+        schema: &schema,
+        position: if history { 0 } else { q.after },
+        filter: sql_filter,
     };
     let mut out = Output {
         stdout: std::io::BufWriter::new(std::io::stdout().lock()),
@@ -118,7 +117,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         }
         if !queue.is_empty() {
             let outcomes = match &subscriber {
-                Some(s) => s.outcomes(state, &state_schema, &queue).await?,
+                Some(s) => s.outcomes(state, state_schema, &queue).await?,
                 None => vec![Outcome::None; queue.len()],
             };
             // In log order; with --follow a pending event (and what follows it) waits up
@@ -165,42 +164,15 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
 /// `--since`: a duration ago or a timestamp, as the server's `timestamptz` text (so it
 /// compares with the log's times as the server orders them).
 async fn since(client: &Client, text: &str) -> Result<String, Failure> {
-    let ago = walfold_config::parse_retention(text).ok().flatten();
-    let row = match ago {
-        Some(d) => {
-            client
-                .query_one(
-                    "select to_char((now() - make_interval(secs => $1)) at time zone 'UTC', \
-                     'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
-                    &[&d.as_secs_f64()],
-                )
-                .await
-        }
-        None => {
-            client
-                .query_one(
-                    "select to_char($1::text::timestamptz at time zone 'UTC', \
-                     'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
-                    &[&text],
-                )
-                .await
-        }
+    let at = match walfold_config::parse_retention(text).ok().flatten() {
+        Some(ago) => walfold_store::log_time_ago(client, ago).await,
+        None => walfold_store::log_time(client, text).await,
     };
-    row.map(|r| r.get(0)).map_err(|_| {
+    at.map_err(|_| {
         Failure::config(format!(
             "--since `{text}` is neither a timestamp (2026-11-30T12:00:00Z) nor a duration (15m, 2h, 1d)"
         ))
     })
-}
-
-/// The filters a page read applies in SQL.
-struct Filters {
-    after: i64,
-    aggregate: Option<String>,
-    source: Option<String>,
-    aggregate_type: Option<String>,
-    event_type: Option<String>,
-    since: Option<String>,
 }
 
 /// One event of the log, with its JSON rendering.
@@ -222,73 +194,36 @@ struct Queued {
     seen: Instant,
 }
 
-fn page_sql(schema: &str) -> String {
-    // Keyset pages over the primary key. The aggregate and type filters have no index
-    // in the log: on a big log they scan it (once, page by page), like any ad-hoc query.
-    format!(
-        "select seq, event_id, aggregate_type, aggregate_id, event_type, version, partition_hash, \
-         to_char(coalesce(committed_at, appended_at) at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
-         json_build_object('seq', seq, 'event_id', event_id, 'aggregate_type', aggregate_type, \
-           'aggregate_id', aggregate_id, 'event_type', event_type, 'version', version, \
-           'payload', payload, 'headers', headers, 'occurred_at', occurred_at, \
-           'committed_at', committed_at, 'appended_at', appended_at, 'source', source, \
-           'source_lsn', source_lsn::text)::text \
-         from {schema}.event_log \
-         where seq > $1 \
-           and ($2::text is null or aggregate_id = $2) \
-           and ($3::text is null or aggregate_type = $3) \
-           and ($4::text is null or event_type = $4) \
-           and ($5::text is null or coalesce(committed_at, appended_at) >= $5::text::timestamptz) \
-           and ($7::text is null or source = $7) \
-         order by seq limit $6"
-    )
-}
-
 struct Reader<'a> {
     client: &'a Client,
-    sql: String,
+    schema: &'a Schema,
     position: i64,
-    filters: Filters,
+    filter: LogFilter,
 }
 
 impl Reader<'_> {
     async fn next_page(&mut self) -> Result<Vec<Row>, Failure> {
-        let f = &self.filters;
-        let rows = self
-            .client
-            .query_typed(
-                &self.sql,
-                &[
-                    (&self.position, Type::INT8),
-                    (&f.aggregate, Type::TEXT),
-                    (&f.aggregate_type, Type::TEXT),
-                    (&f.event_type, Type::TEXT),
-                    (&f.since, Type::TEXT),
-                    (&PAGE, Type::INT8),
-                    (&f.source, Type::TEXT),
-                ],
-            )
-            .await
-            .map_err(|e| Failure::runtime(format!("reading the event log: {e}")))?;
-        let mut page = Vec::with_capacity(rows.len());
-        for r in rows {
-            let json: String = r.get(8);
-            let json = match serde_json::from_str(&json) {
-                Ok(Value::Object(m)) => m,
-                _ => Map::new(),
-            };
-            page.push(Row {
-                seq: r.get(0),
-                event_id: r.get(1),
-                aggregate_type: r.get(2),
-                aggregate_id: r.get(3),
-                event_type: r.get(4),
-                version: r.get(5),
-                partition_hash: r.get(6),
-                at: r.get(7),
-                json,
-            });
-        }
+        let events =
+            walfold_store::log_page(self.client, self.schema, self.position, &self.filter, PAGE)
+                .await
+                .map_err(store_failure)?;
+        let page: Vec<Row> = events
+            .into_iter()
+            .map(|e| Row {
+                json: match serde_json::from_str(&e.json) {
+                    Ok(Value::Object(m)) => m,
+                    _ => Map::new(),
+                },
+                seq: e.seq,
+                event_id: e.event_id,
+                aggregate_type: e.aggregate_type,
+                aggregate_id: e.aggregate_id,
+                event_type: e.event_type,
+                version: e.version,
+                partition_hash: e.partition_hash,
+                at: e.at,
+            })
+            .collect();
         if let Some(last) = page.last() {
             self.position = last.seq;
         }
@@ -299,12 +234,12 @@ impl Reader<'_> {
 /// The extra target holding `subscriber`'s state, connected (`None`: the main target):
 /// its projection's `database`, else the extra target that knows the ID (a rebuild's or
 /// a replaced one).
-async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, String)>, Failure> {
+async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, Schema)>, Failure> {
     let connect = |t: walfold_engine::Target| async move {
         let client = walfold_store::connect(&t.url)
             .await
             .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
-        Ok::<_, Failure>((client, t.schema.name().to_owned()))
+        Ok::<_, Failure>((client, t.schema))
     };
     if let Some(p) = config
         .projection
@@ -323,19 +258,9 @@ async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, St
         .filter(walfold_engine::Target::is_extra)
     {
         let (client, schema) = connect(t).await?;
-        let s = quote_ident(&schema);
-        let known: bool = client
-            .query_one(
-                &format!(
-                    "select exists (select 1 from {s}.checkpoint where subscriber_id = $1) \
-                     or exists (select 1 from {s}.projection where subscriber_id = $1) \
-                     or exists (select 1 from {s}.rebuild where subscriber_id = $1 or previous_subscriber = $1)"
-                ),
-                &[&subscriber],
-            )
+        let known = walfold_store::knows_subscriber(&client, &schema, subscriber)
             .await
-            .map_err(Failure::runtime)?
-            .get(0);
+            .map_err(store_failure)?;
         if known {
             return Ok(Some((client, schema)));
         }
@@ -374,31 +299,16 @@ impl Subscriber {
     async fn resolve(
         client: &Client,
         config: &Config,
-        schema: &str,
+        schema: &Schema,
         id: &str,
     ) -> Result<Subscriber, Failure> {
-        let known: bool = client
-            .query_one(
-                &format!(
-                    "select exists (select 1 from {schema}.checkpoint where subscriber_id = $1) \
-                     or exists (select 1 from {schema}.processed_message where subscriber_id = $1)"
-                ),
-                &[&id],
-            )
+        let known = walfold_store::subscriber_has_read(client, schema, id)
             .await
-            .map_err(Failure::runtime)?
-            .get(0);
+            .map_err(store_failure)?;
         if !known {
-            let names: Vec<String> = client
-                .query(
-                    &format!("select distinct subscriber_id from {schema}.checkpoint order by 1"),
-                    &[],
-                )
+            let names = walfold_store::checkpointed_subscribers(client, schema)
                 .await
-                .map_err(Failure::runtime)?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
+                .map_err(store_failure)?;
             eprintln!(
                 "walfold: subscriber {id} has read nothing yet (known subscribers: {})",
                 if names.is_empty() {
@@ -416,19 +326,9 @@ impl Subscriber {
             .find(|p| p.subscriber == id)
             .cloned();
         if projection.is_none() {
-            let name: Option<String> = client
-                .query_opt(
-                    &format!(
-                        "select projection from {schema}.rebuild \
-                         where subscriber_id = $1 or previous_subscriber = $1 \
-                         union all select name from {schema}.projection where subscriber_id = $1 \
-                         limit 1"
-                    ),
-                    &[&id],
-                )
+            let name = walfold_store::projection_of(client, schema, id)
                 .await
-                .map_err(Failure::runtime)?
-                .map(|r| r.get(0));
+                .map_err(store_failure)?;
             projection = name.and_then(|n| config.projection.iter().find(|p| p.name == n).cloned());
         }
         let guarded = projection
@@ -445,52 +345,29 @@ impl Subscriber {
     async fn outcomes(
         &self,
         client: &Client,
-        schema: &str,
+        schema: &Schema,
         queue: &VecDeque<Queued>,
     ) -> Result<Vec<Outcome>, Failure> {
         let ids: Vec<uuid::Uuid> = queue.iter().map(|q| q.row.event_id).collect();
         let seqs: Vec<i64> = queue.iter().map(|q| q.row.seq).collect();
-        let claims: HashMap<uuid::Uuid, Value> = client
-            .query(
-                &format!(
-                    "select message_id, to_json(processed_at) from {schema}.processed_message \
-                     where subscriber_id = $1 and message_id = any($2)"
-                ),
-                &[&self.id, &ids],
-            )
+        let recorded = walfold_store::recorded_for(client, schema, &self.id, &ids, &seqs)
             .await
-            .map_err(Failure::runtime)?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map_err(store_failure)?;
+        let claims: HashMap<uuid::Uuid, Value> = recorded
+            .claims
+            .into_iter()
+            .map(|c| (c.event_id, c.processed_at))
             .collect();
-        let mut letters: HashMap<i64, Value> = HashMap::new();
-        for r in client
-            .query(
-                &format!(
-                    "select seq, json_build_object('id', id, 'reason', reason, 'status', status, \
-                     'error', error, 'attempts', attempts, 'last_failed_at', last_failed_at) \
-                     from {schema}.dead_letter where subscriber_id = $1 and seq = any($2) order by id"
-                ),
-                &[&self.id, &seqs],
-            )
-            .await
-            .map_err(Failure::runtime)?
-        {
-            // The latest one wins.
-            letters.insert(r.get(0), r.get(1));
-        }
-        let positions: HashMap<i32, (i32, i64)> = client
-            .query(
-                &format!(
-                    "select partition, partitions, position from {schema}.checkpoint \
-                     where subscriber_id = $1"
-                ),
-                &[&self.id],
-            )
-            .await
-            .map_err(Failure::runtime)?
-            .iter()
-            .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        // The latest one wins.
+        let letters: HashMap<i64, Value> = recorded
+            .dead_letters
+            .into_iter()
+            .map(|d| (d.seq, d.letter))
+            .collect();
+        let positions: HashMap<i32, (i32, i64)> = recorded
+            .positions
+            .into_iter()
+            .map(|p| (p.partition, (p.partitions, p.position)))
             .collect();
         let partitions = positions.values().map(|p| p.0).max().unwrap_or(1).max(1);
         Ok(queue

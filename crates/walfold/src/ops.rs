@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, Config};
 use walfold_engine::ops;
-use walfold_store::RebuildState;
+use walfold_store::{RebuildState, Schema};
 
 use crate::progress::{Progress, Snapshot, POLL};
 use crate::run::load;
@@ -327,7 +327,7 @@ pub async fn prune(path: &Path) -> Result<(), Failure> {
 /// one). The total is the planner's row estimate of the outbox (its partitions summed).
 struct BackfillWatcher {
     target: Client,
-    counted: String,
+    schema: Schema,
     slot: String,
     baseline: i64,
     estimate: Option<u64>,
@@ -337,20 +337,18 @@ impl BackfillWatcher {
     /// `None` when progress cannot be read (the backfill itself then says what is wrong).
     async fn open(config: &Config, outbox: &str) -> Option<BackfillWatcher> {
         let target = walfold_store::connect(config.target_url()).await.ok()?;
-        let counted = format!(
-            "select coalesce(sum(appended + duplicates + id_conflicts + malformed), 0)::int8 \
-             from {}.ingest_position where slot = $1",
-            quote_ident(&config.target.schema)
-        );
+        let schema = Schema::new(&config.target.schema);
         let slot = config.source().slot.clone();
-        let baseline: i64 = target.query_one(&counted, &[&slot]).await.ok()?.get(0);
+        let baseline = walfold_store::ingested_rows(&target, &schema, &slot)
+            .await
+            .ok()?;
         let estimate = match config.table_outbox(outbox) {
             Some((_, table)) => row_estimate(config, &table.quoted()).await,
             None => None,
         };
         Some(BackfillWatcher {
             target,
-            counted,
+            schema,
             slot,
             baseline,
             estimate,
@@ -358,12 +356,9 @@ impl BackfillWatcher {
     }
 
     async fn snapshot(&self) -> Option<Snapshot> {
-        let now: i64 = self
-            .target
-            .query_one(&self.counted, &[&self.slot])
+        let now = walfold_store::ingested_rows(&self.target, &self.schema, &self.slot)
             .await
-            .ok()?
-            .get(0);
+            .ok()?;
         let done = (now - self.baseline).max(0) as u64;
         Some(Snapshot {
             done,

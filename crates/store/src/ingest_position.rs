@@ -1,0 +1,74 @@
+//! The ingest position read from outside the appender: how far walfold ingested
+//! through each slot (for `walfold doctor`), and how many rows a slot's appends counted
+//! (a running backfill's progress).
+
+use tokio_postgres::Client;
+
+use crate::error::StoreError;
+use crate::schema::Schema;
+
+/// Slot `$1`'s ingest position as text, once it is past 0/0.
+const INGESTED: &str =
+    "select lsn::text as lsn from {schema}.ingest_position where slot = $1 and lsn > '0/0'";
+
+/// Every slot ingested through (past 0/0) with its position as text, by slot.
+const SLOTS: &str = "select slot, lsn::text as lsn from {schema}.ingest_position \
+     where lsn > '0/0' order by slot";
+
+/// The rows slot `$1`'s appends counted: appended, duplicates, ID conflicts, malformed.
+const COUNTED: &str =
+    "select coalesce(sum(appended + duplicates + id_conflicts + malformed), 0)::int8 as counted \
+     from {schema}.ingest_position where slot = $1";
+
+/// A slot walfold ingested through, and how far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngestedSlot {
+    pub slot: String,
+    /// As PostgreSQL writes a `pg_lsn`.
+    pub lsn: String,
+}
+
+/// How far walfold ingested through `slot` (as PostgreSQL writes a `pg_lsn`); `None`
+/// before anything was.
+pub async fn ingested_through(
+    client: &Client,
+    schema: &Schema,
+    slot: &str,
+) -> Result<Option<String>, StoreError> {
+    Ok(client
+        .query_opt(&schema.sql(INGESTED), &[&slot])
+        .await
+        .map_err(StoreError::db("reading the ingest position"))?
+        .map(|r| r.get("lsn")))
+}
+
+/// Every slot walfold ingested through, by name.
+pub async fn ingested_slots(
+    client: &Client,
+    schema: &Schema,
+) -> Result<Vec<IngestedSlot>, StoreError> {
+    Ok(client
+        .query(&schema.sql(SLOTS), &[])
+        .await
+        .map_err(StoreError::db("reading the ingest positions"))?
+        .iter()
+        .map(|r| IngestedSlot {
+            slot: r.get("slot"),
+            lsn: r.get("lsn"),
+        })
+        .collect())
+}
+
+/// The rows `slot`'s appends have counted so far (appended, duplicates, ID conflicts,
+/// malformed); 0 without an ingest position.
+pub async fn ingested_rows(
+    client: &Client,
+    schema: &Schema,
+    slot: &str,
+) -> Result<i64, StoreError> {
+    Ok(client
+        .query_one(&schema.sql(COUNTED), &[&slot])
+        .await
+        .map_err(StoreError::db("counting ingested rows"))?
+        .get("counted"))
+}
