@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
-use walfold_config::{quote_ident, Config};
+use walfold_config::Config;
 use walfold_engine::ops;
 use walfold_store::{RebuildState, Schema};
 
