@@ -201,14 +201,10 @@ pub async fn demo() -> Result<(), Failure> {
             r.get::<_, Option<i64>>(2).unwrap_or(0)
         );
     }
-    let s = walfold_store::status(
-        &client,
-        &client,
-        &walfold_store::Schema::new("walfold"),
-        "walfold_demo",
-    )
-    .await
-    .map_err(Failure::runtime)?;
+    let schema = walfold_store::Schema::new("walfold");
+    let s = walfold_store::status(&client, &client, &schema, "walfold_demo")
+        .await
+        .map_err(Failure::runtime)?;
     if let Some(i) = &s.ingest {
         println!(
             "\nevent log: {} events appended, {} duplicate IDs skipped, {} malformed rows dead-lettered",
@@ -221,19 +217,12 @@ pub async fn demo() -> Result<(), Failure> {
             sub.subscriber, sub.applied, sub.stale, sub.duplicates
         );
     }
-    for r in client
-        .query(
-            "select reason, error from walfold.dead_letter order by id",
-            &[],
-        )
+    let letters = walfold_store::DeadLetters::list(&client, &schema, None, true, i64::MAX)
         .await
-        .map_err(Failure::runtime)?
-    {
-        println!(
-            "dead letter: {} — {}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1)
-        );
+        .map_err(Failure::runtime)?;
+    // Listed newest first; the demo tells them in the order they happened.
+    for letter in letters.iter().rev() {
+        println!("dead letter: {} — {}", letter.reason, letter.error);
     }
     drop(client);
     tokio::task::spawn_blocking(move || drop(cluster))
