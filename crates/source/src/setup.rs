@@ -110,8 +110,9 @@ pub async fn prepare_source(
     let slot = &config.source().slot;
     let existing = source
         .query_opt(
-            "select plugin, slot_type, database = current_database(), wal_status, \
-             confirmed_flush_lsn::text from pg_replication_slots where slot_name = $1",
+            "select plugin, slot_type, database = current_database() as same_database, \
+             wal_status, confirmed_flush_lsn::text as confirmed_flush_lsn \
+             from pg_replication_slots where slot_name = $1",
             &[slot],
         )
         .await
@@ -197,10 +198,10 @@ pub async fn prepare_source(
             record_start(log, start).await?;
         }
         Some(row) => {
-            let plugin: Option<String> = row.get(0);
-            let same_db: Option<bool> = row.get(2);
-            let wal_status: Option<String> = row.get(3);
-            let confirmed: Option<String> = row.get(4);
+            let plugin: Option<String> = row.get("plugin");
+            let same_db: Option<bool> = row.get("same_database");
+            let wal_status: Option<String> = row.get("wal_status");
+            let confirmed: Option<String> = row.get("confirmed_flush_lsn");
             if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
                 return Err(SourceError::Slot {
                     slot: slot.clone(),
@@ -326,9 +327,10 @@ pub async fn inspect(
         };
         let row = source
             .query_opt(
-                "select c.relkind::text, c.relispartition, rn.nspname::text, rc.relname::text, \
+                "select c.relkind::text as kind, c.relispartition as is_partition, \
+                 rn.nspname::text as root_schema, rc.relname::text as root_name, \
                  array(select a.attname::text from pg_attribute a where a.attrelid = c.oid \
-                       and a.attnum > 0 and not a.attisdropped order by a.attnum) \
+                       and a.attnum > 0 and not a.attisdropped order by a.attnum) as columns \
                  from pg_class c join pg_namespace n on n.oid = c.relnamespace \
                  left join pg_class rc on c.relispartition and rc.oid = pg_partition_root(c.oid) \
                  left join pg_namespace rn on rn.oid = rc.relnamespace \
@@ -359,10 +361,14 @@ pub async fn inspect(
             });
             continue;
         };
-        let (kind, is_partition): (String, bool) = (row.get(0), row.get(1));
-        let columns: Vec<String> = row.get(4);
+        let (kind, is_partition): (String, bool) = (row.get("kind"), row.get("is_partition"));
+        let columns: Vec<String> = row.get("columns");
         if is_partition {
-            let root = format!("{}.{}", row.get::<_, String>(2), row.get::<_, String>(3));
+            let root = format!(
+                "{}.{}",
+                row.get::<_, String>("root_schema"),
+                row.get::<_, String>("root_name")
+            );
             shape.refusals.push(Refusal {
                 problem: format!("outbox table {name} is a partition of {root}"),
                 fix: format!(
@@ -421,7 +427,11 @@ pub async fn inspect(
         return Ok(shape);
     };
     shape.publication_exists = true;
-    let (all_tables, inserts, via_root): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    let (all_tables, inserts, via_root): (bool, bool, bool) = (
+        row.get("puballtables"),
+        row.get("pubinsert"),
+        row.get("pubviaroot"),
+    );
     shape.via_root = via_root;
     let create = format!(
         "create a publication of the outbox tables only (create publication ... for table ... \
@@ -474,7 +484,8 @@ pub async fn inspect(
     let members: Vec<(QualifiedName, bool)> = source
         .query(
             &format!(
-                "select n.nspname::text, c.relname::text, {filtered} from pg_publication_rel r \
+                "select n.nspname::text as schema, c.relname::text as name, \
+                 {filtered} as filtered from pg_publication_rel r \
                  join pg_class c on c.oid = r.prrelid join pg_namespace n on n.oid = c.relnamespace \
                  join pg_publication p on p.oid = r.prpubid where p.pubname = $1 order by 1, 2"
             ),
@@ -484,10 +495,10 @@ pub async fn inspect(
         .iter()
         .map(|r| {
             let name = QualifiedName {
-                schema: r.get(0),
-                name: r.get(1),
+                schema: r.get("schema"),
+                name: r.get("name"),
             };
-            (name, r.get(2))
+            (name, r.get("filtered"))
         })
         .collect();
     let extra: Vec<&QualifiedName> = members
