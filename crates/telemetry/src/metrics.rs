@@ -90,7 +90,7 @@ fn seconds_histogram() -> Histogram {
 }
 
 impl Metrics {
-    fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let mut r = Registry::with_prefix("walfold");
         macro_rules! reg {
             ($name:literal, $help:literal, $metric:expr) => {{
