@@ -25,6 +25,7 @@ use walfold_store::rebuild::Readiness;
 use walfold_store::{
     migrate, rebuild, Backoff, Checkpoints, Fence, Leadership, Rebuild, RebuildState,
 };
+use walfold_telemetry::signal::Signal;
 
 use crate::error::EngineError;
 use crate::projection::Projection;
@@ -172,9 +173,9 @@ impl Pipeline {
                 return Ok(());
             };
             let lost = leader.lost();
-            walfold_telemetry::metrics::metrics().set_leader(true);
+            Signal::LeadershipTaken.report();
             let result = lead(&config, &defined, &cancel, &lost, &leader.fence()).await;
-            walfold_telemetry::metrics::metrics().set_leader(false);
+            Signal::LeadershipEnded.report();
             drop(leader);
             if cancel.is_cancelled() || !lost.is_cancelled() {
                 return result;
@@ -565,22 +566,29 @@ impl TargetDown {
     fn enter(&mut self, e: &EngineError) {
         let cause = e.to_string();
         if self.cause.is_none() {
-            for s in &self.subscribers {
-                walfold_telemetry::metrics::metrics().set_paused(s, true);
+            Signal::TargetPaused {
+                subscribers: &self.subscribers,
             }
+            .report();
         }
         if self.cause.as_deref() != Some(cause.as_str()) {
-            tracing::error!(target = %self.target, subscribers = ?self.subscribers, error = %e, "target unreachable or refusing: its projections are paused; the others go on, and these resume by themselves once it works again");
+            Signal::TargetPauseCause {
+                target: &self.target,
+                subscribers: &self.subscribers,
+                error: e,
+            }
+            .report();
             self.cause = Some(cause);
         }
     }
 
     fn leave(&mut self) {
         if self.cause.take().is_some() {
-            for s in &self.subscribers {
-                walfold_telemetry::metrics::metrics().set_paused(s, false);
+            Signal::TargetResumed {
+                target: &self.target,
+                subscribers: &self.subscribers,
             }
-            tracing::info!(target = %self.target, "target reachable again; its projections resume");
+            .report();
         }
     }
 }

@@ -28,8 +28,7 @@ use walfold_store::{
     Fence, Filter, PartitionStats, RetryItem, Schema, StoreError,
 };
 use walfold_telemetry::failpoint;
-
-use walfold_telemetry::metrics::{metrics, Metrics};
+use walfold_telemetry::signal::Signal;
 
 use crate::error::EngineError;
 use crate::pages::SharedPages;
@@ -555,10 +554,16 @@ impl<'c> Work<'c> {
             // Crash window: applied and checkpointed, not yet counted in this process.
             failpoint::hit("after_projection_commit");
         }
-        part.count(s);
-        if self.events > 0 {
-            metrics().batch(part.subscriber(), self.events, self.started.elapsed());
+        Signal::Committed {
+            subscriber: part.subscriber(),
+            applied: s.applied as u64,
+            stale: s.stale as u64,
+            duplicates: s.duplicates as u64,
+            dead_lettered: s.dead_lettered as u64,
+            events: self.events,
+            took: self.started.elapsed(),
         }
+        .report();
         Ok(s)
     }
 }
@@ -574,7 +579,14 @@ impl Pause {
     async fn enter(&mut self, part: &Partition, e: &EngineError) {
         let cause = e.to_string();
         if self.cause.as_deref() != Some(cause.as_str()) {
-            tracing::error!(subscriber = %part.subscriber(), projection = %part.options.name, partition = part.partition, sqlstate = e.sqlstate().unwrap_or(""), error = %e, "projection paused: the target or the config is wrong; nothing is dead-lettered for it, and it resumes by itself once fixed");
+            Signal::PartitionPauseCause {
+                subscriber: part.subscriber(),
+                projection: &part.options.name,
+                partition: part.partition,
+                sqlstate: e.sqlstate().unwrap_or(""),
+                error: e,
+            }
+            .report();
             self.cause = Some(cause.clone());
             // Best effort: the cause may keep this write from landing too.
             let recorded = async {
@@ -596,7 +608,10 @@ impl Pause {
         }
         if !self.paused {
             self.paused = true;
-            metrics().set_paused(part.subscriber(), true);
+            Signal::PartitionPaused {
+                subscriber: part.subscriber(),
+            }
+            .report();
         }
     }
 
@@ -607,8 +622,11 @@ impl Pause {
         }
         self.paused = false;
         self.cause = None;
-        metrics().set_paused(part.subscriber(), false);
-        tracing::info!(subscriber = %part.subscriber(), partition = part.partition, "projection resumed");
+        Signal::PartitionResumed {
+            subscriber: part.subscriber(),
+            partition: part.partition,
+        }
+        .report();
         if let Err(e) =
             walfold_store::clear_pause(client, &part.schema, part.subscriber(), part.partition)
                 .await
@@ -621,7 +639,10 @@ impl Pause {
     fn drop_gauge(&mut self, part: &Partition) {
         if self.paused {
             self.paused = false;
-            metrics().set_paused(part.subscriber(), false);
+            Signal::PausedPartitionStopped {
+                subscriber: part.subscriber(),
+            }
+            .report();
         }
     }
 }
@@ -822,11 +843,7 @@ impl Partition {
                 })
                 .await
                 .map_err(EngineError::store("reading the event log"))?;
-            if shared {
-                metrics().log_pages_shared.inc();
-            } else {
-                metrics().log_pages_read.inc();
-            }
+            Signal::PageRead { shared }.report();
             if page.events.is_empty() {
                 // The first idle read is saved too: a checkpoint row says this partition
                 // has read the log once (a rebuild switches over only then). A window
@@ -950,17 +967,27 @@ impl Partition {
                     Err(e) if e.kind() == ErrorKind::Data => e,
                     Err(e) => return Err(e),
                 };
-                let label = Metrics::subscriber(self.subscriber());
-                metrics().failures.get_or_create(&label).inc();
                 if attempt < self.options.max_attempts && !e.is_permanent() {
-                    metrics().retries.get_or_create(&label).inc();
-                    tracing::warn!(subscriber = %self.subscriber(), event_id = %event.id, attempt, error = %e, "projection failed on the event's data, retrying");
+                    Signal::ApplyRetrying {
+                        subscriber: self.subscriber(),
+                        event_id: &event.id,
+                        attempt,
+                        error: &e,
+                    }
+                    .report();
                     if !backoff.sleep(cancel).await {
                         return Ok(false);
                     }
                     continue;
                 }
-                tracing::error!(subscriber = %self.subscriber(), event_id = %event.id, aggregate_id = %event.aggregate_id, attempts = attempt, error = %e, "projection failed for good: event dead-lettered, aggregate parked");
+                Signal::ApplyFailed {
+                    subscriber: self.subscriber(),
+                    event_id: &event.id,
+                    aggregate_id: &event.aggregate_id,
+                    attempts: attempt,
+                    error: &e,
+                }
+                .report();
                 let mut letter = waiting_letter(self.subscriber(), event);
                 letter.reason = Reason::ProjectionFailed;
                 letter.error = e.to_string();
@@ -1172,20 +1199,6 @@ impl Partition {
     fn owns(&self, aggregate_type: &str, aggregate_id: &str) -> bool {
         partition_hash(aggregate_type, aggregate_id) % self.options.parallelism as i32
             == self.partition as i32
-    }
-
-    /// Adds a committed transaction's outcome to the process's metrics.
-    fn count(&self, stats: PartitionStats) {
-        let m = metrics();
-        let label = Metrics::subscriber(self.subscriber());
-        m.applied.get_or_create(&label).inc_by(stats.applied as u64);
-        m.stale.get_or_create(&label).inc_by(stats.stale as u64);
-        m.claim_duplicates
-            .get_or_create(&label)
-            .inc_by(stats.duplicates as u64);
-        m.dead_letters
-            .get_or_create(&label)
-            .inc_by(stats.dead_lettered as u64);
     }
 }
 

@@ -9,6 +9,7 @@ use walfold_store::{
     AppendOutcome, EventLog, IngestCounts, StagedChange, StoreError, StreamCommit,
 };
 use walfold_telemetry::failpoint;
+use walfold_telemetry::signal::Signal;
 
 use crate::error::SourceError;
 use crate::feedback::Durable;
@@ -93,7 +94,10 @@ impl Appender {
     ) -> Result<(), SourceError> {
         self.flush_items(batch, totals).await?;
         // Whatever paused ingest (see `run_ingest`) is over once a flush succeeds.
-        walfold_telemetry::metrics::metrics().set_ingest_paused(&self.source, false);
+        Signal::IngestResumed {
+            source: &self.source,
+        }
+        .report();
         Ok(())
     }
 
@@ -285,14 +289,15 @@ impl Appender {
         counts: IngestCounts,
         totals: &mut AppendTotals,
     ) {
-        walfold_telemetry::metrics::metrics().appended(
-            &self.source,
-            events_read + counts.malformed,
-            outcome.appended,
-            outcome.duplicates,
-            outcome.id_conflicts,
-            counts.malformed,
-        );
+        Signal::Appended {
+            source: &self.source,
+            read: events_read + counts.malformed,
+            appended: outcome.appended,
+            duplicates: outcome.duplicates,
+            id_conflicts: outcome.id_conflicts,
+            malformed: counts.malformed,
+        }
+        .report();
         totals.appended += outcome.appended;
         totals.duplicates += outcome.duplicates;
         totals.id_conflicts += outcome.id_conflicts;
@@ -328,9 +333,13 @@ impl Appender {
                     total.id_conflicts += o.id_conflicts;
                 }
                 Err(e) if is_data_error(&e) => {
-                    tracing::warn!(event_id = %event.id, error = %e, "event refused by the event log, dead-lettered");
+                    Signal::EventRefused {
+                        source: &self.source,
+                        event_id: &event.id,
+                        error: &e,
+                    }
+                    .report();
                     counts.malformed += 1;
-                    walfold_telemetry::metrics::metrics().appended(&self.source, 0, 0, 0, 0, 1);
                     dead.push(DeadLetter::refused(&event, &e.to_string()));
                 }
                 Err(e) => return Err(SourceError::store("appending to the event log")(e)),

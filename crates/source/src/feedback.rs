@@ -69,7 +69,7 @@ impl Acknowledger {
         let source = source.to_owned();
         Arc::new(move || {
             sent.fetch_add(1, Ordering::Relaxed);
-            walfold_telemetry::metrics::metrics().feedback_sent(&source);
+            walfold_telemetry::signal::Signal::FeedbackSent { source: &source }.report();
         })
     }
 

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_event::ErrorKind;
 use walfold_store::{connect, Backoff, EventLog, Fence, LogOrder};
+use walfold_telemetry::signal::Signal;
 
 use crate::appender::Appender;
 use crate::error::SourceError;
@@ -92,7 +93,6 @@ async fn follow(
 ) -> Result<(), SourceError> {
     let max = Duration::from_millis(config.pipeline.max_backoff_ms);
     let mut backoff = Backoff::new(Duration::from_millis(100), max);
-    let metrics = walfold_telemetry::metrics::metrics();
     let name = config.source().name.clone();
     let mut reported: Option<String> = None;
     loop {
@@ -106,11 +106,16 @@ async fn follow(
                 }
                 let slot = &config.source().slot;
                 if e.kind() == ErrorKind::Environment {
-                    metrics.set_ingest_paused(&name, true);
+                    Signal::IngestPaused { source: &name }.report();
                     // Once per change of cause, not once per retry.
                     let message = e.to_string();
                     if reported.as_deref() != Some(message.as_str()) {
-                        tracing::error!(error = %e, source = %name, slot = %slot, "ingest paused: the environment is wrong (fix it; walfold retries by itself)");
+                        Signal::IngestPauseCause {
+                            source: &name,
+                            slot,
+                            error: &e,
+                        }
+                        .report();
                         reported = Some(message);
                     }
                 } else {

@@ -1,7 +1,9 @@
-//! The process's metrics, in Prometheus text format (prometheus-client). Counters and
-//! histograms are kept in process by the code that does the work; gauges that describe
-//! the database (lag, retained WAL, table sizes) are set at scrape time from what
-//! `walfold_store::metrics_reading` reads, so they are right whichever instance leads.
+//! The process's metrics, in Prometheus text format (prometheus-client). Counters,
+//! histograms and the gauges of what this process does (pauses, leadership) are kept in
+//! process and moved only by the [`Signal`](crate::signal::Signal)s the code doing the
+//! work reports; gauges that describe the database (lag, retained WAL, table sizes) are
+//! set at scrape time from what `walfold_store::metrics_reading` reads, so they are
+//! right whichever instance leads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -15,13 +17,13 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SubscriberLabel {
-    pub subscriber: String,
+pub(crate) struct SubscriberLabel {
+    subscriber: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabel {
-    pub source: String,
+pub(crate) struct SourceLabel {
+    source: String,
 }
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -31,24 +33,24 @@ type HistogramFamily = Family<SubscriberLabel, Histogram, fn() -> Histogram>;
 pub struct Metrics {
     registry: Registry,
     // Ingest, counted by each source's appender.
-    pub events_read: Family<SourceLabel, Counter>,
-    pub events_appended: Family<SourceLabel, Counter>,
-    pub log_duplicates: Family<SourceLabel, Counter>,
-    pub id_conflicts: Family<SourceLabel, Counter>,
-    pub malformed: Family<SourceLabel, Counter>,
+    pub(crate) events_read: Family<SourceLabel, Counter>,
+    pub(crate) events_appended: Family<SourceLabel, Counter>,
+    pub(crate) log_duplicates: Family<SourceLabel, Counter>,
+    pub(crate) id_conflicts: Family<SourceLabel, Counter>,
+    pub(crate) malformed: Family<SourceLabel, Counter>,
     // Projectors, per subscriber.
-    pub applied: Family<SubscriberLabel, Counter>,
-    pub claim_duplicates: Family<SubscriberLabel, Counter>,
-    pub stale: Family<SubscriberLabel, Counter>,
-    pub failures: Family<SubscriberLabel, Counter>,
-    pub retries: Family<SubscriberLabel, Counter>,
-    pub dead_letters: Family<SubscriberLabel, Counter>,
-    pub batch_size: HistogramFamily,
-    pub apply_seconds: HistogramFamily,
+    pub(crate) applied: Family<SubscriberLabel, Counter>,
+    pub(crate) claim_duplicates: Family<SubscriberLabel, Counter>,
+    pub(crate) stale: Family<SubscriberLabel, Counter>,
+    pub(crate) failures: Family<SubscriberLabel, Counter>,
+    pub(crate) retries: Family<SubscriberLabel, Counter>,
+    pub(crate) dead_letters: Family<SubscriberLabel, Counter>,
+    pub(crate) batch_size: HistogramFamily,
+    pub(crate) apply_seconds: HistogramFamily,
     /// Event-log pages projectors read from the log, and took from a page another
     /// partition had read.
-    pub log_pages_read: Counter,
-    pub log_pages_shared: Counter,
+    pub(crate) log_pages_read: Counter,
+    pub(crate) log_pages_shared: Counter,
     /// Partitions of a subscriber paused by an environment error, in this process.
     paused: Family<SubscriberLabel, Gauge>,
     /// 1 while a source's ingest waits out an environment error.
@@ -90,7 +92,7 @@ fn seconds_histogram() -> Histogram {
 }
 
 impl Metrics {
-    fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let mut r = Registry::with_prefix("walfold");
         macro_rules! reg {
             ($name:literal, $help:literal, $metric:expr) => {{
@@ -137,13 +139,13 @@ impl Metrics {
         }
     }
 
-    pub fn subscriber(subscriber: &str) -> SubscriberLabel {
+    pub(crate) fn subscriber(subscriber: &str) -> SubscriberLabel {
         SubscriberLabel {
             subscriber: subscriber.to_owned(),
         }
     }
 
-    pub fn source(source: &str) -> SourceLabel {
+    pub(crate) fn source(source: &str) -> SourceLabel {
         SourceLabel {
             source: source.to_owned(),
         }
@@ -167,7 +169,7 @@ impl Metrics {
             .collect()
     }
 
-    pub fn set_leader(&self, on: bool) {
+    pub(crate) fn set_leader(&self, on: bool) {
         self.leader.set(i64::from(on));
     }
 
@@ -176,7 +178,7 @@ impl Metrics {
     }
 
     /// A partition of `subscriber` paused (`true`) or resumed.
-    pub fn set_paused(&self, subscriber: &str, paused: bool) {
+    pub(crate) fn set_paused(&self, subscriber: &str, paused: bool) {
         let delta = if paused { 1 } else { -1 };
         self.paused
             .get_or_create(&Self::subscriber(subscriber))
@@ -185,7 +187,7 @@ impl Metrics {
     }
 
     /// A source's ingest paused (`true`) or resumed.
-    pub fn set_ingest_paused(&self, source: &str, paused: bool) {
+    pub(crate) fn set_ingest_paused(&self, source: &str, paused: bool) {
         let was = self
             .ingest_paused
             .get_or_create(&Self::source(source))
@@ -199,12 +201,12 @@ impl Metrics {
         self.paused_total.load(Ordering::Relaxed) > 0
     }
 
-    pub fn feedback_sent(&self, source: &str) {
+    pub(crate) fn feedback_sent(&self, source: &str) {
         self.with_source(source, |s| s.last_feedback_ms = unix_ms());
     }
 
     /// Counts what one append of `source` did.
-    pub fn appended(
+    pub(crate) fn appended(
         &self,
         source: &str,
         read: u64,
@@ -222,7 +224,7 @@ impl Metrics {
     }
 
     /// Records one projector batch.
-    pub fn batch(&self, subscriber: &str, events: usize, took: Duration) {
+    pub(crate) fn batch(&self, subscriber: &str, events: usize, took: Duration) {
         let l = Self::subscriber(subscriber);
         self.batch_size.get_or_create(&l).observe(events as f64);
         self.apply_seconds
