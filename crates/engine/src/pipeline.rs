@@ -63,7 +63,7 @@ impl Defined {
     /// The projection writing to `table` (a rebuild's shadow); `None` if it cannot.
     fn for_table(
         &self,
-        schema: &str,
+        schema: &walfold_store::Schema,
         table: &QualifiedName,
     ) -> Result<Option<Arc<dyn Projection>>, EngineError> {
         match self.index {
@@ -78,7 +78,7 @@ impl Defined {
 fn build(
     options: &ProjectionConfig,
     index: usize,
-    schema: &str,
+    schema: &walfold_store::Schema,
     table: Option<&QualifiedName>,
 ) -> Result<Arc<dyn Projection>, EngineError> {
     let invalid = |message: String| EngineError::Projection {
@@ -129,7 +129,7 @@ impl Pipeline {
             let target = Target::of(&config, p);
             defined.push(Defined {
                 options: p.clone(),
-                live: build(p, i, target.schema.name(), None)?,
+                live: build(p, i, &target.schema, None)?,
                 index: Some(i),
                 target,
             });
@@ -716,7 +716,7 @@ async fn plan(
         else {
             continue;
         };
-        let Some(shadow) = d.for_table(schema.name(), &r.shadow_table())? else {
+        let Some(shadow) = d.for_table(schema, &r.shadow_table())? else {
             tracing::error!(projection = %options.name, "this projection cannot write to another table (no `target`, or a Rust projection without for_table); abort its rebuild");
             continue;
         };

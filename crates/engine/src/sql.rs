@@ -32,6 +32,7 @@ use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 use walfold_config::{ParamType, Placeholder, Statement, Template, Upsert};
 use walfold_event::Event;
+use walfold_store::Schema;
 
 use crate::error::ProjectionError;
 use crate::projection::{Applied, Projection};
@@ -39,7 +40,7 @@ use crate::projection::{Applied, Projection};
 /// A projection defined by a SQL statement.
 #[derive(Debug)]
 pub struct SqlProjection {
-    schema: String,
+    schema: Schema,
     /// The statement as written, with numbered parameters (for the install probe).
     probe: String,
     probe_types: Vec<Type>,
@@ -84,7 +85,7 @@ const VAR: &str = "walfold_v";
 
 impl SqlProjection {
     /// Compiles the projection's functions for walfold's `schema`.
-    pub fn new(statement: &Statement, schema: &str) -> Result<SqlProjection, ProjectionError> {
+    pub fn new(statement: &Statement, schema: &Schema) -> Result<SqlProjection, ProjectionError> {
         let (template, upsert) = match statement {
             Statement::Sql(t) => (t, None),
             Statement::Table(t) => (&t.template, Some(t.upsert.clone())),
@@ -105,7 +106,7 @@ impl SqlProjection {
             .chain(types.iter().map(|t| array_type(*t)))
             .collect();
         Ok(SqlProjection {
-            schema: schema.to_owned(),
+            schema: schema.clone(),
             probe: template.sql.clone(),
             probe_types: types.iter().map(|t| scalar_type(*t)).collect(),
             params: compiled.params,
@@ -456,7 +457,7 @@ fn array_type(t: ParamType) -> Type {
 /// The apply function for `statement`: a loop over the batch that runs it once per event;
 /// `returns_rows` counts the rows it yields instead of the rows it changed.
 fn compile(
-    schema: &str,
+    schema: &Schema,
     types: &[ParamType],
     statement: &str,
     returns_rows: bool,
@@ -502,7 +503,7 @@ fn compile(
         "apply_{:016x}",
         fnv64(&format!("{}|{body}", args.join(",")))
     );
-    let qualified = format!("{}.{}", walfold_config::quote_ident(schema), name);
+    let qualified = format!("{}.{}", schema.quoted(), name);
     let tag = format!("$walfold_{name}$");
     if body.contains(&tag) {
         return Err(ProjectionError::Invalid(
@@ -603,7 +604,7 @@ impl Projection for SqlProjection {
                 .query_one(
                     "select exists (select 1 from pg_proc p join pg_namespace n on n.oid = p.pronamespace \
                      where n.nspname = $1 and p.proname = $2)",
-                    &[&self.schema, &compiled.name],
+                    &[&self.schema.name(), &compiled.name],
                 )
                 .await?
                 .get(0);
@@ -666,7 +667,7 @@ mod tests {
             "insert into t values (:aggregate_id, ':payload.x', :payload.amount::numeric)",
         )
         .unwrap();
-        let p = SqlProjection::new(&Statement::Sql(t), "walfold").unwrap();
+        let p = SqlProjection::new(&Statement::Sql(t), &Schema::new("walfold")).unwrap();
         let plain = &p.variants[0];
         assert!(
             plain
@@ -688,7 +689,7 @@ mod tests {
         assert_eq!(p.call_types.len(), 3);
         assert!(matches!(p.installed(), Err(ProjectionError::NotInstalled)));
         let select = Template::compile("select pg_notify('x', :event_type) -- trailing").unwrap();
-        let p = SqlProjection::new(&Statement::Sql(select), "walfold").unwrap();
+        let p = SqlProjection::new(&Statement::Sql(select), &Schema::new("walfold")).unwrap();
         assert!(
             p.variants[1].ddl.contains(
                 "with walfold_q as (\nselect pg_notify('x', walfold_v1) -- trailing\n) select count(*) into walfold_rows"

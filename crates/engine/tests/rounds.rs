@@ -27,7 +27,7 @@ fn projection(table: &str, columns: &[(&str, &str)]) -> SqlProjection {
     };
     let statement = options.statement(0).expect("a table projection");
     assert!(matches!(statement, Statement::Table(_)));
-    SqlProjection::new(&statement, "walfold").expect("compiles")
+    SqlProjection::new(&statement, &walfold_store::Schema::new("walfold")).expect("compiles")
 }
 
 fn event(seq: i64, order: &str, version: i64, status: &str, note: &str) -> Event {

@@ -32,7 +32,7 @@ fn projection(table: &str, key: &str, columns: &[(&str, String)]) -> SqlProjecti
     };
     let statement = options.statement(0).expect("a table projection");
     assert!(matches!(statement, Statement::Table(_)));
-    SqlProjection::new(&statement, "walfold").expect("compiles")
+    SqlProjection::new(&statement, &walfold_store::Schema::new("walfold")).expect("compiles")
 }
 
 fn ev(seq: i64, id: &str, version: i64, payload: Value) -> Event {
@@ -1044,7 +1044,9 @@ async fn quoted_mixed_case_names() {
             columns: BTreeMap::from([("Status".to_owned(), ":payload.status".to_owned())]),
         };
         match options.statement(0) {
-            Ok(statement) => Some(SqlProjection::new(&statement, "walfold").unwrap()),
+            Ok(statement) => Some(
+                SqlProjection::new(&statement, &walfold_store::Schema::new("walfold")).unwrap(),
+            ),
             Err(e) => {
                 eprintln!("  config refuses {t}: {e:?}");
                 None
