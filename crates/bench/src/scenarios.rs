@@ -244,7 +244,13 @@ async fn decode_and_drain(
     reset_peak_rss();
     blocking(move || settle(cluster, db)).await?;
     let config = setup::config(cluster, db, "walfold_0", setup::DRAIN_PROJECTIONS)?;
-    walfold_engine::ops::start_rebuild(&config, "state", "bench.state.rebuilt").await?;
+    walfold_engine::ops::start_rebuild(
+        &config,
+        "state",
+        "bench.state.rebuilt",
+        walfold_engine::ops::History::Whole,
+    )
+    .await?;
     if setup::statements_enabled() {
         blocking(move || Ok(cluster.psql(db, "select pg_stat_statements_reset()")?)).await?;
     }

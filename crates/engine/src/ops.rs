@@ -62,6 +62,16 @@ async fn fence_on(
     Ok((lease.fence(), Some(lease)))
 }
 
+/// How much history a rebuild may replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum History {
+    /// Every event since walfold began: a rebuild is refused once retention has pruned
+    /// the event log, since the new table would lack whatever the pruned events built.
+    Whole,
+    /// What the event log still holds, pruned or not (`--from-retained-log`).
+    Retained,
+}
+
 /// Starts rebuilding the configured projection `name` under the new subscriber ID
 /// `subscriber`: a shadow table is created like the live one; the leader replays the
 /// log into it, then switches over.
@@ -69,8 +79,9 @@ pub async fn start_rebuild(
     config: &Config,
     name: &str,
     subscriber: &str,
+    history: History,
 ) -> Result<Rebuild, EngineError> {
-    start_rebuild_with(config, projection(config, name)?, subscriber).await
+    start_rebuild_with(config, projection(config, name)?, subscriber, history).await
 }
 
 /// [`start_rebuild`] for any projection's options, e.g. a Rust projection added with
@@ -80,6 +91,7 @@ pub async fn start_rebuild_with(
     config: &Config,
     options: &ProjectionConfig,
     subscriber: &str,
+    history: History,
 ) -> Result<Rebuild, EngineError> {
     let name = options.name.as_str();
     let live = options.storage().ok_or_else(|| {
@@ -89,6 +101,30 @@ pub async fn start_rebuild_with(
     })?;
     if subscriber.trim().is_empty() || subscriber.len() > 200 {
         return Err(refused("--subscriber must be 1-200 characters".into()));
+    }
+    if history == History::Whole {
+        // The log is the main target's. A prune pass that starts before this rebuild is
+        // recorded may still delete events below the horizon read here; once recorded,
+        // the rebuild's subscriber holds every event it has not read.
+        let main = Target::main(config);
+        let pruned = walfold_store::log_pruned(&connect_to(&main).await?, &main.schema)
+            .await
+            .map_err(EngineError::store(
+                "reading how far the event log was pruned",
+            ))?;
+        if let Some(p) = pruned {
+            let how = if p.at_unix.is_some() {
+                "retention.event_log has pruned the event log"
+            } else {
+                "the event log starts after seq 1 (pruned before walfold recorded it)"
+            };
+            return Err(refused(format!(
+                "{how} through seq {}: a rebuild replays only the events still in the log, so \
+                 {} would lack whatever the pruned events built. Pass --from-retained-log to \
+                 rebuild from what the log holds anyway",
+                p.through, live
+            )));
+        }
     }
     let target = Target::of(config, options);
     let mut client = connect_to(&target).await?;

@@ -34,14 +34,26 @@ const PRUNE_CLAIMS: &str = "delete from {schema}.processed_message where ctid = 
                        where e.event_id = m.message_id and e.seq > $4) \
      limit $3))";
 
-/// A batch (`$3`) of events up to seq `$1` older than `$2` seconds that no unresolved
-/// (`$4`) dead letter needs.
-const PRUNE_EVENTS: &str = "delete from {schema}.event_log where seq = any(array( \
+/// Deletes a batch (`$3`) of events up to seq `$1` older than `$2` seconds that no
+/// unresolved (`$4`) dead letter needs, and raises the recorded pruning horizon to the
+/// highest seq deleted, in the same statement; returns how many it deleted.
+const PRUNE_EVENTS: &str = "with gone as (delete from {schema}.event_log where seq = any(array( \
      select e.seq from {schema}.event_log e \
      where e.seq <= $1 and e.appended_at < now() - make_interval(secs => $2) \
        and not exists (select 1 from {schema}.dead_letter d where d.seq = e.seq \
                        and d.subscriber_id is not null and d.status = any($4)) \
-     order by e.seq limit $3))";
+     order by e.seq limit $3)) returning seq), \
+     noted as (insert into {schema}.event_log_pruned (through, pruned_at) \
+       select max(seq), now() from gone having count(*) > 0 \
+       on conflict (one) do update set \
+       through = greatest({schema}.event_log_pruned.through, excluded.through), \
+       pruned_at = excluded.pruned_at) \
+     select count(*) as deleted from gone";
+
+/// How far pruning has deleted the event log, if it has.
+const PRUNED_THROUGH: &str =
+    "select through, extract(epoch from pruned_at)::float8 as pruned_at_unix \
+     from {schema}.event_log_pruned";
 
 /// Every projection's active subscriber and every rebuild's in progress (states `$1`).
 const HOLDERS: &str = "select subscriber_id from {schema}.projection union \
@@ -121,6 +133,30 @@ pub struct Pruned {
     pub held_by: Vec<(String, String)>,
 }
 
+/// How far retention has pruned the event log: a rebuild replays only what it holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogPruned {
+    /// The highest seq pruning may have deleted.
+    pub through: i64,
+    /// When it last deleted events (`None`: before walfold recorded it).
+    pub at_unix: Option<f64>,
+}
+
+/// Whether retention has pruned the event log, and how far.
+pub async fn log_pruned(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &Schema,
+) -> Result<Option<LogPruned>, StoreError> {
+    Ok(client
+        .query_opt(&schema.sql(PRUNED_THROUGH), &[])
+        .await
+        .map_err(StoreError::db("reading how far the event log was pruned"))?
+        .map(|r| LogPruned {
+            through: r.get("through"),
+            at_unix: r.get("pruned_at_unix"),
+        }))
+}
+
 /// One prune pass. With a `fence` (the leader's), every delete proves in its
 /// transaction that this instance still leads.
 pub async fn prune(
@@ -139,6 +175,7 @@ pub async fn prune(
             &claims,
             &[subscriber, &retention.as_secs_f64(), &policy.batch, &passed],
             policy.batch,
+            Count::Affected,
         )
         .await?;
     }
@@ -171,6 +208,7 @@ pub async fn prune(
             &DeadLetterStatus::UNRESOLVED,
         ],
         policy.batch,
+        Count::Returned,
     )
     .await?;
     Ok(pruned)
@@ -329,6 +367,7 @@ pub async fn prune_claims_elsewhere(
             &claims,
             &[subscriber, &retention.as_secs_f64(), &policy.batch, &ahead],
             policy.batch,
+            Count::Affected,
         )
         .await?;
     }
@@ -356,6 +395,7 @@ async fn delete_retired_claims(
             &RebuildState::REPLAYING,
         ],
         batch,
+        Count::Affected,
     )
     .await
 }
@@ -374,12 +414,23 @@ async fn passed(client: &Client, schema: &Schema, subscriber: &str) -> Result<i6
     Ok(if n == 0 || n < partitions { 0 } else { min })
 }
 
+/// Where a batch's delete count comes from: the rows the statement affected, or its
+/// `deleted` column (a delete inside a `with`, whose rows are not the statement's).
+#[derive(Clone, Copy)]
+enum Count {
+    Affected,
+    Returned,
+}
+
+/// Runs `sql` (a delete of at most `batch` rows) in fenced transactions until it deletes
+/// fewer than `batch`; returns how many it deleted.
 async fn delete_batches(
     client: &mut Client,
     fence: Option<&Fence>,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     batch: i64,
+    count: Count,
 ) -> Result<u64, StoreError> {
     let statement = client
         .prepare(sql)
@@ -391,10 +442,14 @@ async fn delete_batches(
             .transaction()
             .await
             .map_err(StoreError::db("pruning"))?;
-        let n = tx
-            .execute(&statement, params)
-            .await
-            .map_err(StoreError::db("pruning"))?;
+        let n = match count {
+            Count::Affected => tx.execute(&statement, params).await,
+            Count::Returned => tx
+                .query_one(&statement, params)
+                .await
+                .map(|r| r.get::<_, i64>("deleted") as u64),
+        }
+        .map_err(StoreError::db("pruning"))?;
         if let Some(fence) = fence {
             fence.check(&tx).await?;
         }

@@ -127,6 +127,10 @@ pub enum Command {
         /// Stop a rebuild that has not switched: drop its shadow table, change nothing live.
         #[arg(long, conflicts_with = "subscriber")]
         abort: bool,
+        /// Rebuild from what the event log still holds after retention pruned it (the
+        /// new table lacks whatever the pruned events built); refused without it.
+        #[arg(long, requires = "subscriber")]
+        from_retained_log: bool,
     },
     /// Import rows an outbox table already holds into the event log (the daemon must be
     /// stopped); the slot carries on from there without a gap.

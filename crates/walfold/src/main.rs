@@ -159,12 +159,18 @@ fn main() -> ExitCode {
                 finish,
                 abort,
                 wait,
+                from_retained_log,
             } => {
                 ops::rebuild(
                     &config,
                     &projection,
                     subscriber.as_deref(),
                     ops::RebuildAction::from_flags(finish, abort, wait),
+                    if from_retained_log {
+                        walfold_engine::ops::History::Retained
+                    } else {
+                        walfold_engine::ops::History::Whole
+                    },
                 )
                 .await
             }

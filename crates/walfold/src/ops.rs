@@ -39,6 +39,7 @@ pub async fn rebuild(
     projection: &str,
     subscriber: Option<&str>,
     action: RebuildAction,
+    history: ops::History,
 ) -> Result<(), Failure> {
     let config = load(path)?;
     if action == RebuildAction::Wait && subscriber.is_none() {
@@ -75,7 +76,7 @@ pub async fn rebuild(
         return Ok(());
     }
     let subscriber = subscriber.ok_or_else(|| Failure::config("--subscriber is required"))?;
-    let r = ops::start_rebuild(&config, projection, subscriber)
+    let r = ops::start_rebuild(&config, projection, subscriber, history)
         .await
         .map_err(engine_failure)?;
     println!(

@@ -533,6 +533,101 @@ async fn prune_keeps_what_a_subscriber_needs_and_the_window_decides_replays() {
     assert_eq!(total().await, 25, "old applied again, recent not");
 }
 
+/// A stranger pruned the log to a short window, then rebuilt: the rebuild switched over
+/// to a table built from the few retained events, replacing a good read model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_after_pruning_is_refused_unless_asked_to_replay_the_retained_log() {
+    let db = TestDb::new("prunedrebuild");
+    let text = builder(&db).set("retention", "event_log", "1s").to_toml();
+    let (d, client) = Daemon::streaming(&db, &text).await;
+    let cfg = d.config_path().to_owned();
+    let insert = |id: &str, order: &str, amount: &str| {
+        db.psql(&format!(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             values ('{id}', 'order', '{order}', 'OrderChanged', 1, '{{\"amount\": \"{amount}\"}}')"
+        ))
+    };
+    let total = || async {
+        count(
+            &client,
+            "select coalesce(sum(total), 0)::int8 from order_total",
+        )
+        .await
+    };
+    insert("00000000-0000-4000-8000-000000000001", "o-1", "10");
+    insert("00000000-0000-4000-8000-000000000002", "o-2", "5");
+    eventually(Duration::from_secs(30), "the first events", || async {
+        total().await == 15
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    insert("00000000-0000-4000-8000-000000000003", "o-3", "1");
+    eventually(Duration::from_secs(30), "the last event", || async {
+        total().await == 16
+    })
+    .await;
+    subscriber_caught_up(&client, "orders.state.v1", 30).await;
+    subscriber_caught_up(&client, "orders.total.v1", 30).await;
+
+    let (code, out, err) = walfold(&["prune", "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("and 2 events"), "the two old events go: {out}");
+    let head = count(&client, "select max(seq) from walfold.event_log").await;
+    assert_eq!(
+        count(&client, "select through from walfold.event_log_pruned").await,
+        head - 1,
+        "the horizon is the highest seq deleted"
+    );
+
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v2");
+    assert_eq!(code, 2, "a rebuild from a pruned log is refused: {err}");
+    assert!(
+        err.contains("pruned the event log through seq") && err.contains("--from-retained-log"),
+        "{err}"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from walfold.rebuild where subscriber_id = 'orders.total.v2'"
+        )
+        .await
+            + count(
+                &client,
+                "select count(*) from pg_class where relname = 'order_total__rebuild'"
+            )
+            .await,
+        0,
+        "nothing was started"
+    );
+    assert_eq!(total().await, 16, "the live table is untouched");
+
+    // Asked for, it replays what the log holds: the retained event alone.
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "--from-retained-log",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually(Duration::from_secs(60), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await == "switched"
+    })
+    .await;
+    // It switches within its slack of the head and goes on from there.
+    eventually(
+        Duration::from_secs(30),
+        "the retained event alone in the rebuilt table",
+        || async { total().await == 1 },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_dead_letter_applies_once_and_releases_its_aggregate_in_order() {
     let db = TestDb::new("retry");
