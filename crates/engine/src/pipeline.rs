@@ -479,6 +479,18 @@ impl Projecting {
                         Ok(false) => {}
                         Err(e) => {
                             tracing::warn!(target = target.label(), projection = %r.projection, error = %e, "switch-over failed; trying again in {}s", SWITCH_BACKOFF.as_secs());
+                            // Best effort: what failed the switch may fail this too.
+                            if let Err(note) = rebuild::switch_failed(
+                                &mut client,
+                                schema,
+                                &r,
+                                &e.to_string(),
+                                fence,
+                            )
+                            .await
+                            {
+                                tracing::debug!(error = %note, "could not record the failed switch-over");
+                            }
                             failed_switches.push(FailedSwitch {
                                 subscriber: r.subscriber.clone(),
                                 at: tokio::time::Instant::now(),

@@ -51,6 +51,10 @@ const OLDEST_AFTER: &str =
 /// How many dead letters are in status `$1`.
 const DEAD_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter where status = $1";
 
+/// Subscriber `$1`'s dead letters with a status in `$2`.
+const SUBSCRIBER_DEAD_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter \
+     where subscriber_id = $1 and status = any($2)";
+
 /// Estimated claim rows in schema `$1` (reltuples is -1 until the first analyze; the
 /// live count is kept from the start).
 const CLAIM_ROWS: &str =
@@ -141,6 +145,11 @@ pub struct RebuildStatus {
     /// `remaining / rate`, while replaying.
     pub eta_s: Option<f64>,
     pub retired_table: String,
+    /// The new subscriber's open (or retrying) dead letters: a caught-up rebuild waits
+    /// for them to be retried or discarded.
+    pub open_dead_letters: i64,
+    /// Why its last switch-over failed (the daemon tries again).
+    pub switch_error: Option<String>,
 }
 
 /// One source: its slot on the source server, its ingest position in the target.
@@ -476,8 +485,18 @@ pub async fn target_status(
         } else {
             0.0
         };
+        let open_dead_letters: i64 = target
+            .query_one(
+                &schema.sql(SUBSCRIBER_DEAD_LETTERS),
+                &[&r.subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
+            )
+            .await
+            .map_err(StoreError::db("counting a rebuild's dead letters"))?
+            .get("letters");
         rebuilds.push(RebuildStatus {
             target: name.to_owned(),
+            open_dead_letters,
+            switch_error: r.switch_error,
             eta_s: (r.state == RebuildState::Running && rate_per_s > 0.0)
                 .then(|| remaining as f64 / rate_per_s),
             projection: r.projection,

@@ -126,6 +126,8 @@ async fn follow_rebuild(
     let mut last = Snapshot::default();
     let mut moved = Instant::now();
     let mut warned = false;
+    // The switch-over error last shown (said again when it changes).
+    let mut told: Option<String> = None;
     let mut following: Option<String> = subscriber.map(str::to_owned);
     let interrupt = tokio::signal::ctrl_c();
     tokio::pin!(interrupt);
@@ -204,15 +206,36 @@ async fn follow_rebuild(
             return Ok(());
         }
         p.update(snapshot, r.state.as_str());
+        if let Some(e) = r
+            .switch_error
+            .as_ref()
+            .filter(|e| told.as_ref() != Some(*e))
+        {
+            eprintln!(
+                "walfold: the switch-over of {} failed (the leading daemon tries again): {e}",
+                r.subscriber
+            );
+            told = Some(e.clone());
+        }
         if !warned && moved.elapsed() >= STALL {
             warned = true;
-            if r.remaining <= 100 {
+            if r.switch_error.is_some() {
+                // Said above.
+            } else if r.remaining <= 100 && r.open_dead_letters > 0 {
                 eprintln!(
-                    "walfold: {} has caught up but has not switched over for {}s: open dead letters of \
+                    "walfold: {} has caught up but has not switched over for {}s: {} open dead letters of \
                      the new subscriber hold the switch (`walfold dead-letters list --subscriber {}`)",
                     r.subscriber,
                     STALL.as_secs(),
+                    r.open_dead_letters,
                     r.subscriber
+                );
+            } else if r.remaining <= 100 {
+                eprintln!(
+                    "walfold: {} has caught up but has not switched over for {}s: the leading \
+                     `walfold run` switches it; is one running (`walfold status`)?",
+                    r.subscriber,
+                    STALL.as_secs()
                 );
             } else {
                 eprintln!(

@@ -291,6 +291,15 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
                 String::new()
             }
         );
+        if let Some(e) = &r.switch_error {
+            println!("  switch-over failed (the leader tries again): {e}");
+        }
+        if r.state == walfold_store::RebuildState::Running && r.open_dead_letters > 0 {
+            println!(
+                "  {} open dead letters of {} hold the switch-over (`walfold dead-letters list --subscriber {}`)",
+                r.open_dead_letters, r.subscriber, r.subscriber
+            );
+        }
     }
     if s.slot_gaps > 0 {
         println!(

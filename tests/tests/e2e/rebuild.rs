@@ -809,11 +809,33 @@ async fn a_failed_switch_over_is_tried_again() {
         db.psql("select subscriber_id from walfold.projection where name = 'order_total'"),
         "orders.total.v1"
     );
+    // The operator sees why, not only the daemon's log (a stranger's `--wait` blamed
+    // dead letters the rebuild did not have).
+    eventually(Duration::from_secs(10), "the failure in status", || async {
+        let (code, out, _) = walfold(&["status", "-c", d.config_path()], &[]);
+        code == 0 && out.contains("switch-over failed") && out.contains("order_total__retired")
+    })
+    .await;
+    let (_, out, _) = walfold(&["status", "--json", "-c", d.config_path()], &[]);
+    let status: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    let rebuild = &status["rebuilds"][0];
+    assert!(
+        rebuild["switch_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("already exists")),
+        "{rebuild}"
+    );
+    assert_eq!(rebuild["open_dead_letters"], 0, "{rebuild}");
     db.psql("drop table order_total__retired");
     eventually(Duration::from_secs(60), "the switch-over", || async {
         rebuild_state(&client, "orders.total.v2").await == "switched"
     })
     .await;
+    assert_eq!(
+        db.psql("select coalesce(switch_error, 'none') from walfold.rebuild"),
+        "none",
+        "a successful switch-over forgets the failure"
+    );
     subscriber_caught_up(&client, "orders.total.v2", 60).await;
     assert_eq!(
         difference(

@@ -50,7 +50,7 @@ macro_rules! rebuild_columns {
     () => {
         "subscriber_id, projection, previous_subscriber, live_table, shadow_table, \
          retired_table, state, extract(epoch from requested_at)::float8 as requested_at_unix, \
-         extract(epoch from switched_at)::float8 as switched_at_unix"
+         extract(epoch from switched_at)::float8 as switched_at_unix, switch_error"
     };
 }
 
@@ -90,9 +90,14 @@ const PROGRESS: &str = "select count(*) as partitions, coalesce(min(position), 0
       and status = any($2)) as dead_letters \
      from {schema}.checkpoint where subscriber_id = $1";
 
-/// Rebuild `$1` in state `$3` moves to `$2` (switched), now.
-const SWITCHED: &str = "update {schema}.rebuild set state = $2, switched_at = now() \
+/// Rebuild `$1` in state `$3` moves to `$2` (switched), now, forgetting a failed attempt.
+const SWITCHED: &str = "update {schema}.rebuild set state = $2, switched_at = now(), \
+     switch_error = null, switch_failed_at = null \
      where subscriber_id = $1 and state = $3";
+
+/// Rebuild `$1`, still in state `$3` (running), failed to switch over with error `$2`.
+const SWITCH_FAILED: &str = "update {schema}.rebuild set switch_error = $2, \
+     switch_failed_at = now() where subscriber_id = $1 and state = $3";
 
 /// Releases every aggregate parked for subscriber `$1`.
 const UNPARK_ALL: &str = "delete from {schema}.parked_aggregate where subscriber_id = $1";
@@ -153,6 +158,8 @@ pub struct Rebuild {
     pub state: RebuildState,
     pub requested_at_unix: f64,
     pub switched_at_unix: Option<f64>,
+    /// Why its last switch-over failed, while it is still running (tried again later).
+    pub switch_error: Option<String>,
 }
 
 impl Rebuild {
@@ -184,6 +191,7 @@ impl Rebuild {
             state: r.get("state"),
             requested_at_unix: r.get("requested_at_unix"),
             switched_at_unix: r.get("switched_at_unix"),
+            switch_error: r.get("switch_error"),
         }
     }
 }
@@ -401,6 +409,31 @@ pub async fn switch(
         .await
         .map_err(StoreError::db("switching over"))?;
     Ok(true)
+}
+
+/// Records why `rebuild`'s switch-over failed, for `walfold status` (the daemon tries
+/// again). The caller leads; its `fence` is checked in the transaction.
+pub async fn switch_failed(
+    client: &mut Client,
+    schema: &Schema,
+    rebuild: &Rebuild,
+    error: &str,
+    fence: &Fence,
+) -> Result<(), StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("recording a failed switch-over"))?;
+    tx.execute(
+        &schema.sql(SWITCH_FAILED),
+        &[&rebuild.subscriber, &error, &RebuildState::Running],
+    )
+    .await
+    .map_err(StoreError::db("recording a failed switch-over"))?;
+    fence.check(&tx).await?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("recording a failed switch-over"))
 }
 
 /// Asks the leader to abort the running rebuild of `projection` (it stops the rebuild's
