@@ -971,6 +971,7 @@ impl Partition {
                     Signal::ApplyRetrying {
                         subscriber: self.subscriber(),
                         event_id: &event.id,
+                        aggregate_id: &event.aggregate_id,
                         attempt,
                         error: &e,
                     }
@@ -1087,11 +1088,24 @@ impl Partition {
             };
             match failure {
                 None => {
-                    tracing::info!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, events = applied, "dead letters retried; aggregate released");
+                    Signal::RetryApplied {
+                        subscriber: self.subscriber(),
+                        aggregate_type: kind,
+                        aggregate_id: id,
+                        events: applied,
+                    }
+                    .report();
                     held.failed.remove(&aggregate);
                 }
                 Some((head, message)) => {
-                    tracing::error!(subscriber = %self.subscriber(), aggregate_type = %kind, aggregate_id = %id, dead_letter = head, error = %message, "retry failed again; the aggregate stays parked");
+                    Signal::RetryFailedAgain {
+                        subscriber: self.subscriber(),
+                        aggregate_type: kind,
+                        aggregate_id: id,
+                        dead_letter: head,
+                        error: &message,
+                    }
+                    .report();
                     DeadLetters::retry_failed(
                         &conn.client,
                         &self.schema,

@@ -30,6 +30,7 @@ pub enum Signal<'a> {
     ApplyRetrying {
         subscriber: &'a str,
         event_id: &'a dyn Display,
+        aggregate_id: &'a dyn Display,
         attempt: u32,
         error: &'a dyn Display,
     },
@@ -40,6 +41,23 @@ pub enum Signal<'a> {
         event_id: &'a dyn Display,
         aggregate_id: &'a dyn Display,
         attempts: u32,
+        error: &'a dyn Display,
+    },
+    /// An aggregate's dead letters that an operator asked to retry all applied: the
+    /// aggregate is released. One attempt after a failure.
+    RetryApplied {
+        subscriber: &'a str,
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+        events: usize,
+    },
+    /// An operator's retry of an aggregate's dead letters failed again at `dead_letter`:
+    /// the aggregate stays parked. One failed attempt after a failure.
+    RetryFailedAgain {
+        subscriber: &'a str,
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+        dead_letter: i64,
         error: &'a dyn Display,
     },
     /// A projector transaction committed: what it did, and how long it took from its
@@ -137,13 +155,37 @@ impl Signal<'_> {
             Signal::ApplyRetrying {
                 subscriber,
                 event_id,
+                aggregate_id,
                 attempt,
                 error,
             } => {
                 let label = Metrics::subscriber(subscriber);
                 m.failures.get_or_create(&label).inc();
                 m.retries.get_or_create(&label).inc();
-                tracing::warn!(target: PROJECTOR, subscriber = %subscriber, event_id = %event_id, attempt, error = %error, "projection failed on the event's data, retrying");
+                tracing::warn!(target: PROJECTOR, subscriber = %subscriber, event_id = %event_id, aggregate_id = %aggregate_id, attempt, error = %error, "projection failed on the event's data, retrying");
+            }
+            Signal::RetryApplied {
+                subscriber,
+                aggregate_type,
+                aggregate_id,
+                events,
+            } => {
+                m.retries
+                    .get_or_create(&Metrics::subscriber(subscriber))
+                    .inc();
+                tracing::info!(target: PROJECTOR, subscriber = %subscriber, aggregate_type = %aggregate_type, aggregate_id = %aggregate_id, events, "dead letters retried; aggregate released");
+            }
+            Signal::RetryFailedAgain {
+                subscriber,
+                aggregate_type,
+                aggregate_id,
+                dead_letter,
+                error,
+            } => {
+                let label = Metrics::subscriber(subscriber);
+                m.failures.get_or_create(&label).inc();
+                m.retries.get_or_create(&label).inc();
+                tracing::error!(target: PROJECTOR, subscriber = %subscriber, aggregate_type = %aggregate_type, aggregate_id = %aggregate_id, dead_letter, error = %error, "retry failed again; the aggregate stays parked");
             }
             Signal::ApplyFailed {
                 subscriber,
@@ -326,6 +368,7 @@ mod tests {
         let (m, lines) = report(vec![Signal::ApplyRetrying {
             subscriber: "s",
             event_id: &"e1",
+            aggregate_id: &"a1",
             attempt: 2,
             error: &"boom",
         }]);
@@ -338,7 +381,7 @@ mod tests {
         );
         assert_eq!(
             lines,
-            ["WARN walfold_engine::projector message=projection failed on the event's data, retrying subscriber=s event_id=e1 attempt=2 error=boom"]
+            ["WARN walfold_engine::projector message=projection failed on the event's data, retrying subscriber=s event_id=e1 aggregate_id=a1 attempt=2 error=boom"]
         );
     }
 
@@ -358,6 +401,39 @@ mod tests {
         assert_eq!(
             lines,
             ["ERROR walfold_engine::projector message=projection failed for good: event dead-lettered, aggregate parked subscriber=s event_id=e1 aggregate_id=a1 attempts=3 error=boom"]
+        );
+    }
+
+    #[test]
+    fn an_operator_retry_is_an_attempt_after_a_failure_and_failing_again_counts_too() {
+        let (m, lines) = report(vec![
+            Signal::RetryFailedAgain {
+                subscriber: "s",
+                aggregate_type: "order",
+                aggregate_id: "o-1",
+                dead_letter: 7,
+                error: &"boom",
+            },
+            Signal::RetryApplied {
+                subscriber: "s",
+                aggregate_type: "order",
+                aggregate_id: "o-1",
+                events: 2,
+            },
+        ]);
+        assert_eq!(
+            samples(&m, "walfold_projection_"),
+            [
+                r#"walfold_projection_failures_total{subscriber="s"} 1"#,
+                r#"walfold_projection_retries_total{subscriber="s"} 2"#,
+            ]
+        );
+        assert_eq!(
+            lines,
+            [
+                "ERROR walfold_engine::projector message=retry failed again; the aggregate stays parked subscriber=s aggregate_type=order aggregate_id=o-1 dead_letter=7 error=boom",
+                "INFO walfold_engine::projector message=dead letters retried; aggregate released subscriber=s aggregate_type=order aggregate_id=o-1 events=2",
+            ]
         );
     }
 
