@@ -826,6 +826,7 @@ impl Partition {
             }
             if retries_checked.elapsed() >= RETRY_CHECK {
                 self.retries(&mut conn, &mut held, cancel).await?;
+                self.release_discarded(&mut conn, &mut held).await?;
                 self.gap_checks(&mut conn, &mut held, at_head).await?;
                 retries_checked = tokio::time::Instant::now();
             }
@@ -1118,6 +1119,34 @@ impl Partition {
                     .map_err(EngineError::store("recording a failed retry"))?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Releases this partition's aggregates parked behind a dead letter an operator
+    /// discarded, once nothing else of theirs waits (`walfold dead-letters discard` of
+    /// the only letter): a discard means the event is given up on, and with nothing
+    /// left to retry the aggregate would stay parked for good.
+    async fn release_discarded(&self, conn: &mut Conn, held: &mut Held) -> Result<(), EngineError> {
+        if held.failed.is_empty() {
+            return Ok(());
+        }
+        let released: Vec<AggregateKey> =
+            DeadLetters::discarded_parks(&conn.client, &self.schema, self.subscriber())
+                .await
+                .map_err(EngineError::store(
+                    "reading parks behind discarded dead letters",
+                ))?
+                .into_iter()
+                .filter(|k| held.failed.contains(k) && self.owns(&k.0, &k.1))
+                .collect();
+        for aggregate in released {
+            let mut work = Work::begin(conn, self).await?;
+            work.release(&aggregate).await?;
+            // Position 0 keeps the partition's position (the checkpoint keeps the greatest).
+            work.commit(0, None).await?;
+            held.failed.remove(&aggregate);
+            tracing::info!(subscriber = %self.subscriber(), aggregate_type = %aggregate.0, aggregate_id = %aggregate.1, "aggregate released: the dead letter it was parked behind was discarded, and nothing else of it waits");
         }
         Ok(())
     }

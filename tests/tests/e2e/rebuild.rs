@@ -726,6 +726,115 @@ on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
     assert!(err.contains("not open"), "{err}");
 }
 
+/// A stranger discarded the only dead letter of a parked aggregate: nothing was left to
+/// retry, so the aggregate stayed parked (and `WalfoldParkedAggregates` kept firing).
+/// Discarding gives the event up; with nothing else waiting, the aggregate goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discarding_the_only_dead_letter_of_a_parked_aggregate_releases_it() {
+    let db = TestDb::new("discardpark");
+    db.psql(
+        "create table trail (order_id text primary key, steps text not null, \
+         constraint no_bad check (steps not like '%bad%'))",
+    );
+    let extra = r#"
+[[projection]]
+name = "trail"
+subscriber = "trail.v1"
+max_attempts = 1
+sql = """
+insert into trail as t (order_id, steps) values (:aggregate_id, :payload.step)
+on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
+"""
+"#;
+    let (d, client) = Daemon::streaming(&db, &config(&db, extra)).await;
+    let step = |order: &str, version: i64, step: &str| {
+        db.psql(&format!(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             values (gen_random_uuid(), 'order', '{order}', 'Step', {version}, '{{\"step\": \"{step}\"}}')"
+        ))
+    };
+    let steps = |order: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_opt("select steps from trail where order_id = $1", &[&order])
+                .await
+                .unwrap()
+                .map(|r| r.get::<_, String>(0))
+        }
+    };
+    let parked = || db.psql("select count(*) from walfold.parked_aggregate");
+    step("o-1", 1, "a");
+    step("o-1", 2, "bad");
+    step("o-2", 1, "bad");
+    step("o-2", 2, "y");
+    eventually(Duration::from_secs(30), "both to park", || async {
+        parked() == "2"
+            && db.psql("select count(*) from walfold.dead_letter where subscriber_id = 'trail.v1'")
+                == "3"
+    })
+    .await;
+    let letter = |order: &str, reason: &str| {
+        db.psql(&format!(
+            "select id from walfold.dead_letter where aggregate_id = '{order}' and reason = '{reason}'"
+        ))
+    };
+    let cfg = d.config_path().to_owned();
+    let discard = |id: &str| {
+        let (code, _, err) = walfold(
+            &[
+                "dead-letters",
+                "discard",
+                id,
+                "--reason",
+                "test",
+                "-c",
+                &cfg,
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{err}");
+    };
+
+    // o-1: its only letter discarded, it is released and its next event applies.
+    discard(&letter("o-1", "projection_failed"));
+    eventually(Duration::from_secs(30), "o-1 released", || async {
+        db.psql("select count(*) from walfold.parked_aggregate where aggregate_id = 'o-1'") == "0"
+    })
+    .await;
+    step("o-1", 3, "c");
+    eventually(Duration::from_secs(30), "o-1's next event", || async {
+        steps("o-1").await.as_deref() == Some("a,c")
+    })
+    .await;
+
+    // o-2: its head discarded while a later event waits behind it: it stays parked
+    // until that one is retried or discarded (discarding a head and retrying the rest
+    // skips it).
+    discard(&letter("o-2", "projection_failed"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        db.psql("select count(*) from walfold.parked_aggregate where aggregate_id = 'o-2'"),
+        "1",
+        "o-2's waiting event still holds it"
+    );
+    let (code, _, err) = walfold(
+        &[
+            "dead-letters",
+            "retry",
+            &letter("o-2", "aggregate_parked"),
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually(Duration::from_secs(30), "o-2's rest applied", || async {
+        steps("o-2").await.as_deref() == Some("y") && parked() == "0"
+    })
+    .await;
+}
+
 /// A daemon on `text` with `events` preloaded over `orders` aggregates, once
 /// `subscriber` has projected all of them.
 async fn projected(

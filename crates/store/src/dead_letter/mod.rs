@@ -52,6 +52,17 @@ const PARKED: &str = "select p.aggregate_type, p.aggregate_id, d.reason = $2 as 
      from {schema}.parked_aggregate p join {schema}.dead_letter d on d.id = p.dead_letter_id \
      where p.subscriber_id = $1";
 
+/// Subscriber `$1`'s aggregates parked behind a letter with status `$2` (discarded) and
+/// a reason other than `$3` (version gap, which strict projections judge themselves),
+/// with no letter of the aggregate left in a status in `$4` (unresolved).
+const DISCARDED_PARKS: &str = "select p.aggregate_type, p.aggregate_id \
+     from {schema}.parked_aggregate p join {schema}.dead_letter d on d.id = p.dead_letter_id \
+     where p.subscriber_id = $1 and d.status = $2 and d.reason <> $3 \
+       and not exists (select 1 from {schema}.dead_letter o \
+                       where o.subscriber_id = p.subscriber_id \
+                         and o.aggregate_type = p.aggregate_type \
+                         and o.aggregate_id = p.aggregate_id and o.status = any($4))";
+
 /// Dead letters newest first, at most `$3`: every one when `$1`, else those with status
 /// `$4` (open); of subscriber `$2` when not null (`ingest`: those rejected at ingest).
 const LIST: &str =
@@ -198,6 +209,36 @@ impl DeadLetters {
         Ok(rows
             .iter()
             .map(|r| (r.get("aggregate_type"), r.get("aggregate_id"), r.get("gap")))
+            .collect())
+    }
+}
+
+impl DeadLetters {
+    /// The aggregates of `subscriber` parked behind a dead letter an operator discarded,
+    /// with nothing else of theirs waiting: nothing would ever release them, since
+    /// there is nothing left to retry. Their projector releases them.
+    pub async fn discarded_parks(
+        client: &Client,
+        schema: &Schema,
+        subscriber: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = client
+            .query(
+                &schema.sql(DISCARDED_PARKS),
+                &[
+                    &subscriber,
+                    &DeadLetterStatus::Discarded,
+                    &Reason::VersionGap,
+                    &DeadLetterStatus::UNRESOLVED,
+                ],
+            )
+            .await
+            .map_err(StoreError::db(
+                "reading parks behind discarded dead letters",
+            ))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get("aggregate_type"), r.get("aggregate_id")))
             .collect())
     }
 }
