@@ -209,6 +209,11 @@ async fn a_rebuild_replays_100k_events_beside_the_live_table_and_switches_over()
         "0"
     );
     assert_eq!(db.psql("select state from walfold.rebuild"), "finished");
+    // A stranger reused the retired ID, its claims gone with --finish: refused, since
+    // its dead letters and the rebuild that replaced it still name it.
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v1");
+    assert_eq!(code, 2, "the ID a rebuild retired is refused: {err}");
+    assert!(err.contains("has been used before"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

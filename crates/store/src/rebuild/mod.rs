@@ -68,11 +68,15 @@ const OPEN_SETTLED: &str = concat!(
     " from {schema}.rebuild where state = any($1) order by requested_at for share"
 );
 
-/// Whether subscriber ID `$1` has left any trace.
+/// Whether subscriber ID `$1` has left any trace: a rebuild's `--finish` deletes a
+/// replaced subscriber's checkpoints and claims, but its rebuild row and dead letters
+/// still name it.
 const USED: &str = "select exists (select 1 from {schema}.checkpoint where subscriber_id = $1) \
      or exists (select 1 from {schema}.processed_message where subscriber_id = $1) \
-     or exists (select 1 from {schema}.rebuild where subscriber_id = $1) \
-     or exists (select 1 from {schema}.projection where subscriber_id = $1) as used";
+     or exists (select 1 from {schema}.rebuild \
+                where subscriber_id = $1 or previous_subscriber = $1) \
+     or exists (select 1 from {schema}.projection where subscriber_id = $1) \
+     or exists (select 1 from {schema}.dead_letter where subscriber_id = $1) as used";
 
 /// Records a rebuild (`$1`…`$7`).
 const INSERT: &str = concat!(
@@ -267,9 +271,13 @@ pub async fn start(
         .into_iter()
         .find(|r| r.projection == projection)
     {
+        let next = if open.state == RebuildState::Switched {
+            format!("run `walfold rebuild {projection} --finish` to drop its retired table first")
+        } else {
+            format!("wait for it to switch and run `walfold rebuild {projection} --finish`, or `--abort` it")
+        };
         return Err(StoreError::Refused(format!(
-            "projection {projection} already has a rebuild ({}, state {}); \
-             wait for it to switch and run `walfold rebuild {projection} --finish`, or `--abort` it",
+            "projection {projection} already has a rebuild ({}, state {}); {next}",
             open.subscriber, open.state
         )));
     }
