@@ -468,6 +468,24 @@ async fn target_checks(
             format!("projection {}: table {t} exists and is writable{on}", p.name),
             format!("create {t}, or grant select, insert, update (and delete if the projection deletes) on {t} to <walfold role>"),
         );
+        if !ok {
+            continue;
+        }
+        // A rebuild creates the shadow table beside this one and swaps them by renaming:
+        // it needs `create` on the schema and to own the table (or be in its owner's role).
+        let rebuild = target
+            .query_one(
+                "select has_schema_privilege(c.relnamespace, 'create') \
+                 and pg_has_role(c.relowner, 'usage') as ok \
+                 from pg_class c where c.oid = $1::text::regclass",
+                &[&t.quoted()],
+            )
+            .await?;
+        r.check(
+            if rebuild.get("ok") { Level::Ok } else { Level::Warn },
+            format!("projection {}: the target role may rebuild {t} (create in its schema, own the table){on}", p.name),
+            format!("alter table {t} owner to <walfold role> (a rebuild renames it) and grant create on schema {} to <walfold role>; only `walfold rebuild` needs these", walfold_config::quote_ident(&t.schema)),
+        );
     }
     Ok(())
 }

@@ -213,6 +213,17 @@ async fn a_revoked_grant_or_a_dropped_column_pauses_and_resumes_by_itself() {
     let config = db.config(&format!(
         "\n[target]\nurl = \"{target}\"\n\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"
     ));
+    // Writable is enough to project; a rebuild needs more, which doctor says up front
+    // (a stranger's rebuild failed late for want of ownership).
+    let cfg = walfold_tests::write_config(&config);
+    let (code, out, _) = walfold_tests::walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "warn  projection order_state: the target role may rebuild public.order_state"
+        ) && out.contains("alter table public.order_state owner to <walfold role>"),
+        "{out}"
+    );
     let (d, client) = Daemon::streaming(&db, &config).await;
     let writer = tokio::spawn(write_events(
         db.url(),
