@@ -17,6 +17,72 @@ use walfold_store::{EventLog, IngestCounts};
 
 use crate::error::{Refusal, SourceError};
 
+/// Refuses to create the publication for a slot walfold has read from, if the slot is
+/// still there: the slot decodes each change with the catalog as of that change, so a
+/// publication created now is not there for the changes it holds, and the stream would
+/// stop at the first of them. A stranger renamed `source.publication`, let walfold's
+/// error lead them to create the new one, and was then told to drop the slot; the fix
+/// that loses nothing is the old name, which this names when it still exists.
+async fn refuse_new_publication(source: &Client, config: &Config) -> Result<(), SourceError> {
+    let slot = &config.source().slot;
+    let db = |e| SourceError::Store {
+        context: "reading the slot and the publications".into(),
+        source: walfold_store::StoreError::Db {
+            context: "source".into(),
+            source: e,
+        },
+    };
+    let held: bool = source
+        .query_one(
+            "select exists (select from pg_replication_slots \
+             where slot_name = $1 and database = current_database()) as held",
+            &[slot],
+        )
+        .await
+        .map_err(db)?
+        .get("held");
+    if !held {
+        return Ok(());
+    }
+    let (schemas, names): (Vec<String>, Vec<String>) = config
+        .table_outboxes()
+        .map(|(_, t)| (t.schema, t.name))
+        .unzip();
+    let others: Vec<String> = source
+        .query(
+            "select distinct p.pubname::text as publication from pg_publication_tables p \
+             join unnest($1::text[], $2::text[]) as o(schemaname, tablename) \
+               using (schemaname, tablename) order by 1",
+            &[&schemas, &names],
+        )
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| r.get("publication"))
+        .collect();
+    let publication = &config.source().publication;
+    let fix = if others.is_empty() {
+        format!(
+            "if it was dropped, drop the slot (select pg_drop_replication_slot('{slot}')) and \
+             start with on_slot_lost = \"recreate\" (the skipped range is recorded in slot_gap; \
+             backfill the outbox for its rows)"
+        )
+    } else {
+        format!(
+            "if source.publication was renamed, set it back: {} publishes the outbox tables",
+            others.join(", ")
+        )
+    };
+    Err(SourceError::Slot {
+        slot: slot.clone(),
+        problem: format!(
+            "was read by walfold, but publication {publication} does not exist: \
+             one created now is not there for the changes the slot holds (it reads the catalog as of \
+             each change), so walfold does not create it; {fix}"
+        ),
+    })
+}
+
 /// How walfold creates its publication. Through the partition root: a partitioned
 /// outbox's rows then arrive under the outbox's name (otherwise under each partition's),
 /// including partitions attached later.
@@ -82,6 +148,9 @@ pub async fn prepare_source(
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if !shape.publication_exists && ingested_through != Lsn::ZERO {
+        refuse_new_publication(source, config).await?;
+    }
     if !shape.publication_exists {
         let tables: Vec<QualifiedName> = config.table_outboxes().map(|(_, t)| t).collect();
         // Message outboxes need no table; the publication then starts empty.

@@ -415,6 +415,53 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     assert!(out.contains("ok    slot walfold active = true"), "{out}");
 }
 
+/// A stranger renamed `source.publication` on a running deployment: walfold tried to
+/// create the new one, its error led them to create it, and the stream then stopped
+/// with the advice to drop the slot, which loses events. A slot walfold has read from
+/// cannot use a publication created after its changes: walfold refuses at start and
+/// names the publication that still publishes the outbox, losing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_publication_is_refused_with_the_old_name_not_created() {
+    let db = TestDb::new("pubrename");
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
+    let first = write_events(db.url(), 3, 5, 2, Duration::from_millis(5), 43).await;
+    caught_up(&client, first.distinct(), 3).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let more = write_events(db.url(), 2, 5, 2, Duration::from_millis(5), 47).await;
+
+    let renamed = [("WALFOLD_SOURCE__PUBLICATION", "walfold_renamed")];
+    let mut d = Daemon::start(&db.config(""), &renamed);
+    d.wait_exit("the daemon to refuse").await;
+    assert_eq!(d.exited().unwrap().code(), Some(1));
+    let log = d.log_text();
+    assert!(
+        log.contains("publication walfold_renamed does not exist")
+            && log.contains("set it back: walfold_outbox publishes the outbox tables"),
+        "{log}"
+    );
+    assert_eq!(
+        db.psql("select count(*) from pg_publication where pubname = 'walfold_renamed'"),
+        "0",
+        "not created"
+    );
+
+    // The old name carries on from the slot: nothing written meanwhile is lost.
+    let _d = Daemon::start(&db.config(""), &[]);
+    caught_up(&client, first.distinct() + more.distinct(), 3).await;
+
+    // Dropped for good, no other publication has the outbox: the slot must go.
+    drop(_d);
+    db.psql("drop publication walfold_outbox");
+    let mut d = Daemon::start(&db.config(""), &[]);
+    d.wait_exit("the daemon to refuse").await;
+    let log = d.log_text();
+    assert!(
+        log.contains("publication walfold_outbox does not exist")
+            && log.contains("pg_drop_replication_slot('walfold')"),
+        "{log}"
+    );
+}
+
 /// Waits until the slot's confirmed position reaches `lsn` (passes it when `past`).
 async fn slot_reaches(client: &tokio_postgres::Client, lsn: &str, past: bool, timeout: Duration) {
     let sql = format!(
