@@ -679,6 +679,10 @@ impl Partition {
             cause: None,
             paused: false,
         };
+        Signal::PartitionStarted {
+            subscriber: self.subscriber(),
+        }
+        .report();
         let result = loop {
             let started = tokio::time::Instant::now();
             let e = match self.run_once(&cancel, head.clone(), &mut pause).await {
@@ -814,7 +818,12 @@ impl Partition {
         let full = self.options.batch_size as i64;
         let mut limit = full;
         let mut good_batches = 0u32;
-        tracing::info!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
+        if pause.paused {
+            // A paused partition starts again on every try; its pause was logged.
+            tracing::debug!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
+        } else {
+            tracing::info!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
+        }
         let mut retries_checked = tokio::time::Instant::now() - RETRY_CHECK;
         let mut idle_saved = false;
         // Whether the last read reached the head: only then can a gap be judged too old

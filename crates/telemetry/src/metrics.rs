@@ -177,6 +177,11 @@ impl Metrics {
         self.leader.get() == 1
     }
 
+    /// Makes `subscriber`'s paused gauge exist (at its current value, 0 at first).
+    pub(crate) fn show_paused(&self, subscriber: &str) {
+        let _ = self.paused.get_or_create(&Self::subscriber(subscriber));
+    }
+
     /// A partition of `subscriber` paused (`true`) or resumed.
     pub(crate) fn set_paused(&self, subscriber: &str, paused: bool) {
         let delta = if paused { 1 } else { -1 };

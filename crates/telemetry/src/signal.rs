@@ -75,6 +75,9 @@ pub enum Signal<'a> {
     /// A projector took a page of the event log: read from the database, or `shared`
     /// by another partition that had just read it.
     PageRead { shared: bool },
+    /// A partition of `subscriber` started: its paused gauge exists from then on, at 0
+    /// while nothing is paused (a dashboard shows 0, not "no data").
+    PartitionStarted { subscriber: &'a str },
     /// A partition of `subscriber` paused on an environment error (once per pause, not
     /// per retry).
     PartitionPaused { subscriber: &'a str },
@@ -224,6 +227,7 @@ impl Signal<'_> {
                     m.log_pages_read.inc();
                 }
             }
+            Signal::PartitionStarted { subscriber } => m.show_paused(subscriber),
             Signal::PartitionPaused { subscriber } => m.set_paused(subscriber, true),
             Signal::PartitionPauseCause {
                 subscriber,
@@ -506,6 +510,27 @@ mod tests {
             [r#"walfold_projection_paused{subscriber="s"} 1"#]
         );
         assert_eq!(lines.len(), 1);
+    }
+
+    #[test]
+    fn a_started_partition_shows_its_paused_gauge_at_0_and_keeps_a_pause() {
+        let started = || Signal::PartitionStarted { subscriber: "s" };
+        let (m, lines) = report(vec![started()]);
+        assert!(lines.is_empty());
+        assert!(!m.any_paused());
+        assert_eq!(
+            samples(&m, "walfold_projection_paused"),
+            [r#"walfold_projection_paused{subscriber="s"} 0"#]
+        );
+        let (m, _) = report(vec![
+            started(),
+            Signal::PartitionPaused { subscriber: "s" },
+            started(),
+        ]);
+        assert_eq!(
+            samples(&m, "walfold_projection_paused"),
+            [r#"walfold_projection_paused{subscriber="s"} 1"#]
+        );
     }
 
     #[test]
