@@ -60,6 +60,20 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         .await
         .map_err(Failure::runtime)?;
     let schema = Schema::new(&config.target.schema);
+    if let Some(source) = &q.source {
+        // Not refused: the log keeps the events of a source taken out of the config.
+        if config.sources().iter().all(|s| s.name != *source) {
+            eprintln!(
+                "walfold: no [[source]] named {source} in the config (sources: {}); showing the log's events from {source}, if any",
+                config
+                    .sources()
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     let since = match &q.since {
         Some(s) => Some(since(&client, s).await?),
         None => None,

@@ -812,6 +812,12 @@ sql = "insert into only_b (event_id) values (:event_id)"
             "events --subscriber only_b.v1 does not call source a's event filtered:\n{events}"
         ));
     }
+    let (code, out, err) = walfold(&["events", "-c", &path, "--source", "nope"], &[]);
+    if code != 0 || !out.trim().is_empty() || !err.contains("no [[source]] named nope") {
+        problems.push(format!(
+            "events --source of an unknown source says nothing: {code} {out:?} {err:?}"
+        ));
+    }
     assert_eq!(daemon.terminate(Duration::from_secs(30)), Some(0));
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
