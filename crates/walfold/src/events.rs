@@ -65,12 +65,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         if config.sources().iter().all(|s| s.name != *source) {
             eprintln!(
                 "walfold: no [[source]] named {source} in the config (sources: {}); showing the log's events from {source}, if any",
-                config
-                    .sources()
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::ops::source_names(&config)
             );
         }
     }

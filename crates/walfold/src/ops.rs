@@ -90,7 +90,8 @@ pub async fn rebuild(
     Ok(())
 }
 
-fn names(config: &walfold_config::Config) -> String {
+/// The config's `[[source]]` names, for messages.
+pub(crate) fn source_names(config: &walfold_config::Config) -> String {
     config
         .sources()
         .iter()
@@ -264,7 +265,7 @@ pub async fn backfill(
         Some(name) => config.for_source(name).ok_or_else(|| {
             Failure::config(format!(
                 "--source: no [[source]] is named `{name}` (sources: {})",
-                names(&config)
+                source_names(&config)
             ))
         })?,
         None => {

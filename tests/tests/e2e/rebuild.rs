@@ -547,17 +547,20 @@ async fn a_rebuild_after_pruning_is_refused_unless_asked_to_replay_the_retained_
     let (d, client) = Daemon::streaming(&db, &text).await;
     let cfg = d.config_path().to_owned();
     let insert = |id: &str, order: &str, amount: &str| {
-        db.psql(&format!(
-            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
-             values ('{id}', 'order', '{order}', 'OrderChanged', 1, '{{\"amount\": \"{amount}\"}}')"
+        let payload = format!(r#"{{"amount": "{amount}"}}"#);
+        db.psql(&walfold_tests::insert_event(
+            id,
+            order,
+            "OrderChanged",
+            1,
+            &payload,
         ))
     };
-    let total = || async {
+    let total = || {
         count(
             &client,
             "select coalesce(sum(total), 0)::int8 from order_total",
         )
-        .await
     };
     insert("00000000-0000-4000-8000-000000000001", "o-1", "10");
     insert("00000000-0000-4000-8000-000000000002", "o-2", "5");
@@ -633,41 +636,55 @@ async fn a_rebuild_after_pruning_is_refused_unless_asked_to_replay_the_retained_
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_dead_letter_applies_once_and_releases_its_aggregate_in_order() {
-    let db = TestDb::new("retry");
+/// The config with a `trail` read model (created here) of each order's steps, whose
+/// check refuses a step with `bad` in it, and its `sql` projection `trail.v1` giving up
+/// on an event after `max_attempts`.
+fn trail(db: &TestDb, max_attempts: u32) -> String {
     db.psql(
         "create table trail (order_id text primary key, steps text not null, \
          constraint no_bad check (steps not like '%bad%'))",
     );
-    let extra = r#"
+    config(
+        db,
+        &format!(
+            r#"
 [[projection]]
 name = "trail"
 subscriber = "trail.v1"
-max_attempts = 2
+max_attempts = {max_attempts}
 retry_backoff_ms = 10
 sql = """
 insert into trail as t (order_id, steps) values (:aggregate_id, :payload.step)
 on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
 """
-"#;
-    let (d, client) = Daemon::streaming(&db, &config(&db, extra)).await;
-    let step = |order: &str, version: i64, step: &str| {
-        db.psql(&format!(
-            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
-             values (gen_random_uuid(), 'order', '{order}', 'Step', {version}, '{{\"step\": \"{step}\"}}')"
-        ))
-    };
-    let steps = |order: &'static str| {
-        let client = &client;
-        async move {
-            client
-                .query_opt("select steps from trail where order_id = $1", &[&order])
-                .await
-                .unwrap()
-                .map(|r| r.get::<_, String>(0))
-        }
-    };
+"#
+        ),
+    )
+}
+
+/// Writes `order`'s step `step` as its version `version`.
+fn trail_step(db: &TestDb, order: &str, version: i64, step: &str) -> String {
+    db.psql(&format!(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         values (gen_random_uuid(), 'order', '{order}', 'Step', {version}, '{{\"step\": \"{step}\"}}')"
+    ))
+}
+
+/// `order`'s steps in the `trail` read model.
+async fn trail_of(client: &tokio_postgres::Client, order: &str) -> Option<String> {
+    client
+        .query_opt("select steps from trail where order_id = $1", &[&order])
+        .await
+        .unwrap()
+        .map(|r| r.get::<_, String>(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_dead_letter_applies_once_and_releases_its_aggregate_in_order() {
+    let db = TestDb::new("retry");
+    let (d, client) = Daemon::streaming(&db, &trail(&db, 2)).await;
+    let step = |order: &str, version: i64, step: &str| trail_step(&db, order, version, step);
+    let steps = |order: &'static str| trail_of(&client, order);
     step("o-1", 1, "a");
     step("o-1", 2, "bad");
     step("o-1", 3, "c");
@@ -737,37 +754,9 @@ on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discarding_the_only_dead_letter_of_a_parked_aggregate_releases_it() {
     let db = TestDb::new("discardpark");
-    db.psql(
-        "create table trail (order_id text primary key, steps text not null, \
-         constraint no_bad check (steps not like '%bad%'))",
-    );
-    let extra = r#"
-[[projection]]
-name = "trail"
-subscriber = "trail.v1"
-max_attempts = 1
-sql = """
-insert into trail as t (order_id, steps) values (:aggregate_id, :payload.step)
-on conflict (order_id) do update set steps = t.steps || ',' || excluded.steps
-"""
-"#;
-    let (d, client) = Daemon::streaming(&db, &config(&db, extra)).await;
-    let step = |order: &str, version: i64, step: &str| {
-        db.psql(&format!(
-            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
-             values (gen_random_uuid(), 'order', '{order}', 'Step', {version}, '{{\"step\": \"{step}\"}}')"
-        ))
-    };
-    let steps = |order: &'static str| {
-        let client = &client;
-        async move {
-            client
-                .query_opt("select steps from trail where order_id = $1", &[&order])
-                .await
-                .unwrap()
-                .map(|r| r.get::<_, String>(0))
-        }
-    };
+    let (d, client) = Daemon::streaming(&db, &trail(&db, 1)).await;
+    let step = |order: &str, version: i64, step: &str| trail_step(&db, order, version, step);
+    let steps = |order: &'static str| trail_of(&client, order);
     let parked = || db.psql("select count(*) from walfold.parked_aggregate");
     step("o-1", 1, "a");
     step("o-1", 2, "bad");
