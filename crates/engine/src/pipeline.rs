@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walfold_config::{Config, ProjectionConfig, QualifiedName, VersionMode};
-use walfold_store::rebuild::Readiness;
+use walfold_store::rebuild::{Readiness, Switch};
 use walfold_store::{
     migrate, rebuild, Backoff, Checkpoints, Fence, Leadership, Rebuild, RebuildState,
 };
@@ -37,9 +37,11 @@ use crate::target::Target;
 const CONTROL_PERIOD: Duration = Duration::from_secs(1);
 /// How long after a failed switch-over it is tried again.
 const SWITCH_BACKOFF: Duration = Duration::from_secs(30);
-/// How close to the log's head every partition of a rebuild must be to switch over: the
-/// live table steps back by at most this many events until the new subscriber, now
-/// live, catches up (within a batch).
+/// How long a rebuild found not due at its switch-over waits before the next attempt.
+const SWITCH_RETRY: Duration = Duration::from_secs(3);
+/// How close to the log's head every partition of a rebuild must be before its
+/// switch-over is tried (which also needs it to have read as far as the live
+/// subscriber, so the live table never steps back).
 const SWITCH_SLACK: i64 = 100;
 
 /// The whole path from the slot to the read models.
@@ -235,11 +237,11 @@ struct RetireAfter {
     after: Duration,
 }
 
-/// A rebuild whose switch-over failed, and when.
+/// A rebuild whose switch-over failed or was not due yet, and until when it waits.
 #[derive(Clone)]
 struct FailedSwitch {
     subscriber: String,
-    at: tokio::time::Instant,
+    until: tokio::time::Instant,
 }
 
 /// Whether `r`'s retired table has been kept as long as its projection wants.
@@ -394,7 +396,8 @@ impl Projecting {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         let mut down = TargetDown::new(target, defined);
         let mut extra: Option<(Extra, Fence)> = None;
-        // Rebuilds whose switch-over failed, and when: tried again after SWITCH_BACKOFF.
+        // Rebuilds whose switch-over failed (tried again after SWITCH_BACKOFF) or found
+        // the rebuild not due after all (after SWITCH_RETRY).
         let mut failed_switches: Vec<FailedSwitch> = Vec::new();
         while !stop.is_cancelled() && !lost.is_cancelled() && !ingest_done.is_cancelled() {
             if target.is_extra() && extra.is_none() {
@@ -435,7 +438,7 @@ impl Projecting {
             // A later outage pauses the subscribers that run now (a rebuild may have
             // switched one).
             down.serving(&generation);
-            failed_switches.retain(|f| f.at.elapsed() < SWITCH_BACKOFF);
+            failed_switches.retain(|f| f.until > tokio::time::Instant::now());
             generation.failed_switches = failed_switches.clone();
             let this = stop.child_token();
             let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
@@ -473,10 +476,19 @@ impl Projecting {
                 Next::Replan => {}
                 Next::Switch(r) if !lost.is_cancelled() => {
                     match rebuild::switch(&mut client, schema, &r, fence).await {
-                        Ok(true) => {
+                        Ok(Switch::Done) => {
                             tracing::info!(target = target.label(), projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
                         }
-                        Ok(false) => {}
+                        Ok(Switch::Gone) => {}
+                        // Its projectors stopped a batch behind the live ones (or a
+                        // dead letter came with it): they go on, and it is tried again.
+                        Ok(Switch::NotYet(why)) => {
+                            tracing::info!(target = target.label(), projection = %r.projection, why = %why, "switch-over not due yet; trying again in {}s", SWITCH_RETRY.as_secs());
+                            failed_switches.push(FailedSwitch {
+                                subscriber: r.subscriber.clone(),
+                                until: tokio::time::Instant::now() + SWITCH_RETRY,
+                            });
+                        }
                         Err(e) => {
                             tracing::warn!(target = target.label(), projection = %r.projection, error = %e, "switch-over failed; trying again in {}s", SWITCH_BACKOFF.as_secs());
                             // Best effort: what failed the switch may fail this too.
@@ -493,7 +505,7 @@ impl Projecting {
                             }
                             failed_switches.push(FailedSwitch {
                                 subscriber: r.subscriber.clone(),
-                                at: tokio::time::Instant::now(),
+                                until: tokio::time::Instant::now() + SWITCH_BACKOFF,
                             });
                         }
                     }
@@ -868,11 +880,11 @@ async fn control_check(
         let backing_off = generation
             .failed_switches
             .iter()
-            .any(|f| f.subscriber == r.subscriber && f.at.elapsed() < SWITCH_BACKOFF);
+            .any(|f| f.subscriber == r.subscriber && f.until > tokio::time::Instant::now());
         if backing_off {
             continue;
         }
-        match rebuild::readiness(client, schema, &r.subscriber, *partitions, *slack, log_head)
+        match rebuild::readiness(client, schema, r, *partitions, *slack, log_head)
             .await
             .map_err(EngineError::store("reading a rebuild's progress"))?
         {

@@ -748,6 +748,83 @@ async fn a_retried_dead_letter_applies_once_and_releases_its_aggregate_in_order(
     assert!(err.contains("not open"), "{err}");
 }
 
+/// A stranger rebuilt a small projection (nine events, within the switch-over's slack of
+/// the head): it switched over before replaying anything, readers saw an empty table,
+/// and the event the new table refuses was dead-lettered only after the switch. The
+/// switch waits until the rebuild has read as far as the live subscriber, with no open
+/// dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_rebuild_switches_only_after_replaying_as_far_as_the_live_one() {
+    let db = TestDb::new("smallrebuild");
+    let (d, client) = Daemon::streaming(&db, &config(&db, "")).await;
+    let cfg = d.config_path().to_owned();
+    for i in 1..=8 {
+        db.psql(&walfold_tests::insert_event(
+            &uuid::Uuid::new_v4().to_string(),
+            &format!("o-{i}"),
+            "OrderPaid",
+            1,
+            r#"{"amount": "1"}"#,
+        ));
+    }
+    db.psql(&walfold_tests::insert_event(
+        &uuid::Uuid::new_v4().to_string(),
+        "bad-1",
+        "OrderPaid",
+        1,
+        r#"{"amount": "1"}"#,
+    ));
+    let rows = || count(&client, "select count(*) from order_total");
+    eventually(Duration::from_secs(30), "nine rows", || async {
+        rows().await == 9
+    })
+    .await;
+    subscriber_caught_up(&client, "orders.total.v1", 30).await;
+    // The shadow table is created like the live one: it refuses bad-1, the live one
+    // holds it (not valid: existing rows are not checked).
+    db.psql("alter table order_total add constraint no_bad check (order_id <> 'bad-1') not valid");
+
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v2");
+    assert_eq!(code, 0, "{err}");
+    let letter = || {
+        db.psql("select coalesce(max(id)::text, '') from walfold.dead_letter where subscriber_id = 'orders.total.v2'")
+    };
+    eventually(Duration::from_secs(30), "bad-1's dead letter", || async {
+        !letter().is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        rebuild_state(&client, "orders.total.v2").await,
+        "running",
+        "the open dead letter holds the switch"
+    );
+    assert_eq!(rows().await, 9, "the live table still serves every row");
+
+    let (code, _, err) = walfold(
+        &[
+            "dead-letters",
+            "discard",
+            &letter(),
+            "--reason",
+            "test",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually(Duration::from_secs(30), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await == "switched"
+    })
+    .await;
+    assert_eq!(
+        rows().await,
+        8,
+        "the rebuilt table is whole from the first read after the switch"
+    );
+}
+
 /// A stranger discarded the only dead letter of a parked aggregate: nothing was left to
 /// retry, so the aggregate stayed parked (and `WalfoldParkedAggregates` kept firing).
 /// Discarding gives the event up; with nothing else waiting, the aggregate goes on.

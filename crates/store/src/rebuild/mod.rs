@@ -94,6 +94,14 @@ const PROGRESS: &str = "select count(*) as partitions, coalesce(min(position), 0
       and status = any($2)) as dead_letters \
      from {schema}.checkpoint where subscriber_id = $1";
 
+/// The checkpoints of subscribers `$1` and `$2`.
+const POSITIONS: &str = "select subscriber_id, partition, partitions, position \
+     from {schema}.checkpoint where subscriber_id in ($1, $2)";
+
+/// Subscriber `$1`'s dead letters with a status in `$2`.
+const OPEN_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter \
+     where subscriber_id = $1 and status = any($2)";
+
 /// Rebuild `$1` in state `$3` moves to `$2` (switched), now, forgetting a failed attempt.
 const SWITCHED: &str = "update {schema}.rebuild set state = $2, switched_at = now(), \
      switch_error = null, switch_failed_at = null \
@@ -328,13 +336,13 @@ pub enum Readiness {
 }
 
 /// Whether every partition of the rebuild's subscriber has read to within `slack` events
-/// of the log's head, with no open dead letter. `log_head` is the head of the event log
-/// when it lives in another database (a projection on an extra target); `None` reads
-/// it here.
+/// of the log's head and as far as the live subscriber has (see [`reached`]), with no
+/// open dead letter. `log_head` is the head of the event log when it lives in another
+/// database (a projection on an extra target); `None` reads it here.
 pub async fn readiness(
     client: &Client,
     schema: &Schema,
-    subscriber: &str,
+    rebuild: &Rebuild,
     partitions: u32,
     slack: i64,
     log_head: Option<i64>,
@@ -342,7 +350,7 @@ pub async fn readiness(
     let row = client
         .query_one(
             &schema.sql(PROGRESS),
-            &[&subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
+            &[&rebuild.subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
         )
         .await
         .map_err(StoreError::db("reading a rebuild's progress"))?;
@@ -357,23 +365,79 @@ pub async fn readiness(
         Readiness::Behind
     } else if dead > 0 {
         Readiness::Blocked(dead)
+    } else if !reached(client, schema, rebuild).await? {
+        Readiness::Behind
     } else {
         Readiness::Ready
     })
+}
+
+/// Whether the rebuild's subscriber has read every partition at least as far as the
+/// subscriber it replaces: only then does the rebuilt table hold everything the live
+/// one does, so the switch-over never steps readers back (nor swaps in a table that
+/// the last events, or their dead letters, have not reached yet). With both layouts
+/// alike, partition by partition (the same aggregates); otherwise its slowest
+/// partition against the live one's furthest.
+async fn reached(
+    client: &impl GenericClient,
+    schema: &Schema,
+    rebuild: &Rebuild,
+) -> Result<bool, StoreError> {
+    let rows = client
+        .query(
+            &schema.sql(POSITIONS),
+            &[&rebuild.subscriber, &rebuild.previous],
+        )
+        .await
+        .map_err(StoreError::db(
+            "comparing a rebuild's checkpoints with the live ones",
+        ))?;
+    let layout = |subscriber: &str| -> Vec<(i32, i32, i64)> {
+        let mut found: Vec<(i32, i32, i64)> = rows
+            .iter()
+            .filter(|r| r.get::<_, String>("subscriber_id") == subscriber)
+            .map(|r| (r.get("partition"), r.get("partitions"), r.get("position")))
+            .collect();
+        found.sort_unstable();
+        found
+    };
+    let (new, old) = (layout(&rebuild.subscriber), layout(&rebuild.previous));
+    let alike =
+        new.len() == old.len() && new.iter().zip(&old).all(|(n, o)| n.0 == o.0 && n.1 == o.1);
+    Ok(if alike {
+        new.iter().zip(&old).all(|(n, o)| n.2 >= o.2)
+    } else {
+        let slowest = new.iter().map(|n| n.2).min().unwrap_or(0);
+        let furthest = old.iter().map(|o| o.2).max().unwrap_or(0);
+        slowest >= furthest
+    })
+}
+
+/// What a switch-over attempt did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Switch {
+    /// The rebuilt table is live.
+    Done,
+    /// The rebuild is no longer running (aborted meanwhile).
+    Gone,
+    /// Not yet, with why: with the projectors stopped, the rebuild's subscriber is
+    /// behind the live one, or has open dead letters. Nothing changed.
+    NotYet(String),
 }
 
 /// The switch-over, in one transaction: the live table is retired, the shadow table takes
 /// its name, and the rebuild's subscriber becomes the projection's active one (the old
 /// one's open dead letters are discarded and its aggregates released: nothing runs it
 /// any more). The caller leads (its `fence` is checked inside the transaction) and has
-/// stopped every projector writing either table. Returns false when the rebuild is no
-/// longer running (aborted meanwhile).
+/// stopped every projector writing either table, so their checkpoints stand still: the
+/// transaction checks that the rebuild's subscriber has [`reached`] the live one and
+/// has no open dead letter, and changes nothing otherwise.
 pub async fn switch(
     client: &mut Client,
     schema: &Schema,
     rebuild: &Rebuild,
     fence: &Fence,
-) -> Result<bool, StoreError> {
+) -> Result<Switch, StoreError> {
     let tx = client
         .transaction()
         .await
@@ -390,7 +454,27 @@ pub async fn switch(
         .await
         .map_err(StoreError::db("switching over"))?;
     if moved == 0 {
-        return Ok(false);
+        return Ok(Switch::Gone);
+    }
+    if !reached(&tx, schema, rebuild).await? {
+        return Ok(Switch::NotYet(format!(
+            "{} has not read as far as {} yet",
+            rebuild.subscriber, rebuild.previous
+        )));
+    }
+    let letters: i64 = tx
+        .query_one(
+            &schema.sql(OPEN_LETTERS),
+            &[&rebuild.subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
+        )
+        .await
+        .map_err(StoreError::db("counting the rebuild's dead letters"))?
+        .get("letters");
+    if letters > 0 {
+        return Ok(Switch::NotYet(format!(
+            "{} has {letters} open dead letters",
+            rebuild.subscriber
+        )));
     }
     let (live, shadow) = (rebuild.live_table(), rebuild.shadow_table());
     ddl::lock_for_swap(&tx, &live, &shadow).await?;
@@ -416,7 +500,7 @@ pub async fn switch(
     tx.commit()
         .await
         .map_err(StoreError::db("switching over"))?;
-    Ok(true)
+    Ok(Switch::Done)
 }
 
 /// Records why `rebuild`'s switch-over failed, for `walfold status` (the daemon tries
