@@ -102,12 +102,24 @@ pub async fn start_rebuild_with(
     if subscriber.trim().is_empty() || subscriber.len() > 200 {
         return Err(refused("--subscriber must be 1-200 characters".into()));
     }
+    // The log is the main target's. Its prune lock, held until the rebuild is recorded,
+    // keeps a prune pass from deleting what this rebuild needs between the check below
+    // and the rebuild's subscriber holding the log (a pass reads its holders after
+    // taking the lock).
+    let main = Target::main(config);
+    let guard = connect_to(&main).await?;
+    if !walfold_store::try_lock_pruning(&guard, &main.schema)
+        .await
+        .map_err(EngineError::store("taking the prune lock"))?
+    {
+        return Err(refused(
+            "a prune pass is running on the event log; start the rebuild again once it has \
+             ended"
+                .into(),
+        ));
+    }
     if history == History::Whole {
-        // The log is the main target's. A prune pass that starts before this rebuild is
-        // recorded may still delete events below the horizon read here; once recorded,
-        // the rebuild's subscriber holds every event it has not read.
-        let main = Target::main(config);
-        let pruned = walfold_store::log_pruned(&connect_to(&main).await?, &main.schema)
+        let pruned = walfold_store::log_pruned(&guard, &main.schema)
             .await
             .map_err(EngineError::store(
                 "reading how far the event log was pruned",
@@ -132,9 +144,12 @@ pub async fn start_rebuild_with(
     let previous = walfold_store::active_subscriber(&mut client, schema, name, &options.subscriber)
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
-    rebuild::start(&mut client, schema, name, &live, &previous, subscriber)
+    let started = rebuild::start(&mut client, schema, name, &live, &previous, subscriber)
         .await
-        .map_err(EngineError::store("starting a rebuild"))
+        .map_err(EngineError::store("starting a rebuild"));
+    // Recorded (or not): the prune lock goes with the session.
+    drop(guard);
+    started
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's
@@ -224,6 +239,11 @@ pub(crate) async fn prune_fenced(
     let mut client = walfold_store::connect(&main.url)
         .await
         .map_err(EngineError::store("connecting to the target"))?;
+    // Held for the whole pass (this connection's session): a rebuild never starts
+    // between the pass reading what holds the log and its deletes.
+    walfold_store::lock_pruning(&client, &main.schema)
+        .await
+        .map_err(EngineError::store("waiting for the prune lock"))?;
     let mut pruned = Pruned::default();
     let mut held_elsewhere: Option<i64> = None;
     let mut holds: Vec<(String, Option<i64>)> = Vec::new();

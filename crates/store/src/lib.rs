@@ -48,8 +48,8 @@ pub use log_order::{head, LogOrder};
 pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
 pub use prune::{
-    hold, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target, LogPruned,
-    PrunePolicy, Pruned,
+    hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,
+    try_lock_pruning, LogPruned, PrunePolicy, Pruned,
 };
 pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};

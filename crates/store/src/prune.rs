@@ -133,6 +133,36 @@ pub struct Pruned {
     pub held_by: Vec<(String, String)>,
 }
 
+/// Advisory-lock class serializing prune passes with rebuild starts (`'walP'`), keyed by
+/// the schema's `hashtext`.
+const PRUNE_LOCK: i32 = 0x7761_6c50;
+
+/// Waits for the prune lock and holds it for this session (until it ends): what a prune
+/// pass does first, so that a rebuild starting meanwhile is either seen by the pass
+/// as holding the log, or sees what the pass pruned.
+pub async fn lock_pruning(client: &Client, schema: &Schema) -> Result<(), StoreError> {
+    client
+        .execute(
+            "select pg_advisory_lock($1::int4, hashtext($2))",
+            &[&PRUNE_LOCK, &schema.name()],
+        )
+        .await
+        .map_err(StoreError::db("waiting for the prune lock"))?;
+    Ok(())
+}
+
+/// Takes the prune lock for this session (until it ends) if no prune pass holds it.
+pub async fn try_lock_pruning(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
+    Ok(client
+        .query_one(
+            "select pg_try_advisory_lock($1::int4, hashtext($2)) as locked",
+            &[&PRUNE_LOCK, &schema.name()],
+        )
+        .await
+        .map_err(StoreError::db("taking the prune lock"))?
+        .get("locked"))
+}
+
 /// How far retention has pruned the event log: a rebuild replays only what it holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LogPruned {

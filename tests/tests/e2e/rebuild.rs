@@ -577,7 +577,27 @@ async fn a_rebuild_after_pruning_is_refused_unless_asked_to_replay_the_retained_
     subscriber_caught_up(&client, "orders.state.v1", 30).await;
     subscriber_caught_up(&client, "orders.total.v1", 30).await;
 
-    let (code, out, err) = walfold(&["prune", "-c", &cfg], &[]);
+    // Prune passes and rebuild starts take turns (the stranger started a rebuild while
+    // a pass that had not seen it deleted its events): a held prune lock refuses the
+    // start and keeps a pass waiting.
+    let lock = db.client().await;
+    lock.execute(
+        "select pg_advisory_lock(x'77616c50'::int, hashtext('walfold'))",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (code, _, err) = start_rebuild(&cfg, "order_total", "orders.total.v2");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a prune pass is running"), "{err}");
+    let pass = {
+        let cfg = cfg.clone();
+        std::thread::spawn(move || walfold(&["prune", "-c", &cfg], &[]))
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!pass.is_finished(), "the pass waits for the lock");
+    drop(lock);
+    let (code, out, err) = pass.join().unwrap();
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("and 2 events"), "the two old events go: {out}");
     let head = count(&client, "select max(seq) from walfold.event_log").await;
