@@ -17,14 +17,25 @@ use walfold_store::{EventLog, IngestCounts};
 
 use crate::error::{Refusal, SourceError};
 
-/// Refuses to create the publication for a slot walfold has read from, if the slot is
-/// still there: the slot decodes each change with the catalog as of that change, so a
-/// publication created now is not there for the changes it holds, and the stream would
-/// stop at the first of them. A stranger renamed `source.publication`, let walfold's
-/// error lead them to create the new one, and was then told to drop the slot; the fix
-/// that loses nothing is the old name, which this names when it still exists.
-async fn refuse_new_publication(source: &Client, config: &Config) -> Result<(), SourceError> {
+/// For a slot walfold has read from, whether `source.publication` can go on reading it.
+/// A slot decodes each change with the catalog as of that change, so a publication
+/// created (or renamed) after the changes the slot holds is not there for them and the
+/// stream would stop at the first. A stranger renamed `source.publication`, created the
+/// new one as walfold's error suggested, and was then told to drop the slot (losing
+/// events); the fix that loses nothing is the publication the slot was read through.
+/// So: the configured publication goes on if it is the one recorded (or none is), or
+/// provably older than anything the slot still decodes (its row older than the slot's
+/// `catalog_xmin`); otherwise walfold refuses, naming the recorded publication (or, as
+/// before walfold recorded it, those that publish the outbox tables) when it still
+/// exists, else the lost-slot procedure.
+async fn check_publication(
+    source: &Client,
+    config: &Config,
+    recorded: Option<&str>,
+    exists: bool,
+) -> Result<(), SourceError> {
     let slot = &config.source().slot;
+    let publication = &config.source().publication;
     let db = |e| SourceError::Store {
         context: "reading the slot and the publications".into(),
         source: walfold_store::StoreError::Db {
@@ -32,53 +43,82 @@ async fn refuse_new_publication(source: &Client, config: &Config) -> Result<(), 
             source: e,
         },
     };
-    let held: bool = source
-        .query_one(
-            "select exists (select from pg_replication_slots \
-             where slot_name = $1 and database = current_database()) as held",
-            &[slot],
-        )
-        .await
-        .map_err(db)?
-        .get("held");
-    if !held {
+    if exists && recorded.is_none_or(|r| r == publication) {
         return Ok(());
     }
-    let (schemas, names): (Vec<String>, Vec<String>) = config
-        .table_outboxes()
-        .map(|(_, t)| (t.schema, t.name))
-        .unzip();
-    let others: Vec<String> = source
-        .query(
-            "select distinct p.pubname::text as publication from pg_publication_tables p \
-             join unnest($1::text[], $2::text[]) as o(schemaname, tablename) \
-               using (schemaname, tablename) order by 1",
-            &[&schemas, &names],
+    // `older`: the publication's row is older than every catalog snapshot the slot still
+    // decodes with (null when either is missing).
+    let slot_row = source
+        .query_opt(
+            "select (select age(p.xmin) > age(s.catalog_xmin) from pg_publication p \
+                     where p.pubname = $2) as older \
+             from pg_replication_slots s where s.slot_name = $1 and s.database = current_database()",
+            &[slot, publication],
         )
         .await
-        .map_err(db)?
-        .iter()
-        .map(|r| r.get("publication"))
-        .collect();
-    let publication = &config.source().publication;
-    let fix = if others.is_empty() {
-        format!(
-            "if it was dropped, drop the slot (select pg_drop_replication_slot('{slot}')) and \
-             start with on_slot_lost = \"recreate\" (the skipped range is recorded in slot_gap; \
-             backfill the outbox for its rows)"
-        )
+        .map_err(db)?;
+    let Some(slot_row) = slot_row else {
+        // No slot (any more): the lost-slot checks decide.
+        return Ok(());
+    };
+    if slot_row.get::<_, Option<bool>>("older") == Some(true) {
+        return Ok(());
+    }
+    let usable: Vec<String> = match recorded {
+        // It was read through the configured one, which is gone: nothing else can.
+        Some(r) if r == publication => Vec::new(),
+        Some(r) => source
+            .query(
+                "select pubname::text as publication from pg_publication where pubname = $1",
+                &[&r],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| r.get("publication"))
+            .collect(),
+        None => {
+            let (schemas, names): (Vec<String>, Vec<String>) = config
+                .table_outboxes()
+                .map(|(_, t)| (t.schema, t.name))
+                .unzip();
+            source
+                .query(
+                    "select distinct p.pubname::text as publication from pg_publication_tables p \
+                     join unnest($1::text[], $2::text[]) as o(schemaname, tablename) \
+                       using (schemaname, tablename) where p.pubname <> $3 order by 1",
+                    &[&schemas, &names, publication],
+                )
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| r.get("publication"))
+                .collect()
+        }
+    };
+    let what = if exists {
+        format!("publication {publication} is not the one it was read through ({}) and may be newer than the changes it holds", recorded.unwrap_or("unknown"))
     } else {
-        format!(
-            "if source.publication was renamed, set it back: {} publishes the outbox tables",
-            others.join(", ")
-        )
+        format!("publication {publication} does not exist")
+    };
+    let fix = match usable.as_slice() {
+        [] => format!(
+            "if the publication it was read through is gone, drop the slot (select \
+             pg_drop_replication_slot('{slot}')) and start with on_slot_lost = \"recreate\" \
+             (the skipped range is recorded in slot_gap; backfill the outbox for its rows)"
+        ),
+        [one] => format!("set source.publication back to {one}"),
+        several => format!(
+            "set source.publication back to the one it was read through: one of {}",
+            several.join(", ")
+        ),
     };
     Err(SourceError::Slot {
         slot: slot.clone(),
         problem: format!(
-            "was read by walfold, but publication {publication} does not exist: \
-             one created now is not there for the changes the slot holds (it reads the catalog as of \
-             each change), so walfold does not create it; {fix}"
+            "was read by walfold, but {what}: a publication created after the changes a slot \
+             holds is not there for them (it reads the catalog as of each change), so walfold \
+             does not use or create it; {fix}"
         ),
     })
 }
@@ -148,8 +188,18 @@ pub async fn prepare_source(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    if !shape.publication_exists && ingested_through != Lsn::ZERO {
-        refuse_new_publication(source, config).await?;
+    let recorded = log
+        .publication()
+        .await
+        .map_err(SourceError::store("reading the slot's publication"))?;
+    if ingested_through != Lsn::ZERO {
+        check_publication(
+            source,
+            config,
+            recorded.as_deref(),
+            shape.publication_exists,
+        )
+        .await?;
     }
     if !shape.publication_exists {
         let tables: Vec<QualifiedName> = config.table_outboxes().map(|(_, t)| t).collect();
@@ -285,7 +335,7 @@ pub async fn prepare_source(
                     .map_err(db("dropping the invalidated slot"))?;
                 let to = create().await?;
                 close_gap(log, slot, to).await?;
-                return Ok(());
+                return record_publication(log, publication).await;
             }
             if wal_status.as_deref() == Some("lost") {
                 return Err(SourceError::Slot {
@@ -305,7 +355,14 @@ pub async fn prepare_source(
             }
         }
     }
-    Ok(())
+    record_publication(log, publication).await
+}
+
+/// Records the publication the slot is read through, once the checks above passed.
+async fn record_publication(log: &EventLog, publication: &str) -> Result<(), SourceError> {
+    log.record_publication(publication)
+        .await
+        .map_err(SourceError::store("recording the slot's publication"))
 }
 
 /// Records a slot's start as the ingest position when walfold created the slot. Until

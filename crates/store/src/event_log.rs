@@ -105,6 +105,10 @@ const UPDATE_POSITION: &str = "update {schema}.ingest_position set lsn = greates
 /// Slot `$1`'s ingest position.
 const READ_POSITION: &str = "select lsn from {schema}.ingest_position where slot = $1";
 
+/// Records that slot `$1` is read through publication `$2`.
+const RECORD_PUBLICATION: &str =
+    "update {schema}.ingest_position set publication = $2 where slot = $1";
+
 /// The other slots (than `$2`) that source `$1` ingested through.
 const OTHER_SLOTS: &str = "select slot, lsn from {schema}.ingest_position \
      where source = $1 and slot <> $2 and lsn > '0/0' order by slot";
@@ -220,7 +224,25 @@ impl EventLog {
             .query_one(&self.read_position, &[&self.slot])
             .await
             .map_err(StoreError::db("reading the ingest position"))?;
-        Ok(row.get::<_, PgLsn>(0).into())
+        Ok(row.get::<_, PgLsn>("lsn").into())
+    }
+
+    /// The publication this slot was last read through (`None`: not recorded, as before
+    /// walfold recorded it).
+    pub async fn publication(&self) -> Result<Option<String>, StoreError> {
+        crate::ingest_position::read_through(&self.client, &self.schema, &self.slot).await
+    }
+
+    /// Records that this slot is read through `publication` (the source checks passed).
+    pub async fn record_publication(&self, publication: &str) -> Result<(), StoreError> {
+        self.client
+            .execute(
+                &self.schema.sql(RECORD_PUBLICATION),
+                &[&self.slot, &publication],
+            )
+            .await
+            .map_err(StoreError::db("recording the slot's publication"))?;
+        Ok(())
     }
 
     /// Appends `events` (in commit order) and `dead` rows in one transaction and moves

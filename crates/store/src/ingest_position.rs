@@ -1,6 +1,7 @@
 //! The ingest position read from outside the appender: how far walfold ingested
-//! through each slot (for `walfold doctor`), and how many rows a slot's appends counted
-//! (a running backfill's progress).
+//! through each slot and through which publication (for `walfold doctor` and the
+//! source's checks), and how many rows a slot's appends counted (a running backfill's
+//! progress).
 
 use tokio_postgres::Client;
 
@@ -14,6 +15,9 @@ const INGESTED: &str =
 /// Every slot ingested through (past 0/0) with its position as text, by slot.
 const SLOTS: &str = "select slot, lsn::text as lsn from {schema}.ingest_position \
      where lsn > '0/0' order by slot";
+
+/// The publication slot `$1` was last read through.
+const READ_THROUGH: &str = "select publication from {schema}.ingest_position where slot = $1";
 
 /// The rows slot `$1`'s appends counted: appended, duplicates, ID conflicts, malformed.
 const COUNTED: &str =
@@ -40,6 +44,20 @@ pub async fn ingested_through(
         .await
         .map_err(StoreError::db("reading the ingest position"))?
         .map(|r| r.get("lsn")))
+}
+
+/// The publication `slot` was last read through (`None`: not recorded yet, as before
+/// walfold recorded it, or no such slot).
+pub async fn read_through(
+    client: &Client,
+    schema: &Schema,
+    slot: &str,
+) -> Result<Option<String>, StoreError> {
+    Ok(client
+        .query_opt(&schema.sql(READ_THROUGH), &[&slot])
+        .await
+        .map_err(StoreError::db("reading the slot's publication"))?
+        .and_then(|r| r.get("publication")))
 }
 
 /// Every slot walfold ingested through, by name.

@@ -42,7 +42,9 @@ pub use event_trail::{
     recorded_for, subscriber_has_read, Claim, DeadLetterAt, LogFilter, LoggedEvent,
     PartitionPosition, Recorded,
 };
-pub use ingest_position::{ingested_rows, ingested_slots, ingested_through, IngestedSlot};
+pub use ingest_position::{
+    ingested_rows, ingested_slots, ingested_through, read_through, IngestedSlot,
+};
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::migrate;

@@ -317,13 +317,51 @@ async fn source_checks(
             "upgrade the source to PostgreSQL 14 or later, or write events to an outbox table",
         );
     }
-    if !shape.publication_exists {
+    // A slot walfold has read from goes on only through the publication it was read
+    // through (see the source's checks): creating another is no fix.
+    let schema = walfold_store::Schema::new(&config.target.schema);
+    let (ingested, read_through) = match target {
+        Some(t) => (
+            walfold_store::ingested_through(t, &schema, &config.source().slot)
+                .await
+                .ok()
+                .flatten(),
+            walfold_store::read_through(t, &schema, &config.source().slot)
+                .await
+                .ok()
+                .flatten(),
+        ),
+        None => (None, None),
+    };
+    let read_from = ingested.is_some() && slot_row.is_some();
+    let back = match &read_through {
+        Some(r) if r != publication => format!("set source.publication back to {r}"),
+        _ => "if it is gone, see README, Operations: a lost slot".to_owned(),
+    };
+    if !shape.publication_exists && read_from {
+        r.check(
+            Level::Fail,
+            format!("publication {publication} does not exist, and walfold has read slot {} through {}", config.source().slot, read_through.as_deref().unwrap_or("another")),
+            format!("walfold will not create it: a publication created now is not there for the changes the slot holds; {back}"),
+        );
+    } else if !shape.publication_exists {
         r.check(
             Level::Warn,
             format!("publication {publication} does not exist"),
             "walfold creates it on start (needs create on the database and ownership of the outbox tables), or create it as their owner",
         );
     } else {
+        if read_from && read_through.as_ref().is_some_and(|r| r != publication) {
+            r.check(
+                Level::Warn,
+                format!(
+                    "walfold has read slot {} through publication {}, not {publication}",
+                    config.source().slot,
+                    read_through.as_deref().unwrap_or_default()
+                ),
+                format!("walfold refuses {publication} unless it is older than the changes the slot holds; {back}"),
+            );
+        }
         if shape.refusals.is_empty() && shape.unpublished.is_empty() {
             r.check(
                 Level::Ok,
@@ -355,17 +393,6 @@ async fn source_checks(
     }
 
     // The slot.
-    let ingested: Option<String> = match target {
-        Some(t) => walfold_store::ingested_through(
-            t,
-            &walfold_store::Schema::new(&config.target.schema),
-            &config.source().slot,
-        )
-        .await
-        .ok()
-        .flatten(),
-        None => None,
-    };
     let slot = &config.source().slot;
     match slot_row {
         None if ingested.is_some() => r.check(
