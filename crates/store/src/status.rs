@@ -148,8 +148,9 @@ pub struct RebuildStatus {
     /// The new subscriber's open (or retrying) dead letters: a caught-up rebuild waits
     /// for them to be retried or discarded.
     pub open_dead_letters: i64,
-    /// Why its last switch-over failed (the daemon tries again).
+    /// Why its last switch-over failed (the daemon tries again), and when.
     pub switch_error: Option<String>,
+    pub switch_failed_at_unix: Option<f64>,
 }
 
 /// One source: its slot on the source server, its ingest position in the target.
@@ -497,6 +498,7 @@ pub async fn target_status(
             target: name.to_owned(),
             open_dead_letters,
             switch_error: r.switch_error,
+            switch_failed_at_unix: r.switch_failed_at_unix,
             eta_s: (r.state == RebuildState::Running && rate_per_s > 0.0)
                 .then(|| remaining as f64 / rate_per_s),
             projection: r.projection,

@@ -220,9 +220,7 @@ async fn follow_rebuild(
         }
         if !warned && moved.elapsed() >= STALL {
             warned = true;
-            if r.switch_error.is_some() {
-                // Said above.
-            } else if r.remaining <= 100 && r.open_dead_letters > 0 {
+            if r.remaining <= 100 && r.open_dead_letters > 0 {
                 eprintln!(
                     "walfold: {} has caught up but has not switched over for {}s: {} open dead letters of \
                      the new subscriber hold the switch (`walfold dead-letters list --subscriber {}`)",
@@ -231,6 +229,8 @@ async fn follow_rebuild(
                     r.open_dead_letters,
                     r.subscriber
                 );
+            } else if r.switch_error.is_some() {
+                // Said above.
             } else if r.remaining <= 100 {
                 eprintln!(
                     "walfold: {} has caught up but has not switched over for {}s: the leading \

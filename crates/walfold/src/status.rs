@@ -292,7 +292,10 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
             }
         );
         if let Some(e) = &r.switch_error {
-            println!("  switch-over failed (the leader tries again): {e}");
+            let ago = r.switch_failed_at_unix.map_or_else(String::new, |t| {
+                format!(" {:.0}s ago", (unix_now() - t).max(0.0))
+            });
+            println!("  switch-over failed{ago} (the leader tries again while it is due): {e}");
         }
         if r.state == walfold_store::RebuildState::Running && r.open_dead_letters > 0 {
             println!(

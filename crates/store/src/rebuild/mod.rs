@@ -50,7 +50,8 @@ macro_rules! rebuild_columns {
     () => {
         "subscriber_id, projection, previous_subscriber, live_table, shadow_table, \
          retired_table, state, extract(epoch from requested_at)::float8 as requested_at_unix, \
-         extract(epoch from switched_at)::float8 as switched_at_unix, switch_error"
+         extract(epoch from switched_at)::float8 as switched_at_unix, switch_error, \
+         extract(epoch from switch_failed_at)::float8 as switch_failed_at_unix"
     };
 }
 
@@ -170,8 +171,10 @@ pub struct Rebuild {
     pub state: RebuildState,
     pub requested_at_unix: f64,
     pub switched_at_unix: Option<f64>,
-    /// Why its last switch-over failed, while it is still running (tried again later).
+    /// Why its last switch-over failed, while it is still running (tried again later),
+    /// and when.
     pub switch_error: Option<String>,
+    pub switch_failed_at_unix: Option<f64>,
 }
 
 impl Rebuild {
@@ -204,6 +207,7 @@ impl Rebuild {
             requested_at_unix: r.get("requested_at_unix"),
             switched_at_unix: r.get("switched_at_unix"),
             switch_error: r.get("switch_error"),
+            switch_failed_at_unix: r.get("switch_failed_at_unix"),
         }
     }
 }
