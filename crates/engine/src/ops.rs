@@ -139,6 +139,32 @@ pub async fn start_rebuild_with(
         }
     }
     let target = Target::of(config, options);
+    // Subscriber IDs name metrics and `walfold status` lines across every target: one
+    // used on another target (or configured for another projection) is refused too.
+    // Its own target checks in the transaction that records the rebuild.
+    if let Some(p) = config
+        .projection
+        .iter()
+        .find(|p| p.subscriber == subscriber)
+    {
+        return Err(refused(format!(
+            "subscriber ID {subscriber} has been used before (projection {} is configured \
+             with it); a rebuild needs a new one, e.g. {subscriber}.2",
+            p.name
+        )));
+    }
+    for other in Target::all(config).iter().filter(|t| **t != target) {
+        let used = rebuild::subscriber_used(&connect_to(other).await?, &other.schema, subscriber)
+            .await
+            .map_err(EngineError::store("checking the subscriber ID"))?;
+        if used {
+            return Err(refused(format!(
+                "subscriber ID {subscriber} has been used on target {} before; a rebuild \
+                 needs a new one, e.g. {subscriber}.2",
+                other.label()
+            )));
+        }
+    }
     let mut client = connect_to(&target).await?;
     let schema = &target.schema;
     let previous = walfold_store::active_subscriber(&mut client, schema, name, &options.subscriber)

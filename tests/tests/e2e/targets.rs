@@ -371,6 +371,21 @@ url = "{}"
 
     // (d) A rebuild of the second target's projection under a new subscriber ID, while
     // events stream: it replays the main log on the second target and switches there.
+    // An ID the main target's projection uses is refused, as on its own target (a
+    // stranger's rebuild took one, and the two targets' metrics merged).
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "reporting_total",
+            "--subscriber",
+            "orders.state.v1",
+            "-c",
+            d.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("has been used before"), "{err}");
     let writer = tokio::spawn(write_events(
         db.url(),
         60,

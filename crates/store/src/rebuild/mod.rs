@@ -261,6 +261,20 @@ pub async fn state_of(
         .map(|r| r.get("state")))
 }
 
+/// Whether subscriber ID `subscriber` has left any trace in `schema` (a rebuild needs a
+/// new one: its claims must start empty).
+pub async fn subscriber_used(
+    client: &impl GenericClient,
+    schema: &Schema,
+    subscriber: &str,
+) -> Result<bool, StoreError> {
+    Ok(client
+        .query_one(&schema.sql(USED), &[&subscriber])
+        .await
+        .map_err(StoreError::db("checking the subscriber ID"))?
+        .get("used"))
+}
+
 /// Starts a rebuild of `projection` (whose live table is `live`, served by `previous`)
 /// under the unused subscriber ID `subscriber`: creates the shadow table from the live
 /// table's definition and records the rebuild, in one transaction.
@@ -293,12 +307,7 @@ pub async fn start(
             open.subscriber, open.state
         )));
     }
-    let used: bool = tx
-        .query_one(&schema.sql(USED), &[&subscriber])
-        .await
-        .map_err(StoreError::db("checking the subscriber ID"))?
-        .get("used");
-    if used {
+    if subscriber_used(&tx, schema, subscriber).await? {
         return Err(StoreError::Refused(format!(
             "subscriber ID {subscriber} has been used before; a rebuild needs a new one \
              (its claims must start empty), e.g. {subscriber}.2"
