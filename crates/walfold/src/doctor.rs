@@ -498,20 +498,45 @@ async fn target_checks(
         if !ok {
             continue;
         }
-        // A rebuild creates the shadow table beside this one and swaps them by renaming:
-        // it needs `create` on the schema and to own the table (or be in its owner's role).
+        // A rebuild creates the shadow table beside this one (with its foreign keys) and
+        // swaps them by renaming: it needs `create` on the schema, `references` on the
+        // tables its foreign keys point at, and to own the table (or be in its owner's
+        // role).
         let rebuild = target
             .query_one(
-                "select has_schema_privilege(c.relnamespace, 'create') \
-                 and pg_has_role(c.relowner, 'usage') as ok \
+                "select has_schema_privilege(c.relnamespace, 'create') as create, \
+                 pg_has_role(c.relowner, 'usage') as owns, \
+                 array(select k.confrelid::regclass::text from pg_constraint k \
+                       where k.conrelid = c.oid and k.contype = 'f' \
+                         and not has_table_privilege(k.confrelid, 'references')) as unreferenced \
                  from pg_class c where c.oid = $1::text::regclass",
                 &[&t.quoted()],
             )
             .await?;
+        let mut missing: Vec<String> = Vec::new();
+        if !rebuild.get::<_, bool>("owns") {
+            missing.push(format!(
+                "alter table {} owner to <walfold role> (a rebuild renames it)",
+                t.quoted()
+            ));
+        }
+        if !rebuild.get::<_, bool>("create") {
+            missing.push(format!(
+                "grant create on schema {} to <walfold role>",
+                walfold_config::quote_ident(&t.schema)
+            ));
+        }
+        let unreferenced: Vec<String> = rebuild.get("unreferenced");
+        if !unreferenced.is_empty() {
+            missing.push(format!(
+                "grant references on {} to <walfold role> (its foreign keys)",
+                unreferenced.join(", ")
+            ));
+        }
         r.check(
-            if rebuild.get("ok") { Level::Ok } else { Level::Warn },
+            if missing.is_empty() { Level::Ok } else { Level::Warn },
             format!("projection {}: the target role may rebuild {t} (create in its schema, own the table){on}", p.name),
-            format!("alter table {t} owner to <walfold role> (a rebuild renames it) and grant create on schema {} to <walfold role>; only `walfold rebuild` needs these", walfold_config::quote_ident(&t.schema)),
+            format!("{}; only `walfold rebuild` needs this", missing.join("; ")),
         );
     }
     Ok(())
