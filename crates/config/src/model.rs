@@ -458,7 +458,8 @@ struct RawProjection {
     /// Default: required
     name: String,
     /// logical subscriber ID; claims and checkpoints are scoped to it; a new ID starts from
-    /// the beginning of the event log
+    /// the beginning of the event log (`ingest` is taken: it names the rows rejected
+    /// before any subscriber)
     ///
     /// Default: required
     subscriber: String,
@@ -1126,6 +1127,11 @@ impl Config {
             names.push(&proj.name);
             if proj.subscriber.trim().is_empty() || proj.subscriber.len() > 200 {
                 push(&key("subscriber"), "must be 1-200 characters".into());
+            } else if proj.subscriber == "ingest" {
+                push(
+                    &key("subscriber"),
+                    "`ingest` names the rows rejected before any subscriber (`walfold dead-letters list --subscriber ingest`); choose another ID".into(),
+                );
             } else if subscribers.contains(&proj.subscriber.as_str()) {
                 push(
                     &key("subscriber"),

@@ -151,6 +151,18 @@ parallelism = 0
     }
 }
 
+/// `ingest` already names the rows rejected before any subscriber (`dead-letters list
+/// --subscriber ingest`), so a subscriber of that name could not be told apart.
+#[test]
+fn a_subscriber_named_ingest_is_refused() {
+    let text = MINIMAL.replace("orders.status.v1", "ingest");
+    let p = problems(&text).join("\n");
+    assert!(
+        p.contains("projection[0].subscriber") && p.contains("`ingest`"),
+        "{p}"
+    );
+}
+
 #[test]
 fn defaults_for_log_and_retention_are_usable() {
     let c = Config::from_toml(MINIMAL, vec![]).unwrap();

@@ -102,6 +102,11 @@ pub async fn start_rebuild_with(
     if subscriber.trim().is_empty() || subscriber.len() > 200 {
         return Err(refused("--subscriber must be 1-200 characters".into()));
     }
+    if subscriber == "ingest" {
+        return Err(refused(
+            "`ingest` names the rows rejected before any subscriber; choose another ID".into(),
+        ));
+    }
     // The log is the main target's. Its prune lock, held until the rebuild is recorded,
     // keeps a prune pass from deleting what this rebuild needs between the check below
     // and the rebuild's subscriber holding the log (a pass reads its holders after
@@ -132,8 +137,8 @@ pub async fn start_rebuild_with(
             };
             return Err(refused(format!(
                 "{how} through seq {}: a rebuild replays only the events still in the log, so \
-                 {} would lack whatever the pruned events built. Pass --from-retained-log to \
-                 rebuild from what the log holds anyway",
+                 {} would lack whatever the pruned events built. Pass --from-retained-log \
+                 (History::Retained) to rebuild from what the log holds anyway",
                 p.through, live
             )));
         }
