@@ -51,10 +51,6 @@ const OLDEST_AFTER: &str =
 /// How many dead letters are in status `$1`.
 const DEAD_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter where status = $1";
 
-/// Subscriber `$1`'s dead letters with a status in `$2`.
-const SUBSCRIBER_DEAD_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter \
-     where subscriber_id = $1 and status = any($2)";
-
 /// Estimated claim rows in schema `$1` (reltuples is -1 until the first analyze; the
 /// live count is kept from the start).
 const CLAIM_ROWS: &str =
@@ -486,14 +482,8 @@ pub async fn target_status(
         } else {
             0.0
         };
-        let open_dead_letters: i64 = target
-            .query_one(
-                &schema.sql(SUBSCRIBER_DEAD_LETTERS),
-                &[&r.subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
-            )
-            .await
-            .map_err(StoreError::db("counting a rebuild's dead letters"))?
-            .get("letters");
+        let open_dead_letters =
+            crate::dead_letter::DeadLetters::open_count(target, schema, &r.subscriber).await?;
         rebuilds.push(RebuildStatus {
             target: name.to_owned(),
             open_dead_letters,

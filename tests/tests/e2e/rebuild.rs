@@ -647,7 +647,7 @@ async fn a_rebuild_after_pruning_is_refused_unless_asked_to_replay_the_retained_
         rebuild_state(&client, "orders.total.v2").await == "switched"
     })
     .await;
-    // It switches within its slack of the head and goes on from there.
+    // It switched once it had read as far as the live subscriber: the retained event.
     eventually(
         Duration::from_secs(30),
         "the retained event alone in the rebuilt table",

@@ -63,6 +63,10 @@ const DISCARDED_PARKS: &str = "select p.aggregate_type, p.aggregate_id \
                          and o.aggregate_type = p.aggregate_type \
                          and o.aggregate_id = p.aggregate_id and o.status = any($4))";
 
+/// Subscriber `$1`'s dead letters with a status in `$2`.
+const COUNT: &str = "select count(*) as letters from {schema}.dead_letter \
+     where subscriber_id = $1 and status = any($2)";
+
 /// Dead letters newest first, at most `$3`: every one when `$1`, else those with status
 /// `$4` (open); of subscriber `$2` when not null (`ingest`: those rejected at ingest).
 const LIST: &str =
@@ -214,6 +218,23 @@ impl DeadLetters {
 }
 
 impl DeadLetters {
+    /// How many of `subscriber`'s dead letters are open or retrying: what a rebuild's
+    /// switch-over waits for.
+    pub async fn open_count(
+        client: &impl GenericClient,
+        schema: &Schema,
+        subscriber: &str,
+    ) -> Result<i64, StoreError> {
+        Ok(client
+            .query_one(
+                &schema.sql(COUNT),
+                &[&subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
+            )
+            .await
+            .map_err(StoreError::db("counting a subscriber's dead letters"))?
+            .get("letters"))
+    }
+
     /// The aggregates of `subscriber` parked behind a dead letter an operator discarded,
     /// with nothing else of theirs waiting: nothing would ever release them, since
     /// there is nothing left to retry. Their projector releases them.

@@ -13,6 +13,7 @@ use tokio_postgres::{Client, GenericClient, Row};
 use walfold_config::QualifiedName;
 use walfold_event::DeadLetterStatus;
 
+use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::leader::Fence;
 use crate::schema::Schema;
@@ -98,10 +99,6 @@ const PROGRESS: &str = "select count(*) as partitions, coalesce(min(position), 0
 /// The checkpoints of subscribers `$1` and `$2`.
 const POSITIONS: &str = "select subscriber_id, partition, partitions, position \
      from {schema}.checkpoint where subscriber_id in ($1, $2)";
-
-/// Subscriber `$1`'s dead letters with a status in `$2`.
-const OPEN_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter \
-     where subscriber_id = $1 and status = any($2)";
 
 /// Rebuild `$1` in state `$3` moves to `$2` (switched), now, forgetting a failed attempt.
 const SWITCHED: &str = "update {schema}.rebuild set state = $2, switched_at = now(), \
@@ -475,14 +472,7 @@ pub async fn switch(
             rebuild.subscriber, rebuild.previous
         )));
     }
-    let letters: i64 = tx
-        .query_one(
-            &schema.sql(OPEN_LETTERS),
-            &[&rebuild.subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
-        )
-        .await
-        .map_err(StoreError::db("counting the rebuild's dead letters"))?
-        .get("letters");
+    let letters = DeadLetters::open_count(&tx, schema, &rebuild.subscriber).await?;
     if letters > 0 {
         return Ok(Switch::NotYet(format!(
             "{} has {letters} open dead letters",
