@@ -113,7 +113,7 @@ pub async fn start_rebuild_with(
     // taking the lock).
     let main = Target::main(config);
     let guard = connect_to(&main).await?;
-    if !walfold_store::try_lock_pruning(&guard, &main.schema)
+    if !walfold_store::try_hold_off_pruning(&guard, &main.schema)
         .await
         .map_err(EngineError::store("taking the prune lock"))?
     {

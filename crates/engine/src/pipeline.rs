@@ -39,9 +39,12 @@ const CONTROL_PERIOD: Duration = Duration::from_secs(1);
 const SWITCH_BACKOFF: Duration = Duration::from_secs(30);
 /// How long a rebuild found not due at its switch-over waits before the next attempt.
 const SWITCH_RETRY: Duration = Duration::from_secs(3);
-/// How close to the log's head every partition of a rebuild must be before its
-/// switch-over is tried (which also needs it to have read as far as the live
-/// subscriber, so the live table never steps back).
+/// How long a rebuild's partitions may take, alone, to catch up with the live ones
+/// before a switch-over (the live table does not move meanwhile).
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(10);
+/// How close to the live subscriber's position every partition of a rebuild must be
+/// before its switch-over is tried: the projectors stop, the rebuild's catch up alone
+/// (see [`catch_up`]), and the switch checks that none is behind.
 const SWITCH_SLACK: i64 = 100;
 
 /// The whole path from the slot to the read models.
@@ -372,10 +375,9 @@ struct Projecting {
 }
 
 /// What the generations of an extra target need beyond the main target's: its lease
-/// (the fence there) and a connection to the log's target, for the head.
+/// (the fence there).
 struct Extra {
     _lease: walfold_store::TargetLease,
-    log: Client,
 }
 
 impl Projecting {
@@ -391,8 +393,6 @@ impl Projecting {
             head: head_rx,
         } = &self;
         let schema = &target.schema;
-        // An extra target's projectors read the log on the main target.
-        let log_schema = Target::main(config).schema;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         let mut down = TargetDown::new(target, defined);
         let mut extra: Option<(Extra, Fence)> = None;
@@ -446,11 +446,9 @@ impl Projecting {
                 let (this, head) = (this.clone(), head_rx.clone());
                 tasks.spawn(async move { (name, worker.run(this, head).await) });
             }
-            let log = extra.as_ref().map(|(x, _)| &x.log);
             let next = watch_generation(
                 &mut client,
                 schema,
-                log.map(|l| (l, &log_schema)),
                 &generation,
                 &mut tasks,
                 stop,
@@ -475,6 +473,7 @@ impl Projecting {
                 // taken over again then.
                 Next::Replan => {}
                 Next::Switch(r) if !lost.is_cancelled() => {
+                    catch_up(&client, schema, &generation, &r, head_rx, stop).await;
                     match rebuild::switch(&mut client, schema, &r, fence).await {
                         Ok(Switch::Done) => {
                             tracing::info!(target = target.label(), projection = %r.projection, subscriber = %r.subscriber, live = %r.live, retired = %r.retired, "rebuild switched over: the rebuilt table is live")
@@ -552,7 +551,7 @@ async fn take_over(
     .await
     .map_err(EngineError::store("registering the target"))?;
     let fence = lease.fence();
-    Ok((Extra { _lease: lease, log }, fence))
+    Ok((Extra { _lease: lease }, fence))
 }
 
 /// An extra target that cannot be reached: its projections count as paused (once per
@@ -807,19 +806,64 @@ async fn push_workers(
                 pages: generation.pages.clone(),
                 target: target.name.clone(),
                 log: target.is_extra().then(|| Target::main(config)),
+                until: None,
             },
         ));
     }
     Ok(())
 }
 
-/// Waits until the generation must end. `log` is the log's target (client, schema)
-/// when it is not `client`'s.
-#[allow(clippy::too_many_arguments)]
+/// Before a switch-over, with every projector of the generation stopped: the rebuild's
+/// partitions run alone until each has read as far as the live subscriber's (the live
+/// table does not move meanwhile), at most `CATCH_UP_LIMIT`. Under a steady stream the
+/// two stop at different points; without this the switch would find the rebuild a
+/// batch behind again and again. The switch transaction checks the result.
+async fn catch_up(
+    client: &Client,
+    schema: &walfold_store::Schema,
+    generation: &Generation,
+    r: &Rebuild,
+    head: &watch::Receiver<i64>,
+    stop: &CancellationToken,
+) {
+    let to = match rebuild::catch_up_to(client, schema, r).await {
+        Ok(to) => to,
+        Err(e) => {
+            tracing::warn!(projection = %r.projection, error = %e, "cannot read where the rebuild must catch up to");
+            return;
+        }
+    };
+    let cancel = stop.child_token();
+    let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
+    for (name, worker) in &generation.workers {
+        if worker.options.subscriber != r.subscriber {
+            continue;
+        }
+        let Some((_, until)) = to.iter().find(|(p, _)| *p as u32 == worker.partition) else {
+            continue;
+        };
+        let mut worker = worker.clone();
+        worker.until = Some(*until);
+        let (name, cancel, head) = (name.clone(), cancel.clone(), head.clone());
+        tasks.spawn(async move { (name, worker.run(cancel, head).await) });
+    }
+    let joined = async {
+        while let Some(done) = tasks.join_next().await {
+            if let Some(e) = failure(done) {
+                tracing::warn!(projection = %r.projection, error = %e, "a rebuild partition failed while catching up");
+            }
+        }
+    };
+    if tokio::time::timeout(CATCH_UP_LIMIT, joined).await.is_err() {
+        cancel.cancel();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Waits until the generation must end.
 async fn watch_generation(
     client: &mut Client,
     schema: &walfold_store::Schema,
-    log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
     tasks: &mut JoinSet<(String, Result<(), EngineError>)>,
     stop: &CancellationToken,
@@ -838,7 +882,7 @@ async fn watch_generation(
                     return Next::Failed(e);
                 }
             }
-            _ = tick.tick() => match control_check(client, schema, log, generation).await {
+            _ = tick.tick() => match control_check(client, schema, generation).await {
                 Ok(Some(next)) => return next,
                 Ok(None) => {}
                 Err(e) => {
@@ -854,7 +898,6 @@ async fn watch_generation(
 async fn control_check(
     client: &Client,
     schema: &walfold_store::Schema,
-    log: Option<(&Client, &walfold_store::Schema)>,
     generation: &Generation,
 ) -> Result<Option<Next>, EngineError> {
     let open = rebuild::open(client, schema)
@@ -863,14 +906,6 @@ async fn control_check(
     if Planned::of(&open) != generation.planned {
         return Ok(Some(Next::Replan));
     }
-    let log_head = match (log, generation.replaying.is_empty()) {
-        (Some((log, log_schema)), false) => Some(
-            walfold_store::head(log, log_schema)
-                .await
-                .map_err(EngineError::store("reading the log's head"))?,
-        ),
-        _ => None,
-    };
     for Replay {
         rebuild: r,
         partitions,
@@ -884,7 +919,7 @@ async fn control_check(
         if backing_off {
             continue;
         }
-        match rebuild::readiness(client, schema, r, *partitions, *slack, log_head)
+        match rebuild::readiness(client, schema, r, *partitions, *slack)
             .await
             .map_err(EngineError::store("reading a rebuild's progress"))?
         {

@@ -52,6 +52,9 @@ pub(crate) struct Partition {
     /// The main target, whose event log this partition reads, when `url` is an extra
     /// target; `None`: the log is read on the partition's own connection.
     pub log: Option<crate::target::Target>,
+    /// Stop once this partition has read (and checkpointed) this far: a rebuild
+    /// catching up with the live subscriber before its switch-over.
+    pub until: Option<i64>,
 }
 
 /// The connection and its prepared statements.
@@ -831,6 +834,14 @@ impl Partition {
         let mut at_head = false;
         loop {
             if cancel.is_cancelled() {
+                return Ok(());
+            }
+            if self.until.is_some_and(|until| position >= until) {
+                // Saved: a window short of the head moved the position in memory only.
+                Work::begin(&mut conn, self)
+                    .await?
+                    .commit(position, None)
+                    .await?;
                 return Ok(());
             }
             if retries_checked.elapsed() >= RETRY_CHECK {

@@ -33,6 +33,7 @@ async fn check_publication(
     config: &Config,
     recorded: Option<&str>,
     exists: bool,
+    publishes_every_outbox: bool,
 ) -> Result<(), SourceError> {
     let slot = &config.source().slot;
     let publication = &config.source().publication;
@@ -46,14 +47,28 @@ async fn check_publication(
     if exists && recorded.is_none_or(|r| r == publication) {
         return Ok(());
     }
-    // `older`: the publication's row is older than every catalog snapshot the slot still
-    // decodes with (null when either is missing).
+    // `older`: the publication's row, and the rows that put each outbox table in it, are
+    // older than every catalog snapshot the slot still decodes with (pgoutput reads the
+    // membership as of each change too), so every change the slot holds sees them. An
+    // xid more than 2^31 old has a negative age: older still. Null when a row is missing.
+    let (schemas, names): (Vec<String>, Vec<String>) = config
+        .table_outboxes()
+        .map(|(_, t)| (t.schema, t.name))
+        .unzip();
     let slot_row = source
         .query_opt(
-            "select (select age(p.xmin) > age(s.catalog_xmin) from pg_publication p \
-                     where p.pubname = $2) as older \
+            "select s.wal_status, \
+               (select (age(p.xmin) < 0 or age(p.xmin) > age(s.catalog_xmin)) \
+                  and coalesce((select bool_and(age(r.xmin) < 0 or age(r.xmin) > age(s.catalog_xmin)) \
+                                from pg_publication_rel r \
+                                join pg_class c on c.oid = r.prrelid \
+                                join pg_namespace n on n.oid = c.relnamespace \
+                                join unnest($3::text[], $4::text[]) as o(nspname, relname) \
+                                  using (nspname, relname) \
+                                where r.prpubid = p.oid), true) \
+                from pg_publication p where p.pubname = $2) as older \
              from pg_replication_slots s where s.slot_name = $1 and s.database = current_database()",
-            &[slot, publication],
+            &[slot, publication, &schemas, &names],
         )
         .await
         .map_err(db)?;
@@ -61,7 +76,12 @@ async fn check_publication(
         // No slot (any more): the lost-slot checks decide.
         return Ok(());
     };
-    if slot_row.get::<_, Option<bool>>("older") == Some(true) {
+    let lost = slot_row.get::<_, Option<String>>("wal_status").as_deref() == Some("lost");
+    if lost && config.source().on_slot_lost == OnSlotLost::Recreate {
+        // Recreated below: its new changes are read through the configured publication.
+        return Ok(());
+    }
+    if publishes_every_outbox && slot_row.get::<_, Option<bool>>("older") == Some(true) {
         return Ok(());
     }
     let usable: Vec<String> = match recorded {
@@ -77,24 +97,18 @@ async fn check_publication(
             .iter()
             .map(|r| r.get("publication"))
             .collect(),
-        None => {
-            let (schemas, names): (Vec<String>, Vec<String>) = config
-                .table_outboxes()
-                .map(|(_, t)| (t.schema, t.name))
-                .unzip();
-            source
-                .query(
-                    "select distinct p.pubname::text as publication from pg_publication_tables p \
+        None => source
+            .query(
+                "select distinct p.pubname::text as publication from pg_publication_tables p \
                      join unnest($1::text[], $2::text[]) as o(schemaname, tablename) \
                        using (schemaname, tablename) where p.pubname <> $3 order by 1",
-                    &[&schemas, &names, publication],
-                )
-                .await
-                .map_err(db)?
-                .iter()
-                .map(|r| r.get("publication"))
-                .collect()
-        }
+                &[&schemas, &names, publication],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| r.get("publication"))
+            .collect(),
     };
     let what = if exists {
         format!("publication {publication} is not the one it was read through ({}) and may be newer than the changes it holds", recorded.unwrap_or("unknown"))
@@ -198,6 +212,7 @@ pub async fn prepare_source(
             config,
             recorded.as_deref(),
             shape.publication_exists,
+            shape.unpublished.is_empty(),
         )
         .await?;
     }
@@ -257,7 +272,7 @@ pub async fn prepare_source(
             // Crash window: the slot exists, the gap is open; the next start closes it.
             walfold_telemetry::failpoint::hit("after_slot_recreated");
             close_gap(log, slot, to).await?;
-            return Ok(());
+            return record_publication(log, publication).await;
         }
         None if ingested_through > Lsn::ZERO => {
             return Err(SourceError::Slot {

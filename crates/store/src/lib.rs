@@ -51,7 +51,7 @@ pub use migrate::migrate;
 pub use pause::{clear_pause, clear_pauses, record_pause};
 pub use prune::{
     hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,
-    try_lock_pruning, LogPruned, PrunePolicy, Pruned,
+    try_hold_off_pruning, LogPruned, PrunePolicy, Pruned,
 };
 pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};

@@ -151,11 +151,12 @@ pub async fn lock_pruning(client: &Client, schema: &Schema) -> Result<(), StoreE
     Ok(())
 }
 
-/// Takes the prune lock for this session (until it ends) if no prune pass holds it.
-pub async fn try_lock_pruning(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
+/// Takes the prune lock shared for this session (until it ends), if no prune pass holds
+/// it: what a rebuild start does, so that starts do not wait for one another.
+pub async fn try_hold_off_pruning(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
     Ok(client
         .query_one(
-            "select pg_try_advisory_lock($1::int4, hashtext($2)) as locked",
+            "select pg_try_advisory_lock_shared($1::int4, hashtext($2)) as locked",
             &[&PRUNE_LOCK, &schema.name()],
         )
         .await

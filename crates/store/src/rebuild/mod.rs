@@ -88,17 +88,9 @@ const INSERT: &str = concat!(
     rebuild_columns!()
 );
 
-/// Subscriber `$1`'s checkpoint count and lowest position, the log's head, and its dead
-/// letters with a status in `$2`.
-const PROGRESS: &str = "select count(*) as partitions, coalesce(min(position), 0) as lowest, \
-     (select coalesce(max(seq), 0) from {schema}.event_log) as head, \
-     (select count(*) from {schema}.dead_letter where subscriber_id = $1 \
-      and status = any($2)) as dead_letters \
-     from {schema}.checkpoint where subscriber_id = $1";
-
-/// The checkpoints of subscribers `$1` and `$2`.
-const POSITIONS: &str = "select subscriber_id, partition, partitions, position \
-     from {schema}.checkpoint where subscriber_id in ($1, $2)";
+/// Subscriber `$1`'s checkpoints.
+const POSITIONS: &str =
+    "select partition, partitions, position from {schema}.checkpoint where subscriber_id = $1";
 
 /// Rebuild `$1` in state `$3` moves to `$2` (switched), now, forgetting a failed attempt.
 const SWITCHED: &str = "update {schema}.rebuild set state = $2, switched_at = now(), \
@@ -338,89 +330,92 @@ pub async fn start(
 pub enum Readiness {
     /// Still replaying.
     Behind,
-    /// Every partition is within the slack of the head.
+    /// Every partition is within the slack of the live subscriber's.
     Ready,
     /// Caught up, but this many of its dead letters are open: the rebuilt table would
     /// lack those events. Retry or discard them first.
     Blocked(i64),
 }
 
-/// Whether every partition of the rebuild's subscriber has read to within `slack` events
-/// of the log's head and as far as the live subscriber has (see [`reached`]), with no
-/// open dead letter. `log_head` is the head of the event log when it lives in another
-/// database (a projection on an extra target); `None` reads it here.
+/// Whether the rebuild may switch over: every partition of its subscriber has a
+/// checkpoint and is within `slack` events of the live subscriber's (see [`reached`]),
+/// and it has no open dead letter. The leader then stops the projectors, lets the
+/// rebuild's catch up with the live ones ([`catch_up_to`]) and switches.
 pub async fn readiness(
     client: &Client,
     schema: &Schema,
     rebuild: &Rebuild,
     partitions: u32,
     slack: i64,
-    log_head: Option<i64>,
 ) -> Result<Readiness, StoreError> {
-    let row = client
-        .query_one(
-            &schema.sql(PROGRESS),
-            &[&rebuild.subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
-        )
-        .await
-        .map_err(StoreError::db("reading a rebuild's progress"))?;
-    let (n, min, head, dead): (i64, i64, i64, i64) = (
-        row.get("partitions"),
-        row.get("lowest"),
-        row.get("head"),
-        row.get("dead_letters"),
-    );
-    let head = log_head.unwrap_or(head);
-    Ok(if n < i64::from(partitions) || head - min > slack {
-        Readiness::Behind
-    } else if dead > 0 {
+    let checkpoints = positions(client, schema, &rebuild.subscriber).await?;
+    if (checkpoints.len() as i64) < i64::from(partitions) {
+        return Ok(Readiness::Behind);
+    }
+    let dead = DeadLetters::open_count(client, schema, &rebuild.subscriber).await?;
+    Ok(if dead > 0 {
         Readiness::Blocked(dead)
-    } else if !reached(client, schema, rebuild).await? {
+    } else if !reached(client, schema, rebuild, slack).await? {
         Readiness::Behind
     } else {
         Readiness::Ready
     })
 }
 
-/// Whether the rebuild's subscriber has read every partition at least as far as the
-/// subscriber it replaces: only then does the rebuilt table hold everything the live
-/// one does, so the switch-over never steps readers back (nor swaps in a table that
-/// the last events, or their dead letters, have not reached yet). With both layouts
-/// alike, partition by partition (the same aggregates); otherwise its slowest
-/// partition against the live one's furthest.
+/// Subscriber `$1`'s checkpoints: (partition, partitions, position), by partition.
+async fn positions(
+    client: &impl GenericClient,
+    schema: &Schema,
+    subscriber: &str,
+) -> Result<Vec<(i32, i32, i64)>, StoreError> {
+    let mut found: Vec<(i32, i32, i64)> = client
+        .query(&schema.sql(POSITIONS), &[&subscriber])
+        .await
+        .map_err(StoreError::db("reading checkpoints"))?
+        .iter()
+        .map(|r| (r.get("partition"), r.get("partitions"), r.get("position")))
+        .collect();
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// Where each partition of the rebuild's subscriber must have read for the rebuilt
+/// table to hold everything the live one does: the live subscriber's position in the
+/// same partition (the same aggregates) when both layouts are alike, else the live
+/// subscriber's furthest. As (partition, position).
+pub async fn catch_up_to(
+    client: &impl GenericClient,
+    schema: &Schema,
+    rebuild: &Rebuild,
+) -> Result<Vec<(i32, i64)>, StoreError> {
+    let new = positions(client, schema, &rebuild.subscriber).await?;
+    let old = positions(client, schema, &rebuild.previous).await?;
+    let alike =
+        new.len() == old.len() && new.iter().zip(&old).all(|(n, o)| n.0 == o.0 && n.1 == o.1);
+    let furthest = old.iter().map(|o| o.2).max().unwrap_or(0);
+    Ok(new
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.0, if alike { old[i].2 } else { furthest }))
+        .collect())
+}
+
+/// Whether every partition of the rebuild's subscriber is within `slack` events of
+/// where [`catch_up_to`] says it must be. With `slack` 0 the rebuilt table holds
+/// everything the live one does, so the switch-over never steps readers back (nor swaps
+/// in a table that the last events, or their dead letters, have not reached yet).
 async fn reached(
     client: &impl GenericClient,
     schema: &Schema,
     rebuild: &Rebuild,
+    slack: i64,
 ) -> Result<bool, StoreError> {
-    let rows = client
-        .query(
-            &schema.sql(POSITIONS),
-            &[&rebuild.subscriber, &rebuild.previous],
-        )
-        .await
-        .map_err(StoreError::db(
-            "comparing a rebuild's checkpoints with the live ones",
-        ))?;
-    let layout = |subscriber: &str| -> Vec<(i32, i32, i64)> {
-        let mut found: Vec<(i32, i32, i64)> = rows
-            .iter()
-            .filter(|r| r.get::<_, String>("subscriber_id") == subscriber)
-            .map(|r| (r.get("partition"), r.get("partitions"), r.get("position")))
-            .collect();
-        found.sort_unstable();
-        found
-    };
-    let (new, old) = (layout(&rebuild.subscriber), layout(&rebuild.previous));
-    let alike =
-        new.len() == old.len() && new.iter().zip(&old).all(|(n, o)| n.0 == o.0 && n.1 == o.1);
-    Ok(if alike {
-        new.iter().zip(&old).all(|(n, o)| n.2 >= o.2)
-    } else {
-        let slowest = new.iter().map(|n| n.2).min().unwrap_or(0);
-        let furthest = old.iter().map(|o| o.2).max().unwrap_or(0);
-        slowest >= furthest
-    })
+    let new = positions(client, schema, &rebuild.subscriber).await?;
+    let to = catch_up_to(client, schema, rebuild).await?;
+    Ok(new
+        .iter()
+        .zip(&to)
+        .all(|(n, (_, target))| n.2 + slack >= *target))
 }
 
 /// What a switch-over attempt did.
@@ -466,7 +461,7 @@ pub async fn switch(
     if moved == 0 {
         return Ok(Switch::Gone);
     }
-    if !reached(&tx, schema, rebuild).await? {
+    if !reached(&tx, schema, rebuild, 0).await? {
         return Ok(Switch::NotYet(format!(
             "{} has not read as far as {} yet",
             rebuild.subscriber, rebuild.previous
