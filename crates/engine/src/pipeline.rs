@@ -483,6 +483,13 @@ impl Projecting {
                         // dead letter came with it): they go on, and it is tried again.
                         Ok(Switch::NotYet(why)) => {
                             tracing::info!(target = target.label(), projection = %r.projection, why = %why, "switch-over not due yet; trying again in {}s", SWITCH_RETRY.as_secs());
+                            // Said in status too: after the catch-up, this is something
+                            // an operator may need to see (a paused or slow partition).
+                            if let Err(note) =
+                                rebuild::switch_failed(&mut client, schema, &r, &why, fence).await
+                            {
+                                tracing::debug!(error = %note, "could not record why the switch-over waits");
+                            }
                             failed_switches.push(FailedSwitch {
                                 subscriber: r.subscriber.clone(),
                                 until: tokio::time::Instant::now() + SWITCH_RETRY,

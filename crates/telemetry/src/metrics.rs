@@ -177,9 +177,22 @@ impl Metrics {
         self.leader.get() == 1
     }
 
-    /// Makes `subscriber`'s paused gauge exist (at its current value, 0 at first).
-    pub(crate) fn show_paused(&self, subscriber: &str) {
-        let _ = self.paused.get_or_create(&Self::subscriber(subscriber));
+    /// Makes `subscriber`'s series exist (at their current values, 0 at first): its
+    /// paused gauge and its counters, so that a dashboard shows 0 and a `rate()` has a
+    /// series before the first event of each kind.
+    pub(crate) fn show_subscriber(&self, subscriber: &str) {
+        let l = Self::subscriber(subscriber);
+        let _ = self.paused.get_or_create(&l);
+        for counter in [
+            &self.applied,
+            &self.claim_duplicates,
+            &self.stale,
+            &self.failures,
+            &self.retries,
+            &self.dead_letters,
+        ] {
+            let _ = counter.get_or_create(&l);
+        }
     }
 
     /// A partition of `subscriber` paused (`true`) or resumed.

@@ -75,8 +75,8 @@ pub enum Signal<'a> {
     /// A projector took a page of the event log: read from the database, or `shared`
     /// by another partition that had just read it.
     PageRead { shared: bool },
-    /// A partition of `subscriber` started: its paused gauge exists from then on, at 0
-    /// while nothing is paused (a dashboard shows 0, not "no data").
+    /// A partition of `subscriber` started: its paused gauge and its counters exist from
+    /// then on, at 0 until something happens (a dashboard shows 0, not "no data").
     PartitionStarted { subscriber: &'a str },
     /// A partition of `subscriber` paused on an environment error (once per pause, not
     /// per retry).
@@ -227,7 +227,7 @@ impl Signal<'_> {
                     m.log_pages_read.inc();
                 }
             }
-            Signal::PartitionStarted { subscriber } => m.show_paused(subscriber),
+            Signal::PartitionStarted { subscriber } => m.show_subscriber(subscriber),
             Signal::PartitionPaused { subscriber } => m.set_paused(subscriber, true),
             Signal::PartitionPauseCause {
                 subscriber,
@@ -513,7 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn a_started_partition_shows_its_paused_gauge_at_0_and_keeps_a_pause() {
+    fn a_started_partition_shows_its_series_at_0_and_keeps_a_pause() {
         let started = || Signal::PartitionStarted { subscriber: "s" };
         let (m, lines) = report(vec![started()]);
         assert!(lines.is_empty());
@@ -522,6 +522,17 @@ mod tests {
             samples(&m, "walfold_projection_paused"),
             [r#"walfold_projection_paused{subscriber="s"} 0"#]
         );
+        for counter in [
+            "applied",
+            "claim_duplicates",
+            "stale",
+            "projection_failures",
+            "projection_retries",
+            "dead_lettered",
+        ] {
+            let sample = format!(r#"walfold_{counter}_total{{subscriber="s"}} 0"#);
+            assert_eq!(samples(&m, &sample), vec![sample]);
+        }
         let (m, _) = report(vec![
             started(),
             Signal::PartitionPaused { subscriber: "s" },
