@@ -130,7 +130,11 @@ where
         if check().await {
             return;
         }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out waiting for {what}{}",
+            daemon_log_tails()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -157,6 +161,33 @@ pub struct Daemon {
     envs: Vec<(String, String)>,
 }
 
+/// The logs of the daemons this test process started (nextest runs one test per
+/// process): what a timed-out wait prints, so a flake says what the daemon did.
+fn started_logs() -> &'static std::sync::Mutex<Vec<PathBuf>> {
+    static LOGS: std::sync::OnceLock<std::sync::Mutex<Vec<PathBuf>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(Default::default)
+}
+
+/// The last lines of every daemon log this process started, for a failure message.
+pub fn daemon_log_tails() -> String {
+    let logs = started_logs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(40)..];
+        out.push_str(&format!(
+            "\n--- last lines of {}:\n{}",
+            log.display(),
+            tail.join("\n")
+        ));
+    }
+    out
+}
+
 impl Daemon {
     /// Writes `config` to a temp file and starts `walfold run` on it.
     pub fn start(config: &str, envs: &[(&str, &str)]) -> Daemon {
@@ -176,6 +207,10 @@ impl Daemon {
                 .collect(),
         };
         d.log = dir.join("daemon.log");
+        started_logs()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(d.log.clone());
         d
     }
 
@@ -416,8 +451,9 @@ async fn log_read_by(
                 .unwrap_or_default();
             panic!(
                 "timed out waiting for {what}: {} of {events} events in the log; lag per \
-                 subscriber {lags:?}",
-                in_log().await
+                 subscriber {lags:?}{}",
+                in_log().await,
+                daemon_log_tails()
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
