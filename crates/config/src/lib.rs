@@ -17,7 +17,7 @@ pub use ident::{quote_ident, QualifiedName};
 pub use model::{
     Config, ExtraTarget, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig,
     PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, Statement,
-    TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX,
+    TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER,
 };
 pub use redact::redact_url;
 pub use template::{ParamType, Placeholder, Template, TemplateError, Upsert};

@@ -1127,7 +1127,7 @@ impl Config {
             names.push(&proj.name);
             if proj.subscriber.trim().is_empty() || proj.subscriber.len() > 200 {
                 push(&key("subscriber"), "must be 1-200 characters".into());
-            } else if proj.subscriber == "ingest" {
+            } else if proj.subscriber == INGEST_SUBSCRIBER {
                 push(
                     &key("subscriber"),
                     "`ingest` names the rows rejected before any subscriber (`walfold dead-letters list --subscriber ingest`); choose another ID".into(),
@@ -1447,6 +1447,10 @@ impl OutboxConfig {
         }
     }
 }
+
+/// The subscriber name that stands for the rows rejected before any subscriber
+/// (`walfold dead-letters list --subscriber ingest`): no projection may take it.
+pub const INGEST_SUBSCRIBER: &str = "ingest";
 
 /// The prefix walfold's own heartbeats use (non-transactional messages).
 pub const HEARTBEAT_PREFIX: &str = "walfold.heartbeat";

@@ -102,17 +102,31 @@ pub async fn start_rebuild_with(
     if subscriber.trim().is_empty() || subscriber.len() > 200 {
         return Err(refused("--subscriber must be 1-200 characters".into()));
     }
-    if subscriber == "ingest" {
+    if subscriber == walfold_config::INGEST_SUBSCRIBER {
         return Err(refused(
             "`ingest` names the rows rejected before any subscriber; choose another ID".into(),
         ));
     }
-    // The log is the main target's. Its prune lock, held until the rebuild is recorded,
-    // keeps a prune pass from deleting what this rebuild needs between the check below
-    // and the rebuild's subscriber holding the log (a pass reads its holders after
-    // taking the lock).
+    // Subscriber IDs name metrics and `walfold status` lines across every target: one
+    // configured for a projection, or used on another target, is refused too. Its own
+    // target checks in the transaction that records the rebuild.
+    if let Some(p) = config
+        .projection
+        .iter()
+        .find(|p| p.subscriber == subscriber)
+    {
+        return Err(refused(format!(
+            "subscriber ID {subscriber} has been used before (projection {} is configured \
+             with it); a rebuild needs a new one, e.g. {subscriber}.2",
+            p.name
+        )));
+    }
+    // The log is the main target's. Its prune lock, held by this session until the
+    // rebuild is recorded, keeps a prune pass from deleting what this rebuild needs
+    // between the check below and the rebuild's subscriber holding the log (a pass reads
+    // its holders after taking the lock).
     let main = Target::main(config);
-    let guard = connect_to(&main).await?;
+    let mut guard = connect_to(&main).await?;
     if !walfold_store::try_hold_off_pruning(&guard, &main.schema)
         .await
         .map_err(EngineError::store("taking the prune lock"))?
@@ -144,24 +158,13 @@ pub async fn start_rebuild_with(
         }
     }
     let target = Target::of(config, options);
-    // Subscriber IDs name metrics and `walfold status` lines across every target: one
-    // used on another target (or configured for another projection) is refused too.
-    // Its own target checks in the transaction that records the rebuild.
-    if let Some(p) = config
-        .projection
-        .iter()
-        .find(|p| p.subscriber == subscriber)
-    {
-        return Err(refused(format!(
-            "subscriber ID {subscriber} has been used before (projection {} is configured \
-             with it); a rebuild needs a new one, e.g. {subscriber}.2",
-            p.name
-        )));
-    }
     for other in Target::all(config).iter().filter(|t| **t != target) {
-        let used = rebuild::subscriber_used(&connect_to(other).await?, &other.schema, subscriber)
-            .await
-            .map_err(EngineError::store("checking the subscriber ID"))?;
+        let used = if other.is_extra() {
+            rebuild::subscriber_used(&connect_to(other).await?, &other.schema, subscriber).await
+        } else {
+            rebuild::subscriber_used(&guard, &other.schema, subscriber).await
+        }
+        .map_err(EngineError::store("checking the subscriber ID"))?;
         if used {
             return Err(refused(format!(
                 "subscriber ID {subscriber} has been used on target {} before; a rebuild \
@@ -170,17 +173,21 @@ pub async fn start_rebuild_with(
             )));
         }
     }
-    let mut client = connect_to(&target).await?;
+    // The main target's rebuild runs on the session that holds the prune lock.
+    let mut own = if target.is_extra() {
+        Some(connect_to(&target).await?)
+    } else {
+        None
+    };
+    let client = own.as_mut().unwrap_or(&mut guard);
     let schema = &target.schema;
-    let previous = walfold_store::active_subscriber(&mut client, schema, name, &options.subscriber)
+    let previous = walfold_store::active_subscriber(client, schema, name, &options.subscriber)
         .await
         .map_err(EngineError::store("resolving the active subscriber"))?;
-    let started = rebuild::start(&mut client, schema, name, &live, &previous, subscriber)
+    // Recorded (or not), the prune lock goes with `guard`'s session when it is dropped.
+    rebuild::start(client, schema, name, &live, &previous, subscriber)
         .await
-        .map_err(EngineError::store("starting a rebuild"));
-    // Recorded (or not): the prune lock goes with the session.
-    drop(guard);
-    started
+        .map_err(EngineError::store("starting a rebuild"))
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's

@@ -241,6 +241,18 @@ impl Metrics {
         self.malformed.get_or_create(&l).inc_by(malformed);
     }
 
+    /// Counts an attempt at applying an event: `projection_failures` counts the failed
+    /// ones, `projection_retries` those after a failure (the next one, or an operator's).
+    pub(crate) fn attempt(&self, subscriber: &str, attempt: Attempt) {
+        let l = Self::subscriber(subscriber);
+        if !matches!(attempt, Attempt::RetryApplied) {
+            self.failures.get_or_create(&l).inc();
+        }
+        if !matches!(attempt, Attempt::FailedForGood) {
+            self.retries.get_or_create(&l).inc();
+        }
+    }
+
     /// Records one projector batch.
     pub(crate) fn batch(&self, subscriber: &str, events: usize, took: Duration) {
         let l = Self::subscriber(subscriber);
@@ -315,6 +327,19 @@ impl Metrics {
     pub fn set_event_log_rows(&self, rows: i64) {
         self.event_log_rows.set(rows);
     }
+}
+
+/// An attempt at applying an event, as the failure and retry counters see it.
+#[derive(Clone, Copy)]
+pub(crate) enum Attempt {
+    /// Failed on the event's data; it is tried again.
+    FailedRetrying,
+    /// Failed for the last time: dead-lettered.
+    FailedForGood,
+    /// An operator's retry that applied.
+    RetryApplied,
+    /// An operator's retry that failed again.
+    RetryFailed,
 }
 
 /// The database gauges, as read at scrape time.

@@ -15,7 +15,7 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use crate::metrics::{metrics, Metrics};
+use crate::metrics::{metrics, Attempt, Metrics};
 
 /// Log targets: the modules that report signals.
 const PROJECTOR: &str = "walfold_engine::projector";
@@ -162,9 +162,7 @@ impl Signal<'_> {
                 attempt,
                 error,
             } => {
-                let label = Metrics::subscriber(subscriber);
-                m.failures.get_or_create(&label).inc();
-                m.retries.get_or_create(&label).inc();
+                m.attempt(subscriber, Attempt::FailedRetrying);
                 tracing::warn!(target: PROJECTOR, subscriber = %subscriber, event_id = %event_id, aggregate_id = %aggregate_id, attempt, error = %error, "projection failed on the event's data, retrying");
             }
             Signal::RetryApplied {
@@ -173,9 +171,7 @@ impl Signal<'_> {
                 aggregate_id,
                 events,
             } => {
-                m.retries
-                    .get_or_create(&Metrics::subscriber(subscriber))
-                    .inc();
+                m.attempt(subscriber, Attempt::RetryApplied);
                 tracing::info!(target: PROJECTOR, subscriber = %subscriber, aggregate_type = %aggregate_type, aggregate_id = %aggregate_id, events, "dead letters retried; aggregate released");
             }
             Signal::RetryFailedAgain {
@@ -185,9 +181,7 @@ impl Signal<'_> {
                 dead_letter,
                 error,
             } => {
-                let label = Metrics::subscriber(subscriber);
-                m.failures.get_or_create(&label).inc();
-                m.retries.get_or_create(&label).inc();
+                m.attempt(subscriber, Attempt::RetryFailed);
                 tracing::error!(target: PROJECTOR, subscriber = %subscriber, aggregate_type = %aggregate_type, aggregate_id = %aggregate_id, dead_letter, error = %error, "retry failed again; the aggregate stays parked");
             }
             Signal::ApplyFailed {
@@ -197,9 +191,7 @@ impl Signal<'_> {
                 attempts,
                 error,
             } => {
-                m.failures
-                    .get_or_create(&Metrics::subscriber(subscriber))
-                    .inc();
+                m.attempt(subscriber, Attempt::FailedForGood);
                 tracing::error!(target: PROJECTOR, subscriber = %subscriber, event_id = %event_id, aggregate_id = %aggregate_id, attempts, error = %error, "projection failed for good: event dead-lettered, aggregate parked");
             }
             Signal::Committed {

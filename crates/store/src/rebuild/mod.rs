@@ -338,7 +338,7 @@ pub enum Readiness {
 }
 
 /// Whether the rebuild may switch over: every partition of its subscriber has a
-/// checkpoint and is within `slack` events of the live subscriber's (see [`reached`]),
+/// checkpoint and is within `slack` events of the live subscriber's (see [`Layouts`]),
 /// and it has no open dead letter. The leader then stops the projectors, lets the
 /// rebuild's catch up with the live ones ([`catch_up_to`]) and switches.
 pub async fn readiness(
@@ -348,74 +348,92 @@ pub async fn readiness(
     partitions: u32,
     slack: i64,
 ) -> Result<Readiness, StoreError> {
-    let checkpoints = positions(client, schema, &rebuild.subscriber).await?;
-    if (checkpoints.len() as i64) < i64::from(partitions) {
+    let layouts = Layouts::read(client, schema, rebuild).await?;
+    if (layouts.new.len() as i64) < i64::from(partitions) {
         return Ok(Readiness::Behind);
     }
     let dead = DeadLetters::open_count(client, schema, &rebuild.subscriber).await?;
     Ok(if dead > 0 {
         Readiness::Blocked(dead)
-    } else if !reached(client, schema, rebuild, slack).await? {
+    } else if !layouts.reached(slack) {
         Readiness::Behind
     } else {
         Readiness::Ready
     })
 }
 
-/// Subscriber `$1`'s checkpoints: (partition, partitions, position), by partition.
-async fn positions(
-    client: &impl GenericClient,
-    schema: &Schema,
-    subscriber: &str,
-) -> Result<Vec<(i32, i32, i64)>, StoreError> {
-    let mut found: Vec<(i32, i32, i64)> = client
-        .query(&schema.sql(POSITIONS), &[&subscriber])
-        .await
-        .map_err(StoreError::db("reading checkpoints"))?
-        .iter()
-        .map(|r| (r.get("partition"), r.get("partitions"), r.get("position")))
-        .collect();
-    found.sort_unstable();
-    Ok(found)
-}
-
 /// Where each partition of the rebuild's subscriber must have read for the rebuilt
-/// table to hold everything the live one does: the live subscriber's position in the
-/// same partition (the same aggregates) when both layouts are alike, else the live
-/// subscriber's furthest. As (partition, position).
+/// table to hold everything the live one does (see [`Layouts::targets`]), as
+/// (partition, position).
 pub async fn catch_up_to(
     client: &impl GenericClient,
     schema: &Schema,
     rebuild: &Rebuild,
 ) -> Result<Vec<(i32, i64)>, StoreError> {
-    let new = positions(client, schema, &rebuild.subscriber).await?;
-    let old = positions(client, schema, &rebuild.previous).await?;
-    let alike =
-        new.len() == old.len() && new.iter().zip(&old).all(|(n, o)| n.0 == o.0 && n.1 == o.1);
-    let furthest = old.iter().map(|o| o.2).max().unwrap_or(0);
-    Ok(new
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.0, if alike { old[i].2 } else { furthest }))
-        .collect())
+    Ok(Layouts::read(client, schema, rebuild).await?.targets())
 }
 
-/// Whether every partition of the rebuild's subscriber is within `slack` events of
-/// where [`catch_up_to`] says it must be. With `slack` 0 the rebuilt table holds
-/// everything the live one does, so the switch-over never steps readers back (nor swaps
-/// in a table that the last events, or their dead letters, have not reached yet).
-async fn reached(
-    client: &impl GenericClient,
-    schema: &Schema,
-    rebuild: &Rebuild,
-    slack: i64,
-) -> Result<bool, StoreError> {
-    let new = positions(client, schema, &rebuild.subscriber).await?;
-    let to = catch_up_to(client, schema, rebuild).await?;
-    Ok(new
-        .iter()
-        .zip(&to)
-        .all(|(n, (_, target))| n.2 + slack >= *target))
+/// The checkpoints of a rebuild's subscriber (`new`) and of the live one it replaces
+/// (`old`): (partition, partitions, position), by partition.
+struct Layouts {
+    new: Vec<(i32, i32, i64)>,
+    old: Vec<(i32, i32, i64)>,
+}
+
+impl Layouts {
+    async fn read(
+        client: &impl GenericClient,
+        schema: &Schema,
+        rebuild: &Rebuild,
+    ) -> Result<Layouts, StoreError> {
+        let positions = |subscriber: &str| {
+            let subscriber = subscriber.to_owned();
+            async move {
+                let mut found: Vec<(i32, i32, i64)> = client
+                    .query(&schema.sql(POSITIONS), &[&subscriber])
+                    .await
+                    .map_err(StoreError::db("reading checkpoints"))?
+                    .iter()
+                    .map(|r| (r.get("partition"), r.get("partitions"), r.get("position")))
+                    .collect();
+                found.sort_unstable();
+                Ok::<_, StoreError>(found)
+            }
+        };
+        Ok(Layouts {
+            new: positions(&rebuild.subscriber).await?,
+            old: positions(&rebuild.previous).await?,
+        })
+    }
+
+    /// Where each new partition must have read: the live subscriber's position in the
+    /// same partition (the same aggregates) when both layouts are alike, else the live
+    /// subscriber's furthest.
+    fn targets(&self) -> Vec<(i32, i64)> {
+        let alike = self.new.len() == self.old.len()
+            && self
+                .new
+                .iter()
+                .zip(&self.old)
+                .all(|(n, o)| n.0 == o.0 && n.1 == o.1);
+        let furthest = self.old.iter().map(|o| o.2).max().unwrap_or(0);
+        self.new
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.0, if alike { self.old[i].2 } else { furthest }))
+            .collect()
+    }
+
+    /// Whether every new partition is within `slack` events of its [`Layouts::targets`].
+    /// With `slack` 0 the rebuilt table holds everything the live one does, so the
+    /// switch-over never steps readers back (nor swaps in a table that the last events,
+    /// or their dead letters, have not reached yet).
+    fn reached(&self, slack: i64) -> bool {
+        self.new
+            .iter()
+            .zip(self.targets())
+            .all(|(n, (_, target))| n.2 + slack >= target)
+    }
 }
 
 /// What a switch-over attempt did.
@@ -435,7 +453,7 @@ pub enum Switch {
 /// one's open dead letters are discarded and its aggregates released: nothing runs it
 /// any more). The caller leads (its `fence` is checked inside the transaction) and has
 /// stopped every projector writing either table, so their checkpoints stand still: the
-/// transaction checks that the rebuild's subscriber has [`reached`] the live one and
+/// transaction checks that the rebuild's subscriber has reached the live one and
 /// has no open dead letter, and changes nothing otherwise.
 pub async fn switch(
     client: &mut Client,
@@ -461,7 +479,7 @@ pub async fn switch(
     if moved == 0 {
         return Ok(Switch::Gone);
     }
-    if !reached(&tx, schema, rebuild, 0).await? {
+    if !Layouts::read(&tx, schema, rebuild).await?.reached(0) {
         return Ok(Switch::NotYet(format!(
             "{} has not read as far as {} yet",
             rebuild.subscriber, rebuild.previous
