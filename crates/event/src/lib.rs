@@ -5,6 +5,7 @@
 
 mod dead_letter;
 mod event;
+pub mod json;
 mod kind;
 mod lsn;
 mod stored_enum;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use walfold_event::{DeadLetter, Lsn, NewEvent};
 use walfold_store::{
-    AppendOutcome, EventLog, IngestCounts, StagedChange, StoreError, StreamCommit,
+    AppendOutcome, EventLog, IngestCounts, StagedChange, StagedRow, StoreError, StreamCommit,
 };
 use walfold_telemetry::failpoint;
 use walfold_telemetry::signal::Signal;
@@ -201,11 +201,15 @@ impl Appender {
             failpoint::delay("append").await;
         }
         if !pending.staged.is_empty() {
-            self.log
-                .stage(&pending.staged)
-                .await
-                .map_err(SourceError::store("staging streamed changes"))?;
-            pending.staged.clear();
+            let staged = std::mem::take(&mut pending.staged);
+            match self.log.stage(&staged).await {
+                Ok(()) => {}
+                Err(e) if is_data_error(&e) => {
+                    tracing::warn!(error = %e, "the event log refused streamed changes; staging them one by one");
+                    self.stage_isolated(staged).await?;
+                }
+                Err(e) => return Err(SourceError::store("staging streamed changes")(e)),
+            }
             // Crash window: a streamed transaction partly staged.
             failpoint::hit("after_stage");
         }
@@ -350,6 +354,40 @@ impl Appender {
             .await
             .map_err(SourceError::store("appending to the event log"))?;
         Ok(total)
+    }
+}
+
+impl Appender {
+    /// Streamed changes the log refused for a reason that will not go away: staged one
+    /// by one, and each event it refuses staged as its dead letter instead (as
+    /// [`Appender::isolate`] does for committed transactions).
+    async fn stage_isolated(&mut self, staged: Vec<StagedChange>) -> Result<(), SourceError> {
+        for mut change in staged {
+            let refused = match self.log.stage(std::slice::from_ref(&change)).await {
+                Ok(()) => continue,
+                Err(e) if is_data_error(&e) => e,
+                Err(e) => return Err(SourceError::store("staging streamed changes")(e)),
+            };
+            let StagedRow::Event(event) = &change.row else {
+                // A rejected row is staged in a form that cannot be refused.
+                return Err(SourceError::store("staging a streamed dead letter")(
+                    refused,
+                ));
+            };
+            Signal::EventRefused {
+                source: &self.source,
+                event_id: &event.id,
+                error: &refused,
+            }
+            .report();
+            change.row =
+                StagedRow::Rejected(Box::new(DeadLetter::refused(event, &refused.to_string())));
+            self.log
+                .stage(std::slice::from_ref(&change))
+                .await
+                .map_err(SourceError::store("staging streamed changes"))?;
+        }
+        Ok(())
     }
 }
 

@@ -88,9 +88,24 @@ fn build<F: Fields>(
         .json(PAYLOAD, true)?
         .ok_or_else(|| format!("{what} `{}` is null", names[PAYLOAD]))?;
     let headers = f.json(HEADERS, false)?;
+    // Valid JSON that jsonb refuses would fail the event log's insert: set aside here.
+    for (field, value) in [(PAYLOAD, Some(&payload)), (HEADERS, headers.as_ref())] {
+        if let Some(value) = value {
+            walfold_event::json::check_jsonb(value)
+                .map_err(|e| format!("{what} `{}` {e}", names[field]))?;
+        }
+    }
     let occurred_at = match f.text(OCCURRED_AT, false)? {
         None => None,
         Some(t) => match parse_time(&t, f.naive_time_is_utc()) {
+            // PostgreSQL's infinities are no time an event occurred, and no SystemTime.
+            Ok(i64::MIN) | Ok(i64::MAX) => {
+                return Err(format!(
+                    "{what} `{}` is {}, not a time an event occurred",
+                    names[OCCURRED_AT],
+                    t.trim()
+                ))
+            }
             Ok(us) => Some(unix_micros(us)),
             Err(_) => {
                 return Err(format!(
@@ -251,7 +266,7 @@ impl Fields for RowFields<'_, '_> {
             Some(Column::Unchanged) => Err("column value not sent (unchanged TOAST)".into()),
             Some(Column::Text(b)) | Some(Column::Binary(b)) => std::str::from_utf8(b)
                 .map(|s| Some(s.to_owned()))
-                .map_err(|_| "column value is not UTF-8".into()),
+                .map_err(|_| format!("column `{}` is not UTF-8", self.mapping.names[field])),
         }
     }
 
@@ -261,9 +276,9 @@ impl Fields for RowFields<'_, '_> {
             return Ok(None);
         };
         refuse_nul(&text, &format!("column `{name}`"))?;
-        serde_json::from_str(&text)
+        walfold_event::json::parse(&text)
             .map(Some)
-            .map_err(|e| format!("column `{name}` is not JSON: {e}"))
+            .map_err(|e| format!("column `{name}` {e}"))
     }
 
     fn naive_time_is_utc(&self) -> bool {
@@ -372,13 +387,13 @@ impl MessageMapping {
 fn parse_message(content: &[u8]) -> Result<Map<String, Value>, String> {
     let text = std::str::from_utf8(content).map_err(|_| "message content is not UTF-8")?;
     refuse_nul(text, "the message")?;
-    match serde_json::from_str(text) {
+    match walfold_event::json::parse(text) {
         Ok(Value::Object(object)) => Ok(object),
         Ok(other) => Err(format!(
             "message content must be a JSON object, not {}",
             kind(&other)
         )),
-        Err(e) => Err(format!("message content is not JSON: {e}")),
+        Err(e) => Err(format!("message content {e}")),
     }
 }
 

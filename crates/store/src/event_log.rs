@@ -15,6 +15,7 @@ use walfold_event::{partition_hash, DeadLetter, Event, Lsn, NewEvent, Reason};
 use crate::connect::SERVER_KEEPALIVES;
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
+use crate::jsonb::{self, Jsonb};
 use crate::log_order::{LogOrder, Turn};
 use crate::schema::Schema;
 
@@ -393,7 +394,7 @@ impl<'a> Writer<'a> {
                     outcome.id_conflicts += 1;
                     let e = compare[i];
                     tracing::warn!(event_id = %e.id, aggregate_type = %e.aggregate_type, aggregate_id = %e.aggregate_id, source_lsn = %e.source_lsn, "event ID already in the log with different content: quarantined as id_conflict (dead letter)");
-                    quarantined.push(id_conflict(e, row.get("existing")));
+                    quarantined.push(id_conflict(e, row.get::<_, Jsonb>("existing").0));
                 }
             }
             // An ID that conflicted on insert but is gone by the comparison was pruned in
@@ -735,8 +736,8 @@ fn event_from_row(r: &Row) -> Event {
         aggregate_id: r.get("aggregate_id"),
         event_type: r.get("event_type"),
         version: r.get("version"),
-        payload: r.get("payload"),
-        headers: r.get("headers"),
+        payload: r.get::<_, Jsonb>("payload").0,
+        headers: jsonb::value(r.get("headers")),
         occurred_at: r.get("occurred_at"),
         source_lsn: r.get::<_, PgLsn>("source_lsn").into(),
         committed_at: r.get("committed_at"),

@@ -12,6 +12,7 @@ mod error;
 mod event_log;
 mod event_trail;
 mod ingest_position;
+mod jsonb;
 mod leader;
 mod log_order;
 mod migrate;

@@ -18,6 +18,7 @@ use walfold_event::{partition_hash, DeadLetter, ErrorKind, Lsn, NewEvent, Reason
 
 use crate::error::StoreError;
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
+use crate::jsonb::{self, Jsonb};
 
 /// One change of a streamed transaction, in stream order.
 #[derive(Debug, Clone)]
@@ -178,13 +179,15 @@ impl EventLog {
                     headers.push(None);
                     occurred.push(None);
                     hashes.push(None);
-                    rejected.push(Some(json!({
+                    // As the dead letter it becomes: storable whatever the row held.
+                    let staged = json!({
                         "event_id": d.event_id,
                         "aggregate_type": d.aggregate_type,
                         "aggregate_id": d.aggregate_id,
                         "error": d.error,
                         "raw": d.raw,
-                    })));
+                    });
+                    rejected.push(Some(walfold_event::json::storable(&staged).into_owned()));
                 }
             }
         }
@@ -420,7 +423,7 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> StagedRow {
         }),
         _ => None,
     };
-    if let Some(rejected) = row.get::<_, Option<Value>>("rejected") {
+    if let Some(rejected) = jsonb::value(row.get("rejected")) {
         let text = |k: &str| rejected.get(k).and_then(Value::as_str).map(str::to_owned);
         return StagedRow::Rejected(Box::new(DeadLetter {
             subscriber_id: None,
@@ -443,8 +446,8 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> StagedRow {
         aggregate_id: row.get("aggregate_id"),
         event_type: row.get("event_type"),
         version: row.get("version"),
-        payload: row.get("payload"),
-        headers: row.get("headers"),
+        payload: row.get::<_, Jsonb>("payload").0,
+        headers: jsonb::value(row.get("headers")),
         occurred_at: row.get("occurred_at"),
         source_lsn: commit.commit_lsn,
         origin,

@@ -219,7 +219,7 @@ impl Reader<'_> {
         let page: Vec<Row> = events
             .into_iter()
             .map(|e| Row {
-                json: match serde_json::from_str(&e.json) {
+                json: match walfold_event::json::parse(&e.json) {
                     Ok(Value::Object(m)) => m,
                     _ => Map::new(),
                 },

@@ -10,6 +10,7 @@ mod operator_tools;
 mod operators;
 mod outbox_shapes;
 mod pipeline;
+mod poison;
 mod rebuild;
 mod soak;
 mod sources;

@@ -124,7 +124,13 @@ pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8), WireError>
     frontend::startup_message(params.iter().copied(), &mut out)
         .map_err(WireError::io("encoding the startup message"))?;
     conn.send(&out).await?;
-    let server_version = authenticate(&mut conn, cfg).await?;
+    let (server_version, server_encoding) = authenticate(&mut conn, cfg).await?;
+    if server_encoding == "SQL_ASCII" {
+        // A SQL_ASCII database holds bytes in no encoding; converting them to UTF8 fails
+        // the whole stream (22021) on the first byte that is not UTF-8. Taken as they
+        // are, valid UTF-8 flows and any other row is a dead letter ("not UTF-8").
+        simple_query(&mut conn, "set client_encoding = 'SQL_ASCII'").await?;
+    }
     // Streaming of in-progress transactions (protocol 2) came with PostgreSQL 14.
     let protocol = match cfg.protocol {
         Some(2) if server_version < 140000 => {
@@ -196,8 +202,28 @@ async fn socket(cfg: &WireConfig) -> Result<Io, WireError> {
     Ok(Io::Tls(Box::new(tls)))
 }
 
-/// Runs the authentication exchange up to ReadyForQuery.
-async fn authenticate(conn: &mut Conn, cfg: &WireConfig) -> Result<u32, WireError> {
+/// Runs a statement that returns no rows, up to ReadyForQuery.
+async fn simple_query(conn: &mut Conn, sql: &str) -> Result<(), WireError> {
+    let mut out = BytesMut::new();
+    frontend::query(sql, &mut out).map_err(WireError::io("encoding a query"))?;
+    conn.send(&out).await?;
+    let mut failed = None;
+    loop {
+        match parse(conn.frame().await?)? {
+            Message::ReadyForQuery(_) => return failed.map_or(Ok(()), Err),
+            Message::ErrorResponse(body) => failed = Some(server_error(body.fields())),
+            Message::CommandComplete(_)
+            | Message::EmptyQueryResponse
+            | Message::NoticeResponse(_)
+            | Message::ParameterStatus(_) => {}
+            _ => return Err(WireError::Protocol(format!("unexpected answer to `{sql}`"))),
+        }
+    }
+}
+
+/// Runs the authentication exchange up to ReadyForQuery; the server's
+/// `server_version_num` and `server_encoding`.
+async fn authenticate(conn: &mut Conn, cfg: &WireConfig) -> Result<(u32, String), WireError> {
     let password = || {
         cfg.password.as_deref().ok_or_else(|| {
             WireError::Auth("the server asks for a password and source.url has none".into())
@@ -205,6 +231,7 @@ async fn authenticate(conn: &mut Conn, cfg: &WireConfig) -> Result<u32, WireErro
     };
     let mut scram: Option<ScramSha256> = None;
     let mut server_version = 0;
+    let mut server_encoding = String::new();
     loop {
         let frame = conn.frame().await?;
         let mut out = BytesMut::new();
@@ -261,14 +288,14 @@ async fn authenticate(conn: &mut Conn, cfg: &WireConfig) -> Result<u32, WireErro
                 let name = body
                     .name()
                     .map_err(|e| WireError::Protocol(e.to_string()))?;
-                if name == "server_version" {
-                    let value = body
-                        .value()
-                        .map_err(|e| WireError::Protocol(e.to_string()))?;
-                    server_version = version_num(value);
+                let value = || body.value().map_err(|e| WireError::Protocol(e.to_string()));
+                match name {
+                    "server_version" => server_version = version_num(value()?),
+                    "server_encoding" => server_encoding = value()?.to_owned(),
+                    _ => {}
                 }
             }
-            Message::ReadyForQuery(_) => return Ok(server_version),
+            Message::ReadyForQuery(_) => return Ok((server_version, server_encoding)),
             Message::ErrorResponse(body) => return Err(server_error(body.fields())),
             Message::BackendKeyData(_) | Message::NoticeResponse(_) => {}
             _ => {

@@ -6,13 +6,17 @@
 mod gap;
 mod retry;
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::{Client, GenericClient, Row, Statement};
 use uuid::Uuid;
+use walfold_event::json::{escape_nul, storable};
 use walfold_event::{DeadLetter, DeadLetterStatus, Reason, RowOrigin};
 
 use crate::error::StoreError;
+use crate::jsonb;
 use crate::schema::Schema;
 
 pub use gap::Gap;
@@ -137,19 +141,29 @@ impl DeadLetters {
                 Some(RowOrigin::Backfill { digest }) => (None, None, Some(digest)),
                 None => (None, None, None),
             };
+        // A dead letter records what could not be stored elsewhere: its own insert must
+        // not fail on the same content (guarantee 7). Text without NUL, JSON as jsonb
+        // stores it (`json::storable`), deterministically, so a replay still compares equal.
+        fn text(t: &Option<String>) -> Option<Cow<'_, str>> {
+            t.as_deref().map(escape_nul)
+        }
+        fn json(v: &Option<Value>) -> Option<Cow<'_, Value>> {
+            v.as_ref().map(storable)
+        }
+        let (raw, existing) = (json(&dl.raw), json(&dl.existing));
         let row = tx
             .query_opt(
                 &self.insert,
                 &[
-                    &dl.subscriber_id,
+                    &text(&dl.subscriber_id),
                     &dl.event_id,
                     &dl.seq,
-                    &dl.aggregate_type,
-                    &dl.aggregate_id,
+                    &text(&dl.aggregate_type),
+                    &text(&dl.aggregate_id),
                     &dl.reason,
-                    &dl.error,
-                    &dl.raw,
-                    &dl.existing,
+                    &escape_nul(&dl.error),
+                    &raw.as_deref(),
+                    &existing.as_deref(),
                     &dl.attempts,
                     &lsn,
                     &change_lsn,
@@ -301,8 +315,8 @@ impl DeadLetterEntry {
             status: r.get("status"),
             first_failed_at_unix: r.get("first_failed_at_unix"),
             last_failed_at_unix: r.get("last_failed_at_unix"),
-            raw: r.get("raw"),
-            existing: r.get("existing"),
+            raw: jsonb::value(r.get("raw")),
+            existing: jsonb::value(r.get("existing")),
             resolution: r.get("resolution"),
             source: r.get("source"),
         }
