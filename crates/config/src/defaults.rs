@@ -10,6 +10,8 @@ pub const DEFAULT_SLOT: &str = "walfold";
 pub const DEFAULT_PUBLICATION: &str = "walfold_outbox";
 pub const DEFAULT_HEARTBEAT_INTERVAL_S: u64 = 10;
 pub const DEFAULT_SCHEMA: &str = "walfold";
+/// Connections a target's projectors share, however many projections run.
+pub const DEFAULT_POOL_SIZE: usize = 8;
 /// An outbox's columns (or JSON keys) default to the names of their keys.
 pub const DEFAULT_ID: &str = "id";
 pub const DEFAULT_AGGREGATE_TYPE: &str = "aggregate_type";
@@ -54,6 +56,7 @@ serde_defaults! {
     publication -> String = DEFAULT_PUBLICATION;
     heartbeat_interval_s -> u64 = DEFAULT_HEARTBEAT_INTERVAL_S;
     schema -> String = DEFAULT_SCHEMA;
+    pool_size -> usize = DEFAULT_POOL_SIZE;
     id -> String = DEFAULT_ID;
     aggregate_type -> String = DEFAULT_AGGREGATE_TYPE;
     aggregate_id -> String = DEFAULT_AGGREGATE_ID;

@@ -321,6 +321,13 @@ pub struct TargetConfig {
     /// Default: `walfold`
     #[serde(default = "defaults::schema")]
     pub schema: String,
+    /// most connections the projectors hold on this database, shared by every projection
+    /// and partition (each takes turns: a batch per turn); walfold's leader, appenders,
+    /// metrics and operator tasks take a few more (see [Operations](#connections))
+    ///
+    /// Default: `8`
+    #[serde(default = "defaults::pool_size")]
+    pub pool_size: usize,
 }
 
 impl Default for TargetConfig {
@@ -328,6 +335,7 @@ impl Default for TargetConfig {
         TargetConfig {
             url: None,
             schema: defaults::schema(),
+            pool_size: defaults::pool_size(),
         }
     }
 }
@@ -337,6 +345,7 @@ impl fmt::Debug for TargetConfig {
         f.debug_struct("TargetConfig")
             .field("url", &self.url.as_deref().map(redact_url))
             .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
             .finish()
     }
 }
@@ -358,6 +367,11 @@ pub struct ExtraTarget {
     /// Default: `walfold`
     #[serde(default = "defaults::schema")]
     pub schema: String,
+    /// most connections the projectors of this target hold on it (as `target.pool_size`)
+    ///
+    /// Default: `8`
+    #[serde(default = "defaults::pool_size")]
+    pub pool_size: usize,
 }
 
 impl fmt::Debug for ExtraTarget {
@@ -365,6 +379,7 @@ impl fmt::Debug for ExtraTarget {
         f.debug_struct("ExtraTarget")
             .field("url", &redact_url(&self.url))
             .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
             .finish()
     }
 }
@@ -1114,6 +1129,16 @@ impl Config {
         }
         if p.max_backoff_ms == 0 {
             push("pipeline.max_backoff_ms", "must be at least 1".into());
+        }
+        let pools = std::iter::once(("target.pool_size".to_owned(), self.target.pool_size)).chain(
+            self.targets
+                .iter()
+                .map(|(name, t)| (format!("targets.{name}.pool_size"), t.pool_size)),
+        );
+        for (key, size) in pools {
+            if !(1..=1000).contains(&size) {
+                push(&key, "must be between 1 and 1000".into());
+            }
         }
         let mut names: Vec<&str> = Vec::new();
         let mut subscribers: Vec<&str> = Vec::new();

@@ -6,6 +6,7 @@ mod error;
 pub mod ops;
 mod pages;
 mod pipeline;
+mod pool;
 mod projection;
 mod projector;
 mod sequence;

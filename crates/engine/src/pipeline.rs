@@ -28,6 +28,7 @@ use walfold_store::{
 use walfold_telemetry::signal::Signal;
 
 use crate::error::EngineError;
+use crate::pool::Pool;
 use crate::projection::Projection;
 use crate::projector::Partition;
 use crate::sql::SqlProjection;
@@ -193,6 +194,8 @@ impl Pipeline {
 /// One projector set: what runs until the rebuilds change.
 struct Generation {
     workers: Vec<(String, Partition)>,
+    /// The connections its partitions share.
+    pools: TargetPools,
     /// Log pages shared by this generation's partitions.
     pages: Arc<crate::pages::SharedPages>,
     /// Rebuilds replaying now.
@@ -293,7 +296,7 @@ async fn lead(
         fence.clone(),
     ));
     let mut targets: JoinSet<Result<(), EngineError>> = JoinSet::new();
-    for target in Target::all(config) {
+    for (target, pools) in TargetPools::all(config) {
         let here: Vec<Defined> = defined
             .iter()
             .filter(|d| d.target == target)
@@ -311,6 +314,7 @@ async fn lead(
             ingest_done: ingest_done.clone(),
             fence: fence.clone(),
             head: head_rx.clone(),
+            pools,
         };
         targets.spawn(run.run());
     }
@@ -361,6 +365,39 @@ fn target_failure(
     }
 }
 
+/// The connections one target's projectors share: its own, and the main target's for
+/// reading the log when it is an extra target. Made once per leading term, so every
+/// generation and target takes from the same budget.
+#[derive(Clone)]
+struct TargetPools {
+    target: Arc<Pool>,
+    log: Option<Arc<Pool>>,
+}
+
+impl TargetPools {
+    /// Every target's, the main target's first (by [`Target::all`]'s order).
+    fn all(config: &Config) -> Vec<(Target, TargetPools)> {
+        let targets = Target::all(config);
+        let main = Pool::new(&targets[0].url, config.target.pool_size);
+        targets
+            .into_iter()
+            .map(|target| {
+                let pools = match &target.name {
+                    None => TargetPools {
+                        target: main.clone(),
+                        log: None,
+                    },
+                    Some(name) => TargetPools {
+                        target: Pool::new(&target.url, config.targets[name].pool_size),
+                        log: Some(main.clone()),
+                    },
+                };
+                (target, pools)
+            })
+            .collect()
+    }
+}
+
 /// One target's projector generations, while this instance leads.
 struct Projecting {
     config: Arc<Config>,
@@ -372,6 +409,7 @@ struct Projecting {
     /// The leader's fence (on the main target).
     fence: Fence,
     head: watch::Receiver<i64>,
+    pools: TargetPools,
 }
 
 /// What the generations of an extra target need beyond the main target's: its lease
@@ -391,6 +429,7 @@ impl Projecting {
             ingest_done,
             fence: main_fence,
             head: head_rx,
+            pools,
         } = &self;
         let schema = &target.schema;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
@@ -415,7 +454,7 @@ impl Projecting {
                 }
             }
             let fence = extra.as_ref().map_or(main_fence, |(_, f)| f);
-            let control = match plan(config, target, defined, fence).await {
+            let control = match plan(config, target, pools, defined, fence).await {
                 Ok(planned) => planned,
                 Err(e) if e.kind().retries() => {
                     if target.is_extra() {
@@ -646,6 +685,7 @@ fn failure(
 async fn plan(
     config: &Config,
     target: &Target,
+    pools: &TargetPools,
     defined: &[Defined],
     fence: &Fence,
 ) -> Result<(Client, Generation), EngineError> {
@@ -696,6 +736,7 @@ async fn plan(
         .map_err(EngineError::store("reading rebuilds"))?;
     let mut generation = Generation {
         workers: Vec::new(),
+        pools: pools.clone(),
         pages: Arc::default(),
         replaying: Vec::new(),
         planned: Planned::of(&open),
@@ -804,7 +845,6 @@ async fn push_workers(
         generation.workers.push((
             format!("{name}[{partition}]"),
             Partition {
-                url: target.url.clone(),
                 schema: target.schema.clone(),
                 options: options.clone(),
                 projection: projection.clone(),
@@ -814,6 +854,8 @@ async fn push_workers(
                 target: target.name.clone(),
                 log: target.is_extra().then(|| Target::main(config)),
                 until: None,
+                pool: generation.pools.target.clone(),
+                log_pool: generation.pools.log.clone(),
             },
         ));
     }

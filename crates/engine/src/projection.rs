@@ -23,8 +23,10 @@ pub enum Applied {
 /// The engine has already claimed each event for the subscriber in that transaction;
 /// `apply` must only change the read model, through `tx`, and should guard on versions.
 pub trait Projection: Send + Sync + 'static {
-    /// Called once when the pipeline starts, on a connection to the target (e.g. to
-    /// create what the projection needs). The default does nothing.
+    /// Called when each of its partitions starts (and again after a pause), on one
+    /// connection of the target's pool (e.g. to create what the projection needs). The
+    /// default does nothing. `apply` runs on any connection of the pool: prepare nothing
+    /// here that `apply` relies on (an unnamed `tx.query_typed` or `tx.prepare` works).
     fn install<'a>(&'a self, client: &'a mut Client) -> BoxFuture<'a, Result<(), ProjectionError>> {
         let _ = client;
         Box::pin(async { Ok(()) })

@@ -24,21 +24,21 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::{ProjectionConfig, VersionMode};
 use walfold_event::{partition_hash, DeadLetter, DeadLetterStatus, ErrorKind, Event, Reason};
 use walfold_store::{
-    claim, claim_sql, connect, read_events, read_page, read_sql, Backoff, Checkpoints, DeadLetters,
-    Fence, Filter, PartitionStats, RetryItem, Schema, StoreError,
+    claim, claim_sql, read_events, read_page, read_sql, Backoff, Checkpoints, DeadLetters, Fence,
+    Filter, PartitionStats, RetryItem, Schema, StoreError,
 };
 use walfold_telemetry::failpoint;
 use walfold_telemetry::signal::Signal;
 
 use crate::error::EngineError;
 use crate::pages::SharedPages;
+use crate::pool::{Lease, Pool};
 use crate::projection::{Applied, Projection};
 use crate::sequence::sequence;
 
 /// Everything a partition worker needs.
 #[derive(Clone)]
 pub(crate) struct Partition {
-    pub url: String,
     pub schema: Schema,
     pub options: ProjectionConfig,
     pub projection: Arc<dyn Projection>,
@@ -55,17 +55,42 @@ pub(crate) struct Partition {
     /// Stop once this partition has read (and checkpointed) this far: a rebuild
     /// catching up with the live subscriber before its switch-over.
     pub until: Option<i64>,
+    /// The connections of `url`'s target that every partition there shares.
+    pub pool: Arc<Pool>,
+    /// The main target's, for reading the log when `url` is an extra target.
+    pub log_pool: Option<Arc<Pool>>,
 }
 
-/// The connection and its prepared statements.
+/// A turn's connection (leased from the target's pool) and the partition's prepared
+/// statements on it.
 struct Conn {
-    client: Client,
+    client: Lease,
     /// A connection to the main target for reading the log, when `client` is an extra
     /// target's.
-    log: Option<Client>,
+    log: Option<Lease>,
     /// The page read; sent unnamed each time (see [`read_page`]).
     read: String,
     statements: Statements,
+    /// Where `statements` are kept on the connection between turns.
+    key: String,
+}
+
+impl Conn {
+    /// The turn ended well: the connections go back to their pools, with the statements.
+    fn release(self) {
+        let Conn {
+            mut client,
+            log,
+            statements,
+            key,
+            ..
+        } = self;
+        client.prepared.insert(key, Box::new(statements));
+        client.release();
+        if let Some(log) = log {
+            log.release();
+        }
+    }
 }
 
 struct Statements {
@@ -115,6 +140,8 @@ const RETRY_CHECK: Duration = Duration::from_secs(1);
 const RETRY_PAGE: i64 = 200;
 /// Longest wait between attempts while paused or reconnecting.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long recording a pause waits for a connection of the pool (best effort).
+const PAUSE_RECORD_WAIT: Duration = Duration::from_secs(2);
 /// Batches that must succeed before a batch size shrunk by a resource error grows again.
 const GROW_AFTER: u32 = 10;
 
@@ -156,7 +183,7 @@ impl<'c> Work<'c> {
             .map_err(db("starting a projector transaction"))?;
         Ok(Work {
             tx,
-            log: conn.log.as_ref(),
+            log: conn.log.as_deref(),
             statements: &conn.statements,
             part,
             stats: PartitionStats::default(),
@@ -593,7 +620,11 @@ impl Pause {
             self.cause = Some(cause.clone());
             // Best effort: the cause may keep this write from landing too.
             let recorded = async {
-                let mut client = connect(&part.url).await?;
+                let mut client = tokio::time::timeout(PAUSE_RECORD_WAIT, part.pool.lease())
+                    .await
+                    .map_err(|_| {
+                        StoreError::Busy("no connection of the pool came free".into())
+                    })??;
                 walfold_store::record_pause(
                     &mut client,
                     &part.fence,
@@ -603,7 +634,9 @@ impl Pause {
                     e.sqlstate(),
                     &cause,
                 )
-                .await
+                .await?;
+                client.release();
+                Ok::<(), StoreError>(())
             };
             if let Err(write) = recorded.await {
                 tracing::debug!(error = %write, "could not record the pause");
@@ -711,22 +744,22 @@ impl Partition {
         result
     }
 
-    async fn connect(&self) -> Result<Conn, EngineError> {
-        let mut client = connect(&self.url)
-            .await
-            .map_err(|source| match &self.target {
-                Some(target) => EngineError::Unreachable {
-                    target: target.clone(),
-                    source,
-                },
-                None => EngineError::store("connecting to the target")(source),
-            })?;
-        client
-            .batch_execute(walfold_store::WORKER_SESSION)
-            .await
-            .map_err(db("configuring the projector session"))?;
-        // Install (or check) the projection on every connect: a pause caused by a
-        // missing table or right ends here once it is fixed.
+    /// How a connection failure reads: an extra target's unreachability pauses.
+    fn unreachable(&self, source: StoreError) -> EngineError {
+        match &self.target {
+            Some(target) => EngineError::Unreachable {
+                target: target.clone(),
+                source,
+            },
+            None => EngineError::store("connecting to the target")(source),
+        }
+    }
+
+    /// Installs (or checks) the projection, on a connection of the pool. Done at every
+    /// start of the partition: a pause caused by a missing table or right ends here once
+    /// it is fixed.
+    async fn install(&self) -> Result<(), EngineError> {
+        let mut client = self.pool.lease().await.map_err(|e| self.unreachable(e))?;
         self.projection
             .install(&mut client)
             .await
@@ -734,9 +767,49 @@ impl Partition {
                 projection: self.options.name.clone(),
                 source,
             })?;
+        client.release();
+        Ok(())
+    }
+
+    /// A connection for one turn, with this partition's statements prepared on it.
+    async fn lease(&self) -> Result<Conn, EngineError> {
+        let mut client = self.pool.lease().await.map_err(|e| self.unreachable(e))?;
+        let key = format!(
+            "{}|{}|{}",
+            self.schema.name(),
+            self.subscriber(),
+            self.options.parallelism
+        );
+        let kept = client
+            .prepared
+            .remove(&key)
+            .and_then(|s| s.downcast::<Statements>().ok())
+            .filter(|s| s.fence.is_for(&self.fence));
+        let statements = match kept {
+            Some(statements) => *statements,
+            None => self.prepare(&client).await?,
+        };
+        let log = match &self.log_pool {
+            Some(pool) => Some(
+                pool.lease()
+                    .await
+                    .map_err(EngineError::store("connecting to the event log's target"))?,
+            ),
+            None => None,
+        };
+        Ok(Conn {
+            client,
+            log,
+            read: read_sql(self.log.as_ref().map_or(&self.schema, |main| &main.schema)),
+            statements,
+            key,
+        })
+    }
+
+    async fn prepare(&self, client: &Client) -> Result<Statements, EngineError> {
         let fence = self
             .fence
-            .prepare(&client)
+            .prepare(client)
             .await
             .map_err(EngineError::store("preparing the leadership check"))?;
         let claim = client
@@ -744,38 +817,21 @@ impl Partition {
             .await
             .map_err(db("preparing the claim"))?;
         let checkpoints = Checkpoints::prepare(
-            &client,
+            client,
             &self.schema,
             self.subscriber(),
             self.options.parallelism,
         )
         .await
         .map_err(EngineError::store("preparing checkpoints"))?;
-        let dead_letters = DeadLetters::prepare(&client, &self.schema)
+        let dead_letters = DeadLetters::prepare(client, &self.schema)
             .await
             .map_err(EngineError::store("preparing dead letters"))?;
-        let log = match &self.log {
-            Some(main) => {
-                let log = connect(&main.url)
-                    .await
-                    .map_err(EngineError::store("connecting to the event log's target"))?;
-                log.batch_execute(walfold_store::WORKER_SESSION)
-                    .await
-                    .map_err(db("configuring the log reader's session"))?;
-                Some(log)
-            }
-            None => None,
-        };
-        Ok(Conn {
-            client,
-            log,
-            read: read_sql(self.log.as_ref().map_or(&self.schema, |main| &main.schema)),
-            statements: Statements {
-                fence,
-                claim,
-                checkpoints,
-                dead_letters,
-            },
+        Ok(Statements {
+            fence,
+            claim,
+            checkpoints,
+            dead_letters,
         })
     }
 
@@ -785,7 +841,8 @@ impl Partition {
         mut head: watch::Receiver<i64>,
         pause: &mut Pause,
     ) -> Result<(), EngineError> {
-        let mut conn = self.connect().await?;
+        self.install().await?;
+        let conn = self.lease().await?;
         let mut position = Checkpoints::position(
             &conn.client,
             &self.schema,
@@ -827,6 +884,7 @@ impl Partition {
         } else {
             tracing::info!(subscriber = %self.subscriber(), partition = self.partition, position, "projector started");
         }
+        conn.release();
         let mut retries_checked = tokio::time::Instant::now() - RETRY_CHECK;
         let mut idle_saved = false;
         // Whether the last read reached the head: only then can a gap be judged too old
@@ -836,6 +894,8 @@ impl Partition {
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            // One turn on a connection of the pool: others take theirs in between.
+            let mut conn = self.lease().await?;
             if self.until.is_some_and(|until| position >= until) {
                 // Saved: a window short of the head moved the position in memory only.
                 Work::begin(&mut conn, self)
@@ -855,7 +915,7 @@ impl Partition {
                 .pages
                 .page(position, &filter, limit, || {
                     read_page(
-                        conn.log.as_ref().unwrap_or(&conn.client),
+                        conn.log.as_deref().unwrap_or(&conn.client),
                         &conn.read,
                         position,
                         &filter,
@@ -914,6 +974,7 @@ impl Partition {
                 }
             }
             pause.leave(self, &conn.client).await;
+            conn.release();
             position = page.position;
             at_head = page.caught_up;
             if page.caught_up {
@@ -1079,8 +1140,8 @@ impl Partition {
                 };
                 let seqs: Vec<i64> = page.iter().map(|i| i.seq).collect();
                 let events = match (&conn.log, &self.log) {
-                    (Some(log), Some(main)) => read_events(log, &main.schema, &seqs).await,
-                    _ => read_events(&conn.client, &self.schema, &seqs).await,
+                    (Some(log), Some(main)) => read_events(&**log, &main.schema, &seqs).await,
+                    _ => read_events(&*conn.client, &self.schema, &seqs).await,
                 }
                 .map_err(EngineError::store("reading events to retry"))?;
                 for (k, item) in page.iter().enumerate() {
@@ -1128,7 +1189,7 @@ impl Partition {
                     }
                     .report();
                     DeadLetters::retry_failed(
-                        &conn.client,
+                        &*conn.client,
                         &self.schema,
                         self.subscriber(),
                         (kind, id),

@@ -109,6 +109,14 @@ impl Fence {
         Ok(())
     }
 
+    /// Whether `other` checks exactly what this fence checks (same schema, key and
+    /// epoch): a check prepared for one may stand in for the other.
+    pub fn same_as(&self, other: &Fence) -> bool {
+        self.key.epoch == other.key.epoch
+            && self.key.class == other.key.class
+            && self.check == other.check
+    }
+
     /// The epoch this leader holds.
     pub fn epoch(&self) -> i64 {
         self.key.epoch
@@ -158,6 +166,11 @@ pub struct PreparedFence {
 }
 
 impl PreparedFence {
+    /// Whether this check was prepared for `fence`.
+    pub fn is_for(&self, fence: &Fence) -> bool {
+        self.fence.same_as(fence)
+    }
+
     /// [`Fence::check`], on the connection it was prepared on.
     pub async fn check(&self, tx: &impl GenericClient) -> Result<(), StoreError> {
         let key = &self.fence.key;

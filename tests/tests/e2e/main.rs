@@ -12,6 +12,7 @@ mod outbox_shapes;
 mod pipeline;
 mod poison;
 mod rebuild;
+mod resources;
 mod soak;
 mod sources;
 mod streaming;

@@ -1,0 +1,116 @@
+//! What walfold takes from a server is a budget: however many projections run, the
+//! connections it holds stay bounded and the application keeps connecting.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use walfold_tempdb::{Cluster, Options};
+use walfold_tests::{config_builder, eventually, insert_event, Daemon, TestDb};
+
+const PROJECTIONS: usize = 60;
+const EVENTS: usize = 100;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_projections_of_two_partitions_fold_on_a_default_server_beside_the_application() {
+    // The server's defaults: 100 connections, 3 of them reserved for superusers.
+    let cluster: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options {
+            extra_settings: vec![("max_connections".into(), "100".into())],
+            ..Options::default()
+        })
+        .expect("start a cluster"),
+    ));
+    let db = TestDb::on(cluster, "budget");
+    db.psql(
+        "create table folded (projection text, event_id uuid, primary key (projection, event_id))",
+    );
+    let mut config = config_builder(&db.url()).set("log", "level", "info");
+    for p in 0..PROJECTIONS {
+        config = config.text(&format!(
+            r#"
+[[projection]]
+name = "p{p}"
+subscriber = "budget.p{p}.v1"
+parallelism = 2
+sql = "insert into folded (projection, event_id) values ('p{p}', :event_id)"
+"#
+        ));
+    }
+    let (mut d, _client) = Daemon::streaming(&db, &config.to_toml()).await;
+
+    // The application: connects again and again while walfold starts and folds.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let refused = Arc::new(AtomicU64::new(0));
+    let most_walfold = Arc::new(AtomicI64::new(0));
+    let app = {
+        let (stop, refused, most) = (stop.clone(), refused.clone(), most_walfold.clone());
+        let url = db.url();
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                    Ok((client, conn)) => {
+                        let task = tokio::spawn(conn);
+                        if let Ok(row) = client
+                            .query_one(
+                                "select count(*) from pg_stat_activity \
+                                 where application_name like 'walfold%' \
+                                   and backend_type = 'client backend'",
+                                &[],
+                            )
+                            .await
+                        {
+                            most.fetch_max(row.get::<_, i64>(0), Ordering::Relaxed);
+                        }
+                        drop(client);
+                        let _ = task.await;
+                    }
+                    Err(e) => {
+                        eprintln!("the application could not connect: {e}");
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    let writes: String = (0..EVENTS)
+        .map(|i| {
+            insert_event(
+                &format!("00000000-0000-4000-8000-{i:012}"),
+                &format!("o-{}", i % 17),
+                "OrderStatus",
+                1,
+                "{}",
+            )
+        })
+        .collect();
+    db.psql(&writes);
+    eventually(
+        Duration::from_secs(120),
+        "every projection to fold every event",
+        || async { db.psql("select count(*) from folded") == (PROJECTIONS * EVENTS).to_string() },
+    )
+    .await;
+    stop.cancel();
+    app.await.unwrap();
+    assert_eq!(
+        db.psql("select count(distinct projection) from folded"),
+        PROJECTIONS.to_string()
+    );
+    assert_eq!(
+        refused.load(Ordering::Relaxed),
+        0,
+        "the application was refused connections"
+    );
+    let most = most_walfold.load(Ordering::Relaxed);
+    // The projectors' pool (target.pool_size = 8) and walfold's own few: leader, control,
+    // appender, source checks.
+    assert!(
+        (1..=14).contains(&most),
+        "walfold held {most} connections at most"
+    );
+    assert!(!d.log_text().contains("53300"), "{}", d.log_text());
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
