@@ -20,6 +20,15 @@ create table order_total (order_id text primary key, total numeric not null defa
 create table ledger (event_id uuid primary key, order_id text not null, amount numeric not null);
 ";
 
+/// Takes `pg_logical_emit_message` (every overload) from PUBLIC, so only superusers and
+/// roles granted it write message outboxes' events: what walfold needs before it follows
+/// a message outbox (README, Security).
+pub const REVOKE_PUBLIC_EMIT: &str = "do $$ declare f regprocedure; begin \
+     for f in select p.oid::regprocedure from pg_proc p where p.proname = 'pg_logical_emit_message' \
+       and p.pronamespace = 'pg_catalog'::regnamespace loop \
+       execute format('revoke execute on function %s from public', f); \
+     end loop; end $$;";
+
 /// A fresh database on a cluster.
 pub struct TestDb {
     pub cluster: &'static Cluster,

@@ -33,6 +33,7 @@ pub fn start_cluster(fsync: &str) -> Result<Cluster, BoxError> {
     Ok(Cluster::start(Options {
         tls: false,
         extra_settings: extra,
+        ..Options::default()
     })?)
 }
 
@@ -52,6 +53,7 @@ pub fn start_default_buffers_cluster() -> Result<Cluster, BoxError> {
     Ok(Cluster::start(Options {
         tls: false,
         extra_settings: extra,
+        ..Options::default()
     })?)
 }
 

@@ -264,6 +264,14 @@ pub struct OutboxConfig {
     /// Default: —
     #[serde(default)]
     pub message_prefix: Option<String>,
+    /// a message outbox only: `true` accepts events from any role that may log in to the
+    /// source database (PostgreSQL lets PUBLIC execute `pg_logical_emit_message`), with a
+    /// warning at every start; without it walfold refuses to start until that right is
+    /// revoked from PUBLIC ([Security](#security))
+    ///
+    /// Default: `false`
+    #[serde(default)]
+    pub allow_public_emit: bool,
     /// the producer's event ID (uuid, or text holding one); required
     ///
     /// Default: `id`
@@ -1099,6 +1107,14 @@ impl Config {
                     "set either table or message_prefix, not both: one [[outbox]] per source of events"
                         .into(),
                 ),
+            }
+            if o.allow_public_emit && o.table.is_some() && o.message_prefix.is_none() {
+                push(
+                    &format!("outbox[{i}].allow_public_emit"),
+                    "only a message outbox (message_prefix) takes it: a table outbox's events \
+                     are written by whoever may insert into the table"
+                        .into(),
+                );
             }
             let what = if o.message_prefix.is_some() {
                 "JSON key"

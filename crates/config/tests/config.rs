@@ -337,7 +337,19 @@ fn a_message_outbox_names_its_prefix_and_each_mistake_its_key() {
     assert_eq!(c.outbox[1].table_name(), None);
     assert_eq!(c.outbox[1].describe(), "messages 'walfold:orders'");
     assert_eq!(c.table_outboxes().count(), 1);
+    assert!(!c.outbox[1].allow_public_emit);
+    let opted_in = Config::from_toml(
+        &messages,
+        vars(&[("WALFOLD_OUTBOX__1__ALLOW_PUBLIC_EMIT", "true")]),
+    )
+    .unwrap();
+    assert!(opted_in.outbox[1].allow_public_emit);
     for (outbox, key, says) in [
+        (
+            "table = \"t\"\nallow_public_emit = true",
+            "outbox[1].allow_public_emit",
+            "only a message outbox",
+        ),
         ("aggregate_id = \"x\"", "outbox[1].table", "set table"),
         (
             "table = \"t\"\nmessage_prefix = \"p\"",

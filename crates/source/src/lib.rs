@@ -12,6 +12,7 @@ mod outbox;
 mod reader;
 mod setup;
 mod wire;
+mod writers;
 
 pub use backfill::{backfill, BackfillReport};
 pub use decode_only::{decode_only, DecodeStats};
@@ -19,4 +20,5 @@ pub use error::{Refusal, SourceError};
 pub use ingest::run_ingest;
 pub use outbox::{Mapping, TxContext};
 pub use reader::{replication_config, Item};
-pub use setup::{database_identity, inspect, prepare_source, SourceShape};
+pub use setup::{create_publication, database_identity, inspect, prepare_source, SourceShape};
+pub use writers::{emitters, inserters, Writers};

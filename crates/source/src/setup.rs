@@ -6,6 +6,9 @@
 //! a replica identity, breaking the common insert-then-delete outbox; and only inserts
 //! are events anyway.
 //!
+//! A message outbox that any role can write to is refused too (see `writers`), unless
+//! the config accepts that.
+//!
 //! A publication walfold would read wrongly is refused with the fix, never worked around:
 //! one that sends other tables' changes (each would stop ingest), one that filters rows
 //! or columns, one that names a partitioned outbox's rows by partition.
@@ -142,6 +145,21 @@ async fn check_publication(
 /// including partitions attached later.
 const PUBLISH: &str = "publish = 'insert, truncate', publish_via_partition_root = true";
 
+/// The statement that creates `source.publication` over the table outboxes (message
+/// outboxes need no table: the publication then starts empty).
+pub fn create_publication(config: &Config) -> String {
+    let tables: Vec<String> = config.table_outboxes().map(|(_, t)| t.quoted()).collect();
+    let for_tables = if tables.is_empty() {
+        String::new()
+    } else {
+        format!(" for table {}", tables.join(", "))
+    };
+    format!(
+        "create publication {}{for_tables} with ({PUBLISH})",
+        quote_ident(&config.source().publication)
+    )
+}
+
 /// Checks the source and creates what is missing. `ingested_through` is the ingest
 /// position recorded for this slot in the target (the slot's start once walfold created
 /// it): a slot is created only when none was ever used, never silently re-created (that
@@ -181,7 +199,7 @@ pub async fn prepare_source(
     for warning in &shape.warnings {
         tracing::warn!("{warning}");
     }
-    if let Some(refusal) = shape.refusals.into_iter().next() {
+    if let Some(refusal) = shape.refusals.into_iter().chain(shape.public_emit).next() {
         return Err(SourceError::Refused(refusal));
     }
     if ingested_through == Lsn::ZERO {
@@ -218,16 +236,8 @@ pub async fn prepare_source(
     }
     if !shape.publication_exists {
         let tables: Vec<QualifiedName> = config.table_outboxes().map(|(_, t)| t).collect();
-        // Message outboxes need no table; the publication then starts empty.
-        let for_tables = if tables.is_empty() {
-            String::new()
-        } else {
-            format!("for table {}", list(&tables))
-        };
         source
-            .batch_execute(&format!(
-                "create publication {quoted_pub} {for_tables} with ({PUBLISH})"
-            ))
+            .batch_execute(&create_publication(config))
             .await
             .map_err(db("creating the publication"))?;
         tracing::info!(publication = %publication, tables = %list(&tables), "created publication");
@@ -440,6 +450,9 @@ pub struct SourceShape {
     /// since), so the stream decides per transaction ([`SourceError::OutboxChanged`]).
     pub missing_columns: Vec<Refusal>,
     pub publication_exists: bool,
+    /// Message outboxes any role can write to (`pg_logical_emit_message` executable by
+    /// PUBLIC) without `allow_public_emit`: refused like [`SourceShape::refusals`].
+    pub public_emit: Option<Refusal>,
     /// Outboxes not yet in the existing publication (walfold adds them).
     pub unpublished: Vec<QualifiedName>,
     /// Whether the publication publishes through partition roots.
@@ -555,6 +568,15 @@ pub async fn inspect(
         }
         outboxes.push(name);
     }
+
+    let emit = crate::writers::public_emit(
+        source,
+        &config.outbox,
+        config.source().heartbeat_interval_s > 0,
+    )
+    .await?;
+    shape.public_emit = emit.refusal;
+    shape.warnings.extend(emit.warnings);
 
     let publication = &config.source().publication;
     let quoted_pub = quote_ident(publication);

@@ -27,6 +27,9 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// walfold's role lacks a right its schema needs; `missing` says which, with the fix.
+    #[error("migrating schema {schema}: {missing}")]
+    SchemaRights { schema: String, missing: String },
     /// Another walfold holds what this one needs (the event log's appender lock, or a
     /// checkpoint written with another partition count); retry later.
     #[error("{0}")]
@@ -102,9 +105,9 @@ impl StoreError {
             StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
             StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
             // Migrations need the target and the right to create the schema.
-            StoreError::MigrateConnect { .. } | StoreError::Migrate { .. } => {
-                ErrorKind::Environment
-            }
+            StoreError::MigrateConnect { .. }
+            | StoreError::Migrate { .. }
+            | StoreError::SchemaRights { .. } => ErrorKind::Environment,
             StoreError::Url { .. } | StoreError::RootCert { .. } | StoreError::Refused(_) => {
                 ErrorKind::Definite
             }

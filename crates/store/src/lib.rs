@@ -48,7 +48,7 @@ pub use ingest_position::{
 };
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
-pub use migrate::migrate;
+pub use migrate::{migrate, schema_access, SchemaAccess};
 pub use pause::{clear_pause, clear_pauses, record_pause};
 pub use prune::{
     hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,

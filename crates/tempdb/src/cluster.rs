@@ -26,6 +26,9 @@ pub struct Options {
     pub tls: bool,
     /// Extra `postgresql.conf` settings (name, value); they override the defaults.
     pub extra_settings: Vec<(String, String)>,
+    /// Roles that must authenticate with scram-sha-256 over TCP, like [`SCRAM_USER`] (the
+    /// caller creates them, with their passwords).
+    pub scram_roles: Vec<String>,
 }
 
 /// A running throwaway PostgreSQL cluster; stopped and deleted on drop.
@@ -111,7 +114,7 @@ impl Cluster {
                 "--no-sync",
             ]);
         run(&mut initdb, "initdb")?;
-        self.write_file("pg_hba.conf", &conf::render_hba(), false)?;
+        self.write_file("pg_hba.conf", &conf::render_hba(&opts.scram_roles), false)?;
         self.write_file("postgresql.conf", &conf::include_line(), true)?;
         for attempt in 1..=PORT_ATTEMPTS {
             self.port = free_port()?;

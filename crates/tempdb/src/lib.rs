@@ -9,7 +9,8 @@
 //! Access rules of every cluster:
 //! - the superuser `postgres` logs in without a password over TCP on 127.0.0.1 (and the socket);
 //! - the role [`SCRAM_USER`] (password [`SCRAM_PASSWORD`], `LOGIN REPLICATION`) must
-//!   authenticate with scram-sha-256 over TCP.
+//!   authenticate with scram-sha-256 over TCP, and so must the roles named in
+//!   [`Options::scram_roles`].
 //!
 //! PostgreSQL binaries are found through `WALFOLD_PG_BINDIR`, `pg_config --bindir` or the newest
 //! `/usr/lib/postgresql/*/bin`. When running as root, the server runs as the `postgres` OS user.

@@ -157,6 +157,7 @@ fn restart_stop_start_and_drop() {
     let opts = Options {
         tls: false,
         extra_settings: vec![("work_mem".into(), "7MB".into())],
+        ..Options::default()
     };
     let cluster = Cluster::start(opts).unwrap();
     assert!(cluster.ca_cert().is_none());
@@ -261,6 +262,7 @@ fn startup_failure_shows_the_server_log() {
     let opts = Options {
         tls: false,
         extra_settings: vec![("max_connections".into(), "lots".into())],
+        ..Options::default()
     };
     let err = Cluster::start(opts).unwrap_err();
     let msg = err.to_string();

@@ -25,8 +25,9 @@ pub enum Command {
     },
     /// Start a throwaway PostgreSQL, stream sample events through two projections, print them.
     Demo,
-    /// Connect to an existing database, find its outbox table and write a commented
-    /// walfold.toml for it (never overwriting a file), then check what `doctor` checks.
+    /// Connect to an existing database, find its outbox table (or take message outboxes)
+    /// and write a commented walfold.toml for it (never overwriting a file), then check
+    /// what `doctor` checks.
     Init {
         /// The source database, e.g. postgresql://user@host:5432/app (the password, if
         /// any, is used to connect and left out of the file).
@@ -36,6 +37,10 @@ pub enum Command {
         /// repeat for several outboxes.
         #[arg(long = "table", value_name = "SCHEMA.TABLE")]
         tables: Vec<String>,
+        /// A message outbox: the prefix of its `pg_logical_emit_message(true, prefix, json)`
+        /// calls; repeat for several. Without --table, no table is looked for.
+        #[arg(long = "message-prefix", value_name = "PREFIX")]
+        message_prefixes: Vec<String>,
         /// A read-model table to write a `table` projection for (without one, the
         /// config carries a commented `sql` projection to start from).
         #[arg(long, value_name = "SCHEMA.TABLE")]

@@ -20,6 +20,14 @@ create table outbox (
 create table order_state (order_id text primary key, status text not null, total numeric, version bigint not null);
 create table revenue (currency text primary key, total numeric not null);
 create table account_balance (account_id text primary key, balance numeric not null);
+-- Only the producer writes the message outbox's events: walfold refuses one that PUBLIC
+-- may write to (here the producer is the superuser that writes the sample events).
+do $$ declare f regprocedure; begin
+  for f in select p.oid::regprocedure from pg_proc p where p.proname = 'pg_logical_emit_message'
+    and p.pronamespace = 'pg_catalog'::regnamespace loop
+    execute format('revoke execute on function %s from public', f);
+  end loop;
+end $$;
 ";
 
 const EVENTS: &str = "

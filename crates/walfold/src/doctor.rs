@@ -212,25 +212,32 @@ async fn source_checks(
     } else {
         r.check(Level::Ok, format!("max_slot_wal_keep_size = {keep}"), "");
     }
-    let replication: bool = source
+    let row = source
         .query_one(
             "select rolreplication or rolsuper or exists (select 1 from pg_roles m \
-             where m.rolname = 'rds_replication' and pg_has_role(current_user, m.oid, 'member')) \
+             where m.rolname = 'rds_replication' and pg_has_role(current_user, m.oid, 'member')), \
+             current_user::text, has_database_privilege(current_database(), 'create') \
              from pg_roles where rolname = current_user",
             &[],
         )
-        .await?
-        .get(0);
+        .await?;
+    let (replication, role, db_create): (bool, String, bool) = (row.get(0), row.get(1), row.get(2));
+    let role = walfold_config::quote_ident(&role);
     r.check(
         if replication { Level::Ok } else { Level::Fail },
-        "the source role may replicate",
-        "alter role <walfold role> replication (on RDS/Aurora: grant rds_replication to <walfold role>)",
+        format!("the source role {role} may replicate"),
+        format!("alter role {role} replication (on RDS/Aurora: grant rds_replication to {role})"),
     );
 
     // Outbox tables and the publication: what `walfold run` refuses is a FAIL here.
     let publication = &config.source().publication;
     let shape = walfold_source::inspect(source, config).await?;
-    for refusal in shape.refusals.iter().chain(&shape.missing_columns) {
+    for refusal in shape
+        .refusals
+        .iter()
+        .chain(&shape.missing_columns)
+        .chain(&shape.public_emit)
+    {
         r.check(Level::Fail, &refusal.problem, &refusal.fix);
     }
     for warning in &shape.warnings {
@@ -277,8 +284,9 @@ async fn source_checks(
         r.check(
             if select { Level::Ok } else { Level::Warn },
             format!("the source role may read {t} (needed by `walfold backfill` only)"),
-            format!("grant select on {t} to <walfold role>"),
+            format!("grant select on {t} to {role}"),
         );
+        writers_of_table(r, source, &t).await?;
         if updates_or_deletes {
             let identity: String = source
                 .query_one(
@@ -307,7 +315,7 @@ async fn source_checks(
             .await?
             .get(0)
     };
-    for o in message_outboxes {
+    for o in &message_outboxes {
         r.check(
             if version >= 140000 { Level::Ok } else { Level::Fail },
             format!(
@@ -317,6 +325,23 @@ async fn source_checks(
             "upgrade the source to PostgreSQL 14 or later, or write events to an outbox table",
         );
     }
+    if !message_outboxes.is_empty() {
+        // While PUBLIC may, the check above FAILed (or warned: allow_public_emit).
+        let emitters = walfold_source::emitters(source).await?;
+        if !emitters.public {
+            let names: Vec<String> = message_outboxes.iter().map(|o| o.describe()).collect();
+            r.check(
+                Level::Ok,
+                format!(
+                    "roles that may write events into {} (execute pg_logical_emit_message): {}",
+                    names.join(", "),
+                    roles(&emitters.roles)
+                ),
+                "",
+            );
+        }
+    }
+    heartbeat_right(r, config, source, &role).await?;
     // A slot walfold has read from goes on only through the publication it was read
     // through (see the source's checks): creating another is no fix.
     let schema = walfold_store::Schema::new(&config.target.schema);
@@ -345,10 +370,27 @@ async fn source_checks(
             format!("walfold will not create it: a publication created now is not there for the changes the slot holds; {back}"),
         );
     } else if !shape.publication_exists {
+        let not_owned = not_owned(source, config).await?;
+        let may = db_create && not_owned.is_empty();
         r.check(
-            Level::Warn,
+            if may { Level::Warn } else { Level::Fail },
             format!("publication {publication} does not exist"),
-            "walfold creates it on start (needs create on the database and ownership of the outbox tables), or create it as their owner",
+            if may {
+                format!(
+                    "walfold creates it on start as {role}, or create it as the outbox tables' owner: {}",
+                    walfold_source::create_publication(config)
+                )
+            } else {
+                format!(
+                    "walfold cannot create it as {role} ({}): create it as the outbox tables' owner: {}",
+                    if db_create {
+                        format!("it does not own {}", not_owned.join(", "))
+                    } else {
+                        "no create on the database".to_owned()
+                    },
+                    walfold_source::create_publication(config)
+                )
+            },
         );
     } else {
         if read_from && read_through.as_ref().is_some_and(|r| r != publication) {
@@ -370,10 +412,33 @@ async fn source_checks(
             );
         } else if !shape.unpublished.is_empty() {
             let missing: Vec<String> = shape.unpublished.iter().map(ToString::to_string).collect();
+            // `alter publication … add table` needs both the publication and the tables.
+            let not_owned = not_owned(source, config).await?;
+            let owns_publication: bool = source
+                .query_one(
+                    "select pg_has_role(pubowner, 'usage') from pg_publication where pubname = $1",
+                    &[publication],
+                )
+                .await?
+                .get(0);
+            let quoted: Vec<String> = shape.unpublished.iter().map(|t| t.quoted()).collect();
+            let owns = owns_publication
+                && shape
+                    .unpublished
+                    .iter()
+                    .all(|t| !not_owned.contains(&t.to_string()));
             r.check(
-                Level::Warn,
+                if owns { Level::Warn } else { Level::Fail },
                 format!("publication {publication} lacks {}", missing.join(", ")),
-                "walfold adds them on start (needs ownership of the tables), or add them as their owner",
+                if owns {
+                    format!("walfold adds them on start as {role}, or add them as their owner")
+                } else {
+                    format!(
+                        "walfold cannot add them as {role} (that needs ownership of the publication and the tables): as their owner, alter publication {} add table {}",
+                        walfold_config::quote_ident(publication),
+                        quoted.join(", ")
+                    )
+                },
             );
         }
         // A FAIL for a partitioned outbox without it is among the refusals above.
@@ -432,6 +497,107 @@ async fn source_checks(
     Ok(())
 }
 
+/// Roles for a line of `doctor`: at most ten names, and superusers, who may do anything.
+fn roles(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    match names.len() {
+        0 => "superusers only".to_owned(),
+        n if n > SHOWN => format!(
+            "{} and {} more, and superusers",
+            names[..SHOWN].join(", "),
+            n - SHOWN
+        ),
+        _ => format!("{}, and superusers", names.join(", ")),
+    }
+}
+
+/// Who can write `table`'s events: whoever may insert into it (informational), and a
+/// warning when that is PUBLIC.
+async fn writers_of_table(
+    r: &mut Report,
+    source: &Client,
+    table: &walfold_config::QualifiedName,
+) -> Result<(), tokio_postgres::Error> {
+    let writers = walfold_source::inserters(source, &table.quoted()).await?;
+    if writers.public {
+        r.check(
+            Level::Warn,
+            format!("any role may insert into {table}, and so write its events"),
+            format!(
+                "revoke insert on {} from public; grant insert on {} to <producing role>",
+                table.quoted(),
+                table.quoted()
+            ),
+        );
+    } else {
+        r.check(
+            Level::Ok,
+            format!(
+                "roles that may write events into {table} (insert into it): {}",
+                roles(&writers.roles)
+            ),
+            "",
+        );
+    }
+    Ok(())
+}
+
+/// Heartbeats call `pg_logical_emit_message` as the source role: once that is revoked
+/// from PUBLIC, the role needs its own grant (or no heartbeats).
+async fn heartbeat_right(
+    r: &mut Report,
+    config: &Config,
+    source: &Client,
+    role: &str,
+) -> Result<(), tokio_postgres::Error> {
+    if config.source().heartbeat_interval_s == 0 {
+        return Ok(());
+    }
+    let rows = source
+        .query(
+            "select 'pg_logical_emit_message(' || oidvectortypes(p.proargtypes) || ')', \
+             has_function_privilege(p.oid, 'execute') from pg_proc p \
+             where p.proname = 'pg_logical_emit_message' \
+             and p.pronamespace = 'pg_catalog'::regnamespace \
+             and p.proargtypes[2] = 'text'::regtype order by p.oid",
+            &[],
+        )
+        .await?;
+    if rows.iter().any(|row| row.get::<_, bool>(1)) {
+        return Ok(());
+    }
+    let functions: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    r.check(
+        Level::Warn,
+        format!("the source role {role} may not execute pg_logical_emit_message: walfold's heartbeats fail, so on a database where no outbox row is written the slot does not advance"),
+        format!(
+            "grant execute on function {} to {role}, or set source.heartbeat_interval_s = 0",
+            functions.join(", ")
+        ),
+    );
+    Ok(())
+}
+
+/// The table outboxes (that exist) whose owner the source role is not: it cannot put
+/// them in a publication.
+async fn not_owned(source: &Client, config: &Config) -> Result<Vec<String>, tokio_postgres::Error> {
+    let mut out = Vec::new();
+    for (_, t) in config.table_outboxes() {
+        let owns: Option<bool> = source
+            .query_opt(
+                "select pg_has_role(c.relowner, 'usage') from pg_class c \
+                 where c.oid = to_regclass($1)",
+                &[&t.quoted()],
+            )
+            .await?
+            .map(|row| row.get(0));
+        if owns == Some(false) {
+            out.push(t.to_string());
+        }
+    }
+    Ok(out)
+}
+
 /// Slots walfold ingested through that no source of the config uses any more (a
 /// source's slot renamed, a source removed): on its server such a slot keeps WAL.
 async fn abandoned_slots(r: &mut Report, config: &Config, target: &Client) {
@@ -465,21 +631,19 @@ async fn target_checks(
     } else {
         String::new()
     };
-    let row = target
-        .query_one(
-            "select exists (select 1 from pg_namespace where nspname = $1), \
-             has_database_privilege(current_database(), 'create'), \
-             coalesce((select has_schema_privilege(oid, 'create') from pg_namespace where nspname = $1), false)",
-            &[&schema],
-        )
-        .await?;
-    let (exists, db_create, schema_create): (bool, bool, bool) =
-        (row.get(0), row.get(1), row.get(2));
-    r.check(
-        if (exists && schema_create) || (!exists && db_create) { Level::Ok } else { Level::Fail },
-        format!("the target role may create walfold's schema {schema} and its tables{on}"),
-        format!("grant create on database <target db> to <walfold role> (or create schema {schema} authorization <walfold role>)"),
-    );
+    // What `walfold run` does with the schema (`walfold_store::migrate`): create it if
+    // missing (create on the database), then its tables (create in the schema).
+    let access = walfold_store::schema_access(target, schema).await?;
+    let role = walfold_config::quote_ident(&access.role);
+    let what = if access.exists {
+        format!("the target role {role} may create walfold's tables in its schema {schema}{on}")
+    } else {
+        format!("the target role {role} may create walfold's schema {schema}{on}")
+    };
+    match access.missing(schema) {
+        None => r.check(Level::Ok, what, ""),
+        Some(fix) => r.check(Level::Fail, what, fix),
+    }
     for p in home.projections(config) {
         let Some(t) = p.storage() else { continue };
         let row = target
@@ -493,7 +657,7 @@ async fn target_checks(
         r.check(
             if ok { Level::Ok } else { Level::Fail },
             format!("projection {}: table {t} exists and is writable{on}", p.name),
-            format!("create {t}, or grant select, insert, update (and delete if the projection deletes) on {t} to <walfold role>"),
+            format!("create {t}, or grant select, insert, update (and delete if the projection deletes) on {t} to {role}"),
         );
         if !ok {
             continue;
@@ -516,20 +680,20 @@ async fn target_checks(
         let mut missing: Vec<String> = Vec::new();
         if !rebuild.get::<_, bool>("owns") {
             missing.push(format!(
-                "alter table {} owner to <walfold role> (a rebuild renames it)",
+                "alter table {} owner to {role} (a rebuild renames it)",
                 t.quoted()
             ));
         }
         if !rebuild.get::<_, bool>("create") {
             missing.push(format!(
-                "grant create on schema {} to <walfold role>",
+                "grant create on schema {} to {role}",
                 walfold_config::quote_ident(&t.schema)
             ));
         }
         let unreferenced: Vec<String> = rebuild.get("unreferenced");
         if !unreferenced.is_empty() {
             missing.push(format!(
-                "grant references on {} to <walfold role> (its foreign keys)",
+                "grant references on {} to {role} (its foreign keys)",
                 unreferenced.join(", ")
             ));
         }

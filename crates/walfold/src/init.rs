@@ -1,9 +1,10 @@
 //! `walfold init`: the first ten minutes. Connects to an existing database, finds the
 //! tables that look like outboxes (an ID, a JSON payload and the aggregate and type
 //! columns under the spellings ORMs and frameworks use), picks the mapping, and writes
-//! a complete commented config with one example projection. Then it runs `doctor`'s
-//! checks on that config, so what to fix (wal_level, rights, the publication) is said
-//! before the first `walfold run`. It never overwrites a file.
+//! a complete commented config with one example projection; message outboxes named
+//! with `--message-prefix` come with the grants that leave them to their producer.
+//! Then it runs `doctor`'s checks on that config, so what to fix (wal_level, rights,
+//! the publication) is said before the first `walfold run`. It never overwrites a file.
 
 use std::io::Write;
 use std::path::Path;
@@ -391,12 +392,53 @@ async fn publication(
         .filter(|name| valid_name(name)))
 }
 
+/// The outboxes named on the command line.
+pub struct Wanted {
+    /// `--table`: without any (and without message outboxes), init looks for one.
+    pub tables: Vec<String>,
+    /// `--message-prefix`.
+    pub message_prefixes: Vec<String>,
+}
+
+/// What a message outbox needs on the source: `pg_logical_emit_message` taken from
+/// PUBLIC and granted to the producer (and to walfold's role, for its heartbeats).
+struct EmitGrants {
+    /// Its overloads, as `pg_logical_emit_message(boolean, text, text)`.
+    functions: Vec<String>,
+    /// Whether PUBLIC may execute one of them now.
+    public: bool,
+    /// The role init connected as (walfold's source role), unless it is a superuser: its
+    /// heartbeats need no grant then.
+    role: Option<String>,
+}
+
+async fn emit_grants(client: &Client) -> Result<EmitGrants, Failure> {
+    let rows = client
+        .query(
+            "select 'pg_logical_emit_message(' || oidvectortypes(p.proargtypes) || ')', \
+             has_function_privilege('public', p.oid, 'execute'), \
+             (select rolname::text from pg_roles where rolname = current_user and not rolsuper) \
+             from pg_proc p where p.proname = 'pg_logical_emit_message' \
+             and p.pronamespace = 'pg_catalog'::regnamespace order by p.oid",
+            &[],
+        )
+        .await
+        .map_err(Failure::runtime)?;
+    Ok(EmitGrants {
+        functions: rows.iter().map(|r| r.get(0)).collect(),
+        public: rows.iter().any(|r| r.get::<_, bool>(1)),
+        role: rows.first().and_then(|r| r.get(2)),
+    })
+}
+
 pub async fn init(
     url: &str,
-    wanted: &[String],
+    outboxes: &Wanted,
     read_model_table: Option<&str>,
     output: &Path,
 ) -> Result<(), Failure> {
+    let wanted = &outboxes.tables;
+    let prefixes = &outboxes.message_prefixes;
     let to_stdout = output == Path::new("-");
     if !to_stdout && output.exists() {
         return Err(Failure::config(format!(
@@ -412,7 +454,7 @@ pub async fn init(
     })?;
     let all = tables(&client).await?;
     let mut chosen: Vec<Mapped> = Vec::new();
-    if wanted.is_empty() {
+    if wanted.is_empty() && prefixes.is_empty() {
         let found: Vec<Mapped> = all.iter().filter_map(|t| map_table(t).ok()).collect();
         match found.len() {
             0 => {
@@ -463,18 +505,31 @@ pub async fn init(
     };
     let names: Vec<QualifiedName> = chosen.iter().map(|m| m.table.clone()).collect();
     let existing_publication = publication(&client, &names).await?;
+    let grants = if prefixes.is_empty() {
+        None
+    } else {
+        Some(emit_grants(&client).await?)
+    };
     let (file_url, had_password) = without_password(url);
     let text = render(
         &file_url,
         had_password,
         &chosen,
+        &Messages {
+            prefixes,
+            grants: grants.as_ref(),
+        },
         existing_publication.as_deref(),
         read_model.as_ref(),
     );
     // What init writes, `walfold run` loads: checked before anything is written.
     let config = Config::from_toml(&text, [("WALFOLD_SOURCE__URL".to_owned(), url.to_owned())])
         .map_err(|e| {
-            Failure::runtime(format!("the generated config does not load (a bug): {e}"))
+            if prefixes.is_empty() {
+                Failure::runtime(format!("the generated config does not load (a bug): {e}"))
+            } else {
+                Failure::config(format!("--message-prefix: {e}"))
+            }
         })?;
     if to_stdout {
         print!("{text}");
@@ -506,6 +561,21 @@ pub async fn init(
     for m in &chosen {
         let cols: Vec<String> = m.columns.iter().map(|(k, c)| format!("{k}={c}")).collect();
         say(format!("outbox {}: {}", m.table, cols.join(", ")));
+    }
+    for p in prefixes {
+        say(format!(
+            "message outbox '{p}': pg_logical_emit_message(true, '{p}', json) calls"
+        ));
+    }
+    if let Some(g) = grants.as_ref().filter(|g| g.public) {
+        say(format!(
+            "only the producer may write events: as a superuser, run\n{}\n(they are in the file too)",
+            lock_down(g)
+                .iter()
+                .map(|l| format!("  {l}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ));
     }
     match &read_model {
         Some(r) => say(format!(
@@ -542,10 +612,31 @@ pub async fn init(
     Ok(())
 }
 
+/// The message outboxes to write, and the grants they need.
+struct Messages<'a> {
+    prefixes: &'a [String],
+    grants: Option<&'a EmitGrants>,
+}
+
+/// The statements that leave `pg_logical_emit_message` to the producer and walfold.
+fn lock_down(g: &EmitGrants) -> [String; 2] {
+    let list = g.functions.join(", ");
+    let walfold = g
+        .role
+        .as_deref()
+        .map(|r| format!(", {}", walfold_config::quote_ident(r)))
+        .unwrap_or_default();
+    [
+        format!("revoke execute on function {list} from public;"),
+        format!("grant execute on function {list} to <producing role>{walfold};"),
+    ]
+}
+
 fn render(
     url: &str,
     had_password: bool,
     outboxes: &[Mapped],
+    messages: &Messages<'_>,
     publication: Option<&str>,
     read_model: Option<&ReadModel>,
 ) -> String {
@@ -611,6 +702,32 @@ fn render(
                 )),
             }
         }
+    }
+    if let Some(g) = messages.grants {
+        t.push_str(if g.public {
+            "\n# Message outboxes. Only the producer may write their events, but PostgreSQL lets\n\
+             # every role execute pg_logical_emit_message: walfold refuses to start until, as a\n\
+             # superuser, you run:\n"
+        } else {
+            "\n# Message outboxes. Only roles granted pg_logical_emit_message write their events\n\
+             # (PUBLIC may not here), as after:\n"
+        });
+        for line in lock_down(g) {
+            t.push_str(&format!("#   {line}\n"));
+        }
+        if g.role.is_some() {
+            t.push_str("# (walfold's own role is granted it for its heartbeats.)\n");
+        }
+        t.push_str(
+            "# allow_public_emit = true on an [[outbox]] accepts events from any role instead.\n",
+        );
+    }
+    for p in messages.prefixes {
+        t.push_str(&format!(
+            "\n[[outbox]]\n# pg_logical_emit_message(true, '{p}', json) calls are its events.\n\
+             message_prefix = {}\n",
+            toml_str(p)
+        ));
     }
     t.push_str(
         "\n[target]\n\

@@ -111,9 +111,16 @@ fn main() -> ExitCode {
             Command::Init {
                 url,
                 tables,
+                message_prefixes,
                 read_model,
                 output,
-            } => init::init(&url, &tables, read_model.as_deref(), &output).await,
+            } => {
+                let outboxes = init::Wanted {
+                    tables,
+                    message_prefixes,
+                };
+                init::init(&url, &outboxes, read_model.as_deref(), &output).await
+            }
             Command::Events {
                 config,
                 aggregate,

@@ -13,6 +13,7 @@ mod pipeline;
 mod poison;
 mod rebuild;
 mod resources;
+mod security;
 mod soak;
 mod sources;
 mod streaming;

@@ -857,6 +857,7 @@ async fn message_outboxes_flow_beside_a_table_outbox_and_reject_what_is_no_event
          alter table outbox_naive alter column occurred_at type timestamp; \
          create extension pg_walinspect;",
     );
+    db.psql(walfold_tests::REVOKE_PUBLIC_EMIT);
     // Two message outboxes (one with camelCase keys) beside two table outboxes.
     let config = db.config(
         r#"
@@ -1078,6 +1079,7 @@ async fn an_outbox_column_renamed_while_running_stops_ingest_instead_of_dead_let
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_of_message_outboxes_alone_runs_on_an_empty_publication() {
     let db = TestDb::new("messages_only");
+    db.psql(walfold_tests::REVOKE_PUBLIC_EMIT);
     let config = db.config("").replace(
         "[[outbox]]\ntable = \"public.outbox\"\n",
         "[[outbox]]\nmessage_prefix = \"orders\"\n",

@@ -183,6 +183,8 @@ table = "public.outbox_text"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_message_is_a_dead_letter_and_ingest_goes_on() {
     let db = TestDb::new("poison_msg");
+    // Only the producer may emit (here the superuser the test writes as).
+    db.psql(walfold_tests::REVOKE_PUBLIC_EMIT);
     let config = db.config(
         r#"
 [[outbox]]

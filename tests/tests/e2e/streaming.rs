@@ -348,6 +348,7 @@ async fn status_updates_go_on_while_the_target_pushes_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_outbox_is_read_with_protocol_1_and_a_rolled_back_savepoint_loses_its_message() {
     let db = streaming_db("streammsg");
+    db.psql(walfold_tests::REVOKE_PUBLIC_EMIT);
     let config = without_projections(&db) + "\n[[outbox]]\nmessage_prefix = \"walfold:orders\"\n";
     let (d, client) = Daemon::streaming(&db, &config).await;
     log_says(&d, "protocol=1").await;

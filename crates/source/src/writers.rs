@@ -1,0 +1,190 @@
+//! Who can write an outbox's events: for a table outbox, whoever may insert into the
+//! table; for a message outbox, whoever may execute `pg_logical_emit_message`, which
+//! PostgreSQL grants to PUBLIC unless it is revoked. walfold refuses a message outbox
+//! that any role can write to, unless the config accepts that (`allow_public_emit`).
+
+use tokio_postgres::Client;
+use walfold_config::OutboxConfig;
+
+use crate::error::Refusal;
+
+/// The overloads of `pg_catalog.pg_logical_emit_message` (two before PostgreSQL 17, with a
+/// fourth argument from 17 on: read from `pg_proc`, never assumed), as
+/// `pg_logical_emit_message(boolean, text, text)`, and whether PUBLIC may execute each.
+const EMIT_FUNCTIONS: &str =
+    "select 'pg_logical_emit_message(' || oidvectortypes(p.proargtypes) || ')' as signature, \
+     has_function_privilege('public', p.oid, 'execute') as public \
+     from pg_proc p where p.proname = 'pg_logical_emit_message' \
+     and p.pronamespace = 'pg_catalog'::regnamespace order by p.oid";
+
+/// The login roles, other than superusers, that may execute an overload of
+/// `pg_logical_emit_message`.
+const EMITTERS: &str = "select r.rolname::text from pg_roles r \
+     where r.rolcanlogin and not r.rolsuper and exists (select from pg_proc p \
+       where p.proname = 'pg_logical_emit_message' and p.pronamespace = 'pg_catalog'::regnamespace \
+       and has_function_privilege(r.oid, p.oid, 'execute')) order by 1";
+
+/// The login roles, other than superusers, that may insert into the table `$1` (quoted).
+const INSERTERS: &str = "select r.rolname::text from pg_roles r \
+     where r.rolcanlogin and not r.rolsuper \
+     and has_table_privilege(r.oid, $1::text::regclass, 'insert') order by 1";
+
+/// What the source's grants let any role do to the configured message outboxes: a
+/// refusal for those that do not accept it, a warning for those that do.
+#[derive(Debug, Default)]
+pub(crate) struct PublicEmit {
+    pub(crate) refusal: Option<Refusal>,
+    pub(crate) warnings: Vec<String>,
+}
+
+/// Checks `pg_logical_emit_message`'s grants when `outboxes` has message outboxes.
+pub(crate) async fn public_emit(
+    source: &Client,
+    outboxes: &[OutboxConfig],
+    heartbeats: bool,
+) -> Result<PublicEmit, tokio_postgres::Error> {
+    let mut found = PublicEmit::default();
+    let messages: Vec<&OutboxConfig> = outboxes
+        .iter()
+        .filter(|o| o.message_prefix.is_some())
+        .collect();
+    if messages.is_empty() {
+        return Ok(found);
+    }
+    let rows = source.query(EMIT_FUNCTIONS, &[]).await?;
+    if !rows.iter().any(|r| r.get::<_, bool>("public")) {
+        return Ok(found);
+    }
+    let functions: Vec<String> = rows.iter().map(|r| r.get("signature")).collect();
+    // A superuser needs no grant for its heartbeats.
+    let row = source
+        .query_one(
+            "select current_user::text, rolsuper from pg_roles where rolname = current_user",
+            &[],
+        )
+        .await?;
+    let (role, superuser): (String, bool) = (row.get(0), row.get(1));
+    let fix = lock_down(
+        &functions,
+        (heartbeats && !superuser).then_some(role.as_str()),
+    );
+    let (accepted, refused): (Vec<&OutboxConfig>, Vec<&OutboxConfig>) =
+        messages.into_iter().partition(|o| o.allow_public_emit);
+    for o in accepted {
+        found.warnings.push(format!(
+            "any role that may log in to the source database can write events into {}: \
+             pg_logical_emit_message is executable by PUBLIC, and allow_public_emit = true \
+             accepts that. To allow only the producer: {fix}",
+            o.describe()
+        ));
+    }
+    if !refused.is_empty() {
+        let names: Vec<String> = refused.iter().map(|o| o.describe()).collect();
+        let prefixes: Vec<String> = refused
+            .iter()
+            .filter_map(|o| o.message_prefix.as_deref())
+            .map(|p| format!("message_prefix = {p:?}"))
+            .collect();
+        found.refusal = Some(Refusal {
+            problem: format!(
+                "pg_logical_emit_message is executable by PUBLIC: any role that may log in to \
+                 the source database can write events into {}",
+                names.join(", ")
+            ),
+            fix: format!(
+                "{fix}; or, to accept events from any role, set allow_public_emit = true on the \
+                 [[outbox]] with {}",
+                prefixes.join(", ")
+            ),
+        });
+    }
+    Ok(found)
+}
+
+/// The statements that leave `pg_logical_emit_message` to the producer (and to walfold's
+/// own `role`, whose heartbeats call it).
+fn lock_down(functions: &[String], role: Option<&str>) -> String {
+    let list = functions.join(", ");
+    let to = match role {
+        Some(role) => format!(
+            "<producing role>, {} (walfold's heartbeats; or set source.heartbeat_interval_s = 0)",
+            walfold_config::quote_ident(role)
+        ),
+        None => "<producing role>".to_owned(),
+    };
+    format!(
+        "as a superuser, revoke execute on function {list} from public; then grant execute on \
+         function {list} to {to}"
+    )
+}
+
+/// Who can write an outbox's events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writers {
+    /// Any role at all: PUBLIC has the right.
+    pub public: bool,
+    /// The login roles that have it, superusers aside (who have every right).
+    pub roles: Vec<String>,
+}
+
+/// Who may execute `pg_logical_emit_message`: who can write a message outbox's events.
+pub async fn emitters(source: &Client) -> Result<Writers, tokio_postgres::Error> {
+    let public = source
+        .query(EMIT_FUNCTIONS, &[])
+        .await?
+        .iter()
+        .any(|r| r.get::<_, bool>("public"));
+    Ok(Writers {
+        public,
+        roles: roles(source, EMITTERS, &[]).await?,
+    })
+}
+
+/// Who may insert into `table` (quoted): who can write a table outbox's events.
+pub async fn inserters(source: &Client, table: &str) -> Result<Writers, tokio_postgres::Error> {
+    let public = source
+        .query_one(
+            "select has_table_privilege('public', $1::text::regclass, 'insert')",
+            &[&table],
+        )
+        .await?
+        .get(0);
+    Ok(Writers {
+        public,
+        roles: roles(source, INSERTERS, &[&table]).await?,
+    })
+}
+
+async fn roles(
+    source: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(source
+        .query(sql, params)
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fix_names_every_overload_and_walfolds_role() {
+        let functions = [
+            "pg_logical_emit_message(boolean, text, text)".to_owned(),
+            "pg_logical_emit_message(boolean, text, bytea)".to_owned(),
+        ];
+        let fix = lock_down(&functions, Some("walfold_repl"));
+        assert!(fix.contains(
+            "revoke execute on function pg_logical_emit_message(boolean, text, text), \
+             pg_logical_emit_message(boolean, text, bytea) from public; then grant execute on \
+             function pg_logical_emit_message(boolean, text, text), \
+             pg_logical_emit_message(boolean, text, bytea) to <producing role>, \"walfold_repl\""
+        ));
+        assert!(!lock_down(&functions, None).contains("heartbeat"));
+    }
+}

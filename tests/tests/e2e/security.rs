@@ -1,0 +1,408 @@
+//! Who can write an event, and the least privilege walfold runs with: a message outbox
+//! that any role can write to is refused until `pg_logical_emit_message` is revoked from
+//! PUBLIC (or the config accepts it), and the README's Security recipe, run word for
+//! word, is enough for every command.
+
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use walfold_tempdb::{Cluster, Options};
+use walfold_tests::{
+    caught_up, config_builder, eventually, insert_event, slot_active, walfold, write_config,
+    Daemon, TestDb, REVOKE_PUBLIC_EMIT,
+};
+
+/// `pg_logical_emit_message(true, 'walfold:accounts', …)` of a `Credited` event.
+fn credit(id: u32, version: i64, amount: &str) -> String {
+    format!(
+        "select 'x' from pg_logical_emit_message(true, 'walfold:accounts', \
+         '{{\"id\": \"00000000-0000-4000-8000-{id:012}\", \"aggregate_type\": \"account\", \
+         \"aggregate_id\": \"acc-1\", \"event_type\": \"Credited\", \"version\": {version}, \
+         \"payload\": {{\"amount\": \"{amount}\"}}}}');"
+    )
+}
+
+/// A role that may log in to `db` and was granted nothing, connected over TCP.
+async fn intruder(db: &TestDb) -> tokio_postgres::Client {
+    db.psql("create role intruder login");
+    let url = format!(
+        "postgresql://intruder@127.0.0.1:{}/{}",
+        db.cluster.port(),
+        db.name
+    );
+    walfold_store::connect(&url)
+        .await
+        .expect("intruder connects")
+}
+
+/// A role with LOGIN and no grant emitted a `Credited` of a million under a message
+/// outbox's prefix, and walfold folded it into the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_outbox_any_role_can_write_to_is_refused_until_emit_is_revoked() {
+    let db = TestDb::new("public_emit");
+    let config = db.config("\n[[outbox]]\nmessage_prefix = \"walfold:accounts\"\n");
+    let overloads = db.psql(
+        "select string_agg('pg_logical_emit_message(' || oidvectortypes(proargtypes) || ')', \
+         ', ' order by oid) from pg_proc where proname = 'pg_logical_emit_message'",
+    );
+    let revoke = format!("revoke execute on function {overloads} from public");
+
+    // PostgreSQL's default: PUBLIC may execute it. A definite refusal, before any slot.
+    let mut d = Daemon::start(&config, &[]);
+    assert_eq!(d.wait_exit("the daemon to refuse").await, Some(1));
+    let log = d.log_text();
+    for says in [
+        "pg_logical_emit_message is executable by PUBLIC: any role that may log in to the \
+         source database can write events into messages 'walfold:accounts'",
+        &revoke,
+        "set allow_public_emit = true on the [[outbox]] with message_prefix = \"walfold:accounts\"",
+    ] {
+        assert!(log.contains(says), "no `{says}` in:\n{log}");
+    }
+    assert_eq!(
+        db.psql("select count(*) from pg_replication_slots where database = current_database()"),
+        "0"
+    );
+    let (code, out, _) = walfold(&["doctor", "-c", d.config_path()], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  pg_logical_emit_message is executable by PUBLIC")
+            && out.contains(&revoke),
+        "{out}"
+    );
+
+    // Revoked: it runs, the producer's events fold, a role without the grant cannot emit.
+    db.psql(REVOKE_PUBLIC_EMIT);
+    let (code, out, _) = walfold(&["doctor", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "ok    roles that may write events into messages 'walfold:accounts' (execute \
+             pg_logical_emit_message): superusers only"
+        ),
+        "{out}"
+    );
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    let intruder = intruder(&db).await;
+    let denied = intruder
+        .batch_execute(&credit(2, 1, "1000000"))
+        .await
+        .expect_err("a role without the grant emits");
+    assert_eq!(
+        denied.code(),
+        Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+        "{denied:?}"
+    );
+    db.psql(&credit(1, 1, "100"));
+    caught_up(&client, 1, 3).await;
+    assert_eq!(db.psql("select amount from ledger"), "100");
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+
+    // Opted in: PUBLIC may emit again, and walfold follows it, warning at start.
+    db.psql(
+        &REVOKE_PUBLIC_EMIT
+            .replace("revoke execute", "grant execute")
+            .replace("from public", "to public"),
+    );
+    let opted = config.replace(
+        "message_prefix = \"walfold:accounts\"\n",
+        "message_prefix = \"walfold:accounts\"\nallow_public_emit = true\n",
+    );
+    assert_ne!(opted, config);
+    let (d, client) = Daemon::streaming(&db, &opted).await;
+    eventually(Duration::from_secs(10), "the warning", || {
+        let log = d.log_text();
+        async move {
+            log.contains(
+                "any role that may log in to the source database can write events into \
+                 messages 'walfold:accounts'",
+            )
+        }
+    })
+    .await;
+    let (code, out, _) = walfold(&["doctor", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warn  any role that may log in to the source database can write events"),
+        "{out}"
+    );
+    intruder
+        .batch_execute(&credit(2, 2, "1000000"))
+        .await
+        .unwrap();
+    caught_up(&client, 2, 3).await;
+    assert_eq!(db.psql("select sum(amount) from ledger"), "1000100");
+}
+
+/// `walfold init --message-prefix` writes the statements a message outbox needs; run as
+/// written (the producer named), they make doctor pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_writes_the_grants_that_leave_a_message_outbox_to_its_producer() {
+    let db = TestDb::new("init_emit");
+    let path = write_config("");
+    std::fs::remove_file(&path).unwrap();
+    let file = path.to_str().unwrap();
+    let url = db.url();
+    let (code, out, err) = walfold(
+        &[
+            "init",
+            "--url",
+            &url,
+            "--message-prefix",
+            "walfold:accounts",
+            "-o",
+            file,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("only the producer may write events")
+            && out.contains("FAIL  pg_logical_emit_message is executable by PUBLIC"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("message_prefix = \"walfold:accounts\""),
+        "{text}"
+    );
+    let statements: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .filter(|l| l.starts_with("revoke ") || l.starts_with("grant "))
+        .collect();
+    assert_eq!(statements.len(), 2, "{text}");
+    db.psql("create role app_producer login");
+    db.psql(
+        &statements
+            .join("\n")
+            .replace("<producing role>", "app_producer"),
+    );
+    let (code, out, _) = walfold(&["doctor", "-c", file], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "ok    roles that may write events into messages 'walfold:accounts' (execute \
+             pg_logical_emit_message): app_producer, and superusers"
+        ),
+        "{out}"
+    );
+}
+
+const REPL_PASSWORD: &str = "repl-secret";
+const WRITER_PASSWORD: &str = "writer-secret";
+
+/// The least-privilege block of the README's Security section, as written there.
+fn readme_recipe() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+    let readme = std::fs::read_to_string(path).unwrap();
+    let start = readme
+        .find("\n## Security\n")
+        .expect("README.md has a Security section");
+    let section = &readme[start + 1..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    section
+        .split("```sql\n")
+        .skip(1)
+        .map(|b| &b[..b.find("```").expect("the block closes")])
+        .find(|b| b.contains("create role walfold_repl"))
+        .expect("the Security section creates walfold_repl in an sql block")
+        .to_owned()
+}
+
+/// The projection the recipe's read model serves.
+const ORDER_STATUS: &str = r#"
+[[projection]]
+name = "order_status"
+subscriber = "orders.status.v1"
+table = "read_model.order_status"
+key = "order_id"
+version_column = "version"
+columns = { status = ":payload.status" }
+"#;
+
+/// The README's Security section, word for word: two scram-sha-256 roles, one that reads
+/// the WAL and the outbox only (the publication made by an admin), one that owns only
+/// walfold's schema and the read models' (no superuser, no create on the database). With
+/// them `run`, `doctor`, `status`, `dead-letters`, `rebuild`, `prune` and `migrate` all
+/// work, doctor says nothing false, and nothing of walfold's lands on the source but
+/// its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_least_privilege_recipe_runs_every_command() {
+    let cluster: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options {
+            scram_roles: vec!["walfold_repl".into(), "walfold_writer".into()],
+            ..Options::default()
+        })
+        .expect("private cluster"),
+    ));
+    let db = TestDb::on(cluster, "least");
+    let recipe = readme_recipe();
+    assert_eq!(recipe.matches("'…'").count(), 2, "{recipe}");
+    db.psql(
+        &recipe
+            .replacen("'…'", &format!("'{REPL_PASSWORD}'"), 1)
+            .replacen("'…'", &format!("'{WRITER_PASSWORD}'"), 1),
+    );
+    // What the recipe gave: scram passwords, no superuser, no create on the database.
+    assert_eq!(
+        db.psql(
+            "select string_agg(format('%s %s %s %s', rolname, rolsuper::text, \
+             rolreplication::text, (rolpassword like 'SCRAM-SHA-256$%')::text), ', ' \
+             order by rolname) from pg_authid \
+             where rolname like 'walfold\\_%' and rolname <> 'walfold_scram'"
+        ),
+        "walfold_repl false true true, walfold_writer false false true"
+    );
+    assert_eq!(
+        db.psql(
+            "select has_database_privilege('walfold_repl', current_database(), 'create') \
+             or has_database_privilege('walfold_writer', current_database(), 'create')"
+        ),
+        "f"
+    );
+    let at = format!("127.0.0.1:{}/{}", cluster.port(), db.name);
+    assert!(
+        walfold_store::connect(&format!("postgresql://walfold_repl@{at}"))
+            .await
+            .is_err(),
+        "pg_hba asks these roles for their scram-sha-256 password"
+    );
+
+    // The file names the roles; the passwords come from the environment.
+    let config = config_builder(&format!("postgresql://walfold_repl@{at}"))
+        .set("target", "url", format!("postgresql://walfold_writer@{at}"))
+        .set("log", "level", "info")
+        .text(ORDER_STATUS)
+        .to_toml();
+    let source_url = format!("postgresql://walfold_repl:{REPL_PASSWORD}@{at}");
+    let target_url = format!("postgresql://walfold_writer:{WRITER_PASSWORD}@{at}");
+    let envs = [
+        ("WALFOLD_SOURCE__URL", source_url.as_str()),
+        ("WALFOLD_TARGET__URL", target_url.as_str()),
+    ];
+    let path = write_config(&config);
+    let cfg = path.to_str().unwrap();
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["-c", cfg]);
+        walfold(&all, &envs)
+    };
+    let doctor = |when: &str| {
+        let (code, out, err) = cli(&["doctor"]);
+        assert_eq!(code, 0, "doctor {when}:\n{out}\n{err}");
+        for says in [
+            "ok    the source role \"walfold_repl\" may replicate",
+            "ok    the target role \"walfold_writer\" may create walfold's tables in its schema walfold",
+            "ok    publication walfold_outbox covers exactly the outbox tables",
+            "ok    roles that may write events into public.outbox (insert into it): superusers only",
+            "ok    projection order_status: table read_model.order_status exists and is writable",
+            "ok    projection order_status: the target role may rebuild read_model.order_status",
+        ] {
+            assert!(out.contains(says), "doctor {when}: no `{says}` in:\n{out}");
+        }
+        // Every warning is true of this server: it does not limit the WAL a slot keeps.
+        let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warn")).collect();
+        assert_eq!(
+            warnings,
+            ["warn  max_slot_wal_keep_size = -1 (unlimited)"],
+            "doctor {when}:\n{out}"
+        );
+    };
+    doctor("before the first start");
+
+    let mut d = Daemon::start(&config, &envs);
+    let admin = db.client().await;
+    slot_active(&admin).await;
+    let order = |id: u32, order: &str, version: i64, status: &str| {
+        insert_event(
+            &format!("00000000-0000-4000-8000-{id:012}"),
+            order,
+            "OrderChanged",
+            version,
+            &format!(r#"{{"status": "{status}"}}"#),
+        )
+    };
+    // The producer (the outbox's owner) writes; one row cannot be an event.
+    db.psql(&format!(
+        "{}{}{}{} insert into outbox (id, aggregate_type, aggregate_id, event_type, version, \
+         payload) values (null, 'order', 'o-9', 'OrderChanged', 1, '{{}}');",
+        order(1, "o-1", 1, "placed"),
+        order(2, "o-1", 2, "paid"),
+        order(3, "o-2", 1, "placed"),
+        order(4, "o-1", 1, "late"),
+    ));
+    caught_up(&admin, 4, 1).await;
+    let read_model = "select string_agg(format('%s %s %s', order_id, status, version), ', ' \
+                      order by order_id) from read_model.order_status";
+    assert_eq!(db.psql(read_model), "o-1 paid 2, o-2 placed 1");
+    doctor("while it runs");
+
+    let (code, out, err) = cli(&["status"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("orders.status.v1"), "{out}");
+    let (code, out, err) = cli(&["migrate"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+
+    let (code, out, err) = cli(&["dead-letters", "list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let letters: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(letters[0]["reason"], "malformed", "{letters}");
+    let id = letters[0]["id"].as_i64().unwrap().to_string();
+    let (code, _, err) = cli(&["dead-letters", "discard", &id, "--reason", "not an event"]);
+    assert_eq!(code, 0, "{err}");
+
+    let (code, out, err) = cli(&[
+        "rebuild",
+        "order_status",
+        "--subscriber",
+        "orders.status.v2",
+        "--wait",
+    ]);
+    assert_eq!(code, 0, "rebuild:\n{out}\n{err}");
+    assert!(out.contains("switched over"), "{out}\n{err}");
+    let (code, out, err) = cli(&["rebuild", "order_status", "--finish"]);
+    assert_eq!(code, 0, "rebuild --finish:\n{out}\n{err}");
+    assert_eq!(db.psql(read_model), "o-1 paid 2, o-2 placed 1");
+    db.psql(&order(5, "o-2", 2, "paid"));
+    eventually(
+        Duration::from_secs(30),
+        "the rebuilt table to follow",
+        || async { db.psql(read_model) == "o-1 paid 2, o-2 paid 2" },
+    )
+    .await;
+    let (code, out, err) = cli(&["prune"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+
+    // walfold created nothing on the source but its slot, and only inside its two
+    // schemas on the target.
+    assert_eq!(
+        db.psql(
+            "select (select count(*) from pg_class where relowner = 'walfold_repl'::regrole) \
+             + (select count(*) from pg_namespace where nspowner = 'walfold_repl'::regrole) \
+             + (select count(*) from pg_proc where proowner = 'walfold_repl'::regrole) \
+             + (select count(*) from pg_type where typowner = 'walfold_repl'::regrole) \
+             + (select count(*) from pg_publication where pubowner = 'walfold_repl'::regrole)"
+        ),
+        "0"
+    );
+    assert_eq!(
+        db.psql("select string_agg(slot_name, ', ') from pg_replication_slots"),
+        "walfold"
+    );
+    assert_eq!(
+        db.psql("select string_agg(pubname, ', ') from pg_publication"),
+        "walfold_outbox"
+    );
+    assert_eq!(
+        db.psql(
+            "select (select count(*) from pg_class where relowner = 'walfold_writer'::regrole \
+               and relnamespace not in ('walfold'::regnamespace, 'read_model'::regnamespace, \
+                 'pg_toast'::regnamespace)) \
+             + (select count(*) from pg_proc where proowner = 'walfold_writer'::regrole \
+               and pronamespace <> 'walfold'::regnamespace)"
+        ),
+        "0"
+    );
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
