@@ -6,9 +6,13 @@ use std::path::Path;
 
 use tokio_postgres::Client;
 use walfold_config::Config;
+use walfold_store::RowExt;
 
 use crate::run::load;
 use crate::Failure;
+
+/// What stops the checks: a statement that failed, or a row that could not be read.
+type CheckError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {
@@ -150,10 +154,11 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
     Ok(())
 }
 
-async fn setting(c: &Client, name: &str) -> Result<String, tokio_postgres::Error> {
+async fn setting(c: &Client, name: &str) -> Result<String, CheckError> {
     Ok(c.query_one("select current_setting($1)", &[&name])
         .await?
-        .get(0))
+        .of("pg_settings")
+        .col(0)?)
 }
 
 async fn source_checks(
@@ -162,7 +167,7 @@ async fn source_checks(
     source: &Client,
     target: Option<&Client>,
     max_retained_mb: i64,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), CheckError> {
     let wal_level = setting(source, "wal_level").await?;
     if wal_level == "logical" {
         r.check(Level::Ok, "wal_level = logical", "");
@@ -182,8 +187,9 @@ async fn source_checks(
             &[],
         )
         .await?;
+    let row = row.of("pg_settings");
     let (slots, used, senders, sending): (i32, i32, i32, i32) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+        (row.col(0)?, row.col(1)?, row.col(2)?, row.col(3)?);
     let slot_row = source
         .query_opt(
             "select active, wal_status, (pg_current_wal_lsn() - restart_lsn)::int8, plugin \
@@ -220,7 +226,8 @@ async fn source_checks(
             &[],
         )
         .await?
-        .get(0);
+        .of("pg_roles")
+        .col(0)?;
     r.check(
         if replication { Level::Ok } else { Level::Fail },
         "the source role may replicate",
@@ -242,12 +249,15 @@ async fn source_checks(
             &[publication],
         )
         .await?
-        .is_some_and(|row| row.get(0));
+        .map(|row| row.of("pg_publication").col(0))
+        .transpose()?
+        .unwrap_or(false);
     for (o, t) in config.table_outboxes() {
         let exists: bool = source
             .query_one("select to_regclass($1) is not null", &[&t.quoted()])
             .await?
-            .get(0);
+            .of("pg_class")
+            .col(0)?;
         if !exists {
             continue;
         }
@@ -259,7 +269,8 @@ async fn source_checks(
                 &[&t.quoted(), &o.occurred_at],
             )
             .await?
-            .map(|row| row.get(0));
+            .map(|row| row.of("pg_attribute").col(0))
+            .transpose()?;
         if occurred_at.as_deref() == Some("timestamp without time zone") {
             r.check(
                 Level::Warn,
@@ -273,7 +284,8 @@ async fn source_checks(
         let select: bool = source
             .query_one("select has_table_privilege($1, 'select')", &[&t.quoted()])
             .await?
-            .get(0);
+            .of("pg_class")
+            .col(0)?;
         r.check(
             if select { Level::Ok } else { Level::Warn },
             format!("the source role may read {t} (needed by `walfold backfill` only)"),
@@ -286,7 +298,8 @@ async fn source_checks(
                     &[&t.quoted()],
                 )
                 .await?
-                .get(0);
+                .of("pg_class")
+                .col(0)?;
             r.check(
                 if identity == "n" { Level::Fail } else { Level::Ok },
                 format!("{t}: replica identity {identity} (the publication publishes updates/deletes)"),
@@ -305,7 +318,8 @@ async fn source_checks(
         source
             .query_one("select current_setting('server_version_num')::int", &[])
             .await?
-            .get(0)
+            .of("pg_settings")
+            .col(0)?
     };
     for o in message_outboxes {
         r.check(
@@ -402,8 +416,9 @@ async fn source_checks(
         ),
         None => r.check(Level::Ok, format!("slot {slot} does not exist yet (created on first start)"), ""),
         Some(row) => {
+            let row = row.of("pg_replication_slots");
             let (active, wal_status, retained, plugin): (bool, Option<String>, Option<i64>, Option<String>) =
-                (row.get(0), row.get(1), row.get(2), row.get(3));
+                (row.col(0)?, row.col(1)?, row.col(2)?, row.col(3)?);
             if plugin.as_deref() != Some("pgoutput") {
                 r.check(Level::Fail, format!("slot {slot} uses plugin {plugin:?}"), "choose another source.slot, or drop this slot");
             }
@@ -458,7 +473,7 @@ async fn target_checks(
     config: &Config,
     home: &walfold_engine::Target,
     target: &Client,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), CheckError> {
     let schema = home.schema.name();
     let on = if home.is_extra() {
         format!(" on target {}", home.label())
@@ -473,8 +488,9 @@ async fn target_checks(
             &[&schema],
         )
         .await?;
+    let row = row.of("pg_namespace");
     let (exists, db_create, schema_create): (bool, bool, bool) =
-        (row.get(0), row.get(1), row.get(2));
+        (row.col(0)?, row.col(1)?, row.col(2)?);
     r.check(
         if (exists && schema_create) || (!exists && db_create) { Level::Ok } else { Level::Fail },
         format!("the target role may create walfold's schema {schema} and its tables{on}"),
@@ -489,7 +505,7 @@ async fn target_checks(
                 &[&t.quoted()],
             )
             .await;
-        let ok = row.map(|r| r.get::<_, bool>(0)).unwrap_or(false);
+        let ok = row.is_ok_and(|r| r.of("pg_class").col::<bool>(0).unwrap_or(false));
         r.check(
             if ok { Level::Ok } else { Level::Fail },
             format!("projection {}: table {t} exists and is writable{on}", p.name),
@@ -514,19 +530,20 @@ async fn target_checks(
             )
             .await?;
         let mut missing: Vec<String> = Vec::new();
-        if !rebuild.get::<_, bool>("owns") {
+        let rebuild = rebuild.of("pg_class");
+        if !rebuild.col::<bool>("owns")? {
             missing.push(format!(
                 "alter table {} owner to <walfold role> (a rebuild renames it)",
                 t.quoted()
             ));
         }
-        if !rebuild.get::<_, bool>("create") {
+        if !rebuild.col::<bool>("create")? {
             missing.push(format!(
                 "grant create on schema {} to <walfold role>",
                 walfold_config::quote_ident(&t.schema)
             ));
         }
-        let unreferenced: Vec<String> = rebuild.get("unreferenced");
+        let unreferenced: Vec<String> = rebuild.col("unreferenced")?;
         if !unreferenced.is_empty() {
             missing.push(format!(
                 "grant references on {} to <walfold role> (its foreign keys)",
