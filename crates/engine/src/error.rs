@@ -39,6 +39,10 @@ pub enum EngineError {
 pub enum ProjectionError {
     #[error("{}", walfold_store::describe(.0))]
     Db(#[from] tokio_postgres::Error),
+    /// A row walfold reads back (its installed function's result, the catalog) cannot
+    /// be read: no event is at fault.
+    #[error(transparent)]
+    Row(#[from] StoreError),
     /// The event can never apply (e.g. a `table` projection needs a version).
     #[error("{0}")]
     Invalid(String),
@@ -52,6 +56,7 @@ impl ProjectionError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             ProjectionError::Db(e) => walfold_store::kind_of(e),
+            ProjectionError::Row(e) => e.kind().own_statement(),
             ProjectionError::Invalid(_) => ErrorKind::Data,
             ProjectionError::NotInstalled => ErrorKind::Environment,
         }
@@ -61,6 +66,7 @@ impl ProjectionError {
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             ProjectionError::Db(e) => walfold_store::sqlstate(e),
+            ProjectionError::Row(e) => e.pg().and_then(walfold_store::sqlstate),
             ProjectionError::Invalid(_) | ProjectionError::NotInstalled => None,
         }
     }

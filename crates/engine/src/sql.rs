@@ -32,7 +32,7 @@ use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 use walfold_config::{ParamType, Placeholder, Statement, Template, Upsert};
 use walfold_event::Event;
-use walfold_store::Schema;
+use walfold_store::{RowExt, Schema};
 
 use crate::error::ProjectionError;
 use crate::projection::{Applied, Projection};
@@ -196,7 +196,7 @@ impl SqlProjection {
             values.push((c.as_sql(), t.clone()));
         }
         let row = tx.query_typed_one(&self.installed()?.call, &values).await?;
-        let counts: Vec<i64> = row.get(0);
+        let counts: Vec<i64> = row.of("the projection function").col(0)?;
         if counts.len() != events.len() {
             return Err(ProjectionError::Invalid(format!(
                 "projection function returned {} results for {} events",
@@ -237,7 +237,7 @@ impl SqlProjection {
                 return Ok(None);
             }
         };
-        let obstacle: Option<String> = row.get(0);
+        let obstacle: Option<String> = row.of("pg_class").col(0)?;
         if let Some(obstacle) = obstacle {
             tracing::info!(table = %upsert.table, %obstacle, "applying events one statement each");
             return Ok(None);
@@ -420,7 +420,7 @@ impl Rounds {
             .map(|(c, t)| (c.as_sql(), t.clone()))
             .collect();
         let row = tx.query_typed_one(&self.sql, &values).await?;
-        Ok(row.get(0))
+        Ok(row.of("the round").col(0)?)
     }
 }
 
@@ -607,7 +607,8 @@ impl Projection for SqlProjection {
                     &[&self.schema.name(), &compiled.name],
                 )
                 .await?
-                .get(0);
+                .of("pg_proc")
+                .col(0)?;
             if !exists {
                 tx.batch_execute(&compiled.ddl).await?;
             }

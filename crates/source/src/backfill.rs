@@ -17,7 +17,7 @@ use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
 use walfold_event::{Lsn, RowOrigin};
 use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
-use walfold_store::{connect, EventLog, IngestCounts, LogOrder, StoreError};
+use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
 
 use crate::error::SourceError;
 use crate::outbox::{Mapping, TxContext};
@@ -116,7 +116,10 @@ pub async fn backfill(
                 .query_one(&pager.skipped, &[])
                 .await
                 .map_err(|e| SourceError::store("counting skipped rows")(db(e)))?
-                .get::<_, i64>(0) as u64;
+                .of("the outbox")
+                .col::<i64>(0)
+                .map_err(SourceError::store("counting skipped rows"))?
+                as u64;
             return Ok(report);
         }
         report.pages += 1;
@@ -224,8 +227,12 @@ impl Pager {
             .map_err(|e| SourceError::store("reading the outbox's columns")(db(e)))?;
         let columns: Vec<(String, u32, String)> = rows
             .iter()
-            .map(|r| (r.get(0), r.get::<_, i64>(1) as u32, r.get(2)))
-            .collect();
+            .map(|r| {
+                let r = r.of("pg_attribute");
+                Ok((r.col(0)?, r.col::<i64>(1)? as u32, r.col(2)?))
+            })
+            .collect::<Result<_, StoreError>>()
+            .map_err(SourceError::store("reading the outbox's columns"))?;
         let position = |name: &str| columns.iter().position(|c| c.0 == name);
         let id = position(&outbox.id)
             .ok_or_else(|| SourceError::MissingTable(format!("{table}.{}", outbox.id)))?;
@@ -332,18 +339,21 @@ impl Pager {
                 };
                 SourceError::store(context)(db(e))
             })?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let n = r.len() - 3;
-                PageRow {
-                    values: (0..n).map(|i| r.get::<_, Option<String>>(i)).collect(),
-                    table: r.get(n),
-                    ctid: r.get(n + 1),
-                    digest: r.get(n + 2),
-                }
+        rows.iter()
+            .map(|row| {
+                let n = row.len() - 3;
+                let r = row.of("the outbox");
+                Ok(PageRow {
+                    values: (0..n)
+                        .map(|i| r.col::<Option<String>>(i))
+                        .collect::<Result<_, _>>()?,
+                    table: r.col(n)?,
+                    ctid: r.col(n + 1)?,
+                    digest: r.col(n + 2)?,
+                })
             })
-            .collect())
+            .collect::<Result<_, StoreError>>()
+            .map_err(SourceError::store("reading an outbox page"))
     }
 }
 

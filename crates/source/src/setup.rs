@@ -13,10 +13,10 @@
 //! one that sends other tables' changes (each would stop ingest), one that filters rows
 //! or columns, one that names a partitioned outbox's rows by partition.
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 use walfold_config::{quote_ident, Config, OnSlotLost, OutboxConfig, QualifiedName};
 use walfold_event::Lsn;
-use walfold_store::{EventLog, IngestCounts};
+use walfold_store::{EventLog, FromRow, IngestCounts, RowExt, StoreError};
 
 use crate::error::{Refusal, SourceError};
 
@@ -40,12 +40,15 @@ async fn check_publication(
 ) -> Result<(), SourceError> {
     let slot = &config.source().slot;
     let publication = &config.source().publication;
-    let db = |e| SourceError::Store {
+    let read = |source| SourceError::Store {
         context: "reading the slot and the publications".into(),
-        source: walfold_store::StoreError::Db {
+        source,
+    };
+    let db = |e| {
+        read(StoreError::Db {
             context: "source".into(),
             source: e,
-        },
+        })
     };
     if exists && recorded.is_none_or(|r| r == publication) {
         return Ok(());
@@ -79,12 +82,18 @@ async fn check_publication(
         // No slot (any more): the lost-slot checks decide.
         return Ok(());
     };
-    let lost = slot_row.get::<_, Option<String>>("wal_status").as_deref() == Some("lost");
+    let slot_row = slot_row.of("pg_replication_slots");
+    let lost = slot_row
+        .col::<Option<String>>("wal_status")
+        .map_err(read)?
+        .as_deref()
+        == Some("lost");
     if lost && config.source().on_slot_lost == OnSlotLost::Recreate {
         // Recreated below: its new changes are read through the configured publication.
         return Ok(());
     }
-    if publishes_every_outbox && slot_row.get::<_, Option<bool>>("older") == Some(true) {
+    if publishes_every_outbox && slot_row.col::<Option<bool>>("older").map_err(read)? == Some(true)
+    {
         return Ok(());
     }
     let usable: Vec<String> = match recorded {
@@ -98,8 +107,8 @@ async fn check_publication(
             .await
             .map_err(db)?
             .iter()
-            .map(|r| r.get("publication"))
-            .collect(),
+            .map(|r| r.of("pg_publication").col("publication").map_err(read))
+            .collect::<Result<_, _>>()?,
         None => source
             .query(
                 "select distinct p.pubname::text as publication from pg_publication_tables p \
@@ -110,8 +119,8 @@ async fn check_publication(
             .await
             .map_err(db)?
             .iter()
-            .map(|r| r.get("publication"))
-            .collect(),
+            .map(|r| r.of("pg_publication").col("publication").map_err(read))
+            .collect::<Result<_, _>>()?,
     };
     let what = if exists {
         format!("publication {publication} is not the one it was read through ({}) and may be newer than the changes it holds", recorded.unwrap_or("unknown"))
@@ -189,13 +198,15 @@ pub async fn prepare_source(
         .query_one("select current_setting('wal_level')", &[])
         .await
         .map_err(db("reading wal_level"))?
-        .get(0);
+        .of("pg_settings")
+        .col(0)
+        .map_err(SourceError::store("reading wal_level"))?;
     if wal_level != "logical" {
         return Err(SourceError::WalLevel(wal_level));
     }
     let shape = inspect(source, config)
         .await
-        .map_err(db("reading the catalog"))?;
+        .map_err(SourceError::store("reading the catalog"))?;
     for warning in &shape.warnings {
         tracing::warn!("{warning}");
     }
@@ -270,7 +281,9 @@ pub async fn prepare_source(
             )
             .await
             .map_err(db("creating the replication slot"))?
-            .get(0);
+            .of("pg_create_logical_replication_slot")
+            .col(0)
+            .map_err(SourceError::store("creating the replication slot"))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created replication slot");
         lsn.parse::<Lsn>()
             .map_err(|_| SourceError::Decode(format!("the server returned LSN {lsn}")))
@@ -322,7 +335,9 @@ pub async fn prepare_source(
                     )
                     .await
                     .map_err(db("reading the slot"))?
-                    .get(0);
+                    .of("pg_replication_slots")
+                    .col(0)
+                    .map_err(SourceError::store("reading the slot"))?;
                 if waiting {
                     return Err(SourceError::Slot {
                         slot: slot.clone(),
@@ -342,10 +357,12 @@ pub async fn prepare_source(
             record_start(log, start).await?;
         }
         Some(row) => {
-            let plugin: Option<String> = row.get("plugin");
-            let same_db: Option<bool> = row.get("same_database");
-            let wal_status: Option<String> = row.get("wal_status");
-            let confirmed: Option<String> = row.get("confirmed_flush_lsn");
+            let ExistingSlot {
+                plugin,
+                same_db,
+                wal_status,
+                confirmed,
+            } = ExistingSlot::from_row(&row).map_err(SourceError::store("reading the slot"))?;
             if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
                 return Err(SourceError::Slot {
                     slot: slot.clone(),
@@ -381,6 +398,28 @@ pub async fn prepare_source(
         }
     }
     record_publication(log, publication).await
+}
+
+/// The slot as [`prepare_source`] finds it.
+struct ExistingSlot {
+    plugin: Option<String>,
+    /// Whether it is a slot of this database.
+    same_db: Option<bool>,
+    wal_status: Option<String>,
+    /// As PostgreSQL writes a `pg_lsn`.
+    confirmed: Option<String>,
+}
+
+impl FromRow for ExistingSlot {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("pg_replication_slots");
+        Ok(ExistingSlot {
+            plugin: r.col("plugin")?,
+            same_db: r.col("same_database")?,
+            wal_status: r.col("wal_status")?,
+            confirmed: r.col("confirmed_flush_lsn")?,
+        })
+    }
 }
 
 /// Records the publication the slot is read through, once the checks above passed.
@@ -426,16 +465,21 @@ async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<(), Source
 /// What identifies the database `client` is connected to, whatever URL reached it: its
 /// name and oid, the server's start time and port. Two sources with the same identity
 /// would read one outbox twice.
-pub async fn database_identity(client: &Client) -> Result<String, tokio_postgres::Error> {
-    Ok(client
+pub async fn database_identity(client: &Client) -> Result<String, StoreError> {
+    client
         .query_one(
             "select current_database() || '/' || d.oid::text || '/' || \
              pg_postmaster_start_time()::text || '/' || current_setting('port') \
              from pg_database d where d.datname = current_database()",
             &[],
         )
-        .await?
-        .get(0))
+        .await
+        .map_err(|source| StoreError::Db {
+            context: "reading the database's identity".into(),
+            source,
+        })?
+        .of("pg_database")
+        .col(0)
 }
 
 /// The configured outboxes and publication as the source's catalog has them.
@@ -465,15 +509,18 @@ pub struct SourceShape {
 /// a partition, with the required columns) and the publication (membership compared
 /// with what was added to it, `pg_publication_rel`, not with `pg_publication_tables`,
 /// which lists the partitions of a partitioned table).
-pub async fn inspect(
-    source: &Client,
-    config: &Config,
-) -> Result<SourceShape, tokio_postgres::Error> {
+pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, StoreError> {
+    let db = |source| StoreError::Db {
+        context: "source".into(),
+        source,
+    };
     let mut shape = SourceShape::default();
     let version: i32 = source
         .query_one("select current_setting('server_version_num')::int", &[])
-        .await?
-        .get(0);
+        .await
+        .map_err(db)?
+        .of("pg_settings")
+        .col(0)?;
     let mut outboxes = Vec::new();
     for (i, outbox) in config.outbox.iter().enumerate() {
         let Some(name) = outbox.table_name() else {
@@ -491,7 +538,8 @@ pub async fn inspect(
                  where n.nspname = $1 and c.relname = $2",
                 &[&name.schema, &name.name],
             )
-            .await?;
+            .await
+            .map_err(db)?;
         let Some(row) = row else {
             let similar: Option<(String, String)> = source
                 .query_opt(
@@ -501,8 +549,13 @@ pub async fn inspect(
                      and c.relkind in ('r', 'p') limit 1",
                     &[&name.schema, &name.name],
                 )
-                .await?
-                .map(|r| (r.get(0), r.get(1)));
+                .await
+                .map_err(db)?
+                .map(|r| {
+                    let r = r.of("pg_class");
+                    Ok::<_, StoreError>((r.col(0)?, r.col(1)?))
+                })
+                .transpose()?;
             let fix = match similar {
                 Some((schema, table)) => format!(
                     "names are case-sensitive: set outbox[{i}].table = \"{schema}.{table}\""
@@ -515,13 +568,14 @@ pub async fn inspect(
             });
             continue;
         };
-        let (kind, is_partition): (String, bool) = (row.get("kind"), row.get("is_partition"));
-        let columns: Vec<String> = row.get("columns");
+        let row = row.of("pg_class");
+        let (kind, is_partition): (String, bool) = (row.col("kind")?, row.col("is_partition")?);
+        let columns: Vec<String> = row.col("columns")?;
         if is_partition {
             let root = format!(
                 "{}.{}",
-                row.get::<_, String>("root_schema"),
-                row.get::<_, String>("root_name")
+                row.col::<String>("root_schema")?,
+                row.col::<String>("root_name")?
             );
             shape.refusals.push(Refusal {
                 problem: format!("outbox table {name} is a partition of {root}"),
@@ -585,15 +639,17 @@ pub async fn inspect(
             "select puballtables, pubinsert, pubviaroot from pg_publication where pubname = $1",
             &[publication],
         )
-        .await?
+        .await
+        .map_err(db)?
     else {
         return Ok(shape);
     };
     shape.publication_exists = true;
+    let row = row.of("pg_publication");
     let (all_tables, inserts, via_root): (bool, bool, bool) = (
-        row.get("puballtables"),
-        row.get("pubinsert"),
-        row.get("pubviaroot"),
+        row.col("puballtables")?,
+        row.col("pubinsert")?,
+        row.col("pubviaroot")?,
     );
     shape.via_root = via_root;
     let create = format!(
@@ -618,10 +674,11 @@ pub async fn inspect(
                  join pg_publication p on p.oid = pn.pnpubid where p.pubname = $1 order by 1",
                 &[publication],
             )
-            .await?
+            .await
+            .map_err(db)?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.of("pg_publication_namespace").col(0))
+            .collect::<Result<_, _>>()?;
         if !schemas.is_empty() {
             shape.refusals.push(Refusal {
                 problem: format!(
@@ -654,16 +711,18 @@ pub async fn inspect(
             ),
             &[publication],
         )
-        .await?
+        .await
+        .map_err(db)?
         .iter()
         .map(|r| {
+            let r = r.of("pg_publication_rel");
             let name = QualifiedName {
-                schema: r.get("schema"),
-                name: r.get("name"),
+                schema: r.col("schema")?,
+                name: r.col("name")?,
             };
-            (name, r.get("filtered"))
+            Ok((name, r.col("filtered")?))
         })
-        .collect();
+        .collect::<Result<_, StoreError>>()?;
     let extra: Vec<&QualifiedName> = members
         .iter()
         .map(|(m, _)| m)

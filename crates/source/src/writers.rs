@@ -5,6 +5,7 @@
 
 use tokio_postgres::Client;
 use walfold_config::OutboxConfig;
+use walfold_store::{RowExt, StoreError};
 
 use crate::error::Refusal;
 
@@ -42,7 +43,7 @@ pub(crate) async fn public_emit(
     source: &Client,
     outboxes: &[OutboxConfig],
     heartbeats: bool,
-) -> Result<PublicEmit, tokio_postgres::Error> {
+) -> Result<PublicEmit, StoreError> {
     let mut found = PublicEmit::default();
     let messages: Vec<&OutboxConfig> = outboxes
         .iter()
@@ -51,19 +52,30 @@ pub(crate) async fn public_emit(
     if messages.is_empty() {
         return Ok(found);
     }
-    let rows = source.query(EMIT_FUNCTIONS, &[]).await?;
-    if !rows.iter().any(|r| r.get::<_, bool>("public")) {
+    let rows = source
+        .query(EMIT_FUNCTIONS, &[])
+        .await
+        .map_err(db("reading pg_logical_emit_message's grants"))?;
+    let mut functions = Vec::with_capacity(rows.len());
+    let mut public = false;
+    for row in &rows {
+        let row = row.of("pg_proc");
+        public |= row.col::<bool>("public")?;
+        functions.push(row.col::<String>("signature")?);
+    }
+    if !public {
         return Ok(found);
     }
-    let functions: Vec<String> = rows.iter().map(|r| r.get("signature")).collect();
     // A superuser needs no grant for its heartbeats.
     let row = source
         .query_one(
             "select current_user::text, rolsuper from pg_roles where rolname = current_user",
             &[],
         )
-        .await?;
-    let (role, superuser): (String, bool) = (row.get(0), row.get(1));
+        .await
+        .map_err(db("reading the source role"))?;
+    let row = row.of("pg_roles");
+    let (role, superuser): (String, bool) = (row.col(0)?, row.col(1)?);
     let fix = lock_down(
         &functions,
         (heartbeats && !superuser).then_some(role.as_str()),
@@ -128,12 +140,15 @@ pub struct Writers {
 }
 
 /// Who may execute `pg_logical_emit_message`: who can write a message outbox's events.
-pub async fn emitters(source: &Client) -> Result<Writers, tokio_postgres::Error> {
-    let public = source
+pub async fn emitters(source: &Client) -> Result<Writers, StoreError> {
+    let mut public = false;
+    for row in source
         .query(EMIT_FUNCTIONS, &[])
-        .await?
-        .iter()
-        .any(|r| r.get::<_, bool>("public"));
+        .await
+        .map_err(db("reading pg_logical_emit_message's grants"))?
+    {
+        public |= row.of("pg_proc").col::<bool>("public")?;
+    }
     Ok(Writers {
         public,
         roles: roles(source, EMITTERS, &[]).await?,
@@ -141,14 +156,16 @@ pub async fn emitters(source: &Client) -> Result<Writers, tokio_postgres::Error>
 }
 
 /// Who may insert into `table` (quoted): who can write a table outbox's events.
-pub async fn inserters(source: &Client, table: &str) -> Result<Writers, tokio_postgres::Error> {
+pub async fn inserters(source: &Client, table: &str) -> Result<Writers, StoreError> {
     let public = source
         .query_one(
             "select has_table_privilege('public', $1::text::regclass, 'insert')",
             &[&table],
         )
-        .await?
-        .get(0);
+        .await
+        .map_err(db("reading the outbox's grants"))?
+        .of("pg_class")
+        .col(0)?;
     Ok(Writers {
         public,
         roles: roles(source, INSERTERS, &[&table]).await?,
@@ -159,13 +176,21 @@ async fn roles(
     source: &Client,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    Ok(source
+) -> Result<Vec<String>, StoreError> {
+    source
         .query(sql, params)
-        .await?
+        .await
+        .map_err(db("reading who may write events"))?
         .iter()
-        .map(|r| r.get(0))
-        .collect())
+        .map(|r| r.of("pg_roles").col(0))
+        .collect()
+}
+
+fn db(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
+    move |source| StoreError::Db {
+        context: context.into(),
+        source,
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use tokio_postgres::GenericClient;
 
 use crate::error::StoreError;
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// The recorded version of each aggregate (types `$2`, IDs `$3`) for subscriber `$1`.
@@ -49,15 +50,15 @@ pub async fn applied_versions(
         .query(&schema.sql(APPLIED), &[&subscriber, &types, &ids])
         .await
         .map_err(StoreError::db("reading applied versions"))?;
-    Ok(rows
-        .iter()
+    rows.iter()
         .map(|r| {
-            (
-                (r.get("aggregate_type"), r.get("aggregate_id")),
-                r.get("version"),
-            )
+            let r = r.of("aggregate_version");
+            Ok((
+                (r.col("aggregate_type")?, r.col("aggregate_id")?),
+                r.col("version")?,
+            ))
         })
-        .collect())
+        .collect()
 }
 
 /// Records the last applied version of each aggregate, in the caller's transaction.
@@ -86,9 +87,10 @@ pub async fn ran_without_versions(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    Ok(client
+    client
         .query_one(&schema.sql(RAN_WITHOUT), &[&subscriber])
         .await
         .map_err(StoreError::db("reading applied versions"))?
-        .get("ran_without_versions"))
+        .of("aggregate_version")
+        .col("ran_without_versions")
 }

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use tokio_postgres::{Client, Statement, Transaction};
 
 use crate::error::StoreError;
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// Advisory-lock class serializing checkpoint reconciles (`'walC'`).
@@ -136,11 +137,14 @@ impl Checkpoints {
             .map_err(StoreError::db("reading checkpoints"))?;
         let stored: Vec<Stored> = rows
             .iter()
-            .map(|r| Stored {
-                partitions: r.get("partitions"),
-                position: r.get("position"),
+            .map(|r| {
+                let r = r.of("checkpoint");
+                Ok(Stored {
+                    partitions: r.col("partitions")?,
+                    position: r.col("position")?,
+                })
             })
-            .collect();
+            .collect::<Result<_, StoreError>>()?;
         if stored.iter().all(|c| c.partitions == n) {
             // Same layout: a partition without a row has read nothing yet.
             if stored.len() < partitions as usize {
@@ -164,13 +168,14 @@ impl Checkpoints {
             .query_one(&schema.sql(DELETE_SUMMED), &[&subscriber])
             .await
             .map_err(StoreError::db("resetting checkpoints"))?;
+        let totals = totals.of("checkpoint");
         let (applied, duplicates, stale, dead): (i64, i64, i64, i64) = (
-            totals.get("applied"),
-            totals.get("duplicates"),
-            totals.get("stale"),
-            totals.get("dead_lettered"),
+            totals.col("applied")?,
+            totals.col("duplicates")?,
+            totals.col("stale")?,
+            totals.col("dead_lettered")?,
         );
-        let last: Option<SystemTime> = totals.get("last_committed_at");
+        let last: Option<SystemTime> = totals.col("last_committed_at")?;
         tx.execute(
             &schema.sql(CREATE_LAYOUT),
             &[
@@ -202,11 +207,11 @@ impl Checkpoints {
         subscriber: &str,
         partition: u32,
     ) -> Result<i64, StoreError> {
-        Ok(client
+        client
             .query_opt(&schema.sql(POSITION), &[&subscriber, &(partition as i32)])
             .await
             .map_err(StoreError::db("loading a checkpoint"))?
-            .map_or(0, |r| r.get("position")))
+            .map_or(Ok(0), |r| r.of("checkpoint").col("position"))
     }
 
     /// Saves a partition's position and adds `stats` (in the batch's transaction; the

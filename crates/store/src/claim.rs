@@ -8,6 +8,7 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::error::StoreError;
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// Claims each of `$2` for subscriber `$1`; returns the IDs not claimed before.
@@ -40,7 +41,9 @@ pub async fn claim(
         .query(statement, &[&subscriber, &ids])
         .await
         .map_err(StoreError::db(format!("claiming events for {subscriber}")))?;
-    Ok(rows.iter().map(|r| r.get("message_id")).collect())
+    rows.iter()
+        .map(|r| r.of("processed_message").col("message_id"))
+        .collect()
 }
 
 /// Takes back claims made earlier in `tx` for events that were not applied after all

@@ -49,6 +49,29 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A row lacks a column walfold reads, or holds it as another type (or null): the
+    /// table has drifted from what this walfold expects (an operator altered or dropped
+    /// the column). No event is at fault: pause and retry until it is restored.
+    #[error(
+        "column {column} of {table} cannot be read: {}; if it was altered or dropped, restore it",
+        unreadable(source)
+    )]
+    Column {
+        table: &'static str,
+        column: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+/// Why `try_get` could not read a column, without tokio-postgres's position of it.
+fn unreadable(err: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(err) {
+        // The conversion's own reason: "cannot convert between the Rust type `i64` and
+        // the Postgres type `text`", "a Postgres value was `NULL`".
+        Some(cause) => cause.to_string(),
+        None => "the row has no such column".to_owned(),
+    }
 }
 
 /// A PostgreSQL error in one line with what an operator needs: SQLSTATE, message,
@@ -108,6 +131,8 @@ impl StoreError {
             StoreError::MigrateConnect { .. }
             | StoreError::Migrate { .. }
             | StoreError::SchemaRights { .. } => ErrorKind::Environment,
+            // A drifted table: the environment, never the event nor the connection.
+            StoreError::Column { .. } => ErrorKind::Environment,
             StoreError::Url { .. } | StoreError::RootCert { .. } | StoreError::Refused(_) => {
                 ErrorKind::Definite
             }

@@ -17,6 +17,7 @@ use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::jsonb::{self, Jsonb};
 use crate::log_order::{LogOrder, Turn};
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// What one append did.
@@ -155,7 +156,8 @@ impl EventLog {
             .query_one(&schema.sql(RENAME_SOURCE), &[&slot, &source])
             .await
             .map_err(StoreError::db("reading the ingest position's source"))?
-            .get("source");
+            .of("ingest_position")
+            .col("source")?;
         if recorded != source {
             tracing::warn!(slot, was = %recorded, now = %source, "this slot's source was renamed: events appended before carry the old name (list both in a projection's `sources` to keep them)");
         }
@@ -200,10 +202,12 @@ impl EventLog {
             .query(&self.schema.sql(OTHER_SLOTS), &[&self.source, &self.slot])
             .await
             .map_err(StoreError::db("reading the source's other slots"))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get("slot"), r.get::<_, PgLsn>("lsn").into()))
-            .collect())
+        rows.iter()
+            .map(|r| {
+                let r = r.of("ingest_position");
+                Ok((r.col("slot")?, r.col::<PgLsn>("lsn")?.into()))
+            })
+            .collect()
     }
 
     /// Every append from now on proves in its transaction that this instance leads.
@@ -225,7 +229,7 @@ impl EventLog {
             .query_one(&self.read_position, &[&self.slot])
             .await
             .map_err(StoreError::db("reading the ingest position"))?;
-        Ok(row.get::<_, PgLsn>("lsn").into())
+        Ok(row.of("ingest_position").col::<PgLsn>("lsn")?.into())
     }
 
     /// The publication this slot was last read through (`None`: not recorded, as before
@@ -362,8 +366,8 @@ impl<'a> Writer<'a> {
             insert_rows(tx, self.insert, self.source, head, events)
                 .await?
                 .iter()
-                .map(|r| r.get("event_id"))
-                .collect()
+                .map(|r| r.of("event_log").col("event_id"))
+                .collect::<Result<_, _>>()?
         };
         let mut compare = Vec::new();
         let mut outcome = AppendOutcome::default();
@@ -382,8 +386,9 @@ impl<'a> Writer<'a> {
             let rows = compare_rows(tx, self.compare, &compare).await?;
             let mut matched = vec![false; compare.len()];
             for row in rows {
-                let ord: i64 = row.get("ord");
-                let same: bool = row.get("same");
+                let row = row.of("event_log");
+                let ord: i64 = row.col("ord")?;
+                let same: bool = row.col("same")?;
                 let Some(i) = usize::try_from(ord - 1).ok().filter(|&i| i < compare.len()) else {
                     continue;
                 };
@@ -394,7 +399,7 @@ impl<'a> Writer<'a> {
                     outcome.id_conflicts += 1;
                     let e = compare[i];
                     tracing::warn!(event_id = %e.id, aggregate_type = %e.aggregate_type, aggregate_id = %e.aggregate_id, source_lsn = %e.source_lsn, "event ID already in the log with different content: quarantined as id_conflict (dead letter)");
-                    quarantined.push(id_conflict(e, row.get::<_, Jsonb>("existing").0));
+                    quarantined.push(id_conflict(e, row.col::<Jsonb>("existing")?.0));
                 }
             }
             // An ID that conflicted on insert but is gone by the comparison was pruned in
@@ -573,7 +578,8 @@ impl EventLog {
             .query_opt(&self.schema.sql(CLOSE_GAP), &[&self.slot, &to_pg])
             .await
             .map_err(StoreError::db("closing a slot gap"))?
-            .map(|r| Lsn::from(r.get::<_, PgLsn>("from_lsn")));
+            .map(|r| r.of("slot_gap").col::<PgLsn>("from_lsn").map(Lsn::from))
+            .transpose()?;
         if from.is_some_and(|f| to < f) {
             tx.execute(&self.schema.sql(MOVE_POSITION_BACK), &[&self.slot, &to_pg])
                 .await
@@ -704,11 +710,13 @@ pub async fn read_page(
         )
         .await
         .map_err(StoreError::db("reading the event log"))?;
-    let head: i64 = rows.first().map_or(after, |r| r.get("h"));
+    let head: i64 = rows
+        .first()
+        .map_or(Ok(after), |r| r.of("event_log").col("h"))?;
     let mut events = Vec::with_capacity(rows.len());
     for r in &rows {
-        if r.get::<_, Option<i64>>("seq").is_some() {
-            events.push(event_from_row(r));
+        if r.of("event_log").col::<Option<i64>>("seq")?.is_some() {
+            events.push(event_from_row(r)?);
         }
     }
     // Fewer than the limit: every event of the window is here, up to the head.
@@ -728,21 +736,22 @@ pub async fn read_page(
 
 /// An event from a row holding the `event_log` columns, by name (in any order, beside
 /// other columns).
-fn event_from_row(r: &Row) -> Event {
-    Event {
-        seq: r.get("seq"),
-        id: r.get("event_id"),
-        aggregate_type: r.get("aggregate_type"),
-        aggregate_id: r.get("aggregate_id"),
-        event_type: r.get("event_type"),
-        version: r.get("version"),
-        payload: r.get::<_, Jsonb>("payload").0,
-        headers: jsonb::value(r.get("headers")),
-        occurred_at: r.get("occurred_at"),
-        source_lsn: r.get::<_, PgLsn>("source_lsn").into(),
-        committed_at: r.get("committed_at"),
-        source: r.get("source"),
-    }
+fn event_from_row(row: &Row) -> Result<Event, StoreError> {
+    let r = row.of("event_log");
+    Ok(Event {
+        seq: r.col("seq")?,
+        id: r.col("event_id")?,
+        aggregate_type: r.col("aggregate_type")?,
+        aggregate_id: r.col("aggregate_id")?,
+        event_type: r.col("event_type")?,
+        version: r.col("version")?,
+        payload: r.col::<Jsonb>("payload")?.0,
+        headers: jsonb::value(r.col("headers")?),
+        occurred_at: r.col("occurred_at")?,
+        source_lsn: r.col::<PgLsn>("source_lsn")?.into(),
+        committed_at: r.col("committed_at")?,
+        source: r.col("source")?,
+    })
 }
 
 /// The events with these seqs, in seq order (those still in the log).
@@ -755,5 +764,5 @@ pub async fn read_events(
         .query(&schema.sql(READ_EVENTS), &[&seqs])
         .await
         .map_err(StoreError::db("reading events"))?;
-    Ok(rows.iter().map(event_from_row).collect())
+    rows.iter().map(event_from_row).collect()
 }

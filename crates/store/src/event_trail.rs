@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
 use crate::error::StoreError;
+use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
 
 /// Up to `$6` events after seq `$1` that pass the filters (`null`: any): aggregate ID
@@ -130,38 +131,44 @@ pub async fn log_page(
         )
         .await
         .map_err(StoreError::db("reading the event log"))?;
-    Ok(rows
-        .iter()
-        .map(|r| LoggedEvent {
-            seq: r.get("seq"),
-            event_id: r.get("event_id"),
-            aggregate_type: r.get("aggregate_type"),
-            aggregate_id: r.get("aggregate_id"),
-            event_type: r.get("event_type"),
-            version: r.get("version"),
-            partition_hash: r.get("partition_hash"),
-            at: r.get("at"),
-            json: r.get("json"),
+    LoggedEvent::from_rows(&rows)
+}
+
+impl FromRow for LoggedEvent {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("event_log");
+        Ok(LoggedEvent {
+            seq: r.col("seq")?,
+            event_id: r.col("event_id")?,
+            aggregate_type: r.col("aggregate_type")?,
+            aggregate_id: r.col("aggregate_id")?,
+            event_type: r.col("event_type")?,
+            version: r.col("version")?,
+            partition_hash: r.col("partition_hash")?,
+            at: r.col("at")?,
+            json: r.col("json")?,
         })
-        .collect())
+    }
 }
 
 /// The server's time `ago` before now, as [`LoggedEvent::at`] writes times.
 pub async fn log_time_ago(client: &Client, ago: Duration) -> Result<String, StoreError> {
-    Ok(client
+    client
         .query_one(SINCE_AGO, &[&ago.as_secs_f64()])
         .await
         .map_err(StoreError::db("reading the server's time"))?
-        .get("at"))
+        .of("the server's time")
+        .col("at")
 }
 
 /// Timestamp `text` as the server reads it, as [`LoggedEvent::at`] writes times.
 pub async fn log_time(client: &Client, text: &str) -> Result<String, StoreError> {
-    Ok(client
+    client
         .query_one(SINCE_TIME, &[&text])
         .await
         .map_err(StoreError::db("reading a timestamp"))?
-        .get("at"))
+        .of("a timestamp")
+        .col("at")
 }
 
 /// Whether this target holds `subscriber`'s state or names it in a rebuild.
@@ -170,11 +177,12 @@ pub async fn knows_subscriber(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    Ok(client
+    client
         .query_one(&schema.sql(KNOWS), &[&subscriber])
         .await
         .map_err(StoreError::db("looking for the subscriber"))?
-        .get("known"))
+        .of("checkpoint")
+        .col("known")
 }
 
 /// Whether `subscriber` has read anything: a checkpoint or a claim.
@@ -183,11 +191,12 @@ pub async fn subscriber_has_read(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    Ok(client
+    client
         .query_one(&schema.sql(HAS_READ), &[&subscriber])
         .await
         .map_err(StoreError::db("looking for the subscriber"))?
-        .get("known"))
+        .of("checkpoint")
+        .col("known")
 }
 
 /// The subscribers with a checkpoint, by name.
@@ -195,13 +204,13 @@ pub async fn checkpointed_subscribers(
     client: &Client,
     schema: &Schema,
 ) -> Result<Vec<String>, StoreError> {
-    Ok(client
+    client
         .query(&schema.sql(CHECKPOINTED), &[])
         .await
         .map_err(StoreError::db("reading checkpoints"))?
         .iter()
-        .map(|r| r.get("subscriber_id"))
-        .collect())
+        .map(|r| r.of("checkpoint").col("subscriber_id"))
+        .collect()
 }
 
 /// The projection `subscriber` rebuilds, served before a rebuild, or serves.
@@ -210,13 +219,14 @@ pub async fn projection_of(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<Option<String>, StoreError> {
-    Ok(client
+    client
         .query_opt(&schema.sql(PROJECTION_OF), &[&subscriber])
         .await
         .map_err(StoreError::db(
             "reading rebuilds and the projection registry",
         ))?
-        .map(|r| r.get("projection")))
+        .map(|r| r.of("rebuild").col("projection"))
+        .transpose()
 }
 
 /// What walfold recorded for one subscriber about some events.
@@ -265,37 +275,49 @@ pub async fn recorded_for(
     let claims = client
         .query(&schema.sql(CLAIMS), &[&subscriber, &event_ids])
         .await
-        .map_err(StoreError::db("reading claims"))?
-        .iter()
-        .map(|r| Claim {
-            event_id: r.get("message_id"),
-            processed_at: r.get("processed_at"),
-        })
-        .collect();
+        .map_err(StoreError::db("reading claims"))?;
     let dead_letters = client
         .query(&schema.sql(DEAD_LETTERS), &[&subscriber, &seqs])
         .await
-        .map_err(StoreError::db("reading dead letters"))?
-        .iter()
-        .map(|r| DeadLetterAt {
-            seq: r.get("seq"),
-            letter: r.get("letter"),
-        })
-        .collect();
+        .map_err(StoreError::db("reading dead letters"))?;
     let positions = client
         .query(&schema.sql(POSITIONS), &[&subscriber])
         .await
-        .map_err(StoreError::db("reading checkpoints"))?
-        .iter()
-        .map(|r| PartitionPosition {
-            partition: r.get("partition"),
-            partitions: r.get("partitions"),
-            position: r.get("position"),
-        })
-        .collect();
+        .map_err(StoreError::db("reading checkpoints"))?;
     Ok(Recorded {
-        claims,
-        dead_letters,
-        positions,
+        claims: Claim::from_rows(&claims)?,
+        dead_letters: DeadLetterAt::from_rows(&dead_letters)?,
+        positions: PartitionPosition::from_rows(&positions)?,
     })
+}
+
+impl FromRow for Claim {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("processed_message");
+        Ok(Claim {
+            event_id: r.col("message_id")?,
+            processed_at: r.col("processed_at")?,
+        })
+    }
+}
+
+impl FromRow for DeadLetterAt {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("dead_letter");
+        Ok(DeadLetterAt {
+            seq: r.col("seq")?,
+            letter: r.col("letter")?,
+        })
+    }
+}
+
+impl FromRow for PartitionPosition {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("checkpoint");
+        Ok(PartitionPosition {
+            partition: r.col("partition")?,
+            partitions: r.col("partitions")?,
+            position: r.col("position")?,
+        })
+    }
 }

@@ -3,9 +3,10 @@
 //! source's checks), and how many rows a slot's appends counted (a running backfill's
 //! progress).
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use crate::error::StoreError;
+use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
 
 /// Slot `$1`'s ingest position as text, once it is past 0/0.
@@ -39,11 +40,12 @@ pub async fn ingested_through(
     schema: &Schema,
     slot: &str,
 ) -> Result<Option<String>, StoreError> {
-    Ok(client
+    client
         .query_opt(&schema.sql(INGESTED), &[&slot])
         .await
         .map_err(StoreError::db("reading the ingest position"))?
-        .map(|r| r.get("lsn")))
+        .map(|r| r.of("ingest_position").col("lsn"))
+        .transpose()
 }
 
 /// The publication `slot` was last read through (`None`: not recorded yet, as before
@@ -57,7 +59,9 @@ pub async fn read_through(
         .query_opt(&schema.sql(READ_THROUGH), &[&slot])
         .await
         .map_err(StoreError::db("reading the slot's publication"))?
-        .and_then(|r| r.get("publication")))
+        .map(|r| r.of("ingest_position").col("publication"))
+        .transpose()?
+        .flatten())
 }
 
 /// Every slot walfold ingested through, by name.
@@ -65,16 +69,21 @@ pub async fn ingested_slots(
     client: &Client,
     schema: &Schema,
 ) -> Result<Vec<IngestedSlot>, StoreError> {
-    Ok(client
+    let rows = client
         .query(&schema.sql(SLOTS), &[])
         .await
-        .map_err(StoreError::db("reading the ingest positions"))?
-        .iter()
-        .map(|r| IngestedSlot {
-            slot: r.get("slot"),
-            lsn: r.get("lsn"),
+        .map_err(StoreError::db("reading the ingest positions"))?;
+    IngestedSlot::from_rows(&rows)
+}
+
+impl FromRow for IngestedSlot {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("ingest_position");
+        Ok(IngestedSlot {
+            slot: r.col("slot")?,
+            lsn: r.col("lsn")?,
         })
-        .collect())
+    }
 }
 
 /// The rows `slot`'s appends have counted so far (appended, duplicates, ID conflicts,
@@ -84,9 +93,10 @@ pub async fn ingested_rows(
     schema: &Schema,
     slot: &str,
 ) -> Result<i64, StoreError> {
-    Ok(client
+    client
         .query_one(&schema.sql(COUNTED), &[&slot])
         .await
         .map_err(StoreError::db("counting ingested rows"))?
-        .get("counted"))
+        .of("ingest_position")
+        .col("counted")
 }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connect::connect;
 use crate::error::StoreError;
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// Advisory-lock class of the leader lock (`'walL'`); the key is the schema's hash.
@@ -85,7 +86,7 @@ impl Fence {
             )
             .await
             .map_err(StoreError::db("checking leadership"))?;
-        self.verdict(row.get("leads"))
+        self.verdict(row.of("leader").col("leads")?)
     }
 
     /// The check prepared on `client`, for a connection's hot path (no parse per call).
@@ -178,7 +179,7 @@ impl PreparedFence {
             .query_one(&self.statement, &[&key.class, &key.objid(), &key.epoch])
             .await
             .map_err(StoreError::db("checking leadership"))?;
-        self.fence.verdict(row.get("leads"))
+        self.fence.verdict(row.of("leader").col("leads")?)
     }
 }
 
@@ -245,7 +246,8 @@ impl Leadership {
             )
             .await
             .map_err(StoreError::db("taking the leader lock"))?
-            .get(0);
+            .of("the leader lock")
+            .col(0)?;
         if !locked {
             return Ok(None);
         }
@@ -253,9 +255,10 @@ impl Leadership {
             .query_one(&schema.sql(ADVANCE), &[&schema.name()])
             .await
             .map_err(StoreError::db("advancing the leader epoch"))?;
+        let row = row.of("leader");
         let key = EpochKey {
-            epoch: row.get("epoch"),
-            class: row.get("class"),
+            epoch: row.col("epoch")?,
+            class: row.col("class")?,
         };
         let previous = EpochKey {
             epoch: key.epoch - 1,

@@ -20,6 +20,7 @@ mod pause;
 mod prune;
 pub mod rebuild;
 mod registry;
+mod row;
 mod schema;
 mod status;
 mod stream_stage;
@@ -56,6 +57,7 @@ pub use prune::{
 };
 pub use rebuild::{Rebuild, RebuildState};
 pub use registry::{active_projections, active_subscriber, active_subscribers};
+pub use row::{Column, Columns, FromRow, RowExt};
 pub use schema::Schema;
 pub use status::{
     event_log_estimate, metrics_reading, status, status_of, target_status, IngestStatus,

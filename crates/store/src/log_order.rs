@@ -16,6 +16,7 @@ use tokio_postgres::Client;
 
 use crate::connect::connect;
 use crate::error::StoreError;
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
@@ -98,7 +99,8 @@ impl LogOrder {
             )
             .await
             .map_err(StoreError::db("taking the appender lock"))?
-            .get("locked");
+            .of("the appender lock")
+            .col("locked")?;
         if !locked {
             return Err(StoreError::Busy(format!(
                 "another walfold is appending to {}.event_log; waiting for it to stop",
@@ -146,9 +148,10 @@ pub async fn head(
     client: &impl tokio_postgres::GenericClient,
     schema: &Schema,
 ) -> Result<i64, StoreError> {
-    Ok(client
+    client
         .query_one(&schema.sql(HEAD), &[])
         .await
         .map_err(StoreError::db("reading the event log head"))?
-        .get("head"))
+        .of("event_log")
+        .col("head")
 }

@@ -22,6 +22,7 @@ use tokio_postgres::Client;
 use crate::error::StoreError;
 use crate::leader::Fence;
 use crate::rebuild::RebuildState;
+use crate::row::RowExt;
 use crate::schema::Schema;
 use walfold_event::DeadLetterStatus;
 
@@ -154,14 +155,15 @@ pub async fn lock_pruning(client: &Client, schema: &Schema) -> Result<(), StoreE
 /// Takes the prune lock shared for this session (until it ends), if no prune pass holds
 /// it: what a rebuild start does, so that starts do not wait for one another.
 pub async fn try_hold_off_pruning(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
-    Ok(client
+    client
         .query_one(
             "select pg_try_advisory_lock_shared($1::int4, hashtext($2)) as locked",
             &[&PRUNE_LOCK, &schema.name()],
         )
         .await
         .map_err(StoreError::db("taking the prune lock"))?
-        .get("locked"))
+        .of("the prune lock")
+        .col("locked")
 }
 
 /// How far retention has pruned the event log: a rebuild replays only what it holds.
@@ -178,14 +180,18 @@ pub async fn log_pruned(
     client: &impl tokio_postgres::GenericClient,
     schema: &Schema,
 ) -> Result<Option<LogPruned>, StoreError> {
-    Ok(client
+    client
         .query_opt(&schema.sql(PRUNED_THROUGH), &[])
         .await
         .map_err(StoreError::db("reading how far the event log was pruned"))?
-        .map(|r| LogPruned {
-            through: r.get("through"),
-            at_unix: r.get("pruned_at_unix"),
-        }))
+        .map(|r| {
+            let r = r.of("event_log_pruned");
+            Ok(LogPruned {
+                through: r.col("through")?,
+                at_unix: r.col("pruned_at_unix")?,
+            })
+        })
+        .transpose()
 }
 
 /// One prune pass. With a `fence` (the leader's), every delete proves in its
@@ -248,13 +254,13 @@ pub async fn prune(
 /// The subscribers that hold events in the log: every projection's active one, and
 /// every rebuild's in progress.
 async fn holders(client: &Client, schema: &Schema) -> Result<Vec<String>, StoreError> {
-    Ok(client
+    client
         .query(&schema.sql(HOLDERS), &[&RebuildState::REPLAYING])
         .await
         .map_err(StoreError::db("reading subscribers for pruning"))?
         .iter()
-        .map(|r| r.get("subscriber_id"))
-        .collect())
+        .map(|r| r.of("checkpoint").col("subscriber_id"))
+        .collect()
 }
 
 /// On an extra target: the highest seq of the main log it lets go of. Every projection's
@@ -273,7 +279,8 @@ pub async fn hold(client: &Client, schema: &Schema) -> Result<Option<i64>, Store
         .query_one(&schema.sql(FIRST_NEEDED), &[&DeadLetterStatus::UNRESOLVED])
         .await
         .map_err(StoreError::db("reading dead letters for pruning"))?
-        .get("seq");
+        .of("dead_letter")
+        .col("seq")?;
     if let Some(first) = needed {
         bound = Some(bound.map_or(first - 1, |b| b.min(first - 1)));
     }
@@ -342,7 +349,8 @@ pub async fn record_holds(
     let mut lowest: Option<i64> = None;
     let mut removed = Vec::new();
     for r in &rows {
-        let (target, bound): (String, i64) = (r.get("target"), r.get("bound"));
+        let r = r.of("target_hold");
+        let (target, bound): (String, i64) = (r.col("target")?, r.col("bound")?);
         lowest = Some(lowest.map_or(bound, |l| l.min(bound)));
         if !configured.contains(&target) {
             removed.push((target, bound));
@@ -375,7 +383,8 @@ pub async fn prune_claims_elsewhere(
             .query_one(&schema.sql(REACHED), &[subscriber])
             .await
             .map_err(StoreError::db("reading checkpoints for pruning"))?
-            .get("reached");
+            .of("checkpoint")
+            .col("reached")?;
         if reached - passed > AHEAD_LIMIT {
             tracing::debug!(
                 subscriber,
@@ -390,8 +399,8 @@ pub async fn prune_claims_elsewhere(
             .await
             .map_err(StoreError::db("reading the event log for pruning"))?
             .iter()
-            .map(|r| r.get("event_id"))
-            .collect();
+            .map(|r| r.of("event_log").col("event_id"))
+            .collect::<Result<_, _>>()?;
         pruned.claims += delete_batches(
             client,
             fence,
@@ -437,10 +446,11 @@ async fn passed(client: &Client, schema: &Schema, subscriber: &str) -> Result<i6
         .query_one(&schema.sql(PASSED), &[&subscriber])
         .await
         .map_err(StoreError::db("reading checkpoints for pruning"))?;
+    let row = row.of("checkpoint");
     let (n, partitions, min): (i64, i64, i64) = (
-        row.get("checkpoints"),
-        row.get("partitions"),
-        row.get("position"),
+        row.col("checkpoints")?,
+        row.col("partitions")?,
+        row.col("position")?,
     );
     Ok(if n == 0 || n < partitions { 0 } else { min })
 }
@@ -474,13 +484,17 @@ async fn delete_batches(
             .await
             .map_err(StoreError::db("pruning"))?;
         let n = match count {
-            Count::Affected => tx.execute(&statement, params).await,
+            Count::Affected => tx
+                .execute(&statement, params)
+                .await
+                .map_err(StoreError::db("pruning"))?,
             Count::Returned => tx
                 .query_one(&statement, params)
                 .await
-                .map(|r| r.get::<_, i64>("deleted") as u64),
-        }
-        .map_err(StoreError::db("pruning"))?;
+                .map_err(StoreError::db("pruning"))?
+                .of("event_log")
+                .col::<i64>("deleted")? as u64,
+        };
         if let Some(fence) = fence {
             fence.check(&tx).await?;
         }

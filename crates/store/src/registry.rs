@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// Registers projection `$1` with subscriber `$2` unless it is registered.
@@ -53,8 +54,9 @@ pub async fn active_subscriber(
         .query_one(&schema.sql(LOCK), &[&projection])
         .await
         .map_err(StoreError::db("reading the projection registry"))?;
+    let row = row.of("projection");
     let (active, recorded): (String, String) =
-        (row.get("subscriber_id"), row.get("configured_subscriber"));
+        (row.col("subscriber_id")?, row.col("configured_subscriber")?);
     // What a rebuild of this projection did with the configured ID, if anything.
     let role: Option<String> = tx
         .query_opt(
@@ -68,7 +70,9 @@ pub async fn active_subscriber(
         )
         .await
         .map_err(StoreError::db("reading rebuilds"))?
-        .and_then(|r| r.get("role"));
+        .map(|r| r.of("rebuild").col("role"))
+        .transpose()?
+        .flatten();
     let active = if recorded == configured || role.as_deref() == Some("replaced") {
         // The config still names the subscriber a rebuild replaced: stale, not a choice.
         active
@@ -97,13 +101,13 @@ pub async fn active_subscribers(
     client: &Client,
     schema: &Schema,
 ) -> Result<Vec<String>, StoreError> {
-    Ok(client
+    client
         .query(&schema.sql(ALL), &[])
         .await
         .map_err(StoreError::db("reading the projection registry"))?
         .iter()
-        .map(|r| r.get("subscriber_id"))
-        .collect())
+        .map(|r| r.of("projection").col("subscriber_id"))
+        .collect()
 }
 
 /// The registry as (projection name, active subscriber) pairs.
@@ -111,11 +115,14 @@ pub async fn active_projections(
     client: &Client,
     schema: &Schema,
 ) -> Result<Vec<(String, String)>, StoreError> {
-    Ok(client
+    client
         .query(&schema.sql(ALL), &[])
         .await
         .map_err(StoreError::db("reading the projection registry"))?
         .iter()
-        .map(|r| (r.get("name"), r.get("subscriber_id")))
-        .collect())
+        .map(|r| {
+            let r = r.of("projection");
+            Ok((r.col("name")?, r.col("subscriber_id")?))
+        })
+        .collect()
 }

@@ -14,6 +14,7 @@ use walfold_telemetry::metrics::{
 
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
+use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
 
 /// Slot `$1` on the source: whether it streams, how far it confirmed, what it retains.
@@ -247,16 +248,36 @@ async fn read_slot(source: &Client, slot: &str) -> Result<Option<SlotStatus>, St
         .query_opt(SLOT, &[&slot])
         .await
         .map_err(StoreError::db("reading the slot"))?;
-    Ok(slot_row.map(|r| SlotStatus {
-        name: slot.to_owned(),
-        active: r.get("active"),
-        confirmed_flush_lsn: r
-            .get::<_, Option<PgLsn>>("confirmed_flush_lsn")
-            .map(|l| Lsn::from(l).to_string()),
-        retained_bytes: r.get("retained_bytes"),
-        lag_bytes: r.get("lag_bytes"),
-        wal_status: r.get("wal_status"),
-    }))
+    slot_row
+        .map(|r| {
+            let r = r.of("pg_replication_slots");
+            Ok(SlotStatus {
+                name: slot.to_owned(),
+                active: r.col("active")?,
+                confirmed_flush_lsn: r
+                    .col::<Option<PgLsn>>("confirmed_flush_lsn")?
+                    .map(|l| Lsn::from(l).to_string()),
+                retained_bytes: r.col("retained_bytes")?,
+                lag_bytes: r.col("lag_bytes")?,
+                wal_status: r.col("wal_status")?,
+            })
+        })
+        .transpose()
+}
+
+impl FromRow for IngestStatus {
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
+        let r = row.of("ingest_position");
+        Ok(IngestStatus {
+            lsn: Lsn::from(r.col::<PgLsn>("lsn")?).to_string(),
+            appended: r.col("appended")?,
+            duplicates: r.col("duplicates")?,
+            id_conflicts: r.col("id_conflicts")?,
+            malformed: r.col("malformed")?,
+            ignored_changes: r.col("ignored_changes")?,
+            updated_at_unix: r.col("updated_at_unix")?,
+        })
+    }
 }
 
 /// One source's slot (asked of the source) and ingest position (read from the target).
@@ -280,20 +301,14 @@ async fn source_status(
         .query_opt(&schema.sql(INGEST), &[&slot_name])
         .await
         .map_err(StoreError::db("reading the ingest position"))?
-        .map(|r| IngestStatus {
-            lsn: Lsn::from(r.get::<_, PgLsn>("lsn")).to_string(),
-            appended: r.get("appended"),
-            duplicates: r.get("duplicates"),
-            id_conflicts: r.get("id_conflicts"),
-            malformed: r.get("malformed"),
-            ignored_changes: r.get("ignored_changes"),
-            updated_at_unix: r.get("updated_at_unix"),
-        });
+        .map(|r| IngestStatus::from_row(&r))
+        .transpose()?;
     let slot_gaps: i64 = target
         .query_one(&schema.sql(SLOT_GAPS), &[&slot_name])
         .await
         .map_err(StoreError::db("counting slot gaps"))?
-        .get("gaps");
+        .of("slot_gap")
+        .col("gaps")?;
     Ok(SourceStatus {
         name: probe.name.to_owned(),
         slot_name: slot_name.to_owned(),
@@ -395,11 +410,12 @@ pub async fn metrics_reading(
 
 /// The planner's estimate of the event log's rows, for the metrics scrape.
 pub async fn event_log_estimate(target: &Client, schema: &Schema) -> Result<i64, StoreError> {
-    Ok(target
+    target
         .query_one(EVENT_LOG_ESTIMATE, &[&schema.sql("{schema}.event_log")])
         .await
         .map_err(StoreError::db("estimating event_log"))?
-        .get("rows"))
+        .of("pg_class")
+        .col("rows")
 }
 
 /// The planner's row estimate of table `$1` (a name for `to_regclass`, bound as a value).
@@ -427,41 +443,46 @@ pub async fn target_status(
     let oldest_after = log_schema.sql(OLDEST_AFTER);
     let mut subscribers: Vec<SubscriberStatus> = Vec::with_capacity(rows.len());
     for r in &rows {
-        let position: i64 = r.get("position");
+        let r = r.of("checkpoint");
+        let position: i64 = r.col("position")?;
         let lag_seconds = if head > position {
             log.query_opt(&oldest_after, &[&position])
                 .await
                 .map_err(StoreError::db("reading the oldest unapplied event"))?
-                .and_then(|row| row.get::<_, Option<SystemTime>>("at"))
+                .map(|row| row.of("event_log").col::<Option<SystemTime>>("at"))
+                .transpose()?
+                .flatten()
                 .map(|t| now.duration_since(t).map_or(0.0, |d| d.as_secs_f64()))
         } else {
             None
         };
         subscribers.push(SubscriberStatus {
-            subscriber: r.get("subscriber_id"),
+            subscriber: r.col("subscriber_id")?,
             target: name.to_owned(),
-            partitions: r.get("partitions"),
+            partitions: r.col("partitions")?,
             position,
             lag_events: (head - position).max(0),
             lag_seconds,
-            applied: r.get("applied"),
-            duplicates: r.get("duplicates"),
-            stale: r.get("stale"),
-            dead_lettered: r.get("dead_lettered"),
-            parked_aggregates: r.get("parked"),
-            paused: pause_status(r.get("paused"), r.get("first_pause")),
+            applied: r.col("applied")?,
+            duplicates: r.col("duplicates")?,
+            stale: r.col("stale")?,
+            dead_lettered: r.col("dead_lettered")?,
+            parked_aggregates: r.col("parked")?,
+            paused: pause_status(r.col("paused")?, r.col("first_pause")?),
         });
     }
     let dead_letters_open: i64 = target
         .query_one(&schema.sql(DEAD_LETTERS), &[&DeadLetterStatus::Open])
         .await
         .map_err(StoreError::db("counting dead letters"))?
-        .get("letters");
+        .of("dead_letter")
+        .col("letters")?;
     let processed_message_rows: i64 = target
         .query_one(CLAIM_ROWS, &[&schema.name()])
         .await
         .map_err(StoreError::db("estimating processed_message"))?
-        .get("claims");
+        .of("pg_class")
+        .col("claims")?;
     let mut rebuilds = Vec::new();
     let now_unix = now
         .duration_since(SystemTime::UNIX_EPOCH)

@@ -19,6 +19,7 @@ use walfold_event::{partition_hash, DeadLetter, ErrorKind, Lsn, NewEvent, Reason
 use crate::error::StoreError;
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
 use crate::jsonb::{self, Jsonb};
+use crate::row::RowExt;
 
 /// One change of a streamed transaction, in stream order.
 #[derive(Debug, Clone)]
@@ -343,11 +344,11 @@ impl EventLog {
                     Err(e) => return Err(StoreError::db("moving staged events")(e)),
                 }
             };
-            after = last.get("ord");
+            after = last.of("stream_stage").col("ord")?;
             let mut events = Vec::with_capacity(rows.len());
             let mut dead = Vec::new();
             for row in &rows {
-                match staged_row(row, commit) {
+                match staged_row(row, commit)? {
                     StagedRow::Event(e) => events.push(e),
                     StagedRow::Rejected(d) => dead.push(*d),
                 }
@@ -413,9 +414,10 @@ fn add(total: &mut AppendOutcome, o: AppendOutcome) {
 }
 
 /// A staged row as it enters the log: with its transaction's commit LSN and time.
-fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> StagedRow {
-    let lsn: Option<PgLsn> = row.get("change_lsn");
-    let index: Option<i32> = row.get("change_index");
+fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedRow, StoreError> {
+    let row = row.of("stream_stage");
+    let lsn: Option<PgLsn> = row.col("change_lsn")?;
+    let index: Option<i32> = row.col("change_index")?;
     let origin = match (lsn, index) {
         (Some(lsn), Some(index)) => Some(RowOrigin::Wal {
             lsn: lsn.into(),
@@ -423,9 +425,9 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> StagedRow {
         }),
         _ => None,
     };
-    if let Some(rejected) = jsonb::value(row.get("rejected")) {
+    if let Some(rejected) = jsonb::value(row.col("rejected")?) {
         let text = |k: &str| rejected.get(k).and_then(Value::as_str).map(str::to_owned);
-        return StagedRow::Rejected(Box::new(DeadLetter {
+        return Ok(StagedRow::Rejected(Box::new(DeadLetter {
             subscriber_id: None,
             event_id: text("event_id").and_then(|s| Uuid::try_parse(&s).ok()),
             seq: None,
@@ -438,19 +440,19 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> StagedRow {
             attempts: 1,
             source_lsn: Some(commit.commit_lsn),
             origin,
-        }));
+        })));
     }
-    StagedRow::Event(NewEvent {
-        id: row.get("event_id"),
-        aggregate_type: row.get("aggregate_type"),
-        aggregate_id: row.get("aggregate_id"),
-        event_type: row.get("event_type"),
-        version: row.get("version"),
-        payload: row.get::<_, Jsonb>("payload").0,
-        headers: jsonb::value(row.get("headers")),
-        occurred_at: row.get("occurred_at"),
+    Ok(StagedRow::Event(NewEvent {
+        id: row.col("event_id")?,
+        aggregate_type: row.col("aggregate_type")?,
+        aggregate_id: row.col("aggregate_id")?,
+        event_type: row.col("event_type")?,
+        version: row.col("version")?,
+        payload: row.col::<Jsonb>("payload")?.0,
+        headers: jsonb::value(row.col("headers")?),
+        occurred_at: row.col("occurred_at")?,
         source_lsn: commit.commit_lsn,
         origin,
         committed_at: commit.commit_time,
-    })
+    }))
 }

@@ -41,6 +41,7 @@ use tokio_postgres::Client;
 use crate::connect::connect;
 use crate::error::StoreError;
 use crate::leader::{EpochKey, Fence};
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// The target's recorded leader epoch and its schema's key class (`hashtext($1)`), locked.
@@ -97,7 +98,8 @@ impl Fence {
             .query_one(&schema.sql(LOCK_EPOCH), &[&schema.name()])
             .await
             .map_err(StoreError::db("reading the target's leader epoch"))?;
-        let (recorded, class): (i64, i32) = (row.get("epoch"), row.get("class"));
+        let row = row.of("leader");
+        let (recorded, class): (i64, i32) = (row.col("epoch")?, row.col("class")?);
         let epoch = self.epoch();
         if recorded > epoch {
             tracing::warn!(target = %crate::connect::walfold_redact(url), schema = schema.name(), epoch, recorded, "a newer leader has written on this target (or another walfold deployment uses its schema): standing down");

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::builder::ConfigBuilder;
 use walfold_config::{Config, LogConfig};
 use walfold_engine::Pipeline;
+use walfold_store::RowExt;
 use walfold_tempdb::{Cluster, Options};
 
 use crate::{telemetry, Failure};
@@ -172,12 +173,13 @@ pub async fn demo() -> Result<(), Failure> {
         .await
         .map_err(Failure::runtime)?
     {
+        let r = r.of("order_state");
         println!(
             "  {:<5} {:<10} {:>6}  v{}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1),
-            r.get::<_, String>(2),
-            r.get::<_, i64>(3)
+            r.col::<String>(0)?,
+            r.col::<String>(1)?,
+            r.col::<String>(2)?,
+            r.col::<i64>(3)?
         );
     }
     println!("\nrevenue (sql projection, sums OrderPaid amounts; the duplicate counted once):");
@@ -189,7 +191,8 @@ pub async fn demo() -> Result<(), Failure> {
         .await
         .map_err(Failure::runtime)?
     {
-        println!("  {}  {}", r.get::<_, String>(0), r.get::<_, String>(1));
+        let r = r.of("revenue");
+        println!("  {}  {}", r.col::<String>(0)?, r.col::<String>(1)?);
     }
     println!("\naccount_balance (strict projection of delta events from a message outbox; v3 waited for v2):");
     for r in client
@@ -202,11 +205,12 @@ pub async fn demo() -> Result<(), Failure> {
         .await
         .map_err(Failure::runtime)?
     {
+        let r = r.of("account_balance");
         println!(
             "  {}  {}  v{}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1),
-            r.get::<_, Option<i64>>(2).unwrap_or(0)
+            r.col::<String>(0)?,
+            r.col::<String>(1)?,
+            r.col::<Option<i64>>(2)?.unwrap_or(0)
         );
     }
     let schema = walfold_store::Schema::new("walfold");

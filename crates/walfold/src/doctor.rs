@@ -6,9 +6,13 @@ use std::path::Path;
 
 use tokio_postgres::Client;
 use walfold_config::Config;
+use walfold_store::RowExt;
 
 use crate::run::load;
 use crate::Failure;
+
+/// What stops the checks: a statement that failed, or a row that could not be read.
+type CheckError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {
@@ -150,10 +154,11 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
     Ok(())
 }
 
-async fn setting(c: &Client, name: &str) -> Result<String, tokio_postgres::Error> {
+async fn setting(c: &Client, name: &str) -> Result<String, CheckError> {
     Ok(c.query_one("select current_setting($1)", &[&name])
         .await?
-        .get(0))
+        .of("pg_settings")
+        .col(0)?)
 }
 
 async fn source_checks(
@@ -162,7 +167,7 @@ async fn source_checks(
     source: &Client,
     target: Option<&Client>,
     max_retained_mb: i64,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), CheckError> {
     let wal_level = setting(source, "wal_level").await?;
     if wal_level == "logical" {
         r.check(Level::Ok, "wal_level = logical", "");
@@ -182,8 +187,9 @@ async fn source_checks(
             &[],
         )
         .await?;
+    let row = row.of("pg_settings");
     let (slots, used, senders, sending): (i32, i32, i32, i32) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+        (row.col(0)?, row.col(1)?, row.col(2)?, row.col(3)?);
     let slot_row = source
         .query_opt(
             "select active, wal_status, (pg_current_wal_lsn() - restart_lsn)::int8, plugin \
@@ -221,7 +227,9 @@ async fn source_checks(
             &[],
         )
         .await?;
-    let (replication, role, db_create): (bool, String, bool) = (row.get(0), row.get(1), row.get(2));
+    let row = row.of("pg_roles");
+    let (replication, role, db_create): (bool, String, bool) =
+        (row.col(0)?, row.col(1)?, row.col(2)?);
     let role = walfold_config::quote_ident(&role);
     r.check(
         if replication { Level::Ok } else { Level::Fail },
@@ -249,12 +257,15 @@ async fn source_checks(
             &[publication],
         )
         .await?
-        .is_some_and(|row| row.get(0));
+        .map(|row| row.of("pg_publication").col(0))
+        .transpose()?
+        .unwrap_or(false);
     for (o, t) in config.table_outboxes() {
         let exists: bool = source
             .query_one("select to_regclass($1) is not null", &[&t.quoted()])
             .await?
-            .get(0);
+            .of("pg_class")
+            .col(0)?;
         if !exists {
             continue;
         }
@@ -266,7 +277,8 @@ async fn source_checks(
                 &[&t.quoted(), &o.occurred_at],
             )
             .await?
-            .map(|row| row.get(0));
+            .map(|row| row.of("pg_attribute").col(0))
+            .transpose()?;
         if occurred_at.as_deref() == Some("timestamp without time zone") {
             r.check(
                 Level::Warn,
@@ -280,7 +292,8 @@ async fn source_checks(
         let select: bool = source
             .query_one("select has_table_privilege($1, 'select')", &[&t.quoted()])
             .await?
-            .get(0);
+            .of("pg_class")
+            .col(0)?;
         r.check(
             if select { Level::Ok } else { Level::Warn },
             format!("the source role may read {t} (needed by `walfold backfill` only)"),
@@ -294,7 +307,8 @@ async fn source_checks(
                     &[&t.quoted()],
                 )
                 .await?
-                .get(0);
+                .of("pg_class")
+                .col(0)?;
             r.check(
                 if identity == "n" { Level::Fail } else { Level::Ok },
                 format!("{t}: replica identity {identity} (the publication publishes updates/deletes)"),
@@ -313,7 +327,8 @@ async fn source_checks(
         source
             .query_one("select current_setting('server_version_num')::int", &[])
             .await?
-            .get(0)
+            .of("pg_settings")
+            .col(0)?
     };
     for o in &message_outboxes {
         r.check(
@@ -467,8 +482,9 @@ async fn source_checks(
         ),
         None => r.check(Level::Ok, format!("slot {slot} does not exist yet (created on first start)"), ""),
         Some(row) => {
+            let row = row.of("pg_replication_slots");
             let (active, wal_status, retained, plugin): (bool, Option<String>, Option<i64>, Option<String>) =
-                (row.get(0), row.get(1), row.get(2), row.get(3));
+                (row.col(0)?, row.col(1)?, row.col(2)?, row.col(3)?);
             if plugin.as_deref() != Some("pgoutput") {
                 r.check(Level::Fail, format!("slot {slot} uses plugin {plugin:?}"), "choose another source.slot, or drop this slot");
             }
@@ -517,7 +533,7 @@ async fn writers_of_table(
     r: &mut Report,
     source: &Client,
     table: &walfold_config::QualifiedName,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), CheckError> {
     let writers = walfold_source::inserters(source, &table.quoted()).await?;
     if writers.public {
         r.check(
@@ -549,7 +565,7 @@ async fn heartbeat_right(
     config: &Config,
     source: &Client,
     role: &str,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), CheckError> {
     if config.source().heartbeat_interval_s == 0 {
         return Ok(());
     }
@@ -563,10 +579,14 @@ async fn heartbeat_right(
             &[],
         )
         .await?;
-    if rows.iter().any(|row| row.get::<_, bool>(1)) {
-        return Ok(());
+    let mut functions: Vec<String> = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let row = row.of("pg_proc");
+        if row.col::<bool>(1)? {
+            return Ok(());
+        }
+        functions.push(row.col(0)?);
     }
-    let functions: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
     r.check(
         Level::Warn,
         format!("the source role {role} may not execute pg_logical_emit_message: walfold's heartbeats fail, so on a database where no outbox row is written the slot does not advance"),
@@ -580,7 +600,7 @@ async fn heartbeat_right(
 
 /// The table outboxes (that exist) whose owner the source role is not: it cannot put
 /// them in a publication.
-async fn not_owned(source: &Client, config: &Config) -> Result<Vec<String>, tokio_postgres::Error> {
+async fn not_owned(source: &Client, config: &Config) -> Result<Vec<String>, CheckError> {
     let mut out = Vec::new();
     for (_, t) in config.table_outboxes() {
         let owns: Option<bool> = source
@@ -590,7 +610,8 @@ async fn not_owned(source: &Client, config: &Config) -> Result<Vec<String>, toki
                 &[&t.quoted()],
             )
             .await?
-            .map(|row| row.get(0));
+            .map(|row| row.of("pg_class").col(0))
+            .transpose()?;
         if owns == Some(false) {
             out.push(t.to_string());
         }
@@ -624,7 +645,7 @@ async fn target_checks(
     config: &Config,
     home: &walfold_engine::Target,
     target: &Client,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), CheckError> {
     let schema = home.schema.name();
     let on = if home.is_extra() {
         format!(" on target {}", home.label())
@@ -653,7 +674,7 @@ async fn target_checks(
                 &[&t.quoted()],
             )
             .await;
-        let ok = row.map(|r| r.get::<_, bool>(0)).unwrap_or(false);
+        let ok = row.is_ok_and(|r| r.of("pg_class").col::<bool>(0).unwrap_or(false));
         r.check(
             if ok { Level::Ok } else { Level::Fail },
             format!("projection {}: table {t} exists and is writable{on}", p.name),
@@ -678,19 +699,20 @@ async fn target_checks(
             )
             .await?;
         let mut missing: Vec<String> = Vec::new();
-        if !rebuild.get::<_, bool>("owns") {
+        let rebuild = rebuild.of("pg_class");
+        if !rebuild.col::<bool>("owns")? {
             missing.push(format!(
                 "alter table {} owner to {role} (a rebuild renames it)",
                 t.quoted()
             ));
         }
-        if !rebuild.get::<_, bool>("create") {
+        if !rebuild.col::<bool>("create")? {
             missing.push(format!(
                 "grant create on schema {} to {role}",
                 walfold_config::quote_ident(&t.schema)
             ));
         }
-        let unreferenced: Vec<String> = rebuild.get("unreferenced");
+        let unreferenced: Vec<String> = rebuild.col("unreferenced")?;
         if !unreferenced.is_empty() {
             missing.push(format!(
                 "grant references on {} to {role} (its foreign keys)",

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use tokio_postgres::Client;
 use walfold_config::{Config, QualifiedName};
+use walfold_store::RowExt;
 
 use crate::Failure;
 
@@ -188,21 +189,24 @@ async fn tables(client: &Client) -> Result<Vec<Table>, Failure> {
         )
         .await
         .map_err(|e| Failure::runtime(format!("reading the catalog: {e}")))?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let (schema, table): (String, String) = (r.get(0), r.get(1));
-            if !valid_name(&schema) || !valid_name(&table) {
-                return None;
-            }
-            let names: Vec<String> = r.get(2);
-            let types: Vec<String> = r.get(3);
-            Some(Table {
-                name: QualifiedName::parse(&format!("{schema}.{table}")).ok()?,
-                columns: names.into_iter().zip(types).collect(),
-            })
-        })
-        .collect())
+    let mut tables = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let r = r.of("pg_class");
+        let (schema, table): (String, String) = (r.col(0)?, r.col(1)?);
+        if !valid_name(&schema) || !valid_name(&table) {
+            continue;
+        }
+        let names: Vec<String> = r.col(2)?;
+        let types: Vec<String> = r.col(3)?;
+        let Ok(name) = QualifiedName::parse(&format!("{schema}.{table}")) else {
+            continue;
+        };
+        tables.push(Table {
+            name,
+            columns: names.into_iter().zip(types).collect(),
+        });
+    }
+    Ok(tables)
 }
 
 fn parse_table(text: &str, flag: &str) -> Result<QualifiedName, Failure> {
@@ -225,7 +229,8 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
         .query_one("select to_regclass($1) is not null", &[&name.quoted()])
         .await
         .map_err(Failure::runtime)?
-        .get(0);
+        .of("pg_class")
+        .col(0)?;
     if !exists {
         return Err(Failure::config(format!(
             "--read-model {name}: no such table (names are case-sensitive)"
@@ -242,8 +247,11 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
         .await
         .map_err(Failure::runtime)?
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+        .map(|r| {
+            let r = r.of("pg_attribute");
+            Ok((r.col(0)?, r.col(1)?, r.col(2)?))
+        })
+        .collect::<Result<_, walfold_store::StoreError>>()?;
     let keys: Vec<Vec<String>> = client
         .query(
             "select array(select a.attname::text from unnest(i.indkey) k \
@@ -256,8 +264,8 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
         .await
         .map_err(Failure::runtime)?
         .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .map(|r| r.of("pg_index").col(0))
+        .collect::<Result<_, _>>()?;
     let key = keys.iter().find(|k| k.len() == 1).map(|k| k[0].clone());
     let Some(key) = key else {
         return Err(Failure::config(format!(
@@ -385,11 +393,14 @@ async fn publication(
         )
         .await
         .map_err(Failure::runtime)?;
-    Ok(rows
-        .iter()
-        .find(|r| r.get::<_, Vec<String>>(1) == wanted)
-        .map(|r| r.get::<_, String>(0))
-        .filter(|name| valid_name(name)))
+    for r in &rows {
+        let r = r.of("pg_publication");
+        if r.col::<Vec<String>>(1)? == wanted {
+            let name: String = r.col(0)?;
+            return Ok(Some(name).filter(|name| valid_name(name)));
+        }
+    }
+    Ok(None)
 }
 
 /// The outboxes named on the command line.
@@ -424,11 +435,18 @@ async fn emit_grants(client: &Client) -> Result<EmitGrants, Failure> {
         )
         .await
         .map_err(Failure::runtime)?;
-    Ok(EmitGrants {
-        functions: rows.iter().map(|r| r.get(0)).collect(),
-        public: rows.iter().any(|r| r.get::<_, bool>(1)),
-        role: rows.first().and_then(|r| r.get(2)),
-    })
+    let mut grants = EmitGrants {
+        functions: Vec::with_capacity(rows.len()),
+        public: false,
+        role: None,
+    };
+    for row in &rows {
+        let row = row.of("pg_proc");
+        grants.functions.push(row.col(0)?);
+        grants.public |= row.col::<bool>(1)?;
+        grants.role = row.col(2)?;
+    }
+    Ok(grants)
 }
 
 pub async fn init(

@@ -51,6 +51,14 @@ pub(crate) fn store_failure(e: walfold_store::StoreError) -> Failure {
     }
 }
 
+/// A row that cannot be read (a drifted table, an unexpected catalog) fails the command
+/// like any other store error.
+impl From<walfold_store::StoreError> for Failure {
+    fn from(e: walfold_store::StoreError) -> Self {
+        store_failure(e)
+    }
+}
+
 /// An engine error as a failure (see [`store_failure`]).
 pub(crate) fn engine_failure(e: walfold_engine::EngineError) -> Failure {
     match e.refused() {

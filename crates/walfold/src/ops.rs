@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 use walfold_config::Config;
 use walfold_engine::ops;
-use walfold_store::{RebuildState, Schema};
+use walfold_store::{RebuildState, RowExt, Schema};
 
 use crate::progress::{Progress, Snapshot, POLL};
 use crate::run::load;
@@ -411,6 +411,7 @@ async fn row_estimate(config: &Config, quoted_table: &str) -> Option<u64> {
         )
         .await
         .ok()?;
-    let (rows, unknown): (i64, bool) = (row.get(0), row.get(1));
+    let row = row.of("pg_class");
+    let (rows, unknown): (i64, bool) = (row.col(0).ok()?, row.col(1).ok()?);
     (!unknown).then_some(rows.max(0) as u64)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 use walfold_config::Config;
+use walfold_store::RowExt;
 
 use crate::{run::load, Failure};
 
@@ -145,7 +146,9 @@ pub async fn watch(path: &Path) -> Result<(), Failure> {
                 &[],
             )
             .await
-            .map_or_else(|_| "-".into(), |r| r.get(0));
+            .ok()
+            .and_then(|r| r.of("the server's time").col(0).ok())
+            .unwrap_or_else(|| "-".into());
         if connections.closed() || connections.sources.iter().any(Result::is_err) {
             if let Ok(c) = connect(&config).await {
                 connections = c;

@@ -2,12 +2,13 @@
 //! wait as `waiting` dead letters behind a park; a gap that outlives its timeout becomes
 //! an open dead letter of its own (no event: the versions are missing).
 
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::{Client, GenericClient, Row};
 use walfold_event::{DeadLetter, DeadLetterStatus, Reason};
 
 use super::retry::RetryItem;
 use super::DeadLetters;
 use crate::error::StoreError;
+use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
 
 /// Subscriber `$1`'s events of the aggregates (`$2[i]`, `$3[i]`) with status `$4`
@@ -72,6 +73,19 @@ pub struct Gap {
     pub since_unix: f64,
 }
 
+impl FromRow for Gap {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("parked_aggregate");
+        Ok(Gap {
+            aggregate_type: r.col("aggregate_type")?,
+            aggregate_id: r.col("aggregate_id")?,
+            letter: r.col("id")?,
+            status: r.col("status")?,
+            since_unix: r.col("since_unix")?,
+        })
+    }
+}
+
 impl DeadLetters {
     /// The events of `aggregates` (as (type, id)) waiting for a missing version for
     /// `subscriber`, in log order.
@@ -101,7 +115,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("reading waiting events"))?;
-        Ok(rows.iter().map(RetryItem::from_row).collect())
+        RetryItem::from_rows(&rows)
     }
 
     /// Deletes the letters of waiting events that went through, in the caller's
@@ -158,16 +172,7 @@ impl DeadLetters {
             .query(&schema.sql(GAPS), &[&subscriber, &Reason::VersionGap])
             .await
             .map_err(StoreError::db("reading version gaps"))?;
-        Ok(rows
-            .iter()
-            .map(|r| Gap {
-                aggregate_type: r.get("aggregate_type"),
-                aggregate_id: r.get("aggregate_id"),
-                letter: r.get("id"),
-                status: r.get("status"),
-                since_unix: r.get("since_unix"),
-            })
-            .collect())
+        Gap::from_rows(&rows)
     }
 
     /// A gap outlived its timeout: records it as an open dead letter (no event: the

@@ -17,6 +17,7 @@ use walfold_event::{DeadLetter, DeadLetterStatus, Reason, RowOrigin};
 
 use crate::error::StoreError;
 use crate::jsonb;
+use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
 
 pub use gap::Gap;
@@ -175,7 +176,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("recording a dead letter"))?;
-        Ok(row.map(|r| r.get("id")))
+        row.map(|r| r.of("dead_letter").col("id")).transpose()
     }
 
     /// Parks an aggregate for a subscriber (in the caller's transaction).
@@ -224,10 +225,16 @@ impl DeadLetters {
             .query(&schema.sql(PARKED), &[&subscriber, &Reason::VersionGap])
             .await
             .map_err(StoreError::db("loading parked aggregates"))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get("aggregate_type"), r.get("aggregate_id"), r.get("gap")))
-            .collect())
+        rows.iter()
+            .map(|r| {
+                let r = r.of("parked_aggregate");
+                Ok((
+                    r.col("aggregate_type")?,
+                    r.col("aggregate_id")?,
+                    r.col("gap")?,
+                ))
+            })
+            .collect()
     }
 }
 
@@ -239,14 +246,15 @@ impl DeadLetters {
         schema: &Schema,
         subscriber: &str,
     ) -> Result<i64, StoreError> {
-        Ok(client
+        client
             .query_one(
                 &schema.sql(COUNT),
                 &[&subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
             )
             .await
             .map_err(StoreError::db("counting a subscriber's dead letters"))?
-            .get("letters"))
+            .of("dead_letter")
+            .col("letters")
     }
 
     /// The aggregates of `subscriber` parked behind a dead letter an operator discarded,
@@ -271,10 +279,12 @@ impl DeadLetters {
             .map_err(StoreError::db(
                 "reading parks behind discarded dead letters",
             ))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get("aggregate_type"), r.get("aggregate_id")))
-            .collect())
+        rows.iter()
+            .map(|r| {
+                let r = r.of("parked_aggregate");
+                Ok((r.col("aggregate_type")?, r.col("aggregate_id")?))
+            })
+            .collect()
     }
 }
 
@@ -300,26 +310,27 @@ pub struct DeadLetterEntry {
     pub source: String,
 }
 
-impl DeadLetterEntry {
-    fn from_row(r: &Row) -> Self {
-        DeadLetterEntry {
-            id: r.get("id"),
-            subscriber_id: r.get("subscriber_id"),
-            event_id: r.get("event_id"),
-            seq: r.get("seq"),
-            aggregate_type: r.get("aggregate_type"),
-            aggregate_id: r.get("aggregate_id"),
-            reason: r.get("reason"),
-            error: r.get("error"),
-            attempts: r.get("attempts"),
-            status: r.get("status"),
-            first_failed_at_unix: r.get("first_failed_at_unix"),
-            last_failed_at_unix: r.get("last_failed_at_unix"),
-            raw: jsonb::value(r.get("raw")),
-            existing: jsonb::value(r.get("existing")),
-            resolution: r.get("resolution"),
-            source: r.get("source"),
-        }
+impl FromRow for DeadLetterEntry {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("dead_letter");
+        Ok(DeadLetterEntry {
+            id: r.col("id")?,
+            subscriber_id: r.col("subscriber_id")?,
+            event_id: r.col("event_id")?,
+            seq: r.col("seq")?,
+            aggregate_type: r.col("aggregate_type")?,
+            aggregate_id: r.col("aggregate_id")?,
+            reason: r.col("reason")?,
+            error: r.col("error")?,
+            attempts: r.col("attempts")?,
+            status: r.col("status")?,
+            first_failed_at_unix: r.col("first_failed_at_unix")?,
+            last_failed_at_unix: r.col("last_failed_at_unix")?,
+            raw: jsonb::value(r.col("raw")?),
+            existing: jsonb::value(r.col("existing")?),
+            resolution: r.col("resolution")?,
+            source: r.col("source")?,
+        })
     }
 }
 
@@ -340,7 +351,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("listing dead letters"))?;
-        Ok(rows.iter().map(DeadLetterEntry::from_row).collect())
+        DeadLetterEntry::from_rows(&rows)
     }
 
     /// Marks an open dead letter discarded with the operator's reason. Returns false when

@@ -8,6 +8,7 @@ use walfold_event::{DeadLetterStatus, Reason};
 use super::DeadLetters;
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
+use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
 
 /// Dead letter `$1` as a retry request reads it; `gap` when it is a version gap's own
@@ -78,14 +79,15 @@ pub struct RetryItem {
     pub aggregate_id: String,
 }
 
-impl RetryItem {
-    pub(super) fn from_row(r: &Row) -> Self {
-        RetryItem {
-            id: r.get("id"),
-            seq: r.get("seq"),
-            aggregate_type: r.get("aggregate_type"),
-            aggregate_id: r.get("aggregate_id"),
-        }
+impl FromRow for RetryItem {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("dead_letter");
+        Ok(RetryItem {
+            id: r.col("id")?,
+            seq: r.col("seq")?,
+            aggregate_type: r.col("aggregate_type")?,
+            aggregate_id: r.col("aggregate_id")?,
+        })
     }
 }
 
@@ -97,6 +99,20 @@ struct Requested {
     status: DeadLetterStatus,
     seq: Option<i64>,
     gap: bool,
+}
+
+impl FromRow for Requested {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("dead_letter");
+        Ok(Requested {
+            subscriber: r.col("subscriber_id")?,
+            aggregate_type: r.col("aggregate_type")?,
+            aggregate_id: r.col("aggregate_id")?,
+            status: r.col("status")?,
+            seq: r.col("seq")?,
+            gap: r.col("gap")?,
+        })
+    }
 }
 
 impl DeadLetters {
@@ -115,14 +131,7 @@ impl DeadLetters {
                     .await
                     .map_err(StoreError::db("reading a dead letter"))?
                     .ok_or_else(|| StoreError::Refused(format!("no dead letter with id {id}")))?;
-                let letter = Requested {
-                    subscriber: row.get("subscriber_id"),
-                    aggregate_type: row.get("aggregate_type"),
-                    aggregate_id: row.get("aggregate_id"),
-                    status: row.get("status"),
-                    seq: row.get("seq"),
-                    gap: row.get("gap"),
-                };
+                let letter = Requested::from_row(&row)?;
                 if let (true, Some(_), DeadLetterStatus::Open) =
                     (letter.gap, &letter.subscriber, letter.status)
                 {
@@ -194,10 +203,12 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("reading retry requests"))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get("aggregate_type"), r.get("aggregate_id")))
-            .collect())
+        rows.iter()
+            .map(|r| {
+                let r = r.of("dead_letter");
+                Ok((r.col("aggregate_type")?, r.col("aggregate_id")?))
+            })
+            .collect()
     }
 
     /// The next `limit` dead letters of an aggregate to retry, after `after_seq`: every
@@ -224,7 +235,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("reading dead letters to retry"))?;
-        Ok(rows.iter().map(RetryItem::from_row).collect())
+        RetryItem::from_rows(&rows)
     }
 
     /// Records that a retried dead letter went through (in the transaction that applied it).

@@ -8,6 +8,7 @@ use tokio_postgres::GenericClient;
 use walfold_config::{quote_ident, QualifiedName};
 
 use crate::error::StoreError;
+use crate::row::RowExt;
 
 /// Whether the table `$1` (quoted) exists.
 const EXISTS: &str = "select to_regclass($1) is not null as found";
@@ -73,8 +74,9 @@ pub(super) fn sibling(live: &QualifiedName, suffix: &str) -> Result<QualifiedNam
 async fn exists(tx: &impl GenericClient, table: &QualifiedName) -> Result<bool, StoreError> {
     tx.query_one(EXISTS, &[&table.quoted()])
         .await
-        .map(|r| r.get("found"))
-        .map_err(StoreError::db("looking up a table"))
+        .map_err(StoreError::db("looking up a table"))?
+        .of("pg_class")
+        .col("found")
 }
 
 /// Creates `shadow` from `live`'s definition, with what `like … including all` leaves
@@ -168,7 +170,8 @@ pub(super) async fn hand_over_sequences(
         .map_err(StoreError::db("reading the retired table's sequences"))?;
     for r in rows {
         // `regclass` output is already quoted where needed.
-        let (sequence, column): (String, String) = (r.get("sequence"), r.get("owning_column"));
+        let r = r.of("pg_depend");
+        let (sequence, column): (String, String) = (r.col("sequence")?, r.col("owning_column")?);
         tx.batch_execute(&format!(
             "alter sequence {sequence} owned by {}.{}",
             to.quoted(),
@@ -195,7 +198,8 @@ async fn copy_constraints_and_policies(
         .map_err(StoreError::db("reading the live table's foreign keys"))?;
     let mut ddl = String::new();
     for r in fks {
-        let (name, definition): (String, String) = (r.get("name"), r.get("definition"));
+        let r = r.of("pg_constraint");
+        let (name, definition): (String, String) = (r.col("name")?, r.col("definition")?);
         ddl.push_str(&format!(
             "alter table {} add constraint {} {definition};\n",
             shadow.quoted(),
@@ -206,7 +210,8 @@ async fn copy_constraints_and_policies(
         .query_one(ROW_SECURITY, &[&live.quoted()])
         .await
         .map_err(StoreError::db("reading the live table's row security"))?;
-    let (enabled, forced): (bool, bool) = (rls.get("enabled"), rls.get("forced"));
+    let rls = rls.of("pg_class");
+    let (enabled, forced): (bool, bool) = (rls.col("enabled")?, rls.col("forced")?);
     if enabled {
         ddl.push_str(&format!(
             "alter table {} enable row level security;\n",
@@ -224,13 +229,15 @@ async fn copy_constraints_and_policies(
         .await
         .map_err(StoreError::db("reading the live table's policies"))?;
     for r in policies {
+        let r = r.of("pg_policies");
         let (name, permissive, roles, cmd): (String, String, Vec<String>, String) = (
-            r.get("name"),
-            r.get("permissive"),
-            r.get("roles"),
-            r.get("cmd"),
+            r.col("name")?,
+            r.col("permissive")?,
+            r.col("roles")?,
+            r.col("cmd")?,
         );
-        let (qual, check): (Option<String>, Option<String>) = (r.get("qual"), r.get("with_check"));
+        let (qual, check): (Option<String>, Option<String>) =
+            (r.col("qual")?, r.col("with_check")?);
         // All from the catalog: keywords, quoted role names and deparsed expressions.
         ddl.push_str(&format!(
             "create policy {} on {} as {permissive} for {cmd} to {}{}{};\n",
@@ -257,17 +264,17 @@ async fn refuse_dependents(
         .query_one(DEPENDENTS, &[&live.quoted()])
         .await
         .map_err(StoreError::db("looking for the live table's dependents"))?;
-    let found: Vec<String> = [
+    let row = row.of("pg_depend");
+    let mut found: Vec<String> = Vec::new();
+    for (what, column) in [
         ("views", "views"),
         ("foreign keys", "foreign_keys"),
         ("triggers", "triggers"),
-    ]
-    .iter()
-    .filter_map(|(what, column)| {
-        row.get::<_, Option<String>>(*column)
-            .map(|names| format!("{what} {names}"))
-    })
-    .collect();
+    ] {
+        if let Some(names) = row.col::<Option<String>>(column)? {
+            found.push(format!("{what} {names}"));
+        }
+    }
     if found.is_empty() {
         return Ok(());
     }
@@ -291,7 +298,8 @@ async fn copy_grants(
     for r in rows {
         // Both come from the catalog: a privilege keyword, and a role name that
         // `regrole` output already quotes where needed.
-        let (privilege, grantee): (String, String) = (r.get("privilege_type"), r.get("grantee"));
+        let r = r.of("aclexplode");
+        let (privilege, grantee): (String, String) = (r.col("privilege_type")?, r.col("grantee")?);
         if privilege
             .bytes()
             .all(|b| b.is_ascii_uppercase() || b == b' ')

@@ -16,6 +16,7 @@ use walfold_event::DeadLetterStatus;
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::leader::Fence;
+use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
 
 walfold_event::stored_enum! {
@@ -183,21 +184,24 @@ impl Rebuild {
                 .switched_at_unix
                 .is_some_and(|t| now_unix - t >= after.as_secs_f64())
     }
+}
 
-    fn from_row(r: &Row) -> Self {
-        Rebuild {
-            subscriber: r.get("subscriber_id"),
-            projection: r.get("projection"),
-            previous: r.get("previous_subscriber"),
-            live: r.get("live_table"),
-            shadow: r.get("shadow_table"),
-            retired: r.get("retired_table"),
-            state: r.get("state"),
-            requested_at_unix: r.get("requested_at_unix"),
-            switched_at_unix: r.get("switched_at_unix"),
-            switch_error: r.get("switch_error"),
-            switch_failed_at_unix: r.get("switch_failed_at_unix"),
-        }
+impl FromRow for Rebuild {
+    fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let r = row.of("rebuild");
+        Ok(Rebuild {
+            subscriber: r.col("subscriber_id")?,
+            projection: r.col("projection")?,
+            previous: r.col("previous_subscriber")?,
+            live: r.col("live_table")?,
+            shadow: r.col("shadow_table")?,
+            retired: r.col("retired_table")?,
+            state: r.col("state")?,
+            requested_at_unix: r.col("requested_at_unix")?,
+            switched_at_unix: r.col("switched_at_unix")?,
+            switch_error: r.col("switch_error")?,
+            switch_failed_at_unix: r.col("switch_failed_at_unix")?,
+        })
     }
 }
 
@@ -234,7 +238,7 @@ async fn read_open(
         .query(&schema.sql(statement), &[&RebuildState::OPEN])
         .await
         .map_err(StoreError::db("reading rebuilds"))?;
-    Ok(rows.iter().map(Rebuild::from_row).collect())
+    Rebuild::from_rows(&rows)
 }
 
 /// The state of the rebuild under subscriber ID `subscriber` (`None`: no such rebuild).
@@ -243,11 +247,12 @@ pub async fn state_of(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<Option<RebuildState>, StoreError> {
-    Ok(client
+    client
         .query_opt(&schema.sql(STATE), &[&subscriber])
         .await
         .map_err(StoreError::db("reading a rebuild's state"))?
-        .map(|r| r.get("state")))
+        .map(|r| r.of("rebuild").col("state"))
+        .transpose()
 }
 
 /// Whether subscriber ID `subscriber` has left any trace in `schema` (a rebuild needs a
@@ -257,11 +262,12 @@ pub async fn subscriber_used(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    Ok(client
+    client
         .query_one(&schema.sql(USED), &[&subscriber])
         .await
         .map_err(StoreError::db("checking the subscriber ID"))?
-        .get("used"))
+        .of("checkpoint")
+        .col("used")
 }
 
 /// Starts a rebuild of `projection` (whose live table is `live`, served by `previous`)
@@ -318,7 +324,7 @@ pub async fn start(
         )
         .await
         .map_err(StoreError::db("recording the rebuild"))?;
-    let rebuild = Rebuild::from_row(&row);
+    let rebuild = Rebuild::from_row(&row)?;
     tx.commit()
         .await
         .map_err(StoreError::db("starting a rebuild"))?;
@@ -394,8 +400,15 @@ impl Layouts {
                     .await
                     .map_err(StoreError::db("reading checkpoints"))?
                     .iter()
-                    .map(|r| (r.get("partition"), r.get("partitions"), r.get("position")))
-                    .collect();
+                    .map(|r| {
+                        let r = r.of("checkpoint");
+                        Ok((
+                            r.col("partition")?,
+                            r.col("partitions")?,
+                            r.col("position")?,
+                        ))
+                    })
+                    .collect::<Result<_, StoreError>>()?;
                 found.sort_unstable();
                 Ok::<_, StoreError>(found)
             }
@@ -563,7 +576,7 @@ pub async fn request_abort(
         .await
         .map_err(StoreError::db("aborting a rebuild"))?;
     match row {
-        Some(r) => Ok(Rebuild::from_row(&r)),
+        Some(r) => Rebuild::from_row(&r),
         None => Err(StoreError::Refused(
             not_open(client, schema, projection, "abort").await?,
         )),
@@ -660,7 +673,7 @@ pub async fn finish(
             not_open(client, schema, projection, "finish").await?,
         ));
     };
-    let rebuild = Rebuild::from_row(&row);
+    let rebuild = Rebuild::from_row(&row)?;
     if let Some(fence) = fence {
         fence.check(&tx).await?;
     }
