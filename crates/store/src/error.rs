@@ -15,18 +15,18 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
-    #[error("migrating schema {schema}: {source}")]
+    #[error("migrating schema {schema}{}: {}", version.map(|v| format!(" to {v}")).unwrap_or_default(), describe(source))]
     Migrate {
         schema: String,
+        /// The migration being applied, if one was.
+        version: Option<i64>,
         #[source]
-        source: sqlx::migrate::MigrateError,
+        source: tokio_postgres::Error,
     },
-    #[error("migrating schema {schema}: {source}")]
-    MigrateConnect {
-        schema: String,
-        #[source]
-        source: sqlx::Error,
-    },
+    /// The schema's migrations do not match this build's (one failed part-way, one
+    /// changed, one is newer).
+    #[error("migrating schema {schema}: {reason}")]
+    MigrationHistory { schema: String, reason: String },
     /// Another walfold holds what this one needs (the event log's appender lock, or a
     /// checkpoint written with another partition count); retry later.
     #[error("{0}")]
@@ -101,10 +101,13 @@ impl StoreError {
         match self {
             StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
             StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
-            // Migrations need the target and the right to create the schema.
-            StoreError::MigrateConnect { .. } | StoreError::Migrate { .. } => {
-                ErrorKind::Environment
-            }
+            // A migration that fails needs the right to create the schema, or a repair;
+            // only a lost connection is retried as such.
+            StoreError::Migrate { source, .. } => match kind_of(source) {
+                ErrorKind::Transient => ErrorKind::Transient,
+                _ => ErrorKind::Environment,
+            },
+            StoreError::MigrationHistory { .. } => ErrorKind::Environment,
             StoreError::Url { .. } | StoreError::RootCert { .. } | StoreError::Refused(_) => {
                 ErrorKind::Definite
             }
@@ -119,7 +122,9 @@ impl StoreError {
     /// The PostgreSQL error behind this one, if any.
     pub fn pg(&self) -> Option<&tokio_postgres::Error> {
         match self {
-            StoreError::Connect { source, .. } | StoreError::Db { source, .. } => Some(source),
+            StoreError::Connect { source, .. }
+            | StoreError::Db { source, .. }
+            | StoreError::Migrate { source, .. } => Some(source),
             _ => None,
         }
     }

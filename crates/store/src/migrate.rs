@@ -1,13 +1,16 @@
-//! walfold's schema, from the embedded migrations in `migrations/`, applied with sqlx.
-//! The migrations run with `search_path` set to the configured schema, and sqlx's
-//! bookkeeping table lives in that schema too.
+//! walfold's schema, from the embedded migrations in `migrations/`, applied over a
+//! walfold connection (so its URL rules and TLS verification are those of every other
+//! connection), in sqlx's format: the same checksums, the same bookkeeping table inside
+//! the configured schema, the same lock. A schema migrated by sqlx's runner validates
+//! here, and the other way round.
 
-use std::str::FromStr;
+use std::collections::HashMap;
+use std::time::Instant;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::ConnectOptions;
+use tokio_postgres::Client;
 
+use crate::connect::connect;
 use crate::error::StoreError;
 use crate::schema::Schema;
 
@@ -17,39 +20,142 @@ pub(crate) fn embedded() -> Migrator {
 }
 
 /// sqlx's bookkeeping table, inside walfold's schema.
-const BOOKKEEPING: &str = "{schema}._sqlx_migrations";
+const BOOKKEEPING: &str = "create table if not exists {schema}._sqlx_migrations (
+    version bigint primary key,
+    description text not null,
+    installed_on timestamptz not null default now(),
+    success boolean not null,
+    checksum bytea not null,
+    execution_time bigint not null)";
+
+const APPLIED: &str = "select version, checksum, success from {schema}._sqlx_migrations";
+
+const RECORD: &str = "insert into {schema}._sqlx_migrations \
+    (version, description, success, checksum, execution_time) values ($1, $2, true, $3, $4)";
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
 pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
-    let options = PgConnectOptions::from_str(url)
-        .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.name().to_owned(),
-            source,
-        })?
-        // Quoted, so a mixed-case schema is not folded to lower case.
-        .options([("search_path", schema.quoted())])
-        .application_name("walfold-migrate")
-        .disable_statement_logging();
-    let mut conn = options
-        .connect()
+    let mut client = connect(url).await?;
+    let db = |source| StoreError::Migrate {
+        schema: schema.name().to_owned(),
+        version: None,
+        source,
+    };
+    // Quoted, so a mixed-case schema is not folded to lower case.
+    client
+        .batch_execute(&format!(
+            "set application_name = 'walfold-migrate'; set search_path = {}",
+            schema.quoted()
+        ))
         .await
-        .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.name().to_owned(),
-            source,
-        })?;
-    let mut migrator = embedded();
-    migrator.dangerous_set_table_name(schema.sql(BOOKKEEPING));
-    migrator.create_schema(schema.quoted().to_owned());
-    // `run_direct` is sqlx's documented way around "Acquire is not general enough" when
-    // the future must be Send (it runs inside a spawned task).
-    migrator
-        .run_direct(None, &mut conn, false)
+        .map_err(db)?;
+    let database: String = client
+        .query_one("select current_database()", &[])
         .await
-        .map_err(|source| StoreError::Migrate {
+        .map_err(db)?
+        .get(0);
+    // One migrator per database at a time: sqlx's lock, so walfold builds that migrated
+    // with sqlx's runner wait for this one and the other way round.
+    let lock = lock_id(&database);
+    client
+        .execute("select pg_advisory_lock($1)", &[&lock])
+        .await
+        .map_err(db)?;
+    let result = apply(&mut client, schema).await;
+    // On an error the session ends, and the lock with it.
+    if result.is_ok() {
+        client
+            .execute("select pg_advisory_unlock($1)", &[&lock])
+            .await
+            .map_err(db)?;
+    }
+    result
+}
+
+async fn apply(client: &mut Client, schema: &Schema) -> Result<(), StoreError> {
+    let db = |source| StoreError::Migrate {
+        schema: schema.name().to_owned(),
+        version: None,
+        source,
+    };
+    let history = |reason: String| StoreError::MigrationHistory {
+        schema: schema.name().to_owned(),
+        reason,
+    };
+    client
+        .batch_execute(&format!(
+            "create schema if not exists {}; {}",
+            schema.quoted(),
+            schema.sql(BOOKKEEPING)
+        ))
+        .await
+        .map_err(db)?;
+    let mut applied: HashMap<i64, Vec<u8>> = HashMap::new();
+    for row in client.query(&schema.sql(APPLIED), &[]).await.map_err(db)? {
+        let version: i64 = row.get("version");
+        if !row.get::<_, bool>("success") {
+            return Err(history(format!(
+                "migration {version} failed part-way; repair the schema by hand, then delete its row from _sqlx_migrations"
+            )));
+        }
+        applied.insert(version, row.get("checksum"));
+    }
+    let migrator = embedded();
+    if let Some(unknown) = applied
+        .keys()
+        .filter(|v| !migrator.version_exists(**v))
+        .min()
+    {
+        return Err(history(format!(
+            "migration {unknown} was applied by a newer walfold: run that version (or newer)"
+        )));
+    }
+    for m in migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+    {
+        match applied.get(&m.version) {
+            Some(checksum) if checksum.as_slice() != &*m.checksum => {
+                return Err(history(format!(
+                    "migration {} differs from the one applied to this schema",
+                    m.version
+                )))
+            }
+            Some(_) => continue,
+            None => {}
+        }
+        let db = |source| StoreError::Migrate {
             schema: schema.name().to_owned(),
+            version: Some(m.version),
             source,
-        })?;
+        };
+        let record = schema.sql(RECORD);
+        let description = m.description.to_string();
+        let checksum = m.checksum.to_vec();
+        let start = Instant::now();
+        let elapsed = || start.elapsed().as_nanos() as i64;
+        if m.no_tx {
+            client.batch_execute(m.sql.as_str()).await.map_err(db)?;
+            client
+                .execute(&record, &[&m.version, &description, &checksum, &elapsed()])
+                .await
+                .map_err(db)?;
+        } else {
+            let tx = client.transaction().await.map_err(db)?;
+            tx.batch_execute(m.sql.as_str()).await.map_err(db)?;
+            tx.execute(&record, &[&m.version, &description, &checksum, &elapsed()])
+                .await
+                .map_err(db)?;
+            tx.commit().await.map_err(db)?;
+        }
+    }
     Ok(())
+}
+
+/// sqlx's advisory lock key for migrating `database`.
+fn lock_id(database: &str) -> i64 {
+    const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+    0x3d32_ad9e * i64::from(CRC.checksum(database.as_bytes()))
 }
 
 #[cfg(test)]
