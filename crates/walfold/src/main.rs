@@ -113,7 +113,7 @@ fn main() -> ExitCode {
                 tables,
                 read_model,
                 output,
-            } => init::init(&url, &tables, read_model.as_deref(), &output).await,
+            } => init::init(&url.0, &tables, read_model.as_deref(), &output).await,
             Command::Events {
                 config,
                 aggregate,

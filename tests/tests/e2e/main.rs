@@ -11,6 +11,7 @@ mod operators;
 mod outbox_shapes;
 mod pipeline;
 mod rebuild;
+mod secrets;
 mod soak;
 mod sources;
 mod streaming;
