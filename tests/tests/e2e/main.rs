@@ -17,3 +17,4 @@ mod sources;
 mod streaming;
 mod strict;
 mod targets;
+mod tls;
