@@ -156,6 +156,18 @@ async fn setting(c: &Client, name: &str) -> Result<String, tokio_postgres::Error
         .get(0))
 }
 
+/// The role and database a client is connected as, quoted where SQL needs it: what the
+/// fixes name.
+async fn connected_as(c: &Client) -> Result<(String, String), tokio_postgres::Error> {
+    let row = c
+        .query_one(
+            "select quote_ident(current_user), quote_ident(current_database())",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
 async fn source_checks(
     r: &mut Report,
     config: &Config,
@@ -212,6 +224,7 @@ async fn source_checks(
     } else {
         r.check(Level::Ok, format!("max_slot_wal_keep_size = {keep}"), "");
     }
+    let (role, _) = connected_as(source).await?;
     let replication: bool = source
         .query_one(
             "select rolreplication or rolsuper or exists (select 1 from pg_roles m \
@@ -224,7 +237,7 @@ async fn source_checks(
     r.check(
         if replication { Level::Ok } else { Level::Fail },
         "the source role may replicate",
-        "alter role <walfold role> replication (on RDS/Aurora: grant rds_replication to <walfold role>)",
+        format!("alter role {role} replication (on RDS/Aurora: grant rds_replication to {role})"),
     );
 
     // Outbox tables and the publication: what `walfold run` refuses is a FAIL here.
@@ -277,7 +290,7 @@ async fn source_checks(
         r.check(
             if select { Level::Ok } else { Level::Warn },
             format!("the source role may read {t} (needed by `walfold backfill` only)"),
-            format!("grant select on {t} to <walfold role>"),
+            format!("grant select on {t} to {role}"),
         );
         if updates_or_deletes {
             let identity: String = source
@@ -465,6 +478,7 @@ async fn target_checks(
     } else {
         String::new()
     };
+    let (role, database) = connected_as(target).await?;
     let row = target
         .query_one(
             "select exists (select 1 from pg_namespace where nspname = $1), \
@@ -478,7 +492,7 @@ async fn target_checks(
     r.check(
         if (exists && schema_create) || (!exists && db_create) { Level::Ok } else { Level::Fail },
         format!("the target role may create walfold's schema {schema} and its tables{on}"),
-        format!("grant create on database <target db> to <walfold role> (or create schema {schema} authorization <walfold role>)"),
+        format!("grant create on database {database} to {role} (or create schema {schema} authorization {role})"),
     );
     for p in home.projections(config) {
         let Some(t) = p.storage() else { continue };
@@ -493,7 +507,7 @@ async fn target_checks(
         r.check(
             if ok { Level::Ok } else { Level::Fail },
             format!("projection {}: table {t} exists and is writable{on}", p.name),
-            format!("create {t}, or grant select, insert, update (and delete if the projection deletes) on {t} to <walfold role>"),
+            format!("create {t}, or grant select, insert, update (and delete if the projection deletes) on {t} to {role}"),
         );
         if !ok {
             continue;
@@ -516,20 +530,20 @@ async fn target_checks(
         let mut missing: Vec<String> = Vec::new();
         if !rebuild.get::<_, bool>("owns") {
             missing.push(format!(
-                "alter table {} owner to <walfold role> (a rebuild renames it)",
+                "alter table {} owner to {role} (a rebuild renames it)",
                 t.quoted()
             ));
         }
         if !rebuild.get::<_, bool>("create") {
             missing.push(format!(
-                "grant create on schema {} to <walfold role>",
+                "grant create on schema {} to {role}",
                 walfold_config::quote_ident(&t.schema)
             ));
         }
         let unreferenced: Vec<String> = rebuild.get("unreferenced");
         if !unreferenced.is_empty() {
             missing.push(format!(
-                "grant references on {} to <walfold role> (its foreign keys)",
+                "grant references on {} to {role} (its foreign keys)",
                 unreferenced.join(", ")
             ));
         }
