@@ -34,8 +34,9 @@ pub enum ConfigError {
 impl ConfigError {
     pub(crate) fn parse(err: impl fmt::Display) -> Self {
         // toml's messages span several lines with a caret diagram; keep them whole,
-        // they name the key (`unknown field`, `missing field`) and the line.
-        ConfigError::Parse(err.to_string().trim_end().to_owned())
+        // they name the key (`unknown field`, `missing field`) and the line, which may
+        // be a URL with its password.
+        ConfigError::Parse(crate::redact::redact_urls_in(err.to_string().trim_end()))
     }
 
     /// The problems, when the config parsed but did not validate.

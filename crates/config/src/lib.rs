@@ -19,7 +19,7 @@ pub use model::{
     PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, Statement,
     TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER,
 };
-pub use redact::redact_url;
+pub use redact::{redact_url, without_password};
 pub use template::{ParamType, Placeholder, Template, TemplateError, Upsert};
 
 use std::path::Path;

@@ -103,6 +103,11 @@ fn secrets_are_not_in_debug_output() {
     let debug = format!("{c:?}");
     assert!(!debug.contains("hunter2"), "{debug}");
     assert!(debug.contains("walfold:***@"), "{debug}");
+    // A TOML error quotes the line it is on.
+    let broken = MINIMAL.replace("5432/app\"", "5432/app?password=hunter2\" 1");
+    let err = Config::from_toml(&broken, vec![]).unwrap_err().to_string();
+    assert!(!err.contains("hunter2"), "{err}");
+    assert!(err.contains("walfold:***@"), "{err}");
 }
 
 #[test]

@@ -9,13 +9,23 @@ use walfold_config::{Config, ProjectionConfig};
 use walfold_store::Schema;
 
 /// One database holding walfold's schema.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Target {
     /// `None` for the main target, else the `[targets.NAME]` name.
     pub name: Option<String>,
     pub url: String,
     /// walfold's schema there, quoted once for every statement the store runs on it.
     pub schema: Schema,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("url", &walfold_config::redact_url(&self.url))
+            .field("schema", &self.schema)
+            .finish()
+    }
 }
 
 impl Target {

@@ -3,12 +3,13 @@
 use tokio_postgres::config::SslMode as PgSslMode;
 use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
+use walfold_config::redact_url;
 
 use crate::error::StoreError;
 use crate::tls::SslMode;
 
 /// A URL split into what tokio-postgres understands and the TLS settings it does not.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConnectOptions {
     /// The URL without `sslmode`/`sslrootcert` (safe to hand to tokio-postgres).
     pub base_url: String,
@@ -16,10 +17,20 @@ pub struct ConnectOptions {
     pub root_cert: Option<String>,
 }
 
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("base_url", &redact_url(&self.base_url))
+            .field("ssl_mode", &self.ssl_mode)
+            .field("root_cert", &self.root_cert)
+            .finish()
+    }
+}
+
 impl ConnectOptions {
     pub fn parse(url: &str) -> Result<ConnectOptions, StoreError> {
         let bad = |reason: String| StoreError::Url {
-            url: walfold_redact(url),
+            url: redact_url(url),
             reason,
         };
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
@@ -57,7 +68,7 @@ impl ConnectOptions {
     /// The tokio-postgres config for this URL.
     pub fn pg_config(&self) -> Result<Config, StoreError> {
         let mut config: Config = self.base_url.parse().map_err(|e| StoreError::Url {
-            url: walfold_redact(&self.base_url),
+            url: redact_url(&self.base_url),
             reason: format!("{e}"),
         })?;
         config.ssl_mode(match self.ssl_mode {
@@ -90,7 +101,7 @@ pub async fn connect(url: &str) -> Result<Client, StoreError> {
         .connect(tls)
         .await
         .map_err(|source| StoreError::Connect {
-            url: walfold_redact(url),
+            url: redact_url(url),
             source,
         })?;
     tokio::spawn(async move {
@@ -99,20 +110,6 @@ pub async fn connect(url: &str) -> Result<Client, StoreError> {
         }
     });
     Ok(client)
-}
-
-/// Masks the password of a URL for messages.
-pub(crate) fn walfold_redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            match userinfo.find(':') {
-                Some(c) => format!("{}***{}", &url[..s + 3 + c + 1], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// The server notices a vanished client within about a minute (its default is the
@@ -142,9 +139,6 @@ mod tests {
         assert_eq!(o.root_cert.as_deref(), Some("/ca.pem"));
         assert_eq!(o.base_url, "postgresql://u:p@h:1/db?connect_timeout=5");
         assert!(ConnectOptions::parse("postgresql://h/db?sslmode=bogus").is_err());
-        assert_eq!(
-            walfold_redact("postgresql://u:p@h/db"),
-            "postgresql://u:***@h/db"
-        );
+        assert!(!format!("{o:?}").contains(":p@"), "{o:?}");
     }
 }

@@ -15,21 +15,21 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
-    #[error("migrating schema {schema}: {source}")]
+    #[error("migrating schema {schema}{}: {}", version.map(|v| format!(" to {v}")).unwrap_or_default(), describe(source))]
     Migrate {
         schema: String,
+        /// The migration being applied, if one was.
+        version: Option<i64>,
         #[source]
-        source: sqlx::migrate::MigrateError,
-    },
-    #[error("migrating schema {schema}: {source}")]
-    MigrateConnect {
-        schema: String,
-        #[source]
-        source: sqlx::Error,
+        source: tokio_postgres::Error,
     },
     /// walfold's role lacks a right its schema needs; `missing` says which, with the fix.
     #[error("migrating schema {schema}: {missing}")]
     SchemaRights { schema: String, missing: String },
+    /// The schema's migrations do not match this build's (one failed part-way, one
+    /// changed, one is newer).
+    #[error("migrating schema {schema}: {reason}")]
+    MigrationHistory { schema: String, reason: String },
     /// Another walfold holds what this one needs (the event log's appender lock, or a
     /// checkpoint written with another partition count); retry later.
     #[error("{0}")]
@@ -127,15 +127,20 @@ impl StoreError {
         match self {
             StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
             StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
-            // Migrations need the target and the right to create the schema.
-            StoreError::MigrateConnect { .. }
-            | StoreError::Migrate { .. }
-            | StoreError::SchemaRights { .. } => ErrorKind::Environment,
-            // A drifted table: the environment, never the event nor the connection.
-            StoreError::Column { .. } => ErrorKind::Environment,
             StoreError::Url { .. } | StoreError::RootCert { .. } | StoreError::Refused(_) => {
                 ErrorKind::Definite
             }
+            // A migration that fails needs the right to create the schema, or a repair;
+            // only a lost connection is retried as such.
+            StoreError::Migrate { source, .. } => match kind_of(source) {
+                ErrorKind::Transient => ErrorKind::Transient,
+                _ => ErrorKind::Environment,
+            },
+            StoreError::SchemaRights { .. } | StoreError::MigrationHistory { .. } => {
+                ErrorKind::Environment
+            }
+            // A drifted table: the environment, never the event nor the connection.
+            StoreError::Column { .. } => ErrorKind::Environment,
         }
     }
 
@@ -147,7 +152,9 @@ impl StoreError {
     /// The PostgreSQL error behind this one, if any.
     pub fn pg(&self) -> Option<&tokio_postgres::Error> {
         match self {
-            StoreError::Connect { source, .. } | StoreError::Db { source, .. } => Some(source),
+            StoreError::Connect { source, .. }
+            | StoreError::Db { source, .. }
+            | StoreError::Migrate { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -1,16 +1,20 @@
-//! walfold's schema, from the embedded migrations in `migrations/`, applied with sqlx.
-//! The migrations run with `search_path` set to the configured schema, and sqlx's
-//! bookkeeping table lives in that schema too.
+//! walfold's schema, from the embedded migrations in `migrations/`, applied over a
+//! walfold connection (so its URL rules and TLS verification are those of every other
+//! connection), in sqlx's format: the same checksums, the same bookkeeping table inside
+//! the configured schema, the same lock. A schema migrated by sqlx's runner validates
+//! here, and the other way round.
 
-use std::str::FromStr;
+use std::collections::HashMap;
+use std::time::Instant;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::ConnectOptions;
+use tokio_postgres::Client;
 
 use walfold_config::quote_ident;
 
+use crate::connect::connect;
 use crate::error::StoreError;
+use crate::row::RowExt;
 use crate::schema::Schema;
 
 /// Every file in `migrations/`, found and embedded at build time.
@@ -19,7 +23,18 @@ pub(crate) fn embedded() -> Migrator {
 }
 
 /// sqlx's bookkeeping table, inside walfold's schema.
-const BOOKKEEPING: &str = "{schema}._sqlx_migrations";
+const BOOKKEEPING: &str = "create table if not exists {schema}._sqlx_migrations (
+    version bigint primary key,
+    description text not null,
+    installed_on timestamptz not null default now(),
+    success boolean not null,
+    checksum bytea not null,
+    execution_time bigint not null)";
+
+const APPLIED: &str = "select version, checksum, success from {schema}._sqlx_migrations";
+
+const RECORD: &str = "insert into {schema}._sqlx_migrations \
+    (version, description, success, checksum, execution_time) values ($1, $2, true, $3, $4)";
 
 /// What the connected role may do about walfold's schema (`$1`).
 const SCHEMA_ACCESS: &str = "select exists (select from pg_namespace where nspname = $1) as exists, \
@@ -29,7 +44,7 @@ const SCHEMA_ACCESS: &str = "select exists (select from pg_namespace where nspna
      current_user::text as role, current_database()::text as database";
 
 /// The rights walfold's role has for its schema, as [`SCHEMA_ACCESS`] reads them.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct SchemaAccess {
     pub exists: bool,
     /// `create` on the database: what creating the schema needs.
@@ -61,52 +76,79 @@ impl SchemaAccess {
     }
 }
 
-/// What `target`'s role may do about walfold's `schema` (`walfold doctor`).
-pub async fn schema_access(
-    target: &tokio_postgres::Client,
-    schema: &str,
-) -> Result<SchemaAccess, tokio_postgres::Error> {
-    let row = target.query_one(SCHEMA_ACCESS, &[&schema]).await?;
+/// What `client`'s role may do about walfold's `schema` (the migration, `walfold doctor`).
+pub async fn schema_access(client: &Client, schema: &str) -> Result<SchemaAccess, StoreError> {
+    let row = client
+        .query_one(SCHEMA_ACCESS, &[&schema])
+        .await
+        .map_err(|source| StoreError::Db {
+            context: "reading the rights on walfold's schema".into(),
+            source,
+        })?;
+    let row = row.of("pg_namespace");
     Ok(SchemaAccess {
-        exists: row.try_get("exists")?,
-        create_schema: row.try_get("create_schema")?,
-        create_in_schema: row.try_get("create_in_schema")?,
-        role: row.try_get("role")?,
-        database: row.try_get("database")?,
+        exists: row.col("exists")?,
+        create_schema: row.col("create_schema")?,
+        create_in_schema: row.col("create_in_schema")?,
+        role: row.col("role")?,
+        database: row.col("database")?,
     })
 }
 
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
 pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
-    let options = PgConnectOptions::from_str(url)
-        .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.name().to_owned(),
-            source,
-        })?
-        // Quoted, so a mixed-case schema is not folded to lower case.
-        .options([("search_path", schema.quoted())])
-        .application_name("walfold-migrate")
-        .disable_statement_logging();
-    let mut conn = options
-        .connect()
+    let mut client = connect(url).await?;
+    let db = |source| StoreError::Migrate {
+        schema: schema.name().to_owned(),
+        version: None,
+        source,
+    };
+    // Quoted, so a mixed-case schema is not folded to lower case.
+    client
+        .batch_execute(&format!(
+            "set application_name = 'walfold-migrate'; set search_path = {}",
+            schema.quoted()
+        ))
         .await
-        .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.name().to_owned(),
-            source,
-        })?;
-    let mut migrator = embedded();
-    migrator.dangerous_set_table_name(schema.sql(BOOKKEEPING));
+        .map_err(db)?;
+    let database: String = client
+        .query_one("select current_database()", &[])
+        .await
+        .map_err(db)?
+        .of("pg_database")
+        .col(0)?;
+    // One migrator per database at a time: sqlx's lock, so walfold builds that migrated
+    // with sqlx's runner wait for this one and the other way round.
+    let lock = lock_id(&database);
+    client
+        .execute("select pg_advisory_lock($1)", &[&lock])
+        .await
+        .map_err(db)?;
+    let result = apply(&mut client, schema).await;
+    // On an error the session ends, and the lock with it.
+    if result.is_ok() {
+        client
+            .execute("select pg_advisory_unlock($1)", &[&lock])
+            .await
+            .map_err(db)?;
+    }
+    result
+}
+
+async fn apply(client: &mut Client, schema: &Schema) -> Result<(), StoreError> {
+    let db = |source| StoreError::Migrate {
+        schema: schema.name().to_owned(),
+        version: None,
+        source,
+    };
+    let history = |reason: String| StoreError::MigrationHistory {
+        schema: schema.name().to_owned(),
+        reason,
+    };
     // `create schema if not exists` needs `create` on the database even when the schema
     // exists, so a schema created for walfold's role (the least-privilege setup) is only
     // created when it is missing.
-    let access: SchemaAccess = sqlx::query_as(SCHEMA_ACCESS)
-        .bind(schema.name())
-        .fetch_one(&mut conn)
-        .await
-        .map_err(|source| StoreError::MigrateConnect {
-            schema: schema.name().to_owned(),
-            source,
-        })?;
+    let access = schema_access(client, schema.name()).await?;
     if let Some(missing) = access.missing(schema.name()) {
         return Err(StoreError::SchemaRights {
             schema: schema.name().to_owned(),
@@ -114,18 +156,82 @@ pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
         });
     }
     if !access.exists {
-        migrator.create_schema(schema.quoted().to_owned());
+        client
+            .batch_execute(&format!("create schema if not exists {}", schema.quoted()))
+            .await
+            .map_err(db)?;
     }
-    // `run_direct` is sqlx's documented way around "Acquire is not general enough" when
-    // the future must be Send (it runs inside a spawned task).
-    migrator
-        .run_direct(None, &mut conn, false)
+    client
+        .batch_execute(&schema.sql(BOOKKEEPING))
         .await
-        .map_err(|source| StoreError::Migrate {
+        .map_err(db)?;
+    let mut applied: HashMap<i64, Vec<u8>> = HashMap::new();
+    for row in client.query(&schema.sql(APPLIED), &[]).await.map_err(db)? {
+        let row = row.of("_sqlx_migrations");
+        let version: i64 = row.col("version")?;
+        if !row.col::<bool>("success")? {
+            return Err(history(format!(
+                "migration {version} failed part-way; repair the schema by hand, then delete its row from _sqlx_migrations"
+            )));
+        }
+        applied.insert(version, row.col("checksum")?);
+    }
+    let migrator = embedded();
+    if let Some(unknown) = applied
+        .keys()
+        .filter(|v| !migrator.version_exists(**v))
+        .min()
+    {
+        return Err(history(format!(
+            "migration {unknown} was applied by a newer walfold: run that version (or newer)"
+        )));
+    }
+    for m in migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+    {
+        match applied.get(&m.version) {
+            Some(checksum) if checksum.as_slice() != &*m.checksum => {
+                return Err(history(format!(
+                    "migration {} differs from the one applied to this schema",
+                    m.version
+                )))
+            }
+            Some(_) => continue,
+            None => {}
+        }
+        let db = |source| StoreError::Migrate {
             schema: schema.name().to_owned(),
+            version: Some(m.version),
             source,
-        })?;
+        };
+        let record = schema.sql(RECORD);
+        let description = m.description.to_string();
+        let checksum = m.checksum.to_vec();
+        let start = Instant::now();
+        let elapsed = || start.elapsed().as_nanos() as i64;
+        if m.no_tx {
+            client.batch_execute(m.sql.as_str()).await.map_err(db)?;
+            client
+                .execute(&record, &[&m.version, &description, &checksum, &elapsed()])
+                .await
+                .map_err(db)?;
+        } else {
+            let tx = client.transaction().await.map_err(db)?;
+            tx.batch_execute(m.sql.as_str()).await.map_err(db)?;
+            tx.execute(&record, &[&m.version, &description, &checksum, &elapsed()])
+                .await
+                .map_err(db)?;
+            tx.commit().await.map_err(db)?;
+        }
+    }
     Ok(())
+}
+
+/// sqlx's advisory lock key for migrating `database`.
+fn lock_id(database: &str) -> i64 {
+    const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+    0x3d32_ad9e * i64::from(CRC.checksum(database.as_bytes()))
 }
 
 #[cfg(test)]
@@ -134,29 +240,6 @@ pub(crate) mod tests {
 
     use sqlx::migrate::{Migration, MigrationType};
     use sqlx::SqlSafeStr;
-
-    #[test]
-    fn a_schema_created_for_the_role_needs_no_create_on_the_database() {
-        let access = |exists, create_schema, create_in_schema| super::SchemaAccess {
-            exists,
-            create_schema,
-            create_in_schema,
-            role: "writer".into(),
-            database: "app".into(),
-        };
-        assert_eq!(access(true, false, true).missing("walfold"), None);
-        assert_eq!(access(false, true, false).missing("walfold"), None);
-        let missing = access(false, false, false).missing("walfold").unwrap();
-        assert!(
-            missing.contains(r#"create schema "walfold" authorization "writer""#),
-            "{missing}"
-        );
-        let missing = access(true, true, false).missing("walfold").unwrap();
-        assert!(
-            missing.contains(r#"alter schema "walfold" owner to "writer""#),
-            "{missing}"
-        );
-    }
 
     /// A schema migrated by an earlier build (which listed the files by hand) must
     /// validate: every file is embedded, under its version, with the checksum of its text.

@@ -75,7 +75,7 @@ impl Fence {
                 Err(StoreError::Db { ref source, .. })
                     if crate::error::sqlstate(source) == Some("55P03") =>
                 {
-                    tracing::warn!(target = %crate::connect::walfold_redact(url), schema = schema.name(), "waiting for the previous leader's transactions on this target to end before taking it over");
+                    tracing::warn!(target = %walfold_config::redact_url(url), schema = schema.name(), "waiting for the previous leader's transactions on this target to end before taking it over");
                 }
                 other => return other,
             }
@@ -102,7 +102,7 @@ impl Fence {
         let (recorded, class): (i64, i32) = (row.col("epoch")?, row.col("class")?);
         let epoch = self.epoch();
         if recorded > epoch {
-            tracing::warn!(target = %crate::connect::walfold_redact(url), schema = schema.name(), epoch, recorded, "a newer leader has written on this target (or another walfold deployment uses its schema): standing down");
+            tracing::warn!(target = %walfold_config::redact_url(url), schema = schema.name(), epoch, recorded, "a newer leader has written on this target (or another walfold deployment uses its schema): standing down");
             return Err(self.deposed());
         }
         if recorded < epoch {
@@ -142,7 +142,7 @@ impl Fence {
                 class,
                 format!(
                     "{} schema {}",
-                    crate::connect::walfold_redact(url),
+                    walfold_config::redact_url(url),
                     schema.name()
                 ),
             ),

@@ -180,6 +180,37 @@ impl Cluster {
     pub fn ca_cert(&self) -> Option<&Path> {
         self.tls.as_ref().map(|t| t.ca_cert.as_path())
     }
+
+    /// Makes the server present a self-signed certificate for `name` (see
+    /// [`crate::self_signed_cert`]) to new connections; returns its path. Needs `tls`.
+    pub fn serve_self_signed_cert(&self, name: &str) -> Result<PathBuf, Error> {
+        let (cert, key) = tls::self_signed_cert(&self.dir, name, &[])?;
+        self.run_as.chown(&cert)?;
+        self.run_as.chown(&key)?;
+        let path = |p: &Path| conf::quote(&p.display().to_string());
+        self.psql(
+            "postgres",
+            &format!(
+                "alter system set ssl_cert_file = {}; alter system set ssl_key_file = {}; \
+                 select pg_reload_conf();",
+                path(&cert),
+                path(&key)
+            ),
+        )?;
+        // The postmaster loads the certificate while it rereads the settings, before it
+        // starts another session: a session that sees the new setting gets the new one.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.psql("postgres", "show ssl_cert_file")?.trim() != cert.display().to_string() {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::io(
+                    "waiting for the server to load the certificate",
+                    std::io::ErrorKind::TimedOut.into(),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Ok(cert)
+    }
 }
 
 impl Drop for Cluster {

@@ -29,6 +29,7 @@ mod user;
 pub use bins::BINDIR_ENV;
 pub use cluster::{Cluster, Options};
 pub use error::Error;
+pub use tls::self_signed_cert;
 
 /// Name of the role that must log in with scram-sha-256 over TCP.
 pub const SCRAM_USER: &str = "walfold_scram";

@@ -1,4 +1,5 @@
-//! A self-signed CA and a server certificate for `localhost`/127.0.0.1, made with `openssl`.
+//! A self-signed CA and a server certificate for `localhost`/127.0.0.1, made with `openssl`;
+//! and self-signed server certificates (no CA), as operators make them.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -112,6 +113,67 @@ pub(crate) fn generate(dir: &Path) -> Result<TlsFiles, Error> {
     Ok(files)
 }
 
+/// `openssl req -x509`'s own `v3_ca` section: what a self-signed certificate gets
+/// from the usual configuration.
+const SELF_SIGNED_CNF: &str = "\
+[req]
+distinguished_name = dn
+prompt = no
+
+[dn]
+CN = unused
+
+[v3_ca]
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always,issuer
+basicConstraints = critical, CA:true
+";
+
+/// A self-signed certificate for `name`, as `openssl req -x509 -newkey … -subj /CN=name
+/// -addext subjectAltName=DNS:name` makes it (so with `CA:TRUE`), written to `dir`;
+/// `addext` adds extensions (`extendedKeyUsage=clientAuth`). Returns the certificate's
+/// and the key's (mode 0600) paths.
+pub fn self_signed_cert(
+    dir: &Path,
+    name: &str,
+    addext: &[&str],
+) -> Result<(PathBuf, PathBuf), Error> {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stem = format!("self-signed-{}-{n}", std::process::id());
+    let cnf = dir.join(format!("{stem}.cnf"));
+    let (cert, key) = (
+        dir.join(format!("{stem}.crt")),
+        dir.join(format!("{stem}.key")),
+    );
+    fs::write(&cnf, SELF_SIGNED_CNF)
+        .map_err(|e| Error::io(format!("writing {}", cnf.display()), e))?;
+    let mut cmd = openssl();
+    cmd.args(["req", "-x509", "-config"])
+        .arg(&cnf)
+        .args(["-extensions", "v3_ca", "-days", "3650", "-subj"])
+        .arg(format!("/CN={name}"))
+        .args(["-addext", &format!("subjectAltName=DNS:{name}")])
+        .args([
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert);
+    for ext in addext {
+        cmd.args(["-addext", ext]);
+    }
+    cmd.run()?;
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::io(format!("chmod 0600 {}", key.display()), e))?;
+    Ok((cert, key))
+}
+
 fn openssl() -> Command {
     let bin = Path::new("/usr/bin/openssl");
     Command::new(if bin.is_file() {
@@ -171,5 +233,21 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn self_signed_certificates_are_cas_for_their_name() {
+        let dir = std::env::temp_dir().join(format!("walfold-ss-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let (cert, _) = self_signed_cert(&dir, "localhost", &[]).unwrap();
+        let text = openssl()
+            .args(["x509", "-noout", "-text", "-in"])
+            .arg(&cert)
+            .output()
+            .unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("CA:TRUE"), "{text}");
+        assert!(text.contains("DNS:localhost"), "{text}");
     }
 }

@@ -32,7 +32,7 @@ pub enum Command {
         /// The source database, e.g. postgresql://user@host:5432/app (the password, if
         /// any, is used to connect and left out of the file).
         #[arg(long, env = "WALFOLD_SOURCE__URL", hide_env_values = true)]
-        url: String,
+        url: Url,
         /// The outbox table (`schema.table`), when the database has several candidates;
         /// repeat for several outboxes.
         #[arg(long = "table", value_name = "SCHEMA.TABLE")]
@@ -219,4 +219,20 @@ pub enum DeadLetterCommand {
         #[arg(long)]
         target: Option<String>,
     },
+}
+
+/// A connection URL from the command line; `Debug` masks its passwords.
+#[derive(Clone)]
+pub struct Url(pub String);
+
+impl From<String> for Url {
+    fn from(url: String) -> Url {
+        Url(url)
+    }
+}
+
+impl std::fmt::Debug for Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&walfold_config::redact_url(&self.0))
+    }
 }

@@ -332,44 +332,6 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
     })
 }
 
-/// `postgresql://user:secret@host/db` → `postgresql://user@host/db`, and whether there
-/// was a password (in the user info or a `password=` parameter).
-fn without_password(url: &str) -> (String, bool) {
-    let mut out = url.to_owned();
-    let mut had = false;
-    if let Some(scheme_end) = out.find("://") {
-        let start = scheme_end + 3;
-        let authority_end = out[start..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| start + i);
-        if let Some(at) = out[start..authority_end].rfind('@') {
-            if let Some(colon) = out[start..start + at].find(':') {
-                out.replace_range(start + colon..start + at, "");
-                had = true;
-            }
-        }
-    }
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q);
-        let kept: Vec<&str> = query[1..]
-            .split('&')
-            .filter(|kv| {
-                let password = kv
-                    .split_once('=')
-                    .is_some_and(|(k, _)| k.eq_ignore_ascii_case("password"));
-                had |= password;
-                !password && !kv.is_empty()
-            })
-            .collect();
-        out = if kept.is_empty() {
-            head.to_owned()
-        } else {
-            format!("{head}?{}", kept.join("&"))
-        };
-    }
-    (out, had)
-}
-
 /// A TOML basic string (JSON's escapes are TOML's).
 fn toml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
@@ -464,12 +426,18 @@ pub async fn init(
             output.display()
         )));
     }
-    let client = walfold_store::connect(url).await.map_err(|e| {
-        Failure::runtime(format!(
-            "cannot connect to {}: {e}",
-            walfold_config::redact_url(url)
-        ))
-    })?;
+    // walfold.toml takes URLs only: refused before the connection, not after.
+    let is_url = ["postgresql://", "postgres://"]
+        .iter()
+        .any(|p| url.starts_with(p));
+    if !is_url {
+        return Err(Failure::config(
+            "--url must be a URL like postgresql://user@host:5432/dbname (walfold.toml takes no key=value connection strings)",
+        ));
+    }
+    let client = walfold_store::connect(url)
+        .await
+        .map_err(Failure::runtime)?;
     let all = tables(&client).await?;
     let mut chosen: Vec<Mapped> = Vec::new();
     if wanted.is_empty() && prefixes.is_empty() {
@@ -528,7 +496,7 @@ pub async fn init(
     } else {
         Some(emit_grants(&client).await?)
     };
-    let (file_url, had_password) = without_password(url);
+    let (file_url, had_password) = walfold_config::without_password(url);
     let text = render(
         &file_url,
         had_password,
@@ -897,24 +865,5 @@ mod tests {
             ],
         );
         assert_eq!(map_table(&odd).unwrap().unmapped.len(), 1);
-    }
-
-    #[test]
-    fn the_password_stays_out_of_the_file() {
-        assert_eq!(
-            without_password("postgresql://app:s3cr@t@db:5432/app?sslmode=require"),
-            (
-                "postgresql://app@db:5432/app?sslmode=require".to_owned(),
-                true
-            )
-        );
-        assert_eq!(
-            without_password("postgres://app@db/app?password=x&sslmode=disable"),
-            ("postgres://app@db/app?sslmode=disable".to_owned(), true)
-        );
-        assert_eq!(
-            without_password("postgres://db/app"),
-            ("postgres://db/app".to_owned(), false)
-        );
     }
 }

@@ -127,7 +127,7 @@ fn main() -> ExitCode {
                     tables,
                     message_prefixes,
                 };
-                init::init(&url, &outboxes, read_model.as_deref(), &output).await
+                init::init(&url.0, &outboxes, read_model.as_deref(), &output).await
             }
             Command::Events {
                 config,
