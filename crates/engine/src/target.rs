@@ -72,6 +72,22 @@ impl Target {
         self.name.as_deref().unwrap_or("main")
     }
 
+    /// The most connections the daemon holds on this target: its projectors' pool, the
+    /// control connection of its projector generations, and on an extra target its
+    /// lease; on the main target also the leader lock, the appender lock, one appender
+    /// per source, the prune task's, and `/metrics`' when it listens.
+    pub fn connection_budget(&self, config: &Config) -> usize {
+        match &self.name {
+            Some(name) => config.targets[name].pool_size + 2,
+            None => {
+                config.target.pool_size
+                    + 4
+                    + config.sources().len()
+                    + usize::from(config.metrics.listen.is_some())
+            }
+        }
+    }
+
     /// The projections of `config` whose state lives here.
     pub fn projections<'c>(&self, config: &'c Config) -> Vec<&'c ProjectionConfig> {
         config

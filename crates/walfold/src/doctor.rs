@@ -638,6 +638,64 @@ async fn abandoned_slots(r: &mut Report, config: &Config, target: &Client) {
     }
 }
 
+/// walfold's connection budget on a target beside what the server allows and what
+/// else is connected: a warning when the budget would not fit.
+async fn connections(
+    r: &mut Report,
+    config: &Config,
+    home: &walfold_engine::Target,
+    target: &Client,
+    on: &str,
+) -> Result<(), CheckError> {
+    let row = target
+        .query_one(
+            "select current_setting('max_connections')::int8 as max, \
+             current_setting('superuser_reserved_connections')::int8 as reserved, \
+             (select count(*) from pg_stat_activity where backend_type = 'client backend') as used, \
+             (select count(*) from pg_stat_activity where backend_type = 'client backend' \
+               and application_name like 'walfold%') as walfold",
+            &[],
+        )
+        .await?;
+    let row = row.of("pg_stat_activity");
+    let (max, reserved, used, walfold): (i64, i64, i64, i64) = (
+        row.col("max")?,
+        row.col("reserved")?,
+        row.col("used")?,
+        row.col("walfold")?,
+    );
+    let budget = home.connection_budget(config) as i64;
+    let allowed = max - reserved;
+    // This doctor's own connection is among those in use.
+    let others = (used - walfold - 1).max(0);
+    let key = match &home.name {
+        Some(name) => format!("targets.{name}.pool_size"),
+        None => "target.pool_size".to_owned(),
+    };
+    let what = format!(
+        "walfold takes at most {budget} connections{on} ({key} + {} of its own); the server \
+         allows {allowed} ({max} - {reserved} reserved), {others} used by others now",
+        budget - budget_pool(config, home)
+    );
+    if budget + others <= allowed {
+        r.check(Level::Ok, what, "");
+    } else {
+        r.check(
+            Level::Warn,
+            what,
+            format!("lower {key}, or raise max_connections (restart needed)"),
+        );
+    }
+    Ok(())
+}
+
+fn budget_pool(config: &Config, home: &walfold_engine::Target) -> i64 {
+    match &home.name {
+        Some(name) => config.targets[name].pool_size as i64,
+        None => config.target.pool_size as i64,
+    }
+}
+
 /// The rights walfold needs on one target: its schema, and the tables of the
 /// projections whose state lives there.
 async fn target_checks(
@@ -665,6 +723,7 @@ async fn target_checks(
         None => r.check(Level::Ok, what, ""),
         Some(fix) => r.check(Level::Fail, what, fix),
     }
+    connections(r, config, home, target, &on).await?;
     for p in home.projections(config) {
         let Some(t) = p.storage() else { continue };
         let row = target
