@@ -128,6 +128,12 @@ pub fn insert_event(
     )
 }
 
+/// `pg_logical_emit_message(transactional, prefix, content)` as an SQL statement;
+/// `content` is an SQL expression (a quoted literal, or `'\x00'::bytea`).
+pub fn emit_message(transactional: bool, prefix: &str, content: &str) -> String {
+    format!("select 'x' from pg_logical_emit_message({transactional}, '{prefix}', {content});")
+}
+
 /// Polls `check` until it is true or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
 where

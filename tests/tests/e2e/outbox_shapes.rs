@@ -844,9 +844,9 @@ async fn a_row_rejected_by_the_stream_and_by_backfill_is_one_dead_letter() {
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "2");
 }
 
-/// `pg_logical_emit_message(true, prefix, json)` as an SQL statement.
+/// `pg_logical_emit_message(transactional, prefix, json)` as an SQL statement.
 fn emit(transactional: bool, prefix: &str, content: &str) -> String {
-    format!("select 'x' from pg_logical_emit_message({transactional}, '{prefix}', '{content}');")
+    walfold_tests::emit_message(transactional, prefix, &format!("'{content}'"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

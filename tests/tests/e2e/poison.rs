@@ -27,17 +27,23 @@ fn ordinary(n: usize) -> String {
 /// Writes `poisons` then ordinary events, and waits until the ordinary events are in
 /// the log and the slot's confirmed position is past everything written.
 async fn survives(db: &TestDb, poisons: &[String]) {
+    survives_on(db, db, poisons).await
+}
+
+/// [`survives`] with the source and walfold's target apart.
+async fn survives_on(source: &TestDb, target: &TestDb, poisons: &[String]) {
     for sql in poisons {
-        db.psql(sql);
+        source.psql(sql);
     }
-    db.psql(&ordinary(3));
-    let written = db.psql("select pg_current_wal_lsn()");
+    source.psql(&ordinary(3));
+    let written = source.psql("select pg_current_wal_lsn()");
     eventually(WITHIN, "the events after the poisons", || async {
-        db.psql("select count(*) from walfold.event_log where aggregate_id like 'after-%'") == "3"
+        target.psql("select count(*) from walfold.event_log where aggregate_id like 'after-%'")
+            == "3"
     })
     .await;
     eventually(WITHIN, "the slot to pass the poisons", || async {
-        db.psql(&format!(
+        source.psql(&format!(
             "select confirmed_flush_lsn >= '{written}' from pg_replication_slots \
              where slot_name = 'walfold'"
         )) == "t"
@@ -65,7 +71,7 @@ fn assert_letters(db: &TestDb, want: &[&str]) {
 }
 
 fn emit(prefix: &str, content: &str) -> String {
-    format!("select 'x' from pg_logical_emit_message(true, '{prefix}', {content});")
+    walfold_tests::emit_message(true, prefix, content)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,26 +290,12 @@ async fn text_that_is_not_utf8_from_a_sql_ascii_source_is_a_dead_letter() {
             values[3]
         )
     };
-    for sql in [
+    let poisons = [
         bad(1, "aggregate_id", r"E'u-\xff'"),
         bad(2, "payload", r#"E'{"status": "\xc3\x28"}'"#),
         bad(3, "event_type", r"E'Order\x80'"),
-        ordinary(3),
-    ] {
-        source.psql(&sql);
-    }
-    let written = source.psql("select pg_current_wal_lsn()");
-    eventually(WITHIN, "the events after the poisons", || async {
-        utf8.psql("select count(*) from walfold.event_log where aggregate_id like 'after-%'") == "3"
-    })
-    .await;
-    eventually(WITHIN, "the slot to pass the poisons", || async {
-        source.psql(&format!(
-            "select confirmed_flush_lsn >= '{written}' from pg_replication_slots \
-             where slot_name = 'walfold'"
-        )) == "t"
-    })
-    .await;
+    ];
+    survives_on(&source, &utf8, &poisons).await;
     assert_letters(
         &utf8,
         &[
