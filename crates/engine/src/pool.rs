@@ -20,7 +20,7 @@ use tokio_postgres::Client;
 use walfold_store::StoreError;
 
 /// What partitions prepared on a connection, by their own key.
-pub(crate) type Prepared = HashMap<String, Box<dyn Any + Send + Sync>>;
+pub(crate) type Prepared = HashMap<Arc<str>, Box<dyn Any + Send + Sync>>;
 
 /// The connections walfold's projectors hold on one target.
 pub(crate) struct Pool {

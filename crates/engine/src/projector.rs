@@ -69,10 +69,16 @@ struct Conn {
     /// target's.
     log: Option<Lease>,
     /// The page read; sent unnamed each time (see [`read_page`]).
-    read: String,
+    read: Arc<str>,
     statements: Statements,
     /// Where `statements` are kept on the connection between turns.
-    key: String,
+    key: Arc<str>,
+}
+
+/// What every turn of a partition's run reuses: made once, not per turn.
+struct Turns {
+    key: Arc<str>,
+    read: Arc<str>,
 }
 
 impl Conn {
@@ -771,18 +777,26 @@ impl Partition {
         Ok(())
     }
 
+    /// What [`Partition::lease`] needs for each turn of a run.
+    fn turns(&self) -> Turns {
+        Turns {
+            key: format!(
+                "{}|{}|{}",
+                self.schema.name(),
+                self.subscriber(),
+                self.options.parallelism
+            )
+            .into(),
+            read: read_sql(self.log.as_ref().map_or(&self.schema, |main| &main.schema)).into(),
+        }
+    }
+
     /// A connection for one turn, with this partition's statements prepared on it.
-    async fn lease(&self) -> Result<Conn, EngineError> {
+    async fn lease(&self, turns: &Turns) -> Result<Conn, EngineError> {
         let mut client = self.pool.lease().await.map_err(|e| self.unreachable(e))?;
-        let key = format!(
-            "{}|{}|{}",
-            self.schema.name(),
-            self.subscriber(),
-            self.options.parallelism
-        );
         let kept = client
             .prepared
-            .remove(&key)
+            .remove(&*turns.key)
             .and_then(|s| s.downcast::<Statements>().ok())
             .filter(|s| s.fence.is_for(&self.fence));
         let statements = match kept {
@@ -800,9 +814,9 @@ impl Partition {
         Ok(Conn {
             client,
             log,
-            read: read_sql(self.log.as_ref().map_or(&self.schema, |main| &main.schema)),
+            read: turns.read.clone(),
             statements,
-            key,
+            key: turns.key.clone(),
         })
     }
 
@@ -842,7 +856,8 @@ impl Partition {
         pause: &mut Pause,
     ) -> Result<(), EngineError> {
         self.install().await?;
-        let conn = self.lease().await?;
+        let turns = self.turns();
+        let conn = self.lease(&turns).await?;
         let mut position = Checkpoints::position(
             &conn.client,
             &self.schema,
@@ -895,7 +910,7 @@ impl Partition {
                 return Ok(());
             }
             // One turn on a connection of the pool: others take theirs in between.
-            let mut conn = self.lease().await?;
+            let mut conn = self.lease(&turns).await?;
             if self.until.is_some_and(|until| position >= until) {
                 // Saved: a window short of the head moved the position in memory only.
                 Work::begin(&mut conn, self)

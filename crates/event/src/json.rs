@@ -74,27 +74,41 @@ fn depth(bytes: &[u8]) -> usize {
 /// Why `jsonb` would refuse `value`: a number outside `numeric`'s range, or a `\u0000`
 /// in a string or key. `Ok` for a value it stores.
 pub fn check_jsonb(value: &Value) -> Result<(), String> {
+    match first_unstorable(value, numeric_fits) {
+        None => Ok(()),
+        Some(Unstorable::Number(n)) => Err(format!(
+            "holds a number jsonb cannot store (outside numeric's range): `{}`",
+            shorten(n)
+        )),
+        Some(Unstorable::Nul) => Err(NUL.into()),
+    }
+}
+
+/// What in a value `jsonb` refuses.
+enum Unstorable<'a> {
+    Number(&'a str),
+    Nul,
+}
+
+/// The first part of `value` that `jsonb` refuses, judging numbers by `fits`. Iterative:
+/// the value may be deep.
+fn first_unstorable(value: &Value, fits: fn(&str) -> bool) -> Option<Unstorable<'_>> {
     let mut stack = vec![value];
     while let Some(v) = stack.pop() {
         match v {
-            Value::Number(n) if !numeric_fits(n.as_str()) => {
-                return Err(format!(
-                    "holds a number jsonb cannot store (outside numeric's range): `{}`",
-                    shorten(n.as_str())
-                ))
-            }
-            Value::String(s) if s.contains('\0') => return Err(NUL.into()),
+            Value::Number(n) if !fits(n.as_str()) => return Some(Unstorable::Number(n.as_str())),
+            Value::String(s) if s.contains('\0') => return Some(Unstorable::Nul),
             Value::Array(items) => stack.extend(items),
             Value::Object(map) => {
                 if map.keys().any(|k| k.contains('\0')) {
-                    return Err(NUL.into());
+                    return Some(Unstorable::Nul);
                 }
                 stack.extend(map.values());
             }
             _ => {}
         }
     }
-    Ok(())
+    None
 }
 
 const NUL: &str = "holds \\u0000, which jsonb cannot store";
@@ -104,7 +118,7 @@ const NUL: &str = "holds \\u0000, which jsonb cannot store";
 /// near it) as a string of its digits. Deterministic, so a dead letter recorded again
 /// compares equal; for the raw content of dead letters, never for events.
 pub fn storable(value: &Value) -> Cow<'_, Value> {
-    if storable_as_is(value) {
+    if first_unstorable(value, numeric_surely_fits).is_none() {
         return Cow::Borrowed(value);
     }
     // Iterative, like everything that walks a value of unknown depth here.
@@ -146,25 +160,6 @@ pub fn storable(value: &Value) -> Cow<'_, Value> {
         }
     }
     Cow::Owned(done.pop().unwrap_or(Value::Null))
-}
-
-fn storable_as_is(value: &Value) -> bool {
-    let mut stack = vec![value];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::Number(n) if !numeric_surely_fits(n.as_str()) => return false,
-            Value::String(s) if s.contains('\0') => return false,
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => {
-                if map.keys().any(|k| k.contains('\0')) {
-                    return false;
-                }
-                stack.extend(map.values());
-            }
-            _ => {}
-        }
-    }
-    true
 }
 
 /// Text PostgreSQL can store: each NUL written out as `\u0000`.

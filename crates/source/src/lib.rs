@@ -21,4 +21,4 @@ pub use ingest::run_ingest;
 pub use outbox::{Mapping, TxContext};
 pub use reader::{replication_config, Item};
 pub use setup::{create_publication, database_identity, inspect, prepare_source, SourceShape};
-pub use writers::{emitters, inserters, Writers};
+pub use writers::{emit_grants, emitters, inserters, EmitGrants, Writers};

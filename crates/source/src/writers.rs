@@ -52,33 +52,13 @@ pub(crate) async fn public_emit(
     if messages.is_empty() {
         return Ok(found);
     }
-    let rows = source
-        .query(EMIT_FUNCTIONS, &[])
-        .await
-        .map_err(db("reading pg_logical_emit_message's grants"))?;
-    let mut functions = Vec::with_capacity(rows.len());
-    let mut public = false;
-    for row in &rows {
-        let row = row.of("pg_proc");
-        public |= row.col::<bool>("public")?;
-        functions.push(row.col::<String>("signature")?);
-    }
-    if !public {
+    let grants = emit_grants(source).await?;
+    if !grants.public {
         return Ok(found);
     }
-    // A superuser needs no grant for its heartbeats.
-    let row = source
-        .query_one(
-            "select current_user::text, rolsuper from pg_roles where rolname = current_user",
-            &[],
-        )
-        .await
-        .map_err(db("reading the source role"))?;
-    let row = row.of("pg_roles");
-    let (role, superuser): (String, bool) = (row.col(0)?, row.col(1)?);
     let fix = lock_down(
-        &functions,
-        (heartbeats && !superuser).then_some(role.as_str()),
+        &grants.functions,
+        grants.role.as_deref().filter(|_| heartbeats),
     );
     let (accepted, refused): (Vec<&OutboxConfig>, Vec<&OutboxConfig>) =
         messages.into_iter().partition(|o| o.allow_public_emit);
@@ -130,6 +110,53 @@ fn lock_down(functions: &[String], role: Option<&str>) -> String {
     )
 }
 
+/// `pg_logical_emit_message` on the source: what locking it down to the producer names.
+#[derive(Debug, Clone)]
+pub struct EmitGrants {
+    /// Its overloads, as `pg_logical_emit_message(boolean, text, text)`.
+    pub functions: Vec<String>,
+    /// Whether PUBLIC may execute one of them now.
+    pub public: bool,
+    /// The role connected (walfold's source role), unless it is a superuser: only then
+    /// do its heartbeats need a grant.
+    pub role: Option<String>,
+}
+
+/// Reads [`EmitGrants`] (`walfold run`'s check, `walfold init`'s statements).
+pub async fn emit_grants(source: &Client) -> Result<EmitGrants, StoreError> {
+    let (functions, public) = emit_functions(source).await?;
+    let row = source
+        .query_one(
+            "select current_user::text, rolsuper from pg_roles where rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(db("reading the source role"))?;
+    let row = row.of("pg_roles");
+    let (role, superuser): (String, bool) = (row.col(0)?, row.col(1)?);
+    Ok(EmitGrants {
+        functions,
+        public,
+        role: (!superuser).then_some(role),
+    })
+}
+
+/// The overloads of `pg_logical_emit_message`, and whether PUBLIC may execute one.
+async fn emit_functions(source: &Client) -> Result<(Vec<String>, bool), StoreError> {
+    let rows = source
+        .query(EMIT_FUNCTIONS, &[])
+        .await
+        .map_err(db("reading pg_logical_emit_message's grants"))?;
+    let mut functions = Vec::with_capacity(rows.len());
+    let mut public = false;
+    for row in &rows {
+        let row = row.of("pg_proc");
+        public |= row.col::<bool>("public")?;
+        functions.push(row.col::<String>("signature")?);
+    }
+    Ok((functions, public))
+}
+
 /// Who can write an outbox's events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Writers {
@@ -141,14 +168,7 @@ pub struct Writers {
 
 /// Who may execute `pg_logical_emit_message`: who can write a message outbox's events.
 pub async fn emitters(source: &Client) -> Result<Writers, StoreError> {
-    let mut public = false;
-    for row in source
-        .query(EMIT_FUNCTIONS, &[])
-        .await
-        .map_err(db("reading pg_logical_emit_message's grants"))?
-    {
-        public |= row.of("pg_proc").col::<bool>("public")?;
-    }
+    let (_, public) = emit_functions(source).await?;
     Ok(Writers {
         public,
         roles: roles(source, EMITTERS, &[]).await?,

@@ -373,44 +373,6 @@ pub struct Wanted {
     pub message_prefixes: Vec<String>,
 }
 
-/// What a message outbox needs on the source: `pg_logical_emit_message` taken from
-/// PUBLIC and granted to the producer (and to walfold's role, for its heartbeats).
-struct EmitGrants {
-    /// Its overloads, as `pg_logical_emit_message(boolean, text, text)`.
-    functions: Vec<String>,
-    /// Whether PUBLIC may execute one of them now.
-    public: bool,
-    /// The role init connected as (walfold's source role), unless it is a superuser: its
-    /// heartbeats need no grant then.
-    role: Option<String>,
-}
-
-async fn emit_grants(client: &Client) -> Result<EmitGrants, Failure> {
-    let rows = client
-        .query(
-            "select 'pg_logical_emit_message(' || oidvectortypes(p.proargtypes) || ')', \
-             has_function_privilege('public', p.oid, 'execute'), \
-             (select rolname::text from pg_roles where rolname = current_user and not rolsuper) \
-             from pg_proc p where p.proname = 'pg_logical_emit_message' \
-             and p.pronamespace = 'pg_catalog'::regnamespace order by p.oid",
-            &[],
-        )
-        .await
-        .map_err(Failure::runtime)?;
-    let mut grants = EmitGrants {
-        functions: Vec::with_capacity(rows.len()),
-        public: false,
-        role: None,
-    };
-    for row in &rows {
-        let row = row.of("pg_proc");
-        grants.functions.push(row.col(0)?);
-        grants.public |= row.col::<bool>(1)?;
-        grants.role = row.col(2)?;
-    }
-    Ok(grants)
-}
-
 pub async fn init(
     url: &str,
     outboxes: &Wanted,
@@ -494,7 +456,7 @@ pub async fn init(
     let grants = if prefixes.is_empty() {
         None
     } else {
-        Some(emit_grants(&client).await?)
+        Some(walfold_source::emit_grants(&client).await?)
     };
     let (file_url, had_password) = walfold_config::without_password(url);
     let text = render(
@@ -601,11 +563,11 @@ pub async fn init(
 /// The message outboxes to write, and the grants they need.
 struct Messages<'a> {
     prefixes: &'a [String],
-    grants: Option<&'a EmitGrants>,
+    grants: Option<&'a walfold_source::EmitGrants>,
 }
 
 /// The statements that leave `pg_logical_emit_message` to the producer and walfold.
-fn lock_down(g: &EmitGrants) -> [String; 2] {
+fn lock_down(g: &walfold_source::EmitGrants) -> [String; 2] {
     let list = g.functions.join(", ");
     let walfold = g
         .role
