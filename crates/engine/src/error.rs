@@ -118,17 +118,30 @@ impl EngineError {
         walfold_event::is_resource_code(self.sqlstate())
     }
 
-    /// An operator request the current state refuses (a usage error, exit code 2).
-    pub fn refused(&self) -> Option<&str> {
+    /// An operator request the current state refuses, or a URL walfold cannot work
+    /// through (a pooler sharing sessions): a usage error, exit code 2.
+    pub fn refused(&self) -> Option<String> {
         match self {
             EngineError::Store {
                 source: StoreError::Refused(m),
                 ..
-            } => Some(m),
+            } => Some(m.clone()),
             EngineError::Source(walfold_source::SourceError::Store {
                 source: StoreError::Refused(m),
                 ..
-            }) => Some(m),
+            }) => Some(m.clone()),
+            EngineError::Store {
+                source: e @ StoreError::Pooled { .. },
+                ..
+            }
+            | EngineError::Source(walfold_source::SourceError::Store {
+                source: e @ StoreError::Pooled { .. },
+                ..
+            }) => Some(e.to_string()),
+            EngineError::Unreachable {
+                target,
+                source: e @ StoreError::Pooled { .. },
+            } => Some(format!("target {target}: {e}")),
             _ => None,
         }
     }

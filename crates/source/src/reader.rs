@@ -84,7 +84,9 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
             .any(|o| o.message_prefix.is_some())
             .then_some(1)),
         // Deterministic text output for the values we parse.
-        options: Some("-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3".into()),
+        settings: Some(
+            "set datestyle = 'ISO'; set timezone = 'UTC'; set extra_float_digits = 3".into(),
+        ),
         application_name: "walfold".into(),
         status_interval: Duration::from_secs(1),
         silence: Duration::from_secs(30),

@@ -38,6 +38,21 @@ pub enum StoreError {
     /// says why and what to do instead.
     #[error("{0}")]
     Refused(String),
+    /// A pooler in front of `url` shares server sessions between clients (transaction
+    /// or statement pooling): walfold needs a session of its own there.
+    #[error(
+        "{key} ({url}) leads to a pooler that shares server sessions between clients \
+         (transaction or statement pooling): {evidence}; walfold needs a session of its own \
+         there (its leader lock, prepared statements, search_path). Fix: {}",
+        crate::pooler::POOLER_FIX
+    )]
+    Pooled {
+        /// What names the URL in the config (`source.url`, `the target URL`).
+        key: String,
+        /// The URL, redacted.
+        url: String,
+        evidence: String,
+    },
     /// Another instance has taken over leadership: this transaction must not land.
     #[error(
         "this instance no longer leads (another instance took over); the write was not committed"
@@ -127,9 +142,11 @@ impl StoreError {
         match self {
             StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
             StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
-            StoreError::Url { .. } | StoreError::RootCert { .. } | StoreError::Refused(_) => {
-                ErrorKind::Definite
-            }
+            // The URL is wrong: retrying through the same pooler cannot help.
+            StoreError::Url { .. }
+            | StoreError::RootCert { .. }
+            | StoreError::Refused(_)
+            | StoreError::Pooled { .. } => ErrorKind::Definite,
             // A migration that fails needs the right to create the schema, or a repair;
             // only a lost connection is retried as such.
             StoreError::Migrate { source, .. } => match kind_of(source) {

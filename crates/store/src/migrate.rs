@@ -95,8 +95,11 @@ pub async fn schema_access(client: &Client, schema: &str) -> Result<SchemaAccess
     })
 }
 
-/// Creates or upgrades walfold's schema; idempotent and safe to run concurrently.
+/// Creates or upgrades walfold's schema; idempotent and safe to run concurrently. Refuses
+/// a URL behind a pooler that shares server sessions: the migration is the first thing
+/// walfold does on every target, and nothing after it works there (see `pooler`).
 pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
+    crate::pooler::refuse_pooling(url, "the target URL").await?;
     let mut client = connect(url).await?;
     let db = |source| StoreError::Migrate {
         schema: schema.name().to_owned(),

@@ -91,6 +91,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
             ("source".to_owned(), "source.url".to_owned())
         };
         match walfold_store::connect(&view.source().url).await {
+            Ok(_) if !session_check(r, &what, &key, &view.source().url).await => {}
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if several {
@@ -122,6 +123,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         }
     }
     match &target {
+        Some(_) if !session_check(r, "target", "target.url", config.target_url()).await => {}
         Some(t) => {
             target_checks(r, config, &walfold_engine::Target::main(config), t)
                 .await
@@ -134,7 +136,12 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         .iter()
         .filter(|t| t.is_extra())
     {
+        let (what, key) = (
+            format!("target {}", t.label()),
+            format!("targets.{}.url", t.label()),
+        );
         match walfold_store::connect(&t.url).await {
+            Ok(_) if !session_check(r, &what, &key, &t.url).await => {}
             Ok(c) => {
                 r.check(Level::Ok, format!("target {} reachable", t.label()), "");
                 target_checks(r, config, t, &c)
@@ -152,6 +159,53 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         }
     }
     Ok(())
+}
+
+/// Whether `url` gives walfold a session of its own; a pooler that shares server
+/// sessions (transaction or statement pooling) is a failing check, and the checks that
+/// need a session are skipped (`false`).
+async fn session_check(r: &mut Report, what: &str, key: &str, url: &str) -> bool {
+    use walfold_store::Pooling;
+    match walfold_store::pooling(url).await {
+        Ok(Pooling::Session) => {
+            r.check(
+                Level::Ok,
+                format!("{what} keeps a session of its own (no transaction pooling)"),
+                "",
+            );
+            true
+        }
+        Ok(Pooling::Shared { evidence }) => {
+            r.check(
+                Level::Fail,
+                format!(
+                    "{what} is behind a pooler that shares server sessions (transaction or \
+                     statement pooling): {evidence}; walfold needs a session there (leader \
+                     lock, prepared statements, search_path) and refuses to run"
+                ),
+                format!("point {key} at PostgreSQL directly, or at a pool in session mode (PgBouncer: pool_mode = session)"),
+            );
+            false
+        }
+        Ok(Pooling::Unknown { reason }) => {
+            r.check(
+                Level::Warn,
+                format!(
+                    "cannot tell whether {what} is behind a pooler that shares sessions: {reason}"
+                ),
+                "",
+            );
+            true
+        }
+        Err(e) => {
+            r.check(
+                Level::Warn,
+                format!("cannot tell whether {what} is behind a pooler that shares sessions: {e}"),
+                "",
+            );
+            true
+        }
+    }
 }
 
 async fn setting(c: &Client, name: &str) -> Result<String, CheckError> {

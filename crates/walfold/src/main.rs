@@ -43,10 +43,12 @@ impl Failure {
     }
 }
 
-/// A store error as a failure: an operator request the state refuses is a usage error.
+/// A store error as a failure: an operator request the state refuses, or a URL behind a
+/// pooler walfold cannot work through, is a usage error.
 pub(crate) fn store_failure(e: walfold_store::StoreError) -> Failure {
     match e {
         walfold_store::StoreError::Refused(m) => Failure::config(m),
+        e @ walfold_store::StoreError::Pooled { .. } => Failure::config(e),
         other => Failure::runtime(other),
     }
 }

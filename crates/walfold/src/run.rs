@@ -55,7 +55,12 @@ pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
     for t in walfold_engine::Target::all(&config) {
         walfold_store::migrate(&t.url, &t.schema)
             .await
-            .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
+            .map_err(|e| match e {
+                e @ walfold_store::StoreError::Pooled { .. } => {
+                    Failure::config(format!("target {}: {e}", t.label()))
+                }
+                e => Failure::runtime(format!("target {}: {e}", t.label())),
+            })?;
         if t.is_extra() {
             println!(
                 "schema {} on target {} is up to date",

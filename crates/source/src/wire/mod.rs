@@ -47,8 +47,9 @@ pub struct WireConfig {
     /// pgoutput `proto_version`: 1, or 2 with `streaming 'on'`; `None`: 2 where the
     /// server is 14 or later.
     pub protocol: Option<u8>,
-    /// Session `options` (`-c name=value ...`).
-    pub options: Option<String>,
+    /// Statements run once the session is open (`set name = value; ...`): settings are
+    /// not sent as the `options` startup parameter, which poolers refuse.
+    pub settings: Option<String>,
     pub application_name: String,
     /// Longest time between two standby status updates.
     pub status_interval: Duration,

@@ -111,20 +111,22 @@ pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8), WireError>
         buf: BytesMut::with_capacity(64 * 1024),
     };
     let mut out = BytesMut::new();
-    let mut params: Vec<(&str, &str)> = vec![
-        ("user", &cfg.user),
-        ("database", &cfg.database),
+    let params = [
+        ("user", cfg.user.as_str()),
+        ("database", cfg.database.as_str()),
         ("replication", "database"),
         ("client_encoding", "UTF8"),
-        ("application_name", &cfg.application_name),
+        ("application_name", cfg.application_name.as_str()),
     ];
-    if let Some(options) = &cfg.options {
-        params.push(("options", options));
-    }
-    frontend::startup_message(params.iter().copied(), &mut out)
+    frontend::startup_message(params, &mut out)
         .map_err(WireError::io("encoding the startup message"))?;
     conn.send(&out).await?;
-    let (server_version, server_encoding) = authenticate(&mut conn, cfg).await?;
+    let (server_version, server_encoding) = authenticate(&mut conn, cfg)
+        .await
+        .map_err(|e| pooler_refusal(e, cfg))?;
+    if let Some(settings) = &cfg.settings {
+        simple_query(&mut conn, settings).await?;
+    }
     if server_encoding == "SQL_ASCII" {
         // A SQL_ASCII database holds bytes in no encoding; converting them to UTF8 fails
         // the whole stream (22021) on the first byte that is not UTF-8. Taken as they
@@ -376,6 +378,24 @@ pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> WireError {
         }
     }
     WireError::Server { code, message }
+}
+
+/// A pooler that refuses the replication connection's startup: PostgreSQL itself never
+/// says "unsupported startup parameter", PgBouncer does (for `replication`) and retrying
+/// cannot help. Any other error is returned as it is.
+fn pooler_refusal(e: WireError, cfg: &WireConfig) -> WireError {
+    match e {
+        WireError::Server { message, .. } if message.contains("unsupported startup parameter") => {
+            WireError::Unsupported(format!(
+                "the source at {}:{} refused the replication connection ({message}): a \
+                 connection pooler such as PgBouncer is in front of it, and walfold's \
+                 replication connection needs PostgreSQL itself. Fix: point source.url at \
+                 the server directly, not at the pooler",
+                cfg.host, cfg.port
+            ))
+        }
+        other => other,
+    }
 }
 
 /// `15.4` → 150004, `9.6.1` → 90601.

@@ -331,7 +331,7 @@ mod tests {
             slot: "s".into(),
             publication: "p".into(),
             protocol: Some(2),
-            options: None,
+            settings: None,
             application_name: "t".into(),
             status_interval,
             silence: Duration::from_secs(3600),
