@@ -44,7 +44,7 @@ pub enum StoreError {
         "{key} ({url}) leads to a pooler that shares server sessions between clients \
          (transaction or statement pooling): {evidence}; walfold needs a session of its own \
          there (its leader lock, prepared statements, search_path). Fix: {}",
-        crate::pooler::POOLER_FIX
+        crate::pooler::pooler_fix(key)
     )]
     Pooled {
         /// What names the URL in the config (`source.url`, `the target URL`).

@@ -52,7 +52,7 @@ pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, SchemaAccess};
 pub use pause::{clear_pause, clear_pauses, record_pause};
-pub use pooler::{pooling, refuse_pooling, Pooling, POOLER_FIX};
+pub use pooler::{pooler_fix, pooling, refuse_pooling, Pooling};
 pub use prune::{
     hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,
     try_hold_off_pruning, LogPruned, PrunePolicy, Pruned,

@@ -28,9 +28,13 @@ const ROUNDS: usize = 3;
 /// How long one step may take before the check gives up as inconclusive.
 const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What to do about a pooler that shares sessions.
-pub const POOLER_FIX: &str = "point the URL at PostgreSQL directly, or at a pool in session \
-    mode (PgBouncer: pool_mode = session, for this database or walfold's user)";
+/// What to do about a pooler that shares sessions in front of the URL named `key`.
+pub fn pooler_fix(key: &str) -> String {
+    format!(
+        "point {key} at PostgreSQL directly, or at a pool in session mode (PgBouncer: \
+         pool_mode = session, for walfold's database or user)"
+    )
+}
 
 /// What a URL's connections are.
 #[derive(Debug, Clone, PartialEq, Eq)]

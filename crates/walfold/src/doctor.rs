@@ -91,9 +91,11 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
             ("source".to_owned(), "source.url".to_owned())
         };
         match walfold_store::connect(&view.source().url).await {
-            Ok(_) if !session_check(r, &what, &key, &view.source().url).await => {}
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
+                if !session_check(r, &what, &key, &view.source().url).await {
+                    continue;
+                }
                 if several {
                     if let Ok(identity) = walfold_source::database_identity(&source).await {
                         if let Some((other, _)) = seen.iter().find(|(_, i)| *i == identity) {
@@ -122,8 +124,13 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
             ),
         }
     }
+    // Without target.url the target is the source's database, reached by its URL.
+    let target_key = match config.target.url {
+        Some(_) => "target.url",
+        None => "source.url",
+    };
     match &target {
-        Some(_) if !session_check(r, "target", "target.url", config.target_url()).await => {}
+        Some(_) if !session_check(r, "target", target_key, config.target_url()).await => {}
         Some(t) => {
             target_checks(r, config, &walfold_engine::Target::main(config), t)
                 .await
@@ -141,9 +148,11 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
             format!("targets.{}.url", t.label()),
         );
         match walfold_store::connect(&t.url).await {
-            Ok(_) if !session_check(r, &what, &key, &t.url).await => {}
             Ok(c) => {
-                r.check(Level::Ok, format!("target {} reachable", t.label()), "");
+                r.check(Level::Ok, format!("{what} reachable"), "");
+                if !session_check(r, &what, &key, &t.url).await {
+                    continue;
+                }
                 target_checks(r, config, t, &c)
                     .await
                     .map_err(Failure::runtime)?;
@@ -183,7 +192,7 @@ async fn session_check(r: &mut Report, what: &str, key: &str, url: &str) -> bool
                      statement pooling): {evidence}; walfold needs a session there (leader \
                      lock, prepared statements, search_path) and refuses to run"
                 ),
-                format!("point {key} at PostgreSQL directly, or at a pool in session mode (PgBouncer: pool_mode = session)"),
+                walfold_store::pooler_fix(key),
             );
             false
         }

@@ -11,6 +11,7 @@ mod operators;
 mod outbox_shapes;
 mod pipeline;
 mod poison;
+mod pooler;
 mod rebuild;
 mod resources;
 mod secrets;
