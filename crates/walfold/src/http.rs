@@ -2,7 +2,9 @@
 //! `/healthz` (the process is up), `/readyz` (this instance leads, streams from the slot,
 //! nothing is paused and every subscriber is within `metrics.ready_max_lag_s` of its
 //! newest event). The database gauges and the lag check include the projections on
-//! extra targets (`[targets.NAME]`).
+//! extra targets (`[targets.NAME]`). It serves at most 64 connections at once and
+//! closes one after 20 s (5 s to send its headers), so no client can take the daemon's
+//! file descriptors or hold its tasks.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -47,9 +49,10 @@ pub async fn start(
         config,
         clients: Mutex::new(Clients::default()),
     });
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
         loop {
-            let (stream, _) = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 _ = cancel.cancelled() => return,
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
@@ -60,23 +63,41 @@ pub async fn start(
                     }
                 },
             };
+            // Over the cap the connection is closed at once: its descriptor is the
+            // daemon's, and replication needs them more than a scraper does.
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(%peer, "metrics listener: too many connections, closing one");
+                drop(stream);
+                continue;
+            };
             let state = state.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let service = hyper::service::service_fn(move |req| {
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(handle(&state, req).await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "metrics connection");
+                match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "metrics connection"),
+                    Err(_) => tracing::debug!(%peer, "metrics connection: open too long, closed"),
+                    Ok(Ok(())) => {}
                 }
             });
         }
     }))
 }
+
+/// Connections the listener serves at once; more are closed as they arrive.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may stay open, whatever it does (a scrape takes at most the
+/// database timeout).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn handle(state: &State, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
