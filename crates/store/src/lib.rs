@@ -3,6 +3,7 @@
 //! shares. What the rows mean (events, positions, reasons) is `walfold-event`.
 
 mod aggregate_version;
+mod answer;
 mod backoff;
 mod checkpoint;
 mod claim;
@@ -29,6 +30,9 @@ mod tls;
 
 pub use aggregate_version::{
     applied_versions, ran_without_versions, record_versions, AggregateRef,
+};
+pub use answer::{
+    answer_within, connect_for_command, connect_within, CONNECT_TIMEOUT, STATEMENT_TIMEOUT,
 };
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
@@ -62,7 +66,7 @@ pub use schema::Schema;
 pub use status::{
     event_log_estimate, metrics_reading, status, status_of, target_status, IngestStatus,
     PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus,
-    TargetReach, TargetStatus,
+    TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
 };
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;

@@ -1,7 +1,7 @@
 //! What `walfold status` reports: slot lag, event-log head, each subscriber's position,
 //! lag and counters, dead letters; and the same read for the metrics scrape.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tokio_postgres::types::PgLsn;
@@ -280,19 +280,27 @@ impl FromRow for IngestStatus {
     }
 }
 
+/// How long the slot of a source is asked for: a source that does not answer is
+/// reported unreachable (and its gauges unknown), never a stall of the whole status.
+pub const SOURCE_READ_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// One source's slot (asked of the source) and ingest position (read from the target).
-/// `only`: the only source, whose slot not being readable is an error of the whole status.
 async fn source_status(
     target: &Client,
     schema: &Schema,
     probe: &SourceProbe<'_>,
-    only: bool,
 ) -> Result<SourceStatus, StoreError> {
     let (slot, error) = match &probe.client {
-        Ok(source) if only => (read_slot(source, probe.slot).await?, None),
-        Ok(source) => match read_slot(source, probe.slot).await {
-            Ok(slot) => (slot, None),
-            Err(e) => (None, Some(e.to_string())),
+        Ok(source) => match tokio::time::timeout(SOURCE_READ_TIMEOUT, read_slot(source, probe.slot)).await {
+            Ok(Ok(slot)) => (slot, None),
+            Ok(Err(e)) => (None, Some(e.to_string())),
+            Err(_) => (
+                None,
+                Some(format!(
+                    "did not answer within {} s",
+                    SOURCE_READ_TIMEOUT.as_secs()
+                )),
+            ),
         },
         Err(e) => (None, Some(e.clone())),
     };
@@ -326,10 +334,13 @@ pub async fn status_of(
     schema: &Schema,
     sources: &[SourceProbe<'_>],
 ) -> Result<Status, StoreError> {
-    let mut per_source = Vec::with_capacity(sources.len());
-    for probe in sources {
-        per_source.push(source_status(target, schema, probe, sources.len() == 1).await?);
-    }
+    // At once: each source that does not answer costs SOURCE_READ_TIMEOUT, not one each.
+    let per_source: Vec<SourceStatus> = futures::future::try_join_all(
+        sources
+            .iter()
+            .map(|probe| source_status(target, schema, probe)),
+    )
+    .await?;
     let part = target_status(target, schema, target, schema, "main").await?;
     let head = crate::log_order::head(target, schema).await?;
     let first = per_source.first();

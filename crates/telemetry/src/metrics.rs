@@ -65,6 +65,7 @@ pub struct Metrics {
     slot_lag_bytes: Family<SourceLabel, Gauge>,
     slot_confirmed_flush_lsn: Family<SourceLabel, Gauge>,
     slot_active: Family<SourceLabel, Gauge>,
+    source_reachable: Family<SourceLabel, Gauge>,
     seconds_since_feedback: Family<SourceLabel, FloatGauge>,
     dead_letters_open: Gauge,
     processed_message_rows: Gauge,
@@ -127,6 +128,7 @@ impl Metrics {
             slot_lag_bytes: reg!("slot_lag_bytes", "WAL not yet confirmed (current LSN - confirmed_flush_lsn)", Family::default()),
             slot_confirmed_flush_lsn: reg!("slot_confirmed_flush_lsn", "The slot's confirmed flush LSN, as a number", Family::default()),
             slot_active: reg!("slot_active", "1 while a walsender streams the slot", Family::default()),
+            source_reachable: reg!("source_reachable", "1 when the last scrape could ask the source about its slot; 0: unreachable (its slot gauges are absent or 0, not old values)", Family::default()),
             seconds_since_feedback: reg!("seconds_since_feedback", "Seconds since this process last sent a standby status update (-1: never)", Family::default()),
             dead_letters_open: reg!("dead_letters_open", "Dead letters not retried or discarded", Gauge::default()),
             processed_message_rows: reg!("processed_message_rows", "Dedup claims (planner estimate)", Gauge::default()),
@@ -292,6 +294,19 @@ impl Metrics {
         for source in &reading.sources {
             let l = Self::source(&source.name);
             self.slot_gaps.get_or_create(&l).set(source.slot_gaps);
+            let Some(slot) = &source.slot else {
+                // Unreachable: nobody streams its slot from here, and what the slot
+                // retains and when feedback last reached it are unknown, not the last
+                // values read (feedback written into a silent partition reaches nobody).
+                self.source_reachable.get_or_create(&l).set(0);
+                self.slot_active.get_or_create(&l).set(0);
+                self.seconds_since_feedback.remove(&l);
+                self.slot_retained_bytes.remove(&l);
+                self.slot_lag_bytes.remove(&l);
+                self.slot_confirmed_flush_lsn.remove(&l);
+                continue;
+            };
+            self.source_reachable.get_or_create(&l).set(1);
             // Known without the database: how long since this process reported.
             let last = self.with_source(&source.name, |st| st.last_feedback_ms);
             self.seconds_since_feedback
@@ -301,12 +316,6 @@ impl Metrics {
                 } else {
                     unix_ms().saturating_sub(last) as f64 / 1000.0
                 });
-            let Some(slot) = &source.slot else {
-                // Unreachable: nobody streams its slot from here; the WAL gauges keep
-                // their last values (the server cannot be asked).
-                self.slot_active.get_or_create(&l).set(0);
-                continue;
-            };
             self.slot_active
                 .get_or_create(&l)
                 .set(i64::from(slot.active));

@@ -75,7 +75,9 @@ pub async fn check(
 }
 
 async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Result<(), Failure> {
-    let target = walfold_store::connect(config.target_url()).await.ok();
+    let target = walfold_store::connect_for_command(config.target_url(), "target main")
+        .await
+        .map_err(|e| e.to_string());
     let several = config.sources().len() > 1;
     // (source, what identifies its database): two sources on one database read the same
     // outbox twice, whatever their URLs say.
@@ -90,7 +92,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         } else {
             ("source".to_owned(), "source.url".to_owned())
         };
-        match walfold_store::connect(&view.source().url).await {
+        match walfold_store::connect_for_command(&view.source().url, &format!("source {name}")).await {
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if several {
@@ -108,7 +110,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
                 if several {
                     r.scope = format!("source {name}: ");
                 }
-                let checked = source_checks(r, &view, &source, target.as_ref(), max_retained_mb)
+                let checked = source_checks(r, &view, &source, target.as_ref().ok(), max_retained_mb)
                     .await
                     .map_err(Failure::runtime);
                 r.scope.clear();
@@ -122,19 +124,23 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         }
     }
     match &target {
-        Some(t) => {
+        Ok(t) => {
             target_checks(r, config, &walfold_engine::Target::main(config), t)
                 .await
                 .map_err(Failure::runtime)?;
             abandoned_slots(r, config, t).await;
         }
-        None => r.check(Level::Fail, "target unreachable", "check target.url"),
+        Err(e) => r.check(
+            Level::Fail,
+            format!("target unreachable: {e}"),
+            "check target.url, the network and pg_hba.conf",
+        ),
     }
     for t in walfold_engine::Target::all(config)
         .iter()
         .filter(|t| t.is_extra())
     {
-        match walfold_store::connect(&t.url).await {
+        match walfold_store::connect_for_command(&t.url, &format!("target {}", t.label())).await {
             Ok(c) => {
                 r.check(Level::Ok, format!("target {} reachable", t.label()), "");
                 target_checks(r, config, t, &c)

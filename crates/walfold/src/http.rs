@@ -185,7 +185,10 @@ async fn with_clients<T>(
     let clients = &mut *guard;
     if clients.target.as_ref().is_none_or(Client::is_closed) {
         clients.target = None;
-        clients.target = Some(walfold_store::connect(state.config.target_url()).await?);
+        clients.target = Some(
+            walfold_store::connect_within(state.config.target_url(), "target main", CONNECT_TIMEOUT)
+                .await?,
+        );
     }
     let sources = state.config.sources();
     clients.sources.resize_with(sources.len(), || None);
@@ -193,11 +196,12 @@ async fn with_clients<T>(
     for (source, client) in sources.iter().zip(clients.sources.iter_mut()) {
         let mut error = None;
         if client.as_ref().is_none_or(Client::is_closed) {
-            match walfold_store::connect(&source.url).await {
+            let server = format!("source {}", source.name);
+            match walfold_store::connect_within(&source.url, &server, CONNECT_TIMEOUT).await {
                 Ok(c) => *client = Some(c),
                 Err(e) => {
                     *client = None;
-                    error = Some(format!("cannot connect: {e}"));
+                    error = Some(e.to_string());
                 }
             }
         }
@@ -228,14 +232,31 @@ async fn with_clients<T>(
 /// Process metrics always; the database gauges when the database answers in time.
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &walfold_engine::Target::main(&state.config).schema;
-    let refresh = with_clients(state, async |sources, target| {
-        let (extra, active) = every_target(&state.config, target).await?;
-        let reading =
-            walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
-        metrics().set_database(&reading);
-        metrics().set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
+    let refresh = async {
+        let unreachable = with_clients(state, async |sources, target| {
+            let (extra, active) = every_target(&state.config, target).await?;
+            let reading =
+                walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
+            metrics().set_database(&reading);
+            metrics()
+                .set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
+            Ok(reading
+                .sources
+                .iter()
+                .map(|s| s.slot.is_none())
+                .collect::<Vec<bool>>())
+        })
+        .await?;
+        // A source that did not answer gets a fresh connection next time (the old one
+        // may sit in a partition for minutes before the kernel gives up on it).
+        let mut clients = state.clients.lock().await;
+        for (client, down) in clients.sources.iter_mut().zip(unreachable) {
+            if down {
+                *client = None;
+            }
+        }
         Ok(())
-    });
+    };
     let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
         .await
         .unwrap_or_else(|_| {
@@ -248,6 +269,8 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
 
 /// How long a scrape or readiness check waits for the database.
 const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a scrape waits for a connection to a server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long it waits for each extra target.
 const EXTRA_TARGET_TIMEOUT: Duration = Duration::from_secs(2);
 
