@@ -54,7 +54,7 @@ pub use ingest_position::{
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, SchemaAccess};
-pub use pause::{clear_pause, clear_pauses, record_pause};
+pub use pause::{clear_pause, clear_pauses, record_ingest_pause, record_pause};
 pub use prune::{
     hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,
     try_hold_off_pruning, LogPruned, PrunePolicy, Pruned,
@@ -64,7 +64,7 @@ pub use registry::{active_projections, active_subscriber, active_subscribers};
 pub use row::{Column, Columns, FromRow, RowExt};
 pub use schema::Schema;
 pub use status::{
-    event_log_estimate, metrics_reading, status, status_of, target_status, IngestStatus,
+    event_log_estimate, metrics_reading, status, status_of, target_status, IngestPause, IngestStatus,
     PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus,
     TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
 };

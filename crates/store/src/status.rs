@@ -25,7 +25,9 @@ const SLOT: &str = "select active, confirmed_flush_lsn, \
 
 /// Slot `$1`'s ingest position and counters.
 const INGEST: &str = "select lsn, appended, duplicates, id_conflicts, malformed, ignored_changes, \
-     extract(epoch from updated_at)::float8 as updated_at_unix from {schema}.ingest_position where slot = $1";
+     extract(epoch from updated_at)::float8 as updated_at_unix, \
+     extract(epoch from paused_since)::float8 as paused_since_unix, pause_error \
+     from {schema}.ingest_position where slot = $1";
 
 /// How many gaps slot `$1` has recorded.
 const SLOT_GAPS: &str = "select count(*) as gaps from {schema}.slot_gap where slot = $1";
@@ -192,6 +194,16 @@ pub struct IngestStatus {
     pub malformed: i64,
     pub ignored_changes: i64,
     pub updated_at_unix: Option<f64>,
+    /// Set while ingest waits out an error of the target's environment (a revoked
+    /// grant, disk full): it resumes by itself once that is fixed.
+    pub paused: Option<IngestPause>,
+}
+
+/// Why ingest through a slot is paused, and since when.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestPause {
+    pub since_unix: f64,
+    pub error: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -276,6 +288,13 @@ impl FromRow for IngestStatus {
             malformed: r.col("malformed")?,
             ignored_changes: r.col("ignored_changes")?,
             updated_at_unix: r.col("updated_at_unix")?,
+            paused: match (
+                r.col::<Option<f64>>("paused_since_unix")?,
+                r.col::<Option<String>>("pause_error")?,
+            ) {
+                (Some(since_unix), Some(error)) => Some(IngestPause { since_unix, error }),
+                _ => None,
+            },
         })
     }
 }

@@ -238,6 +238,13 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
                 "{name}ingest: lsn={} appended={} duplicates={} id_conflicts={} malformed={} ignored={}",
                 i.lsn, i.appended, i.duplicates, i.id_conflicts, i.malformed, i.ignored_changes
             );
+            if let Some(p) = &i.paused {
+                println!(
+                    "{name}INGEST PAUSED since {}s ago: {} (an error of the target or the config: the slot keeps the WAL meanwhile; ingest resumes by itself once it is fixed)",
+                    (unix_now() - p.since_unix).max(0.0).round(),
+                    p.error
+                );
+            }
         }
     }
     println!("event log head: {}", s.event_log_head);

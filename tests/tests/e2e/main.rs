@@ -10,6 +10,7 @@ mod observability;
 mod operator_tools;
 mod operators;
 mod outbox_shapes;
+mod partition;
 mod pipeline;
 mod poison;
 mod rebuild;
