@@ -144,8 +144,14 @@ async fn record_pause(config: &Config, fence: &Fence, error: &str) {
     let schema = walfold_store::Schema::new(config.target.schema.as_str());
     let record = async {
         let mut client = connect(config.target_url()).await?;
-        walfold_store::record_ingest_pause(&mut client, fence, &schema, &config.source().slot, error)
-            .await
+        walfold_store::record_ingest_pause(
+            &mut client,
+            fence,
+            &schema,
+            &config.source().slot,
+            error,
+        )
+        .await
     };
     match tokio::time::timeout(Duration::from_secs(5), record).await {
         Ok(Ok(())) => {}

@@ -25,10 +25,7 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// ends the command's next statement instead of hanging it.
 pub async fn connect_for_command(url: &str, server: &str) -> Result<Client, StoreError> {
     let client = connect_within(url, server, CONNECT_TIMEOUT).await?;
-    let set = format!(
-        "set statement_timeout = {}",
-        STATEMENT_TIMEOUT.as_millis()
-    );
+    let set = format!("set statement_timeout = {}", STATEMENT_TIMEOUT.as_millis());
     answer_within(url, server, CONNECT_TIMEOUT, async {
         client
             .batch_execute(&set)
@@ -48,7 +45,9 @@ pub async fn connect_within(
     let connect = async {
         let options = ConnectOptions::parse(url)?;
         let mut config = options.pg_config()?;
-        config.connect_timeout(within).tcp_user_timeout(STATEMENT_TIMEOUT);
+        config
+            .connect_timeout(within)
+            .tcp_user_timeout(STATEMENT_TIMEOUT);
         let tls = MakeRustlsConnect::new(crate::tls::client_config(
             options.ssl_mode,
             options.root_cert.as_deref(),

@@ -64,9 +64,9 @@ pub use registry::{active_projections, active_subscriber, active_subscribers};
 pub use row::{Column, Columns, FromRow, RowExt};
 pub use schema::Schema;
 pub use status::{
-    event_log_estimate, metrics_reading, status, status_of, target_status, IngestPause, IngestStatus,
-    PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus,
-    TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
+    event_log_estimate, metrics_reading, status, status_of, target_status, IngestPause,
+    IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status,
+    SubscriberStatus, TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
 };
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;

@@ -310,17 +310,19 @@ async fn source_status(
     probe: &SourceProbe<'_>,
 ) -> Result<SourceStatus, StoreError> {
     let (slot, error) = match &probe.client {
-        Ok(source) => match tokio::time::timeout(SOURCE_READ_TIMEOUT, read_slot(source, probe.slot)).await {
-            Ok(Ok(slot)) => (slot, None),
-            Ok(Err(e)) => (None, Some(e.to_string())),
-            Err(_) => (
-                None,
-                Some(format!(
-                    "did not answer within {} s",
-                    SOURCE_READ_TIMEOUT.as_secs()
-                )),
-            ),
-        },
+        Ok(source) => {
+            match tokio::time::timeout(SOURCE_READ_TIMEOUT, read_slot(source, probe.slot)).await {
+                Ok(Ok(slot)) => (slot, None),
+                Ok(Err(e)) => (None, Some(e.to_string())),
+                Err(_) => (
+                    None,
+                    Some(format!(
+                        "did not answer within {} s",
+                        SOURCE_READ_TIMEOUT.as_secs()
+                    )),
+                ),
+            }
+        }
         Err(e) => (None, Some(e.clone())),
     };
     let slot_name = probe.slot;

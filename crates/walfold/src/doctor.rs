@@ -92,7 +92,9 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         } else {
             ("source".to_owned(), "source.url".to_owned())
         };
-        match walfold_store::connect_for_command(&view.source().url, &format!("source {name}")).await {
+        match walfold_store::connect_for_command(&view.source().url, &format!("source {name}"))
+            .await
+        {
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if several {
@@ -110,9 +112,10 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
                 if several {
                     r.scope = format!("source {name}: ");
                 }
-                let checked = source_checks(r, &view, &source, target.as_ref().ok(), max_retained_mb)
-                    .await
-                    .map_err(Failure::runtime);
+                let checked =
+                    source_checks(r, &view, &source, target.as_ref().ok(), max_retained_mb)
+                        .await
+                        .map_err(Failure::runtime);
                 r.scope.clear();
                 checked?;
             }

@@ -186,8 +186,12 @@ async fn with_clients<T>(
     if clients.target.as_ref().is_none_or(Client::is_closed) {
         clients.target = None;
         clients.target = Some(
-            walfold_store::connect_within(state.config.target_url(), "target main", CONNECT_TIMEOUT)
-                .await?,
+            walfold_store::connect_within(
+                state.config.target_url(),
+                "target main",
+                CONNECT_TIMEOUT,
+            )
+            .await?,
         );
     }
     let sources = state.config.sources();
@@ -238,8 +242,7 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
             let reading =
                 walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
             metrics().set_database(&reading);
-            metrics()
-                .set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
+            metrics().set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
             Ok(reading
                 .sources
                 .iter()

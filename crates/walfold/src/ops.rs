@@ -122,8 +122,8 @@ async fn follow_rebuild(
         );
     let home_client =
         walfold_store::connect_for_command(&home.url, &format!("target {}", home.label()))
-        .await
-        .map_err(Failure::runtime)?;
+            .await
+            .map_err(Failure::runtime)?;
     let mut progress: Option<Progress> = None;
     let mut last = Snapshot::default();
     let mut moved = Instant::now();

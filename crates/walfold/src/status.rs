@@ -63,8 +63,8 @@ pub(crate) async fn read(
     let target = &c.target;
     let main = walfold_engine::Target::main(config);
     // The sources' slots are each bounded on their own (SOURCE_READ_TIMEOUT).
-    let within = walfold_store::STATEMENT_TIMEOUT
-        + walfold_store::SOURCE_READ_TIMEOUT * probes.len() as u32;
+    let within =
+        walfold_store::STATEMENT_TIMEOUT + walfold_store::SOURCE_READ_TIMEOUT * probes.len() as u32;
     let mut status = walfold_store::answer_within(
         config.target_url(),
         "target main",

@@ -1,3 +1,5 @@
+//! What the operator's tools say when a server does not answer or ingest waits.
+//!
 //! A silent partition (a proxy that accepts and then forwards nothing, as a dropped
 //! route or a stuck middlebox does): every operator command answers within seconds,
 //! names the server that did not answer and exits non-zero, and the metrics say the
@@ -132,9 +134,10 @@ async fn under_a_silent_partition_every_command_names_the_server_that_did_not_an
     let direct = db.url();
     assert!(direct.contains("postgres@"), "{direct}");
     let via = |p: &Proxy| {
-        direct
-            .replace("postgres@", "postgres:hunter2@")
-            .replace(&format!(":{}/", db.cluster.port()), &format!(":{}/", p.port))
+        direct.replace("postgres@", "postgres:hunter2@").replace(
+            &format!(":{}/", db.cluster.port()),
+            &format!(":{}/", p.port),
+        )
     };
     let metrics = free_port();
     let config = config_builder(&via(&source))
@@ -195,8 +198,7 @@ async fn under_a_silent_partition_every_command_names_the_server_that_did_not_an
         || async {
             let body = http_get(metrics, "/metrics").1;
             sample(&body, reachable).as_deref() == Some("0")
-                && sample(&body, r#"walfold_slot_active{source="default"}"#).as_deref()
-                    == Some("0")
+                && sample(&body, r#"walfold_slot_active{source="default"}"#).as_deref() == Some("0")
                 && sample(&body, r#"walfold_seconds_since_feedback{source="default"}"#).is_none()
                 && sample(&body, "walfold_database_up").as_deref() == Some("1")
         },
@@ -231,12 +233,73 @@ async fn under_a_silent_partition_every_command_names_the_server_that_did_not_an
         2,
         r#"{"status":"paid","amount":1}"#,
     ));
-    eventually(Duration::from_secs(90), "folding after the partition", || async {
-        db.psql("select count(*) from ledger") == "2"
+    eventually(
+        Duration::from_secs(90),
+        "folding after the partition",
+        || async { db.psql("select count(*) from ledger") == "2" },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the source reachable again",
+        || async { sample(&http_get(metrics, "/metrics").1, reachable).as_deref() == Some("1") },
+    )
+    .await;
+}
+
+/// `walfold status` says that ingest is paused and why (before, only /readyz and a
+/// gauge did), and stops saying it once the cause is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_an_ingest_pause_and_its_cause() {
+    let db = TestDb::new("ingestpause");
+    let (d, _client) = Daemon::streaming(&db, &db.config("")).await;
+    let cfg = d.config_path().to_owned();
+    // The target refuses the log's inserts as a revoked grant would (tests run as a
+    // superuser, whom no grant binds).
+    db.psql(
+        "create function walfold.refuse() returns trigger language plpgsql as $$ \
+         begin raise exception 'permission denied for table event_log' using errcode = '42501'; end $$; \
+         create trigger refuse before insert on walfold.event_log \
+         for each row execute function walfold.refuse();",
+    );
+    db.psql(&insert_event(
+        "00000000-0000-4000-8000-000000000001",
+        "o-1",
+        "OrderPlaced",
+        1,
+        r#"{"status":"placed","amount":1}"#,
+    ));
+    eventually(
+        Duration::from_secs(30),
+        "status to show the pause",
+        || async {
+            let (_, out, _) = walfold_tests::walfold(&["status", "-c", &cfg], &[]);
+            out.contains("INGEST PAUSED since")
+                && out.contains("permission denied for table event_log")
+        },
+    )
+    .await;
+    let (code, out, err) = walfold_tests::walfold(&["status", "--json", "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        json["sources"][0]["ingest"]["paused"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("42501")),
+        "{out}"
+    );
+    db.psql("drop trigger refuse on walfold.event_log");
+    eventually(Duration::from_secs(30), "the event to fold", || async {
+        db.psql("select count(*) from ledger") == "1"
     })
     .await;
-    eventually(Duration::from_secs(20), "the source reachable again", || async {
-        sample(&http_get(metrics, "/metrics").1, reachable).as_deref() == Some("1")
-    })
+    eventually(
+        Duration::from_secs(10),
+        "status to drop the pause",
+        || async {
+            let (code, out, _) = walfold_tests::walfold(&["status", "-c", &cfg], &[]);
+            code == 0 && !out.contains("INGEST PAUSED")
+        },
+    )
     .await;
 }
