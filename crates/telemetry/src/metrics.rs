@@ -82,6 +82,8 @@ pub struct Metrics {
 struct SourceState {
     streaming: bool,
     last_feedback_ms: u64,
+    /// When a scrape last reached the source (0: never).
+    last_reachable_ms: u64,
 }
 
 fn batch_histogram() -> Histogram {
@@ -296,11 +298,21 @@ impl Metrics {
             self.slot_gaps.get_or_create(&l).set(source.slot_gaps);
             let Some(slot) = &source.slot else {
                 // Unreachable: nobody streams its slot from here, and what the slot
-                // retains and when feedback last reached it are unknown, not the last
-                // values read (feedback written into a silent partition reaches nobody).
+                // retains is unknown, not the last values read. Feedback written into a
+                // silent partition reaches nobody: the age counts from the last feedback
+                // sent while the source was known to answer.
                 self.source_reachable.get_or_create(&l).set(0);
                 self.slot_active.get_or_create(&l).set(0);
-                self.seconds_since_feedback.remove(&l);
+                let (feedback, reachable) = self.with_source(&source.name, |st| {
+                    (st.last_feedback_ms, st.last_reachable_ms)
+                });
+                let last = match reachable {
+                    0 => feedback,
+                    r => feedback.min(r),
+                };
+                self.seconds_since_feedback
+                    .get_or_create(&l)
+                    .set(seconds_since(last));
                 self.slot_retained_bytes.remove(&l);
                 self.slot_lag_bytes.remove(&l);
                 self.slot_confirmed_flush_lsn.remove(&l);
@@ -308,14 +320,13 @@ impl Metrics {
             };
             self.source_reachable.get_or_create(&l).set(1);
             // Known without the database: how long since this process reported.
-            let last = self.with_source(&source.name, |st| st.last_feedback_ms);
+            let last = self.with_source(&source.name, |st| {
+                st.last_reachable_ms = unix_ms();
+                st.last_feedback_ms
+            });
             self.seconds_since_feedback
                 .get_or_create(&l)
-                .set(if last == 0 {
-                    -1.0
-                } else {
-                    unix_ms().saturating_sub(last) as f64 / 1000.0
-                });
+                .set(seconds_since(last));
             self.slot_active
                 .get_or_create(&l)
                 .set(i64::from(slot.active));
@@ -390,6 +401,14 @@ pub struct SlotReading {
     pub retained_bytes: i64,
     pub lag_bytes: i64,
     pub confirmed_flush_lsn: i64,
+}
+
+/// Seconds since the Unix milliseconds `ms` (-1: never).
+fn seconds_since(ms: u64) -> f64 {
+    match ms {
+        0 => -1.0,
+        ms => unix_ms().saturating_sub(ms) as f64 / 1000.0,
+    }
 }
 
 fn unix_ms() -> u64 {

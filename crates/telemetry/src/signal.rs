@@ -741,7 +741,13 @@ mod tests {
             samples(&m, "walfold_slot_active"),
             [r#"walfold_slot_active{source="main"} 0"#]
         );
-        assert!(samples(&m, "walfold_seconds_since_feedback").is_empty());
+        // Counted from the last scrape that reached the source, not the newest write.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        Signal::FeedbackSent { source: "main" }.report_to(&m);
+        m.set_database(&reading(None));
+        let age = samples(&m, "walfold_seconds_since_feedback");
+        let age: f64 = age[0].rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(age >= 1.0, "{age}");
         assert!(samples(&m, "walfold_slot_retained_wal_bytes").is_empty());
     }
 }
