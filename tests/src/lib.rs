@@ -174,6 +174,8 @@ pub struct Daemon {
     pub log: PathBuf,
     config: PathBuf,
     envs: Vec<(String, String)>,
+    /// A command the binary runs under (`prlimit --nofile=1024:1024`), if any.
+    wrapper: Vec<String>,
 }
 
 /// The logs of the daemons this test process started (nextest runs one test per
@@ -206,20 +208,28 @@ pub fn daemon_log_tails() -> String {
 impl Daemon {
     /// Writes `config` to a temp file and starts `walfold run` on it.
     pub fn start(config: &str, envs: &[(&str, &str)]) -> Daemon {
+        Self::start_under(&[], config, envs)
+    }
+
+    /// [`Daemon::start`] with the binary run by `wrapper` (which must exec it, as
+    /// `prlimit` does, so the child's pid is walfold's).
+    pub fn start_under(wrapper: &[&str], config: &str, envs: &[(&str, &str)]) -> Daemon {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("walfold-test-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("walfold.toml");
         std::fs::write(&path, config).unwrap();
+        let wrapper: Vec<String> = wrapper.iter().map(|w| w.to_string()).collect();
         let mut d = Daemon {
-            child: spawn(&path, &dir.join("daemon.log"), envs),
+            child: spawn(&wrapper, &path, &dir.join("daemon.log"), envs),
             log: dir.join("daemon.log"),
             config: path,
             envs: envs
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            wrapper,
         };
         d.log = dir.join("daemon.log");
         started_logs()
@@ -256,7 +266,7 @@ impl Daemon {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        self.child = spawn(&self.config, &self.log, &envs);
+        self.child = spawn(&self.wrapper, &self.config, &self.log, &envs);
     }
 
     pub fn kill(&mut self) {
@@ -320,13 +330,20 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(config: &Path, log: &Path, envs: &[(&str, &str)]) -> Child {
+fn spawn(wrapper: &[String], config: &Path, log: &Path, envs: &[(&str, &str)]) -> Child {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    let mut cmd = Command::new(walfold_bin());
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(walfold_bin());
+            c
+        }
+        None => Command::new(walfold_bin()),
+    };
     cmd.arg("run")
         .arg("-c")
         .arg(config)

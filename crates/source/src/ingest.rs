@@ -116,6 +116,7 @@ async fn follow(
                             error: &e,
                         }
                         .report();
+                        record_pause(&config, &fence, &message).await;
                         reported = Some(message);
                     }
                 } else {
@@ -134,6 +135,28 @@ async fn follow(
                 return Err(explain(e, &config));
             }
         }
+    }
+}
+
+/// Records why ingest is paused for `walfold status`; best effort (the error that paused
+/// ingest may keep this write from landing too: the log and the gauge say it as well).
+async fn record_pause(config: &Config, fence: &Fence, error: &str) {
+    let schema = walfold_store::Schema::new(config.target.schema.as_str());
+    let record = async {
+        let mut client = connect(config.target_url()).await?;
+        walfold_store::record_ingest_pause(
+            &mut client,
+            fence,
+            &schema,
+            &config.source().slot,
+            error,
+        )
+        .await
+    };
+    match tokio::time::timeout(Duration::from_secs(5), record).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "cannot record the ingest pause"),
+        Err(_) => tracing::debug!("cannot record the ingest pause: the target did not answer"),
     }
 }
 

@@ -15,6 +15,18 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A server a command or scrape needs failed or did not answer: which one.
+    #[error("{server}: {source}")]
+    Server {
+        server: String,
+        #[source]
+        source: Box<StoreError>,
+    },
+    #[error("did not answer within {} s ({url})", within.as_secs_f64())]
+    NoAnswer {
+        url: String,
+        within: std::time::Duration,
+    },
     #[error("migrating schema {schema}{}: {}", version.map(|v| format!(" to {v}")).unwrap_or_default(), describe(source))]
     Migrate {
         schema: String,
@@ -140,7 +152,10 @@ impl StoreError {
     /// Whose fault it is (see [`ErrorKind`]).
     pub fn kind(&self) -> walfold_event::ErrorKind {
         match self {
-            StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
+            StoreError::Busy(_) | StoreError::Fenced | StoreError::NoAnswer { .. } => {
+                ErrorKind::Transient
+            }
+            StoreError::Server { source, .. } => source.kind(),
             StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
             // The URL is wrong: retrying through the same pooler cannot help.
             StoreError::Url { .. }
@@ -172,6 +187,7 @@ impl StoreError {
             StoreError::Connect { source, .. }
             | StoreError::Db { source, .. }
             | StoreError::Migrate { source, .. } => Some(source),
+            StoreError::Server { source, .. } => source.pg(),
             _ => None,
         }
     }

@@ -101,8 +101,8 @@ const COMPARE: &str = "select i.ord, (e.event_type = i.event_type and \
 const UPDATE_POSITION: &str = "update {schema}.ingest_position set lsn = greatest(lsn, $2), \
                  appended = appended + $3, duplicates = duplicates + $4, \
                  id_conflicts = id_conflicts + $5, malformed = malformed + $6, \
-                 ignored_changes = ignored_changes + $7, updated_at = now() \
-                 where slot = $1";
+                 ignored_changes = ignored_changes + $7, updated_at = now(), \
+                 paused_since = null, pause_error = null where slot = $1";
 
 /// Slot `$1`'s ingest position.
 const READ_POSITION: &str = "select lsn from {schema}.ingest_position where slot = $1";

@@ -3,6 +3,7 @@
 //! shares. What the rows mean (events, positions, reasons) is `walfold-event`.
 
 mod aggregate_version;
+mod answer;
 mod backoff;
 mod checkpoint;
 mod claim;
@@ -31,6 +32,9 @@ mod tls;
 pub use aggregate_version::{
     applied_versions, ran_without_versions, record_versions, AggregateRef,
 };
+pub use answer::{
+    answer_within, connect_for_command, connect_within, CONNECT_TIMEOUT, STATEMENT_TIMEOUT,
+};
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql, unclaim};
@@ -51,7 +55,7 @@ pub use ingest_position::{
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, SchemaAccess};
-pub use pause::{clear_pause, clear_pauses, record_pause};
+pub use pause::{clear_pause, clear_pauses, record_ingest_pause, record_pause};
 pub use pooler::{pooler_fix, pooling, refuse_pooling, Pooling};
 pub use prune::{
     hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,
@@ -62,9 +66,9 @@ pub use registry::{active_projections, active_subscriber, active_subscribers};
 pub use row::{Column, Columns, FromRow, RowExt};
 pub use schema::Schema;
 pub use status::{
-    event_log_estimate, metrics_reading, status, status_of, target_status, IngestStatus,
-    PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status, SubscriberStatus,
-    TargetReach, TargetStatus,
+    event_log_estimate, metrics_reading, status, status_of, target_status, IngestPause,
+    IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status,
+    SubscriberStatus, TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
 };
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;

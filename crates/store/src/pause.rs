@@ -1,4 +1,5 @@
-//! Paused projector partitions, recorded for `walfold status` (and cleared on resume).
+//! Paused projector partitions and ingest, recorded for `walfold status` (and cleared on
+//! resume: a partition's by the partition, ingest's by its next append).
 //! Best effort by nature: the error that paused a partition may keep these writes from
 //! landing too, so logs and metrics say it as well.
 
@@ -80,5 +81,32 @@ pub async fn clear_pause(
         .execute(&schema.sql(CLEAR), &[&subscriber, &(partition as i32)])
         .await
         .map_err(StoreError::db("clearing a pause"))?;
+    Ok(())
+}
+
+/// Records why slot `$1`'s ingest is paused (`$2`), keeping when it started.
+const RECORD_INGEST: &str = "update {schema}.ingest_position \
+     set paused_since = coalesce(paused_since, now()), pause_error = $2 where slot = $1";
+
+/// Records why ingest through `slot` is paused; fenced like [`record_pause`]. The next
+/// append that commits clears it.
+pub async fn record_ingest_pause(
+    client: &mut Client,
+    fence: &Fence,
+    schema: &Schema,
+    slot: &str,
+    error: &str,
+) -> Result<(), StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("recording an ingest pause"))?;
+    fence.check(&tx).await?;
+    tx.execute(&schema.sql(RECORD_INGEST), &[&slot, &error])
+        .await
+        .map_err(StoreError::db("recording an ingest pause"))?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("recording an ingest pause"))?;
     Ok(())
 }

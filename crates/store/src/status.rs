@@ -1,7 +1,7 @@
 //! What `walfold status` reports: slot lag, event-log head, each subscriber's position,
 //! lag and counters, dead letters; and the same read for the metrics scrape.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tokio_postgres::types::PgLsn;
@@ -25,7 +25,9 @@ const SLOT: &str = "select active, confirmed_flush_lsn, \
 
 /// Slot `$1`'s ingest position and counters.
 const INGEST: &str = "select lsn, appended, duplicates, id_conflicts, malformed, ignored_changes, \
-     extract(epoch from updated_at)::float8 as updated_at_unix from {schema}.ingest_position where slot = $1";
+     extract(epoch from updated_at)::float8 as updated_at_unix, \
+     extract(epoch from paused_since)::float8 as paused_since_unix, pause_error \
+     from {schema}.ingest_position where slot = $1";
 
 /// How many gaps slot `$1` has recorded.
 const SLOT_GAPS: &str = "select count(*) as gaps from {schema}.slot_gap where slot = $1";
@@ -192,6 +194,16 @@ pub struct IngestStatus {
     pub malformed: i64,
     pub ignored_changes: i64,
     pub updated_at_unix: Option<f64>,
+    /// Set while ingest waits out an error of the target's environment (a revoked
+    /// grant, disk full): it resumes by itself once that is fixed.
+    pub paused: Option<IngestPause>,
+}
+
+/// Why ingest through a slot is paused, and since when.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestPause {
+    pub since_unix: f64,
+    pub error: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -276,24 +288,41 @@ impl FromRow for IngestStatus {
             malformed: r.col("malformed")?,
             ignored_changes: r.col("ignored_changes")?,
             updated_at_unix: r.col("updated_at_unix")?,
+            paused: match (
+                r.col::<Option<f64>>("paused_since_unix")?,
+                r.col::<Option<String>>("pause_error")?,
+            ) {
+                (Some(since_unix), Some(error)) => Some(IngestPause { since_unix, error }),
+                _ => None,
+            },
         })
     }
 }
 
+/// How long the slot of a source is asked for: a source that does not answer is
+/// reported unreachable (and its gauges unknown), never a stall of the whole status.
+pub const SOURCE_READ_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// One source's slot (asked of the source) and ingest position (read from the target).
-/// `only`: the only source, whose slot not being readable is an error of the whole status.
 async fn source_status(
     target: &Client,
     schema: &Schema,
     probe: &SourceProbe<'_>,
-    only: bool,
 ) -> Result<SourceStatus, StoreError> {
     let (slot, error) = match &probe.client {
-        Ok(source) if only => (read_slot(source, probe.slot).await?, None),
-        Ok(source) => match read_slot(source, probe.slot).await {
-            Ok(slot) => (slot, None),
-            Err(e) => (None, Some(e.to_string())),
-        },
+        Ok(source) => {
+            match tokio::time::timeout(SOURCE_READ_TIMEOUT, read_slot(source, probe.slot)).await {
+                Ok(Ok(slot)) => (slot, None),
+                Ok(Err(e)) => (None, Some(e.to_string())),
+                Err(_) => (
+                    None,
+                    Some(format!(
+                        "did not answer within {} s",
+                        SOURCE_READ_TIMEOUT.as_secs()
+                    )),
+                ),
+            }
+        }
         Err(e) => (None, Some(e.clone())),
     };
     let slot_name = probe.slot;
@@ -326,10 +355,13 @@ pub async fn status_of(
     schema: &Schema,
     sources: &[SourceProbe<'_>],
 ) -> Result<Status, StoreError> {
-    let mut per_source = Vec::with_capacity(sources.len());
-    for probe in sources {
-        per_source.push(source_status(target, schema, probe, sources.len() == 1).await?);
-    }
+    // At once: each source that does not answer costs SOURCE_READ_TIMEOUT, not one each.
+    let per_source: Vec<SourceStatus> = futures::future::try_join_all(
+        sources
+            .iter()
+            .map(|probe| source_status(target, schema, probe)),
+    )
+    .await?;
     let part = target_status(target, schema, target, schema, "main").await?;
     let head = crate::log_order::head(target, schema).await?;
     let first = per_source.first();

@@ -65,6 +65,7 @@ pub struct Metrics {
     slot_lag_bytes: Family<SourceLabel, Gauge>,
     slot_confirmed_flush_lsn: Family<SourceLabel, Gauge>,
     slot_active: Family<SourceLabel, Gauge>,
+    source_reachable: Family<SourceLabel, Gauge>,
     seconds_since_feedback: Family<SourceLabel, FloatGauge>,
     dead_letters_open: Gauge,
     processed_message_rows: Gauge,
@@ -81,6 +82,8 @@ pub struct Metrics {
 struct SourceState {
     streaming: bool,
     last_feedback_ms: u64,
+    /// When a scrape last reached the source (0: never).
+    last_reachable_ms: u64,
 }
 
 fn batch_histogram() -> Histogram {
@@ -127,6 +130,7 @@ impl Metrics {
             slot_lag_bytes: reg!("slot_lag_bytes", "WAL not yet confirmed (current LSN - confirmed_flush_lsn)", Family::default()),
             slot_confirmed_flush_lsn: reg!("slot_confirmed_flush_lsn", "The slot's confirmed flush LSN, as a number", Family::default()),
             slot_active: reg!("slot_active", "1 while a walsender streams the slot", Family::default()),
+            source_reachable: reg!("source_reachable", "1 when the last scrape could ask the source about its slot; 0: unreachable (its slot gauges are absent or 0, not old values)", Family::default()),
             seconds_since_feedback: reg!("seconds_since_feedback", "Seconds since this process last sent a standby status update (-1: never)", Family::default()),
             dead_letters_open: reg!("dead_letters_open", "Dead letters not retried or discarded", Gauge::default()),
             processed_message_rows: reg!("processed_message_rows", "Dedup claims (planner estimate)", Gauge::default()),
@@ -292,21 +296,37 @@ impl Metrics {
         for source in &reading.sources {
             let l = Self::source(&source.name);
             self.slot_gaps.get_or_create(&l).set(source.slot_gaps);
-            // Known without the database: how long since this process reported.
-            let last = self.with_source(&source.name, |st| st.last_feedback_ms);
-            self.seconds_since_feedback
-                .get_or_create(&l)
-                .set(if last == 0 {
-                    -1.0
-                } else {
-                    unix_ms().saturating_sub(last) as f64 / 1000.0
-                });
             let Some(slot) = &source.slot else {
-                // Unreachable: nobody streams its slot from here; the WAL gauges keep
-                // their last values (the server cannot be asked).
+                // Unreachable: nobody streams its slot from here, and what the slot
+                // retains is unknown, not the last values read. Feedback written into a
+                // silent partition reaches nobody: the age counts from the last feedback
+                // sent while the source was known to answer.
+                self.source_reachable.get_or_create(&l).set(0);
                 self.slot_active.get_or_create(&l).set(0);
+                let (feedback, reachable) = self.with_source(&source.name, |st| {
+                    (st.last_feedback_ms, st.last_reachable_ms)
+                });
+                let last = match reachable {
+                    0 => feedback,
+                    r => feedback.min(r),
+                };
+                self.seconds_since_feedback
+                    .get_or_create(&l)
+                    .set(seconds_since(last));
+                self.slot_retained_bytes.remove(&l);
+                self.slot_lag_bytes.remove(&l);
+                self.slot_confirmed_flush_lsn.remove(&l);
                 continue;
             };
+            self.source_reachable.get_or_create(&l).set(1);
+            // Known without the database: how long since this process reported.
+            let last = self.with_source(&source.name, |st| {
+                st.last_reachable_ms = unix_ms();
+                st.last_feedback_ms
+            });
+            self.seconds_since_feedback
+                .get_or_create(&l)
+                .set(seconds_since(last));
             self.slot_active
                 .get_or_create(&l)
                 .set(i64::from(slot.active));
@@ -381,6 +401,14 @@ pub struct SlotReading {
     pub retained_bytes: i64,
     pub lag_bytes: i64,
     pub confirmed_flush_lsn: i64,
+}
+
+/// Seconds since the Unix milliseconds `ms` (-1: never).
+fn seconds_since(ms: u64) -> f64 {
+    match ms {
+        0 => -1.0,
+        ms => unix_ms().saturating_sub(ms) as f64 / 1000.0,
+    }
 }
 
 fn unix_ms() -> u64 {

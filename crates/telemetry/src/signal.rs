@@ -690,7 +690,7 @@ mod tests {
             sources: vec![crate::metrics::SourceReading {
                 name: "main".into(),
                 slot_gaps: 0,
-                slot: None,
+                slot: Some(crate::metrics::SlotReading::default()),
             }],
             ..Default::default()
         };
@@ -704,5 +704,50 @@ mod tests {
         m.set_database(&reading);
         let sample = samples(&m, "walfold_seconds_since_feedback");
         assert!(!sample[0].ends_with(" -1.0"), "{sample:?}");
+    }
+
+    #[test]
+    fn an_unreachable_source_has_no_fresh_gauges() {
+        let reading = |slot| crate::metrics::DatabaseReading {
+            sources: vec![crate::metrics::SourceReading {
+                name: "main".into(),
+                slot_gaps: 0,
+                slot,
+            }],
+            ..Default::default()
+        };
+        let (m, _) = report(vec![Signal::FeedbackSent { source: "main" }]);
+        m.set_database(&reading(Some(crate::metrics::SlotReading {
+            active: true,
+            retained_bytes: 10,
+            ..Default::default()
+        })));
+        assert_eq!(
+            samples(&m, "walfold_slot_active"),
+            [r#"walfold_slot_active{source="main"} 1"#]
+        );
+        assert_eq!(
+            samples(&m, "walfold_source_reachable"),
+            [r#"walfold_source_reachable{source="main"} 1"#]
+        );
+        // Feedback keeps being written into the partition: it reaches nobody.
+        Signal::FeedbackSent { source: "main" }.report_to(&m);
+        m.set_database(&reading(None));
+        assert_eq!(
+            samples(&m, "walfold_source_reachable"),
+            [r#"walfold_source_reachable{source="main"} 0"#]
+        );
+        assert_eq!(
+            samples(&m, "walfold_slot_active"),
+            [r#"walfold_slot_active{source="main"} 0"#]
+        );
+        // Counted from the last scrape that reached the source, not the newest write.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        Signal::FeedbackSent { source: "main" }.report_to(&m);
+        m.set_database(&reading(None));
+        let age = samples(&m, "walfold_seconds_since_feedback");
+        let age: f64 = age[0].rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(age >= 1.0, "{age}");
+        assert!(samples(&m, "walfold_slot_retained_wal_bytes").is_empty());
     }
 }

@@ -31,9 +31,9 @@ fn target(config: &Config, name: Option<&str>) -> Result<Target, Failure> {
 }
 
 async fn connect(t: &Target) -> Result<tokio_postgres::Client, Failure> {
-    walfold_store::connect(&t.url)
+    walfold_store::connect_for_command(&t.url, &format!("target {}", t.label()))
         .await
-        .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))
+        .map_err(Failure::runtime)
 }
 
 pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {

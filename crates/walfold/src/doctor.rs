@@ -75,7 +75,9 @@ pub async fn check(
 }
 
 async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Result<(), Failure> {
-    let target = walfold_store::connect(config.target_url()).await.ok();
+    let target = walfold_store::connect_for_command(config.target_url(), "target main")
+        .await
+        .map_err(|e| e.to_string());
     let several = config.sources().len() > 1;
     // (source, what identifies its database): two sources on one database read the same
     // outbox twice, whatever their URLs say.
@@ -90,7 +92,9 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         } else {
             ("source".to_owned(), "source.url".to_owned())
         };
-        match walfold_store::connect(&view.source().url).await {
+        match walfold_store::connect_for_command(&view.source().url, &format!("source {name}"))
+            .await
+        {
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if !session_check(r, &what, &key, &view.source().url).await {
@@ -111,9 +115,10 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
                 if several {
                     r.scope = format!("source {name}: ");
                 }
-                let checked = source_checks(r, &view, &source, target.as_ref(), max_retained_mb)
-                    .await
-                    .map_err(Failure::runtime);
+                let checked =
+                    source_checks(r, &view, &source, target.as_ref().ok(), max_retained_mb)
+                        .await
+                        .map_err(Failure::runtime);
                 r.scope.clear();
                 checked?;
             }
@@ -130,14 +135,18 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         None => "source.url",
     };
     match &target {
-        Some(_) if !session_check(r, "target", target_key, config.target_url()).await => {}
-        Some(t) => {
+        Ok(_) if !session_check(r, "target", target_key, config.target_url()).await => {}
+        Ok(t) => {
             target_checks(r, config, &walfold_engine::Target::main(config), t)
                 .await
                 .map_err(Failure::runtime)?;
             abandoned_slots(r, config, t).await;
         }
-        None => r.check(Level::Fail, "target unreachable", "check target.url"),
+        Err(e) => r.check(
+            Level::Fail,
+            format!("target unreachable: {e}"),
+            "check target.url, the network and pg_hba.conf",
+        ),
     }
     for t in walfold_engine::Target::all(config)
         .iter()
@@ -147,7 +156,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
             format!("target {}", t.label()),
             format!("targets.{}.url", t.label()),
         );
-        match walfold_store::connect(&t.url).await {
+        match walfold_store::connect_for_command(&t.url, &what).await {
             Ok(c) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if !session_check(r, &what, &key, &t.url).await {

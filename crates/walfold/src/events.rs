@@ -56,7 +56,7 @@ const MAX_TRACKED: usize = 1_000_000;
 
 pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
     let config = load(path)?;
-    let client = walfold_store::connect(config.target_url())
+    let client = walfold_store::connect_for_command(config.target_url(), "target main")
         .await
         .map_err(Failure::runtime)?;
     let schema = Schema::new(&config.target.schema);
@@ -245,9 +245,9 @@ impl Reader<'_> {
 /// a replaced one).
 async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, Schema)>, Failure> {
     let connect = |t: walfold_engine::Target| async move {
-        let client = walfold_store::connect(&t.url)
+        let client = walfold_store::connect_for_command(&t.url, &format!("target {}", t.label()))
             .await
-            .map_err(|e| Failure::runtime(format!("target {}: {e}", t.label())))?;
+            .map_err(Failure::runtime)?;
         Ok::<_, Failure>((client, t.schema))
     };
     if let Some(p) = config

@@ -2,7 +2,9 @@
 //! `/healthz` (the process is up), `/readyz` (this instance leads, streams from the slot,
 //! nothing is paused and every subscriber is within `metrics.ready_max_lag_s` of its
 //! newest event). The database gauges and the lag check include the projections on
-//! extra targets (`[targets.NAME]`).
+//! extra targets (`[targets.NAME]`). It serves at most 64 connections at once and
+//! closes one after 20 s (5 s to send its headers), so no client can take the daemon's
+//! file descriptors or hold its tasks.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -47,9 +49,10 @@ pub async fn start(
         config,
         clients: Mutex::new(Clients::default()),
     });
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
         loop {
-            let (stream, _) = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 _ = cancel.cancelled() => return,
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
@@ -60,23 +63,41 @@ pub async fn start(
                     }
                 },
             };
+            // Over the cap the connection is closed at once: its descriptor is the
+            // daemon's, and replication needs them more than a scraper does.
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(%peer, "metrics listener: too many connections, closing one");
+                drop(stream);
+                continue;
+            };
             let state = state.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let service = hyper::service::service_fn(move |req| {
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(handle(&state, req).await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "metrics connection");
+                match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "metrics connection"),
+                    Err(_) => tracing::debug!(%peer, "metrics connection: open too long, closed"),
+                    Ok(Ok(())) => {}
                 }
             });
         }
     }))
 }
+
+/// Connections the listener serves at once; more are closed as they arrive.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may stay open, whatever it does (a scrape takes at most the
+/// database timeout).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn handle(state: &State, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
@@ -164,7 +185,14 @@ async fn with_clients<T>(
     let clients = &mut *guard;
     if clients.target.as_ref().is_none_or(Client::is_closed) {
         clients.target = None;
-        clients.target = Some(walfold_store::connect(state.config.target_url()).await?);
+        clients.target = Some(
+            walfold_store::connect_within(
+                state.config.target_url(),
+                "target main",
+                CONNECT_TIMEOUT,
+            )
+            .await?,
+        );
     }
     let sources = state.config.sources();
     clients.sources.resize_with(sources.len(), || None);
@@ -172,11 +200,12 @@ async fn with_clients<T>(
     for (source, client) in sources.iter().zip(clients.sources.iter_mut()) {
         let mut error = None;
         if client.as_ref().is_none_or(Client::is_closed) {
-            match walfold_store::connect(&source.url).await {
+            let server = format!("source {}", source.name);
+            match walfold_store::connect_within(&source.url, &server, CONNECT_TIMEOUT).await {
                 Ok(c) => *client = Some(c),
                 Err(e) => {
                     *client = None;
-                    error = Some(format!("cannot connect: {e}"));
+                    error = Some(e.to_string());
                 }
             }
         }
@@ -207,14 +236,30 @@ async fn with_clients<T>(
 /// Process metrics always; the database gauges when the database answers in time.
 async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &walfold_engine::Target::main(&state.config).schema;
-    let refresh = with_clients(state, async |sources, target| {
-        let (extra, active) = every_target(&state.config, target).await?;
-        let reading =
-            walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
-        metrics().set_database(&reading);
-        metrics().set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
+    let refresh = async {
+        let unreachable = with_clients(state, async |sources, target| {
+            let (extra, active) = every_target(&state.config, target).await?;
+            let reading =
+                walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
+            metrics().set_database(&reading);
+            metrics().set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
+            Ok(reading
+                .sources
+                .iter()
+                .map(|s| s.slot.is_none())
+                .collect::<Vec<bool>>())
+        })
+        .await?;
+        // A source that did not answer gets a fresh connection next time (the old one
+        // may sit in a partition for minutes before the kernel gives up on it).
+        let mut clients = state.clients.lock().await;
+        for (client, down) in clients.sources.iter_mut().zip(unreachable) {
+            if down {
+                *client = None;
+            }
+        }
         Ok(())
-    });
+    };
     let database = tokio::time::timeout(DATABASE_TIMEOUT, refresh)
         .await
         .unwrap_or_else(|_| {
@@ -227,6 +272,8 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
 
 /// How long a scrape or readiness check waits for the database.
 const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a scrape waits for a connection to a server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long it waits for each extra target.
 const EXTRA_TARGET_TIMEOUT: Duration = Duration::from_secs(2);
 

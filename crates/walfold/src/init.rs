@@ -397,7 +397,7 @@ pub async fn init(
             "--url must be a URL like postgresql://user@host:5432/dbname (walfold.toml takes no key=value connection strings)",
         ));
     }
-    let client = walfold_store::connect(url)
+    let client = walfold_store::connect_for_command(url, "the database")
         .await
         .map_err(Failure::runtime)?;
     let all = tables(&client).await?;

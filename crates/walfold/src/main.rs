@@ -9,6 +9,7 @@ mod doctor;
 mod events;
 mod http;
 mod init;
+mod open_files;
 mod ops;
 mod progress;
 mod run;

@@ -120,9 +120,10 @@ async fn follow_rebuild(
             || walfold_engine::Target::main(config),
             |p| walfold_engine::Target::of(config, p),
         );
-    let home_client = walfold_store::connect(&home.url)
-        .await
-        .map_err(Failure::runtime)?;
+    let home_client =
+        walfold_store::connect_for_command(&home.url, &format!("target {}", home.label()))
+            .await
+            .map_err(Failure::runtime)?;
     let mut progress: Option<Progress> = None;
     let mut last = Snapshot::default();
     let mut moved = Instant::now();
@@ -361,7 +362,9 @@ struct BackfillWatcher {
 impl BackfillWatcher {
     /// `None` when progress cannot be read (the backfill itself then says what is wrong).
     async fn open(config: &Config, outbox: &str) -> Option<BackfillWatcher> {
-        let target = walfold_store::connect(config.target_url()).await.ok()?;
+        let target = walfold_store::connect_for_command(config.target_url(), "target main")
+            .await
+            .ok()?;
         let schema = Schema::new(&config.target.schema);
         let slot = config.source().slot.clone();
         let baseline = walfold_store::ingested_rows(&target, &schema, &slot)
@@ -400,7 +403,9 @@ impl BackfillWatcher {
 /// The planner's estimate of a table's rows (a partitioned table's partitions summed);
 /// `None` while it was never analyzed.
 async fn row_estimate(config: &Config, quoted_table: &str) -> Option<u64> {
-    let source = walfold_store::connect(&config.source().url).await.ok()?;
+    let source = walfold_store::connect_for_command(&config.source().url, "source")
+        .await
+        .ok()?;
     let row = source
         .query_one(
             // pg_partition_tree has no rows for a plain table.

@@ -16,6 +16,7 @@ pub fn load(path: &Path) -> Result<Config, Failure> {
 pub async fn run(path: &Path) -> Result<(), Failure> {
     let config = load(path)?;
     telemetry::init(&config.log);
+    crate::open_files::raise_and_log();
     for source in config.sources() {
         tracing::info!(source = %source.name, url = %walfold_config::redact_url(&source.url), slot = %source.slot, "following source");
     }

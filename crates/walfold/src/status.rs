@@ -11,23 +11,23 @@ use walfold_store::RowExt;
 
 use crate::{run::load, Failure};
 
-/// The target, and each source: with one source, one that cannot be reached is an
-/// error; with several, it is reported in its line and the rest is shown.
+/// The target, and each source (one that cannot be reached is reported in its line,
+/// and makes `status` exit 1). Every connection answers within seconds or is named.
 pub(crate) struct Connections {
     pub target: Client,
     sources: Vec<Result<Client, String>>,
 }
 
 pub(crate) async fn connect(config: &Config) -> Result<Connections, Failure> {
-    let target = walfold_store::connect(config.target_url())
+    let target = walfold_store::connect_for_command(config.target_url(), "target main")
         .await
         .map_err(Failure::runtime)?;
     let mut sources = Vec::new();
     for source in config.sources() {
-        match walfold_store::connect(&source.url).await {
+        let server = format!("source {}", source.name);
+        match walfold_store::connect_for_command(&source.url, &server).await {
             Ok(c) => sources.push(Ok(c)),
-            Err(e) if config.sources().len() == 1 => return Err(Failure::runtime(e)),
-            Err(e) => sources.push(Err(format!("cannot connect: {e}"))),
+            Err(e) => sources.push(Err(e.to_string())),
         }
     }
     Ok(Connections { target, sources })
@@ -61,10 +61,15 @@ pub(crate) async fn read(
         })
         .collect();
     let target = &c.target;
-    let mut status = walfold_store::status_of(
-        target,
-        &walfold_engine::Target::main(config).schema,
-        &probes,
+    let main = walfold_engine::Target::main(config);
+    // The sources' slots are each bounded on their own (SOURCE_READ_TIMEOUT).
+    let within =
+        walfold_store::STATEMENT_TIMEOUT + walfold_store::SOURCE_READ_TIMEOUT * probes.len() as u32;
+    let mut status = walfold_store::answer_within(
+        config.target_url(),
+        "target main",
+        within,
+        walfold_store::status_of(target, &main.schema, &probes),
     )
     .await
     .map_err(Failure::runtime)?;
@@ -72,14 +77,14 @@ pub(crate) async fn read(
         .iter()
         .filter(|t| t.is_extra())
     {
+        let server = format!("target {}", t.label());
         let part = async {
-            let client = walfold_store::connect(&t.url).await?;
-            walfold_store::target_status(
-                target,
-                &walfold_engine::Target::main(config).schema,
-                &client,
-                &t.schema,
-                t.label(),
+            let client = walfold_store::connect_for_command(&t.url, &server).await?;
+            walfold_store::answer_within(
+                &t.url,
+                &server,
+                walfold_store::STATEMENT_TIMEOUT,
+                walfold_store::target_status(target, &main.schema, &client, &t.schema, t.label()),
             )
             .await
         };
@@ -99,6 +104,29 @@ pub(crate) async fn read(
     Ok(status)
 }
 
+/// Exit 1 (after the report) when a source or an extra target could not be read.
+fn unreachable(s: &walfold_store::Status) -> Result<(), Failure> {
+    let mut down: Vec<String> = s
+        .sources
+        .iter()
+        .filter(|source| source.error.is_some())
+        .map(|source| format!("source {}", source.name))
+        .collect();
+    down.extend(
+        s.targets
+            .iter()
+            .filter(|t| !t.reachable)
+            .map(|t| format!("target {}", t.name)),
+    );
+    match down.is_empty() {
+        true => Ok(()),
+        false => Err(Failure::runtime(format!(
+            "unreachable: {} (see above)",
+            down.join(", ")
+        ))),
+    }
+}
+
 pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
     let config = load(path)?;
     let connections = connect(&config).await?;
@@ -108,10 +136,10 @@ pub async fn status(path: &Path, json: bool) -> Result<(), Failure> {
             "{}",
             serde_json::to_string_pretty(&s).map_err(Failure::runtime)?
         );
-        return Ok(());
+        return unreachable(&s);
     }
     print!("{}", render(&config, &s));
-    Ok(())
+    unreachable(&s)
 }
 
 /// Redraws the status every second until Ctrl-C: in place on a terminal (indicatif
@@ -210,6 +238,13 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
                 "{name}ingest: lsn={} appended={} duplicates={} id_conflicts={} malformed={} ignored={}",
                 i.lsn, i.appended, i.duplicates, i.id_conflicts, i.malformed, i.ignored_changes
             );
+            if let Some(p) = &i.paused {
+                println!(
+                    "{name}INGEST PAUSED since {}s ago: {} (an error of the target or the config: the slot keeps the WAL meanwhile; ingest resumes by itself once it is fixed)",
+                    (unix_now() - p.since_unix).max(0.0).round(),
+                    p.error
+                );
+            }
         }
     }
     println!("event log head: {}", s.event_log_head);

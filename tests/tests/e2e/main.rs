@@ -4,11 +4,13 @@
 //! as before.
 
 mod daemon;
+mod descriptors;
 mod library;
 mod observability;
 mod operator_tools;
 mod operators;
 mod outbox_shapes;
+mod partition;
 mod pipeline;
 mod poison;
 mod pooler;

@@ -1,0 +1,126 @@
+//! Connections that must answer within seconds: those of the one-shot commands
+//! (`status`, `doctor`, `dead-letters`, `events`, ...) and of the metrics scrape. A
+//! server that does not answer (a silent partition, a stuck proxy) is named, with its
+//! URL redacted, instead of hanging the operator's terminal.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use tokio_postgres_rustls::MakeRustlsConnect;
+use walfold_config::redact_url;
+
+use crate::connect::ConnectOptions;
+use crate::error::StoreError;
+
+/// How long a command waits for a server to accept a connection (TCP, TLS, startup).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a command waits for one statement (server side) or one step of its work
+/// on a server (client side, [`answer_within`]).
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to `server` (as the operator knows it: `source default`, `target main`)
+/// at `url` within [`CONNECT_TIMEOUT`], with a server-side statement timeout of
+/// [`STATEMENT_TIMEOUT`] and a TCP user timeout, so that a partition after connecting
+/// ends the command's next statement instead of hanging it.
+pub async fn connect_for_command(url: &str, server: &str) -> Result<Client, StoreError> {
+    let client = connect_within(url, server, CONNECT_TIMEOUT).await?;
+    let set = format!("set statement_timeout = {}", STATEMENT_TIMEOUT.as_millis());
+    answer_within(url, server, CONNECT_TIMEOUT, async {
+        client
+            .batch_execute(&set)
+            .await
+            .map_err(StoreError::db("setting the statement timeout"))
+    })
+    .await?;
+    Ok(client)
+}
+
+/// Connects to `server` at `url`, giving up after `within`.
+pub async fn connect_within(
+    url: &str,
+    server: &str,
+    within: Duration,
+) -> Result<Client, StoreError> {
+    let connect = async {
+        let options = ConnectOptions::parse(url)?;
+        let mut config = options.pg_config()?;
+        config
+            .connect_timeout(within)
+            .tcp_user_timeout(STATEMENT_TIMEOUT);
+        let tls = MakeRustlsConnect::new(crate::tls::client_config(
+            options.ssl_mode,
+            options.root_cert.as_deref(),
+        )?);
+        let (client, connection) =
+            config
+                .connect(tls)
+                .await
+                .map_err(|source| StoreError::Connect {
+                    url: redact_url(url),
+                    source,
+                })?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "database connection closed");
+            }
+        });
+        Ok(client)
+    };
+    answer_within(url, server, within, connect).await
+}
+
+/// Runs `work` against `server` at `url`, giving up after `within`; either way an
+/// error names the server.
+pub async fn answer_within<T>(
+    url: &str,
+    server: &str,
+    within: Duration,
+    work: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let failed = |source: StoreError| StoreError::Server {
+        server: server.to_owned(),
+        source: Box::new(source),
+    };
+    match tokio::time::timeout(within, work).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(failed(e)),
+        Err(_) => Err(failed(StoreError::NoAnswer {
+            url: redact_url(url),
+            within,
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_server_that_accepts_and_never_answers_is_named() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accepts, then holds the socket without a word.
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                open.push(s);
+            }
+        });
+        let url = format!("postgresql://u:hunter2@127.0.0.1:{port}/db?sslmode=disable");
+        let started = std::time::Instant::now();
+        let Err(e) = connect_within(&url, "source default", Duration::from_millis(300)).await
+        else {
+            panic!("a server that never answers connected");
+        };
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let text = e.to_string();
+        assert_eq!(
+            text,
+            format!(
+                "source default: did not answer within 0.3 s (postgresql://u:***@127.0.0.1:{port}/db?sslmode=disable)"
+            )
+        );
+        held.abort();
+    }
+}
