@@ -11,6 +11,7 @@ mod ingest;
 mod outbox;
 mod reader;
 mod setup;
+mod timeline;
 mod wire;
 mod writers;
 

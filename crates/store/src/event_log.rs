@@ -216,6 +216,22 @@ impl EventLog {
         Ok(())
     }
 
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    pub(crate) fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The last appended sequence number.
     pub fn head(&self) -> i64 {
         self.head
