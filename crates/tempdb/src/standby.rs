@@ -1,6 +1,6 @@
 //! A physical standby of a throwaway cluster, as an operator makes one
-//! (`pg_basebackup -R`), for failover tests: hold its replay back, stop the primary,
-//! promote the standby.
+//! (`pg_basebackup -R`), for failover tests: cut it off so it falls behind, stop the
+//! primary, promote the standby.
 
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
@@ -33,6 +33,7 @@ impl Cluster {
             run_as,
             guardian: Some(guardian),
         };
+        standby.run_as.chown(&standby.dir)?;
         run_as_basebackup(self, &standby)?;
         let settings = conf::render_settings(
             standby.port,
@@ -46,14 +47,14 @@ impl Cluster {
         Ok(standby)
     }
 
-    /// Pauses (or resumes) WAL replay on a standby: it keeps receiving, applies nothing.
-    pub fn pause_replay(&self, paused: bool) -> Result<(), Error> {
-        let f = if paused {
-            "pg_wal_replay_pause"
-        } else {
-            "pg_wal_replay_resume"
-        };
-        self.psql("postgres", &format!("select {f}()")).map(drop)
+    /// Cuts a standby off its primary (its WAL receiver stops): from here on it falls
+    /// behind, as an async standby does when the primary outruns it.
+    pub fn detach(&self) -> Result<(), Error> {
+        self.psql(
+            "postgres",
+            "alter system set primary_conninfo = ''; select pg_reload_conf()",
+        )
+        .map(drop)
     }
 
     /// Promotes a standby and waits until it accepts writes.

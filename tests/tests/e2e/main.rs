@@ -4,6 +4,7 @@
 //! as before.
 
 mod daemon;
+mod failover;
 mod library;
 mod observability;
 mod operator_tools;
