@@ -27,3 +27,21 @@ create table source_failover (
 -- exist only in WAL that is gone.
 alter table slot_gap add column filled_at timestamptz;
 alter table slot_gap add column backfilled bigint;
+
+-- When the events walfold read past a failover's fork were checked against the new
+-- primary's outbox tables.
+alter table source_failover add column phantoms_checked_at timestamptz;
+
+-- Phantoms: events walfold read from the old primary past the fork that no outbox table
+-- of the new primary holds (lost with the old primary, or deleted by the application:
+-- an insert-then-delete outbox, and a message outbox, cannot be confirmed). Open until
+-- accepted (`accepted_at`); reads of the event log (a rebuild, a new subscriber) skip
+-- open ones.
+create table phantom_event (
+    event_id uuid primary key,
+    seq bigint not null,
+    slot text not null,
+    failover_id bigint not null references source_failover (id),
+    detected_at timestamptz not null default now(),
+    accepted_at timestamptz
+);

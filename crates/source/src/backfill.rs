@@ -12,10 +12,12 @@
 //! A rejected row (malformed, or an ID already in the log with other content) is
 //! identified by a digest of its table and values, so backfilling again records it once.
 
+use std::collections::HashMap;
+
 use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
-use walfold_event::{Lsn, RowOrigin};
+use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
 use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
 use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
 
@@ -101,7 +103,7 @@ pub async fn backfill(
 }
 
 /// A source session that renders values as the replication stream does.
-async fn source_session(config: &Config) -> Result<Client, SourceError> {
+pub(crate) async fn source_session(config: &Config) -> Result<Client, SourceError> {
     let source = connect(&config.source().url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
@@ -187,22 +189,7 @@ async fn import(
         let mut events = Vec::with_capacity(rows.len());
         let mut dead = Vec::new();
         for row in &rows {
-            let tuple = Tuple {
-                columns: row
-                    .values
-                    .iter()
-                    .map(|v| {
-                        v.as_deref()
-                            .map_or(Column::Null, |s| Column::Text(s.as_bytes()))
-                    })
-                    .collect(),
-            };
-            let tx = TxContext {
-                commit_lsn: Lsn::ZERO,
-                commit_time: None,
-            };
-            let origin = RowOrigin::Backfill { digest: row.digest };
-            match pager.mapping.map(&tuple, tx, Some(origin)) {
+            match pager.map(row) {
                 Ok(e) => events.push(e),
                 Err(letter) => {
                     let mut letter = *letter;
@@ -223,15 +210,33 @@ async fn import(
         report.duplicates += outcome.duplicates;
         report.id_conflicts += outcome.id_conflicts;
         report.malformed += dead.len() as u64;
-        // Rows with a null ID or order value are not paged (a keyset cannot pass them).
-        let last = rows.last().expect("a non-empty page");
-        cursor = Some(Cursor {
-            order: pager.order.and_then(|i| last.values[i].clone()),
-            id: last.values[pager.id].clone().unwrap_or_default(),
-            table: last.table.clone(),
-            ctid: last.ctid.clone(),
-        });
+        cursor = Some(pager.after(&rows));
     }
+}
+
+/// Removes from `candidates` the events whose rows `outbox` holds (by the producer's
+/// ID, mapped as ingest maps it); stops early once none is left. Memory is bounded by
+/// the candidates, whatever the table's size.
+pub(crate) async fn confirm(
+    source: &Client,
+    outbox: &OutboxConfig,
+    candidates: &mut HashMap<Uuid, i64>,
+) -> Result<(), SourceError> {
+    let pager = Pager::new(source, outbox, None).await?;
+    let mut cursor: Option<Cursor> = None;
+    while !candidates.is_empty() {
+        let rows = pager.page(source, cursor.as_ref(), GAP_BATCH).await?;
+        if rows.is_empty() {
+            break;
+        }
+        for row in &rows {
+            if let Ok(e) = pager.map(row) {
+                candidates.remove(&e.id);
+            }
+        }
+        cursor = Some(pager.after(&rows));
+    }
+    Ok(())
 }
 
 /// Where the last page ended: its last row's key, as text.
@@ -368,6 +373,38 @@ impl Pager {
             id,
             order,
         })
+    }
+
+    /// A page's row as an event, or the dead letter it would be.
+    fn map(&self, row: &PageRow) -> Result<NewEvent, Box<DeadLetter>> {
+        let tuple = Tuple {
+            columns: row
+                .values
+                .iter()
+                .map(|v| {
+                    v.as_deref()
+                        .map_or(Column::Null, |s| Column::Text(s.as_bytes()))
+                })
+                .collect(),
+        };
+        let tx = TxContext {
+            commit_lsn: Lsn::ZERO,
+            commit_time: None,
+        };
+        let origin = RowOrigin::Backfill { digest: row.digest };
+        self.mapping.map(&tuple, tx, Some(origin))
+    }
+
+    /// Where the next page starts: after the last row of `rows` (not empty). Rows with a
+    /// null ID or order value are not paged (a keyset cannot pass them).
+    fn after(&self, rows: &[PageRow]) -> Cursor {
+        let last = rows.last().expect("a non-empty page");
+        Cursor {
+            order: self.order.and_then(|i| last.values[i].clone()),
+            id: last.values[self.id].clone().unwrap_or_default(),
+            table: last.table.clone(),
+            ctid: last.ctid.clone(),
+        }
     }
 
     async fn page(

@@ -196,6 +196,7 @@ async fn attempt(
     prepare_source(&source, config, &mut log).await?;
     drop(source);
     crate::backfill::fill_gaps(config, &mut log).await?;
+    crate::phantoms::check(config, &log).await?;
     let ingested = log
         .durable_lsn()
         .await

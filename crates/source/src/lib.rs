@@ -9,6 +9,7 @@ mod error;
 mod feedback;
 mod ingest;
 mod outbox;
+mod phantoms;
 mod reader;
 mod setup;
 mod timeline;

@@ -9,6 +9,7 @@
 
 use tokio_postgres::types::PgLsn;
 use tokio_postgres::Row;
+use uuid::Uuid;
 
 use walfold_event::Lsn;
 
@@ -49,6 +50,23 @@ const FILL_GAPS: &str = "update {schema}.slot_gap set backfilled = $2, \
 /// Slot `$1`'s closed gaps no backfill has covered yet: (from, to).
 const UNFILLED_GAPS: &str = "select from_lsn, to_lsn from {schema}.slot_gap \
      where slot = $1 and to_lsn is not null and backfilled is null order by id";
+
+/// Slot `$1`'s last failover whose events past the fork are unchecked, if walfold read
+/// past the fork: its id and those events (source `$2`, appended by then, committed
+/// after the fork).
+const PHANTOM_CANDIDATES: &str = "with f as (select id, fork_lsn, head_seq from {schema}.source_failover \
+       where slot = $1 and phantoms_checked_at is null and ingested_lsn > fork_lsn \
+       order by id desc limit 1) \
+     select f.id, e.event_id, e.seq from f left join {schema}.event_log e \
+       on e.source = $2 and e.seq <= f.head_seq and e.source_lsn > f.fork_lsn";
+
+/// Records phantoms (`$2` IDs, `$3` seqs) of slot `$1`'s failover `$4` and marks its
+/// check done.
+const RECORD_PHANTOMS: &str = "with ins as (insert into {schema}.phantom_event \
+       (event_id, seq, slot, failover_id) \
+       select u.id, u.seq, $1, $4 from unnest($2::uuid[], $3::int8[]) as u(id, seq) \
+       on conflict do nothing) \
+     update {schema}.source_failover set phantoms_checked_at = now() where id = $4";
 
 /// A failover walfold saw on a slot's source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +166,48 @@ impl EventLog {
             .transpose()
     }
 
+    /// The events to check against the new primary after this slot's last failover,
+    /// `(failover id, [(event ID, seq)])`; `None` when none is left to check.
+    pub async fn phantom_candidates(&self) -> Result<Option<(i64, Vec<(Uuid, i64)>)>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                &self.schema().sql(PHANTOM_CANDIDATES),
+                &[&self.slot(), &self.source()],
+            )
+            .await
+            .map_err(StoreError::db("reading the events past a failover's fork"))?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let id: i64 = first.of("source_failover").col("id")?;
+        let mut events = Vec::new();
+        for row in &rows {
+            let r = row.of("event_log");
+            if let (Some(event), Some(seq)) = (r.col("event_id")?, r.col("seq")?) {
+                events.push((event, seq));
+            }
+        }
+        Ok(Some((id, events)))
+    }
+
+    /// Records `phantoms` of failover `failover` and marks its check done.
+    pub async fn record_phantoms(
+        &self,
+        failover: i64,
+        phantoms: &[(Uuid, i64)],
+    ) -> Result<(), StoreError> {
+        let (ids, seqs): (Vec<Uuid>, Vec<i64>) = phantoms.iter().copied().unzip();
+        self.client()
+            .execute(
+                &self.schema().sql(RECORD_PHANTOMS),
+                &[&self.slot(), &ids, &seqs, &failover],
+            )
+            .await
+            .map_err(StoreError::db("recording phantoms"))?;
+        Ok(())
+    }
+
     /// This slot's gaps that a backfill has not filled yet: (from, to).
     pub async fn unfilled_gaps(&self) -> Result<Vec<(Lsn, Lsn)>, StoreError> {
         let rows = self
@@ -177,4 +237,39 @@ impl EventLog {
             .await
             .map_err(StoreError::db("marking slot gaps filled"))
     }
+}
+
+/// Slot `$1`'s open phantoms (with their first seq) and unfilled gaps.
+const SUMMARY: &str = "select \
+     (select count(*) from {schema}.phantom_event where slot = $1 and accepted_at is null) as phantoms, \
+     (select min(seq) from {schema}.phantom_event where slot = $1 and accepted_at is null) as first_seq, \
+     (select count(*) from {schema}.slot_gap where slot = $1 and filled_at is null) as open_gaps";
+
+/// What a failover or a lost slot left open on a slot: for `walfold doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailoverSummary {
+    /// Open (not accepted) phantoms.
+    pub phantoms: i64,
+    /// The first open phantom's seq.
+    pub first_seq: Option<i64>,
+    /// Gaps no backfill filled.
+    pub open_gaps: i64,
+}
+
+/// What a failover or a lost slot left open on `slot`.
+pub async fn failover_summary(
+    client: &tokio_postgres::Client,
+    schema: &crate::schema::Schema,
+    slot: &str,
+) -> Result<FailoverSummary, StoreError> {
+    let row = client
+        .query_one(&schema.sql(SUMMARY), &[&slot])
+        .await
+        .map_err(StoreError::db("reading phantoms and slot gaps"))?;
+    let r = row.of("phantom_event");
+    Ok(FailoverSummary {
+        phantoms: r.col("phantoms")?,
+        first_seq: r.col("first_seq")?,
+        open_gaps: r.col("open_gaps")?,
+    })
 }

@@ -153,6 +153,10 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     assert_eq!(gap.get::<_, String>(0), "failover");
     assert_eq!(gap.get::<_, String>(1), fork, "the gap starts at the fork");
     assert!(gap.get::<_, bool>(2) && gap.get::<_, bool>(3), "closed and filled");
+    println!(
+        "recreate: gap {fork} backfilled {} events",
+        recreate_target.psql("select backfilled from walfold.slot_gap")
+    );
     let seen = rt
         .query_one(
             "select fork_lsn::text, ingested_lsn > fork_lsn, from_timeline, to_timeline \
@@ -165,6 +169,46 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     assert_eq!((seen.get::<_, i64>(2), seen.get::<_, i64>(3)), (1, 2));
     assert!(seen.get::<_, bool>(1), "walfold had read past the fork");
     assert!(recreate.exited().is_none(), "{}", recreate.log_text());
+    let flagged = |t: &TestDb| t.psql("select count(*) from walfold.phantom_event where accepted_at is null");
+    assert_eq!(flagged(&recreate_target), r.phantom.to_string(), "every phantom is flagged");
+    let path = write_config(&recreate_cfg);
+    let (code, out, _) = walfold(&["status", "-c", path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&format!("phantoms: {}", r.phantom)), "{out}");
+    assert!(out.contains("slot gaps: 1 ") && out.contains("), 0 open"), "{out}");
+    let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+    assert!(out.contains(&format!("{} phantoms from seq", r.phantom)), "{out}");
+
+    // A fold of the log from its start (a new subscriber, as a rebuild reads) skips the
+    // phantoms: it equals what the new primary holds.
+    recreate.kill();
+    recreate_target.psql("create table ledger_after (event_id uuid primary key)");
+    let replay = format!(
+        "{recreate_cfg}\n[[projection]]\nname = \"ledger_after\"\nsubscriber = \"orders.ledger_after.v1\"\n\
+         sql = \"insert into ledger_after (event_id) values (:event_id)\"\n"
+    );
+    let mut recreate = Daemon::start(&replay, &[]);
+    let ids: Vec<uuid::Uuid> = new_primary
+        .query("select id from outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    eventually(Duration::from_secs(30), "the new subscriber folds the log", || async {
+        rt.query_one("select count(*) = cardinality($1::uuid[]) and bool_and(event_id = any($1::uuid[])) from ledger_after", &[&ids])
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            == Some(true)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        recreate_target.psql("select count(*) from ledger_after"),
+        ids.len().to_string(),
+        "no phantom reached the new subscriber"
+    );
 
     // stop: refuses, naming the fork; its fix (create the slot, backfill, restart)
     // misses nothing.
@@ -193,5 +237,6 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     println!("stop: {s:?}");
     assert_eq!((s.missing, s.doubled), (0, 0), "{s:?}");
     assert_eq!(s.folded, s.committed);
+    assert_eq!(flagged(&stop_target), s.phantom.to_string(), "every phantom is flagged");
     recreate.kill();
 }

@@ -30,6 +30,14 @@ pub(crate) async fn identify(
     port: u16,
 ) -> Result<Identity, WireError> {
     let bad = |what: &str| WireError::Protocol(format!("IDENTIFY_SYSTEM: {what}"));
+    // First: a server out of recovery stays out, so the timeline read next is the
+    // promoted one (read the other way round, a promotion in between would pair the
+    // standby's old timeline with "not in recovery").
+    let in_recovery = rows(&mut login.conn, "select pg_is_in_recovery()")
+        .await?
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .is_some_and(|v| v == "t");
     let row = rows(&mut login.conn, "IDENTIFY_SYSTEM")
         .await?
         .into_iter()
@@ -39,11 +47,6 @@ pub(crate) async fn identify(
     let system_id = col(0)?;
     let timeline = col(1)?.parse().map_err(|_| bad("timeline"))?;
     let wal_position = col(2)?.parse().map_err(|_| bad("xlogpos"))?;
-    let in_recovery = rows(&mut login.conn, "select pg_is_in_recovery()")
-        .await?
-        .first()
-        .and_then(|r| r.first().cloned().flatten())
-        .is_some_and(|v| v == "t");
     Ok(Identity {
         system_id,
         timeline,
