@@ -604,6 +604,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_source_url_may_name_several_hosts() {
+        let hosts = |url: &str| {
+            let c = Config::from_toml(
+                &format!("[source]\nurl = \"{url}\"\n[[outbox]]\ntable = \"outbox\"\n"),
+                vec![],
+            )
+            .unwrap();
+            let w = replication_config(&c).unwrap();
+            (w.hosts, w.read_write)
+        };
+        let two = vec![("a".to_owned(), 5432), ("b".to_owned(), 5433)];
+        assert_eq!(
+            hosts("postgresql://u@a:5432,b:5433/db?target_session_attrs=read-write"),
+            (two.clone(), true)
+        );
+        // Several hosts: the primary, as with target_session_attrs=read-write.
+        assert_eq!(hosts("postgresql://u@a:5432,b:5433/db"), (two, true));
+        assert_eq!(
+            hosts("postgresql://u@a,b:6000/db"),
+            (vec![("a".to_owned(), 5432), ("b".to_owned(), 6000)], true)
+        );
+        assert_eq!(
+            hosts("postgresql://u@a/db"),
+            (vec![("a".to_owned(), 5432)], false)
+        );
+    }
+
+    #[test]
     fn rows_of_one_wal_record_are_told_apart_by_their_index() {
         let mut last = None;
         let at = |n| {

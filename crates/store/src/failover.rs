@@ -18,8 +18,7 @@ use crate::event_log::EventLog;
 use crate::row::{FromRow, RowExt};
 
 /// Slot `$1`'s recorded system identifier and timeline.
-const IDENTITY: &str =
-    "select system_id, timeline from {schema}.ingest_position where slot = $1";
+const IDENTITY: &str = "select system_id, timeline from {schema}.ingest_position where slot = $1";
 
 /// Records slot `$1`'s system identifier `$2` and timeline `$3`.
 const RECORD_IDENTITY: &str =
@@ -28,7 +27,8 @@ const RECORD_IDENTITY: &str =
 /// Records a failover of slot `$1` (source `$2`, system `$3`) from timeline `$4` to `$5`
 /// forking at `$6`, with the ingest position and log head then; moves the position back
 /// to the fork and records the new timeline. Returns the position before.
-const RECORD_FAILOVER: &str = "with pos as (select lsn from {schema}.ingest_position where slot = $1 for update), \
+const RECORD_FAILOVER: &str =
+    "with pos as (select lsn from {schema}.ingest_position where slot = $1 for update), \
      ins as (insert into {schema}.source_failover (slot, source, system_id, from_timeline, \
        to_timeline, fork_lsn, ingested_lsn, head_seq) \
        select $1, $2, $3, $4, $5, $6, pos.lsn, \
@@ -54,7 +54,8 @@ const UNFILLED_GAPS: &str = "select from_lsn, to_lsn from {schema}.slot_gap \
 /// Slot `$1`'s last failover whose events past the fork are unchecked, if walfold read
 /// past the fork: its id and those events (source `$2`, appended by then, committed
 /// after the fork).
-const PHANTOM_CANDIDATES: &str = "with f as (select id, fork_lsn, head_seq from {schema}.source_failover \
+const PHANTOM_CANDIDATES: &str =
+    "with f as (select id, fork_lsn, head_seq from {schema}.source_failover \
        where slot = $1 and phantoms_checked_at is null and ingested_lsn > fork_lsn \
        order by id desc limit 1) \
      select f.id, e.event_id, e.seq from f left join {schema}.event_log e \

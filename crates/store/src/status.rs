@@ -320,8 +320,11 @@ async fn source_status(
         .await
         .map_err(StoreError::db("counting slot gaps"))?;
     let gaps = gaps.of("slot_gap");
-    let (slot_gaps, slot_gaps_open, phantoms): (i64, i64, i64) =
-        (gaps.col("gaps")?, gaps.col("open_gaps")?, gaps.col("phantoms")?);
+    let (slot_gaps, slot_gaps_open, phantoms): (i64, i64, i64) = (
+        gaps.col("gaps")?,
+        gaps.col("open_gaps")?,
+        gaps.col("phantoms")?,
+    );
     Ok(SourceStatus {
         name: probe.name.to_owned(),
         slot_name: slot_name.to_owned(),

@@ -81,7 +81,14 @@ fn run_as_basebackup(primary: &Cluster, standby: &Cluster) -> Result<(), Error> 
     cmd.current_dir(&standby.dir)
         .arg("-D")
         .arg(&standby.data_dir)
-        .args(["-h", "127.0.0.1", "-p", &primary.port.to_string(), "-U", SUPERUSER])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &primary.port.to_string(),
+            "-U",
+            SUPERUSER,
+        ])
         .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"]);
     run(&mut cmd, "pg_basebackup").map(drop)
 }

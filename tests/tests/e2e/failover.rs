@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use walfold_tempdb::{Cluster, Options};
-use walfold_tests::{config_builder, eventually, walfold, write_config, Daemon, TestDb, PROJECTIONS};
+use walfold_tests::{
+    config_builder, eventually, walfold, write_config, Daemon, TestDb, PROJECTIONS,
+};
 
 /// Writes one-event transactions to `url` until `stop`, reconnecting to `url` when the
 /// server goes away (a new primary behind the same multi-host URL).
@@ -105,7 +107,10 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     let source = walfold_store::connect(&primary.url(&db)).await.unwrap();
     eventually(Duration::from_secs(30), "both slots streaming", || async {
         source
-            .query_one("select count(*) from pg_replication_slots where active", &[])
+            .query_one(
+                "select count(*) from pg_replication_slots where active",
+                &[],
+            )
             .await
             .unwrap()
             .get::<_, i64>(0)
@@ -113,7 +118,10 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     })
     .await;
 
-    let (halt, written) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (halt, written) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let writer = producer(url.clone(), halt.clone(), written.clone());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The standby falls behind; walfold keeps reading the primary.
@@ -134,9 +142,11 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     // recreate: follows the new primary by itself, the gap starts at the fork and is
     // backfilled.
     let rt = recreate_target.client().await;
-    eventually(Duration::from_secs(40), "the recreate daemon folds the new primary", || async {
-        tally(&new_primary, &recreate_target).await.missing == 0
-    })
+    eventually(
+        Duration::from_secs(40),
+        "the recreate daemon folds the new primary",
+        || async { tally(&new_primary, &recreate_target).await.missing == 0 },
+    )
     .await;
     let r = tally(&new_primary, &recreate_target).await;
     println!("recreate: {r:?}");
@@ -152,7 +162,10 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         .unwrap();
     assert_eq!(gap.get::<_, String>(0), "failover");
     assert_eq!(gap.get::<_, String>(1), fork, "the gap starts at the fork");
-    assert!(gap.get::<_, bool>(2) && gap.get::<_, bool>(3), "closed and filled");
+    assert!(
+        gap.get::<_, bool>(2) && gap.get::<_, bool>(3),
+        "closed and filled"
+    );
     println!(
         "recreate: gap {fork} backfilled {} events",
         recreate_target.psql("select backfilled from walfold.slot_gap")
@@ -169,15 +182,26 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     assert_eq!((seen.get::<_, i64>(2), seen.get::<_, i64>(3)), (1, 2));
     assert!(seen.get::<_, bool>(1), "walfold had read past the fork");
     assert!(recreate.exited().is_none(), "{}", recreate.log_text());
-    let flagged = |t: &TestDb| t.psql("select count(*) from walfold.phantom_event where accepted_at is null");
-    assert_eq!(flagged(&recreate_target), r.phantom.to_string(), "every phantom is flagged");
+    let flagged =
+        |t: &TestDb| t.psql("select count(*) from walfold.phantom_event where accepted_at is null");
+    assert_eq!(
+        flagged(&recreate_target),
+        r.phantom.to_string(),
+        "every phantom is flagged"
+    );
     let path = write_config(&recreate_cfg);
     let (code, out, _) = walfold(&["status", "-c", path.to_str().unwrap()], &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains(&format!("phantoms: {}", r.phantom)), "{out}");
-    assert!(out.contains("slot gaps: 1 ") && out.contains("), 0 open"), "{out}");
+    assert!(
+        out.contains("slot gaps: 1 ") && out.contains("), 0 open"),
+        "{out}"
+    );
     let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
-    assert!(out.contains(&format!("{} phantoms from seq", r.phantom)), "{out}");
+    assert!(
+        out.contains(&format!("{} phantoms from seq", r.phantom)),
+        "{out}"
+    );
 
     // A fold of the log from its start (a new subscriber, as a rebuild reads) skips the
     // phantoms: it equals what the new primary holds.
@@ -224,19 +248,31 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         .unwrap();
     let path = write_config(&stop_cfg);
     let (code, out, err) = walfold(
-        &["backfill", "-c", path.to_str().unwrap(), "--outbox", "public.outbox"],
+        &[
+            "backfill",
+            "-c",
+            path.to_str().unwrap(),
+            "--outbox",
+            "public.outbox",
+        ],
         &[],
     );
     assert_eq!(code, 0, "{out}{err}");
     let _stop = Daemon::start(&stop_cfg, &[]);
-    eventually(Duration::from_secs(30), "the stop daemon folds the new primary", || async {
-        tally(&new_primary, &stop_target).await.missing == 0
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the stop daemon folds the new primary",
+        || async { tally(&new_primary, &stop_target).await.missing == 0 },
+    )
     .await;
     let s = tally(&new_primary, &stop_target).await;
     println!("stop: {s:?}");
     assert_eq!((s.missing, s.doubled), (0, 0), "{s:?}");
     assert_eq!(s.folded, s.committed);
-    assert_eq!(flagged(&stop_target), s.phantom.to_string(), "every phantom is flagged");
+    assert_eq!(
+        flagged(&stop_target),
+        s.phantom.to_string(),
+        "every phantom is flagged"
+    );
     recreate.kill();
 }

@@ -43,7 +43,12 @@ pub(crate) async fn identify(
         .into_iter()
         .next()
         .ok_or_else(|| bad("no row"))?;
-    let col = |i: usize| row.get(i).cloned().flatten().ok_or_else(|| bad("a null column"));
+    let col = |i: usize| {
+        row.get(i)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| bad("a null column"))
+    };
     let system_id = col(0)?;
     let timeline = col(1)?.parse().map_err(|_| bad("timeline"))?;
     let wal_position = col(2)?.parse().map_err(|_| bad("xlogpos"))?;

@@ -255,7 +255,10 @@ async fn simple_query(conn: &mut Conn, sql: &str) -> Result<(), WireError> {
 }
 
 /// Runs a statement and returns its rows, each column as text (`None`: null).
-pub(crate) async fn rows(conn: &mut Conn, sql: &str) -> Result<Vec<Vec<Option<String>>>, WireError> {
+pub(crate) async fn rows(
+    conn: &mut Conn,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, WireError> {
     let mut out = BytesMut::new();
     frontend::query(sql, &mut out).map_err(WireError::io("encoding a query"))?;
     conn.send(&out).await?;
