@@ -27,6 +27,9 @@ create table source_failover (
 -- exist only in WAL that is gone.
 alter table slot_gap add column filled_at timestamptz;
 alter table slot_gap add column backfilled bigint;
+-- Gaps closed before: not backfilled by walfold (0), and not known to be filled. Only
+-- gaps recorded from here on are backfilled by themselves.
+update slot_gap set backfilled = 0 where to_lsn is not null;
 
 -- When the events walfold read past a failover's fork were checked against the new
 -- primary's outbox tables.

@@ -649,7 +649,7 @@ async fn failover_leftovers(r: &mut Report, config: &Config, target: &Client) {
                     "slot {}: {} slot gaps not filled (events committed in them may be missing; see {name}.slot_gap)",
                     source.slot, s.open_gaps
                 ),
-                "backfill the table outboxes (walfold backfill); a message outbox's events in a gap are lost",
+                format!("backfill the table outboxes (walfold backfill), then mark the gaps filled: update {name}.slot_gap set filled_at = now() where slot = '{}' and filled_at is null; a message outbox's events in a gap are lost", source.slot),
             );
         }
     }
