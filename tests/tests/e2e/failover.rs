@@ -275,4 +275,25 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         "every phantom is flagged"
     );
     recreate.kill();
+
+    // Another database under the same slot (its URL pointed at another cluster) is no
+    // failover: refused, naming both system identifiers.
+    let elsewhere = config_builder(&recreate_target.url())
+        .source("slot", "walfold_recreate")
+        .source("on_slot_lost", "recreate")
+        .set("target", "url", recreate_target.url())
+        .text(PROJECTIONS)
+        .to_toml();
+    let mut wrong = Daemon::start(&elsewhere, &[]);
+    wrong
+        .wait_exit("the daemon to refuse another database")
+        .await;
+    assert_eq!(wrong.exited().unwrap().code(), Some(1));
+    assert!(
+        wrong
+            .log_text()
+            .contains("another database, not a failover"),
+        "{}",
+        wrong.log_text()
+    );
 }
