@@ -197,6 +197,34 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         out.contains("slot gaps: 1 ") && out.contains("), 0 open"),
         "{out}"
     );
+    let (code, out, _) = walfold(
+        &[
+            "events",
+            "-c",
+            path.to_str().unwrap(),
+            "--subscriber",
+            "orders.ledger.v1",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    let phantoms: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("\"phantom\":true"))
+        .collect();
+    assert_eq!(
+        phantoms.len() as i64,
+        r.phantom,
+        "events marks each phantom: {}",
+        out.lines().last().unwrap_or_default()
+    );
+    assert!(
+        phantoms.iter().all(|l| ["applied", "claimed", "stale"]
+            .iter()
+            .any(|o| l.contains(&format!("\"outcome\":\"{o}\"")))),
+        "and shows the read model it reached: {:?}",
+        phantoms.first()
+    );
     let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
     assert!(
         out.contains(&format!("{} phantoms from seq", r.phantom)),
