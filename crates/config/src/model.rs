@@ -176,7 +176,9 @@ pub struct SourceConfig {
     #[serde(default = "defaults::source_name")]
     pub name: String,
     /// `postgresql://user:password@host:port/db`; `sslmode` = `disable`, `prefer`
-    /// (default), `require`, `verify-ca`, `verify-full`; `sslrootcert=/path/ca.pem`
+    /// (default), `require`, `verify-ca`, `verify-full`; `sslrootcert=/path/ca.pem`;
+    /// several hosts (`host-a:5432,host-b:5432`) for a primary and its standbys: walfold
+    /// connects to the one that accepts writes ([After a failover](#after-a-failover))
     ///
     /// Default: required
     pub url: String,
@@ -202,7 +204,8 @@ pub struct SourceConfig {
     pub heartbeat_interval_s: u64,
     /// the slot is missing or invalidated after walfold ingested through it: `stop` exits
     /// with the fix; `recreate` creates a new slot, records the skipped WAL range in
-    /// `slot_gap` (logged, `walfold_slot_gaps`, `walfold status`) and goes on
+    /// `slot_gap` (logged, `walfold_slot_gaps`, `walfold status`; after a failover from
+    /// the fork), backfills the table outboxes over it and goes on
     ///
     /// Default: `"stop"`
     #[serde(default)]

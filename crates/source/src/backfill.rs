@@ -12,10 +12,12 @@
 //! A rejected row (malformed, or an ID already in the log with other content) is
 //! identified by a digest of its table and values, so backfilling again records it once.
 
+use std::collections::HashMap;
+
 use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
-use walfold_event::{Lsn, RowOrigin};
+use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
 use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
 use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
 
@@ -94,6 +96,14 @@ pub async fn backfill(
     )
     .await
     .map_err(SourceError::store("opening the event log"))?;
+    let source = source_session(config).await?;
+    // The slot exists from here on: whatever commits later is in its stream.
+    prepare_source(&source, config, &mut log).await?;
+    import(&source, &mut log, outbox, order_by, batch).await
+}
+
+/// A source session that renders values as the replication stream does.
+pub(crate) async fn source_session(config: &Config) -> Result<Client, SourceError> {
     let source = connect(&config.source().url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
@@ -104,13 +114,65 @@ pub async fn backfill(
         .batch_execute("set datestyle = 'ISO'; set timezone = 'UTC'; set extra_float_digits = 3")
         .await
         .map_err(|e| SourceError::store("configuring the source session")(db(e)))?;
-    // The slot exists from here on: whatever commits later is in its stream.
-    prepare_source(&source, config, &mut log).await?;
-    let pager = Pager::new(&source, outbox, order_by).await?;
+    Ok(source)
+}
+
+/// Rows per page of a gap's backfill.
+const GAP_BATCH: i64 = 1000;
+
+/// Fills this slot's gaps that no backfill has covered yet (`on_slot_lost =
+/// "recreate"`): every table outbox is imported through `log` (events already in the
+/// log are duplicates), after the new slot exists, so nothing committed since is
+/// missed. A gap is then closed as filled, unless a message outbox follows the source:
+/// its events in the gap existed only in WAL that is gone, so the gap stays open.
+pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(), SourceError> {
+    let gaps = log
+        .unfilled_gaps()
+        .await
+        .map_err(SourceError::store("reading slot gaps"))?;
+    let Some(&(from, _)) = gaps.first() else {
+        return Ok(());
+    };
+    let to = gaps.last().map_or(from, |g| g.1);
+    let slot = &config.source().slot;
+    let messages: Vec<&str> = config
+        .outbox
+        .iter()
+        .filter_map(|o| o.message_prefix.as_deref())
+        .collect();
+    let source = source_session(config).await?;
+    let mut appended = 0;
+    for (outbox, table) in config.table_outboxes() {
+        tracing::warn!(slot = %slot, from = %from, to = %to, outbox = %table, "backfilling the outbox over the slot gap");
+        let report = import(&source, log, outbox, None, GAP_BATCH).await?;
+        tracing::warn!(slot = %slot, outbox = %table, rows = report.rows, appended = report.appended, duplicates = report.duplicates, "backfilled the outbox over the slot gap");
+        appended += report.appended;
+    }
+    let filled = messages.is_empty();
+    log.fill_gaps(appended as i64, filled)
+        .await
+        .map_err(SourceError::store("marking slot gaps filled"))?;
+    if filled {
+        tracing::warn!(slot = %slot, from = %from, to = %to, appended, "slot gap filled: every table outbox was backfilled over it");
+    } else {
+        tracing::error!(slot = %slot, from = %from, to = %to, appended, prefixes = %messages.join(", "), "slot gap stays open: events of message outboxes committed in it may be lost (they exist only in WAL that is gone); table outboxes were backfilled");
+    }
+    Ok(())
+}
+
+/// Imports `outbox`'s rows in pages of `batch` through `log`.
+async fn import(
+    source: &Client,
+    log: &mut EventLog,
+    outbox: &OutboxConfig,
+    order_by: Option<&str>,
+    batch: i64,
+) -> Result<BackfillReport, SourceError> {
+    let pager = Pager::new(source, outbox, order_by).await?;
     let mut report = BackfillReport::default();
     let mut cursor: Option<Cursor> = None;
     loop {
-        let rows = pager.page(&source, cursor.as_ref(), batch).await?;
+        let rows = pager.page(source, cursor.as_ref(), batch).await?;
         if rows.is_empty() {
             report.skipped = source
                 .query_one(&pager.skipped, &[])
@@ -127,22 +189,7 @@ pub async fn backfill(
         let mut events = Vec::with_capacity(rows.len());
         let mut dead = Vec::new();
         for row in &rows {
-            let tuple = Tuple {
-                columns: row
-                    .values
-                    .iter()
-                    .map(|v| {
-                        v.as_deref()
-                            .map_or(Column::Null, |s| Column::Text(s.as_bytes()))
-                    })
-                    .collect(),
-            };
-            let tx = TxContext {
-                commit_lsn: Lsn::ZERO,
-                commit_time: None,
-            };
-            let origin = RowOrigin::Backfill { digest: row.digest };
-            match pager.mapping.map(&tuple, tx, Some(origin)) {
+            match pager.map(row) {
                 Ok(e) => events.push(e),
                 Err(letter) => {
                     let mut letter = *letter;
@@ -163,15 +210,33 @@ pub async fn backfill(
         report.duplicates += outcome.duplicates;
         report.id_conflicts += outcome.id_conflicts;
         report.malformed += dead.len() as u64;
-        // Rows with a null ID or order value are not paged (a keyset cannot pass them).
-        let last = rows.last().expect("a non-empty page");
-        cursor = Some(Cursor {
-            order: pager.order.and_then(|i| last.values[i].clone()),
-            id: last.values[pager.id].clone().unwrap_or_default(),
-            table: last.table.clone(),
-            ctid: last.ctid.clone(),
-        });
+        cursor = Some(pager.after(&rows));
     }
+}
+
+/// Removes from `candidates` the events whose rows `outbox` holds (by the producer's
+/// ID, mapped as ingest maps it); stops early once none is left. Memory is bounded by
+/// the candidates, whatever the table's size.
+pub(crate) async fn confirm(
+    source: &Client,
+    outbox: &OutboxConfig,
+    candidates: &mut HashMap<Uuid, i64>,
+) -> Result<(), SourceError> {
+    let pager = Pager::new(source, outbox, None).await?;
+    let mut cursor: Option<Cursor> = None;
+    while !candidates.is_empty() {
+        let rows = pager.page(source, cursor.as_ref(), GAP_BATCH).await?;
+        if rows.is_empty() {
+            break;
+        }
+        for row in &rows {
+            if let Ok(e) = pager.map(row) {
+                candidates.remove(&e.id);
+            }
+        }
+        cursor = Some(pager.after(&rows));
+    }
+    Ok(())
 }
 
 /// Where the last page ended: its last row's key, as text.
@@ -308,6 +373,38 @@ impl Pager {
             id,
             order,
         })
+    }
+
+    /// A page's row as an event, or the dead letter it would be.
+    fn map(&self, row: &PageRow) -> Result<NewEvent, Box<DeadLetter>> {
+        let tuple = Tuple {
+            columns: row
+                .values
+                .iter()
+                .map(|v| {
+                    v.as_deref()
+                        .map_or(Column::Null, |s| Column::Text(s.as_bytes()))
+                })
+                .collect(),
+        };
+        let tx = TxContext {
+            commit_lsn: Lsn::ZERO,
+            commit_time: None,
+        };
+        let origin = RowOrigin::Backfill { digest: row.digest };
+        self.mapping.map(&tuple, tx, Some(origin))
+    }
+
+    /// Where the next page starts: after the last row of `rows` (not empty). Rows with a
+    /// null ID or order value are not paged (a keyset cannot pass them).
+    fn after(&self, rows: &[PageRow]) -> Cursor {
+        let last = rows.last().expect("a non-empty page");
+        Cursor {
+            order: self.order.and_then(|i| last.values[i].clone()),
+            id: last.values[self.id].clone().unwrap_or_default(),
+            table: last.table.clone(),
+            ctid: last.ctid.clone(),
+        }
     }
 
     async fn page(

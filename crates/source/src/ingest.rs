@@ -209,6 +209,10 @@ async fn attempt(
     log.fence_with(fence)
         .await
         .map_err(SourceError::store("preparing the leadership check"))?;
+    let mut cfg = replication_config(config)?;
+    let (identity, _) = crate::timeline::check(config, &cfg, &log).await?;
+    // The stream must come from the server checked here (not one promoted meanwhile).
+    cfg.expect = Some((identity.system_id, identity.timeline));
     let source = connect(&config.source().url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
@@ -222,6 +226,8 @@ async fn attempt(
     .map_err(SourceError::store("checking the source url"))?;
     prepare_source(&source, config, &mut log).await?;
     drop(source);
+    crate::backfill::fill_gaps(config, &mut log).await?;
+    crate::phantoms::check(config, &log).await?;
     let ingested = log
         .durable_lsn()
         .await
@@ -250,7 +256,6 @@ async fn attempt(
         source: config.source().name.clone(),
     };
     let reader = Reader::new(config, items_tx, ingested);
-    let cfg = replication_config(config)?;
     let _heartbeat = heartbeat(
         config.source().url.clone(),
         config.source().heartbeat_interval_s,

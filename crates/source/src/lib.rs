@@ -9,8 +9,10 @@ mod error;
 mod feedback;
 mod ingest;
 mod outbox;
+mod phantoms;
 mod reader;
 mod setup;
+mod timeline;
 mod wire;
 mod writers;
 

@@ -52,20 +52,34 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
     let pg = options
         .pg_config()
         .map_err(SourceError::store("reading source.url"))?;
-    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    // libpq's rules: one port for every host, or one per host.
+    let ports = pg.get_ports();
+    let port_of = |i: usize| match ports {
+        [] => 5432,
+        [one] => *one,
+        many => many.get(i).copied().unwrap_or(5432),
+    };
     let user = pg.get_user().unwrap_or("postgres").to_owned();
     let password = pg
         .get_password()
         .map(|p| String::from_utf8_lossy(p).into_owned());
     let database = pg.get_dbname().unwrap_or(&user).to_owned();
-    let host = match pg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-        None => "127.0.0.1".into(),
-    };
+    let mut hosts: Vec<(String, u16)> = pg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| match h {
+            tokio_postgres::config::Host::Tcp(h) => (h.clone(), port_of(i)),
+            tokio_postgres::config::Host::Unix(p) => (p.display().to_string(), port_of(i)),
+        })
+        .collect();
+    if hosts.is_empty() {
+        hosts.push(("127.0.0.1".into(), port_of(0)));
+    }
     Ok(WireConfig {
-        host,
-        port,
+        hosts,
+        read_write: pg.get_target_session_attrs()
+            == tokio_postgres::config::TargetSessionAttrs::ReadWrite,
         user,
         password,
         database,
@@ -93,6 +107,7 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         buffer: 1024,
         stop_lsn: None,
         observer: None,
+        expect: None,
     })
 }
 
@@ -168,7 +183,7 @@ impl<'a> Reader<'a> {
         let name = self.config.source().name.clone();
         cfg.observer = Some(ack.observer(&name));
         let mut client = ReplicationClient::connect(cfg).await?;
-        tracing::info!(source = %name, slot = %self.config.source().slot, protocol = client.protocol, server_version = client.server_version, "streaming from slot");
+        tracing::info!(source = %name, slot = %self.config.source().slot, host = %client.identity.host, timeline = client.identity.timeline, protocol = client.protocol, server_version = client.server_version, "streaming from slot");
         let metrics = walfold_telemetry::metrics::metrics();
         metrics.set_streaming(&name, true);
         let result = loop {
@@ -589,6 +604,34 @@ fn origin(last: &mut Option<(Lsn, i32)>, at: Lsn) -> Option<RowOrigin> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_url_may_name_several_hosts() {
+        let hosts = |url: &str| {
+            let c = Config::from_toml(
+                &format!("[source]\nurl = \"{url}\"\n[[outbox]]\ntable = \"outbox\"\n"),
+                vec![],
+            )
+            .unwrap();
+            let w = replication_config(&c).unwrap();
+            (w.hosts, w.read_write)
+        };
+        let two = vec![("a".to_owned(), 5432), ("b".to_owned(), 5433)];
+        assert_eq!(
+            hosts("postgresql://u@a:5432,b:5433/db?target_session_attrs=read-write"),
+            (two.clone(), true)
+        );
+        // Several hosts: the primary, as with target_session_attrs=read-write.
+        assert_eq!(hosts("postgresql://u@a:5432,b:5433/db"), (two, true));
+        assert_eq!(
+            hosts("postgresql://u@a,b:6000/db"),
+            (vec![("a".to_owned(), 5432), ("b".to_owned(), 6000)], true)
+        );
+        assert_eq!(
+            hosts("postgresql://u@a/db"),
+            (vec![("a".to_owned(), 5432)], false)
+        );
+    }
 
     #[test]
     fn rows_of_one_wal_record_are_told_apart_by_their_index() {

@@ -290,7 +290,11 @@ pub async fn prepare_source(
     };
     match existing {
         None if ingested_through > Lsn::ZERO && recreate => {
-            open_gap(log, slot, ingested_through, "missing").await?;
+            let reason = match log.last_failover().await {
+                Ok(Some(f)) if ingested_through <= f.fork => "failover",
+                _ => "missing",
+            };
+            open_gap(log, slot, ingested_through, reason).await?;
             let to = create().await?;
             // Crash window: the slot exists, the gap is open; the next start closes it.
             walfold_telemetry::failpoint::hit("after_slot_recreated");
@@ -298,12 +302,34 @@ pub async fn prepare_source(
             return record_publication(log, publication).await;
         }
         None if ingested_through > Lsn::ZERO => {
+            // After a failover the position is the fork (or before it): say so.
+            let failover = log
+                .last_failover()
+                .await
+                .map_err(SourceError::store("reading the last failover"))?
+                .filter(|f| ingested_through <= f.fork);
+            let since = match &failover {
+                Some(f) if f.ingested > f.fork => format!(
+                    "the source failed over from timeline {} to {}, forking at {}: events \
+                     committed on the new primary since the fork may be lost, and walfold read \
+                     events from the old primary up to {} that the new one may not have \
+                     (phantoms)",
+                    f.from_timeline, f.to_timeline, f.fork, f.ingested
+                ),
+                Some(f) => format!(
+                    "the source failed over from timeline {} to {}, forking at {}: events \
+                     committed on the new primary since {ingested_through} may be lost",
+                    f.from_timeline, f.to_timeline, f.fork
+                ),
+                None => "events committed since then may be lost (logical slots do not \
+                         survive a failover, or the slot was dropped)"
+                    .into(),
+            };
             return Err(SourceError::Slot {
                 slot: slot.clone(),
                 problem: format!(
                     "is missing, but walfold had ingested through it up to {ingested_through} \
-                     (source `{name}`): events committed since then may be lost (logical slots \
-                     do not survive a failover, or the slot was dropped). Create the slot with \
+                     (source `{name}`): {since}. Create the slot with \
                      select pg_create_logical_replication_slot('{slot}', 'pgoutput'), run \
                      `walfold backfill --outbox <table>` for each table outbox (events already \
                      in the log are recognised) if the outbox still holds the rows, and \

@@ -1,6 +1,6 @@
 //! Opening SQL connections from a libpq-style URL, with TLS per `sslmode`.
 
-use tokio_postgres::config::SslMode as PgSslMode;
+use tokio_postgres::config::{SslMode as PgSslMode, TargetSessionAttrs};
 use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use walfold_config::redact_url;
@@ -76,6 +76,13 @@ impl ConnectOptions {
             SslMode::Prefer => PgSslMode::Prefer,
             _ => PgSslMode::Require,
         });
+        // Several hosts (a primary and its standbys): the one that accepts writes, as
+        // libpq's `target_session_attrs=read-write` (walfold writes on both sides).
+        if config.get_hosts().len() > 1
+            && config.get_target_session_attrs() == TargetSessionAttrs::Any
+        {
+            config.target_session_attrs(TargetSessionAttrs::ReadWrite);
+        }
         if config.get_application_name().is_none() {
             config.application_name("walfold");
         }

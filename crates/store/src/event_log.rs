@@ -216,6 +216,22 @@ impl EventLog {
         Ok(())
     }
 
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    pub(crate) fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The last appended sequence number.
     pub fn head(&self) -> i64 {
         self.head
@@ -644,8 +660,9 @@ impl Filter {
 }
 
 /// Up to `$6` events after seq `$1` and at most `$8` of partition `$3` of `$2` that pass
-/// the filters `$4`, `$5`, `$7`, each row with the head `h` (one row with null event
-/// columns when none does).
+/// the filters `$4`, `$5`, `$7` and are no open phantom (an event of a failed-over
+/// source that the new primary does not have: a rebuild leaves it out), each row with
+/// the head `h` (one row with null event columns when none does).
 const READ_PAGE: &str = "with head as (select coalesce(max(seq), 0) as h from {schema}.event_log) \
      select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
      e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at, \
@@ -657,6 +674,8 @@ const READ_PAGE: &str = "with head as (select coalesce(max(seq), 0) as h from {s
          and ($4::text[] is null or l.event_type = any($4::text[])) \
          and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
          and ($7::text[] is null or l.source = any($7::text[])) \
+         and not exists (select from {schema}.phantom_event p \
+           where p.event_id = l.event_id and p.accepted_at is null) \
        order by l.seq limit $6) e on true";
 
 /// The events with the seqs `$1`, in seq order.

@@ -25,7 +25,9 @@ const PAGE: &str =
        'aggregate_id', aggregate_id, 'event_type', event_type, 'version', version, \
        'payload', payload, 'headers', headers, 'occurred_at', occurred_at, \
        'committed_at', committed_at, 'appended_at', appended_at, 'source', source, \
-       'source_lsn', source_lsn::text)::text as json \
+       'source_lsn', source_lsn::text, \
+       'phantom', exists (select from {schema}.phantom_event p \
+         where p.event_id = event_log.event_id and p.accepted_at is null))::text as json \
      from {schema}.event_log \
      where seq > $1 \
        and ($2::text is null or aggregate_id = $2) \

@@ -12,6 +12,7 @@ mod dead_letter;
 mod error;
 mod event_log;
 mod event_trail;
+mod failover;
 mod ingest_position;
 mod jsonb;
 mod leader;
@@ -49,6 +50,7 @@ pub use event_trail::{
     recorded_for, subscriber_has_read, Claim, DeadLetterAt, LogFilter, LoggedEvent,
     PartitionPosition, Recorded,
 };
+pub use failover::{failover_summary, Failover, FailoverSummary};
 pub use ingest_position::{
     ingested_rows, ingested_slots, ingested_through, read_through, IngestedSlot,
 };

@@ -29,8 +29,11 @@ const INGEST: &str = "select lsn, appended, duplicates, id_conflicts, malformed,
      extract(epoch from paused_since)::float8 as paused_since_unix, pause_error \
      from {schema}.ingest_position where slot = $1";
 
-/// How many gaps slot `$1` has recorded.
-const SLOT_GAPS: &str = "select count(*) as gaps from {schema}.slot_gap where slot = $1";
+/// How many gaps slot `$1` has recorded, how many are not filled, and its open phantoms.
+const SLOT_GAPS: &str = "select \
+     (select count(*) from {schema}.slot_gap where slot = $1) as gaps, \
+     (select count(*) from {schema}.slot_gap where slot = $1 and filled_at is null) as open_gaps, \
+     (select count(*) from {schema}.phantom_event where slot = $1 and accepted_at is null) as phantoms";
 
 /// Each subscriber's checkpoints summed, with its parked aggregates and first pause.
 const SUBSCRIBERS: &str = "select c.subscriber_id, max(c.partitions) as partitions, \
@@ -76,6 +79,11 @@ pub struct Status {
     pub rebuilds: Vec<RebuildStatus>,
     /// WAL ranges skipped by recreating a lost slot (`on_slot_lost = "recreate"`).
     pub slot_gaps: i64,
+    /// Of them, those no backfill filled: events committed in them may be missing.
+    pub slot_gaps_open: i64,
+    /// Events read from an old primary past a failover's fork that the new one does
+    /// not have, not accepted.
+    pub phantoms: i64,
     /// Subscribers with paused partitions.
     pub paused: i64,
     /// The extra targets (`[targets.NAME]`) and whether they could be read; their
@@ -164,6 +172,10 @@ pub struct SourceStatus {
     pub error: Option<String>,
     /// WAL ranges this source skipped by recreating its lost slot.
     pub slot_gaps: i64,
+    /// Of them, those no backfill filled.
+    pub slot_gaps_open: i64,
+    /// Open phantoms of this source's slot.
+    pub phantoms: i64,
 }
 
 /// A source to report on: its name, slot, and its database if it could be reached.
@@ -332,12 +344,16 @@ async fn source_status(
         .map_err(StoreError::db("reading the ingest position"))?
         .map(|r| IngestStatus::from_row(&r))
         .transpose()?;
-    let slot_gaps: i64 = target
+    let gaps = target
         .query_one(&schema.sql(SLOT_GAPS), &[&slot_name])
         .await
-        .map_err(StoreError::db("counting slot gaps"))?
-        .of("slot_gap")
-        .col("gaps")?;
+        .map_err(StoreError::db("counting slot gaps"))?;
+    let gaps = gaps.of("slot_gap");
+    let (slot_gaps, slot_gaps_open, phantoms): (i64, i64, i64) = (
+        gaps.col("gaps")?,
+        gaps.col("open_gaps")?,
+        gaps.col("phantoms")?,
+    );
     Ok(SourceStatus {
         name: probe.name.to_owned(),
         slot_name: slot_name.to_owned(),
@@ -345,6 +361,8 @@ async fn source_status(
         ingest,
         error,
         slot_gaps,
+        slot_gaps_open,
+        phantoms,
     })
 }
 
@@ -368,6 +386,8 @@ pub async fn status_of(
     let mut status = Status {
         paused: 0,
         slot_gaps: per_source.iter().map(|p| p.slot_gaps).sum(),
+        slot_gaps_open: per_source.iter().map(|p| p.slot_gaps_open).sum(),
+        phantoms: per_source.iter().map(|p| p.phantoms).sum(),
         rebuilds: Vec::new(),
         slot: first.and_then(|p| p.slot.clone()),
         ingest: first.and_then(|p| p.ingest.clone()),
@@ -418,6 +438,8 @@ pub async fn metrics_reading(
         .map(|source| SourceReading {
             name: source.name.clone(),
             slot_gaps: source.slot_gaps,
+            slot_gaps_open: source.slot_gaps_open,
+            phantoms: source.phantoms,
             slot: source.error.is_none().then(|| {
                 let slot = source.slot.as_ref();
                 SlotReading {

@@ -72,6 +72,8 @@ pub struct Metrics {
     event_log_rows: Gauge,
     leader: Gauge,
     slot_gaps: Family<SourceLabel, Gauge>,
+    slot_gaps_open: Family<SourceLabel, Gauge>,
+    phantom_events: Family<SourceLabel, Gauge>,
     database_up: Gauge,
     /// Per source: whether its reader streams from the slot, and the Unix milliseconds
     /// of its last standby status update (0: none yet).
@@ -137,6 +139,8 @@ impl Metrics {
             event_log_rows: reg!("event_log_rows", "Events in the log (planner estimate)", Gauge::default()),
             leader: reg!("leader", "1 while this instance leads", Gauge::default()),
             slot_gaps: reg!("slot_gaps", "WAL ranges skipped by recreating a lost slot (walfold.slot_gap rows; page on any increase)", Family::default()),
+            slot_gaps_open: reg!("slot_gaps_open", "Slot gaps no backfill filled (a message outbox's events in them may be lost)", Family::default()),
+            phantom_events: reg!("phantom_events", "Events read from an old primary past a failover's fork that the new primary does not have (walfold.phantom_event, not accepted); rebuild the projections they reached", Family::default()),
             database_up: reg!("database_up", "1 when the last scrape could read the database gauges (0: they hold older values)", Gauge::default()),
             registry: r,
             sources: Default::default(),
@@ -296,6 +300,10 @@ impl Metrics {
         for source in &reading.sources {
             let l = Self::source(&source.name);
             self.slot_gaps.get_or_create(&l).set(source.slot_gaps);
+            self.slot_gaps_open
+                .get_or_create(&l)
+                .set(source.slot_gaps_open);
+            self.phantom_events.get_or_create(&l).set(source.phantoms);
             let Some(slot) = &source.slot else {
                 // Unreachable: nobody streams its slot from here, and what the slot
                 // retains is unknown, not the last values read. Feedback written into a
@@ -390,6 +398,8 @@ pub struct Lag {
 pub struct SourceReading {
     pub name: String,
     pub slot_gaps: i64,
+    pub slot_gaps_open: i64,
+    pub phantoms: i64,
     /// `None`: the source could not be reached.
     pub slot: Option<SlotReading>,
 }

@@ -40,7 +40,7 @@ pub struct Cluster {
     pub(crate) port: u16,
     pub(crate) tls: Option<TlsFiles>,
     pub(crate) run_as: RunAs,
-    guardian: Option<Guardian>,
+    pub(crate) guardian: Option<Guardian>,
 }
 
 impl Cluster {
@@ -142,7 +142,7 @@ impl Cluster {
     }
 
     /// Writes (or appends to) a file in the data directory, owned by the server's OS user.
-    fn write_file(&self, name: &str, contents: &str, append: bool) -> Result<(), Error> {
+    pub(crate) fn write_file(&self, name: &str, contents: &str, append: bool) -> Result<(), Error> {
         let path = self.data_dir.join(name);
         let result = if append {
             fs::OpenOptions::new()
@@ -227,7 +227,7 @@ impl Drop for Cluster {
     }
 }
 
-fn free_port() -> Result<u16, Error> {
+pub(crate) fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| Error::io("binding 127.0.0.1:0 to find a free port", e))?;
     let addr = listener
@@ -237,7 +237,7 @@ fn free_port() -> Result<u16, Error> {
 }
 
 /// Creates `<temp>/walfold-pg-<pid>-<n>`, a directory nobody else uses.
-fn make_temp_dir(run_as: &RunAs) -> Result<PathBuf, Error> {
+pub(crate) fn make_temp_dir(run_as: &RunAs) -> Result<PathBuf, Error> {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let base = base_dir(run_as);
     let pid = std::process::id();

@@ -23,6 +23,7 @@ mod error;
 mod exec;
 mod guardian;
 mod sql;
+mod standby;
 mod tls;
 mod user;
 

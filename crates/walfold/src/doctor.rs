@@ -141,6 +141,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
                 .await
                 .map_err(Failure::runtime)?;
             abandoned_slots(r, config, t).await;
+            failover_leftovers(r, config, t).await;
         }
         Err(e) => r.check(
             Level::Fail,
@@ -693,6 +694,39 @@ async fn not_owned(source: &Client, config: &Config) -> Result<Vec<String>, Chec
 
 /// Slots walfold ingested through that no source of the config uses any more (a
 /// source's slot renamed, a source removed): on its server such a slot keeps WAL.
+/// Phantoms and unfilled slot gaps of each source's slot (see README, After a failover).
+async fn failover_leftovers(r: &mut Report, config: &Config, target: &Client) {
+    let schema = walfold_store::Schema::new(config.target.schema.as_str());
+    for source in config.sources() {
+        let Ok(s) = walfold_store::failover_summary(target, &schema, &source.slot).await else {
+            continue;
+        };
+        let name = &config.target.schema;
+        if s.phantoms > 0 {
+            r.check(
+                Level::Warn,
+                format!(
+                    "slot {}: {} phantoms from seq {} (events read from an old primary past a failover's fork that the new primary does not have; they may be in read models)",
+                    source.slot,
+                    s.phantoms,
+                    s.first_seq.unwrap_or(0)
+                ),
+                format!("rebuild the projections they reached (walfold rebuild, which skips them); or, for rows the application deleted, accept them: update {name}.phantom_event set accepted_at = now() where slot = '{}'", source.slot),
+            );
+        }
+        if s.open_gaps > 0 {
+            r.check(
+                Level::Warn,
+                format!(
+                    "slot {}: {} slot gaps not filled (events committed in them may be missing; see {name}.slot_gap)",
+                    source.slot, s.open_gaps
+                ),
+                format!("backfill the table outboxes (walfold backfill), then mark the gaps filled: update {name}.slot_gap set filled_at = now() where slot = '{}' and filled_at is null; a message outbox's events in a gap are lost", source.slot),
+            );
+        }
+    }
+}
+
 async fn abandoned_slots(r: &mut Report, config: &Config, target: &Client) {
     let schema = walfold_store::Schema::new(&config.target.schema);
     let Ok(slots) = walfold_store::ingested_slots(target, &schema).await else {

@@ -344,8 +344,14 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
     }
     if s.slot_gaps > 0 {
         println!(
-            "slot gaps: {} (WAL ranges skipped by recreating a lost slot; see {}.slot_gap)",
-            s.slot_gaps, config.target.schema
+            "slot gaps: {} (WAL ranges skipped by recreating a lost slot; see {}.slot_gap), {} open: events committed in an open one may be missing",
+            s.slot_gaps, config.target.schema, s.slot_gaps_open
+        );
+    }
+    if s.phantoms > 0 {
+        println!(
+            "phantoms: {} (events read from an old primary past a failover's fork that the new primary does not have; see {}.phantom_event; rebuild the projections they reached)",
+            s.phantoms, config.target.schema
         );
     }
     println!("dead letters open: {}", s.dead_letters_open);

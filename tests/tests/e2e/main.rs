@@ -5,6 +5,7 @@
 
 mod daemon;
 mod descriptors;
+mod failover;
 mod library;
 mod observability;
 mod operator_tools;

@@ -18,8 +18,11 @@
 //! (TCP pushes back to the server) but keeps sending status updates, so the server's
 //! `wal_sender_timeout` never ends a session that is merely busy.
 
+mod identify;
 mod session;
 mod stream;
+
+pub use identify::{probe, Identity};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,9 +36,15 @@ use walfold_store::SslMode;
 /// How to open and start one replication session.
 #[derive(Clone)]
 pub struct WireConfig {
-    /// A host name, an address, or a Unix socket directory (starting with `/`).
-    pub host: String,
-    pub port: u16,
+    /// Host names, addresses or Unix socket directories (starting with `/`), each with
+    /// its port: the session goes to the first that answers and, when there are several
+    /// (or `read_write`), is not a standby.
+    pub hosts: Vec<(String, u16)>,
+    /// `target_session_attrs=read-write`: a lone host must be the primary too.
+    pub read_write: bool,
+    /// The system identifier and timeline the server must have (checked before the
+    /// slot was prepared): another means a failover happened meanwhile.
+    pub expect: Option<(String, u32)>,
     pub user: String,
     pub password: Option<String>,
     pub database: String,
@@ -69,8 +78,7 @@ impl std::fmt::Debug for WireConfig {
     // The password is left out.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WireConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
+            .field("hosts", &self.hosts)
             .field("user", &self.user)
             .field("database", &self.database)
             .field("ssl_mode", &self.ssl_mode)
@@ -157,6 +165,9 @@ pub enum WireError {
     Protocol(String),
     #[error("{0}")]
     Unsupported(String),
+    /// None of the configured hosts answered as a primary (a failover in progress).
+    #[error("no configured host is a primary that accepts writes: {0}")]
+    NoPrimary(String),
 }
 
 impl WireError {
@@ -175,6 +186,8 @@ pub struct ReplicationClient {
     pub server_version: u32,
     /// The pgoutput protocol version in use.
     pub protocol: u8,
+    /// The server streaming: its system identifier, timeline, host.
+    pub identity: Identity,
 }
 
 /// The applied position shared by the reader and the worker.
@@ -192,7 +205,7 @@ impl Progress {
 impl ReplicationClient {
     /// Connects, authenticates and starts streaming from the slot's confirmed position.
     pub async fn connect(cfg: WireConfig) -> Result<ReplicationClient, WireError> {
-        let (io, server_version, protocol) =
+        let (io, server_version, protocol, identity) =
             tokio::time::timeout(Duration::from_secs(30), session::open(&cfg))
                 .await
                 .map_err(|_| WireError::Io {
@@ -214,6 +227,7 @@ impl ReplicationClient {
             task,
             server_version,
             protocol,
+            identity,
         })
     }
 

@@ -15,6 +15,7 @@ use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use walfold_store::SslMode;
 
+use super::identify::Identity;
 use super::{WireConfig, WireError};
 
 /// The socket, encrypted or not.
@@ -102,10 +103,16 @@ impl Conn {
     }
 }
 
-/// Opens a session that is streaming from the slot. Returns it with the server's
-/// `server_version_num` and the protocol version in use.
-pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8), WireError> {
-    let io = socket(cfg).await?;
+/// A logged-in replication session (not streaming yet).
+pub(crate) struct Login {
+    pub(crate) conn: Conn,
+    pub(crate) server_version: u32,
+    pub(crate) server_encoding: String,
+}
+
+/// Logs in to `host:port` with `replication=database`.
+pub(crate) async fn login(cfg: &WireConfig, host: &str, port: u16) -> Result<Login, WireError> {
+    let io = socket(cfg, host, port).await?;
     let mut conn = Conn {
         io,
         buf: BytesMut::with_capacity(64 * 1024),
@@ -127,6 +134,32 @@ pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8), WireError>
     if let Some(settings) = &cfg.settings {
         simple_query(&mut conn, settings).await?;
     }
+    Ok(Login {
+        conn,
+        server_version,
+        server_encoding,
+    })
+}
+
+/// Opens a session that is streaming from the slot, on the primary among the
+/// configured hosts. Returns it with the server's `server_version_num`, the protocol
+/// version in use and the server's identity.
+pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8, Identity), WireError> {
+    let (login, identity) = super::identify::primary(cfg).await?;
+    if let Some((system_id, timeline)) = &cfg.expect {
+        if (system_id, *timeline) != (&identity.system_id, identity.timeline) {
+            return Err(WireError::NoPrimary(format!(
+                "{} is system {} on timeline {}, not the one checked (system {system_id}, \
+                 timeline {timeline}): the source changed meanwhile",
+                identity.host, identity.system_id, identity.timeline
+            )));
+        }
+    }
+    let Login {
+        mut conn,
+        server_version,
+        server_encoding,
+    } = login;
     if server_encoding == "SQL_ASCII" {
         // A SQL_ASCII database holds bytes in no encoding; converting them to UTF8 fails
         // the whole stream (22021) on the first byte that is not UTF-8. Taken as they
@@ -146,18 +179,18 @@ pub(crate) async fn open(cfg: &WireConfig) -> Result<(Conn, u32, u8), WireError>
         None => 1,
     };
     start(&mut conn, cfg, protocol, server_version >= 140_000).await?;
-    Ok((conn, server_version, protocol))
+    Ok((conn, server_version, protocol, identity))
 }
 
-async fn socket(cfg: &WireConfig) -> Result<Io, WireError> {
-    if cfg.host.starts_with('/') {
-        let path = format!("{}/.s.PGSQL.{}", cfg.host, cfg.port);
+async fn socket(cfg: &WireConfig, host: &str, port: u16) -> Result<Io, WireError> {
+    if host.starts_with('/') {
+        let path = format!("{host}/.s.PGSQL.{port}");
         let s = tokio::net::UnixStream::connect(path)
             .await
             .map_err(WireError::io("connecting to the source"))?;
         return Ok(Io::Unix(s));
     }
-    let mut tcp = tokio::net::TcpStream::connect((cfg.host.as_str(), cfg.port))
+    let mut tcp = tokio::net::TcpStream::connect((host, port))
         .await
         .map_err(WireError::io("connecting to the source"))?;
     let _ = tcp.set_nodelay(true);
@@ -190,8 +223,8 @@ async fn socket(cfg: &WireConfig) -> Result<Io, WireError> {
     }
     let config = walfold_store::tls_client_config(cfg.ssl_mode, cfg.root_cert.as_deref())
         .map_err(|e| WireError::Tls(e.to_string()))?;
-    let name = rustls::pki_types::ServerName::try_from(cfg.host.clone())
-        .map_err(|e| WireError::Tls(format!("host {}: {e}", cfg.host)))?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| WireError::Tls(format!("host {host}: {e}")))?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
@@ -215,6 +248,42 @@ async fn simple_query(conn: &mut Conn, sql: &str) -> Result<(), WireError> {
             Message::ReadyForQuery(_) => return failed.map_or(Ok(()), Err),
             Message::ErrorResponse(body) => failed = Some(server_error(body.fields())),
             Message::CommandComplete(_)
+            | Message::EmptyQueryResponse
+            | Message::NoticeResponse(_)
+            | Message::ParameterStatus(_) => {}
+            _ => return Err(WireError::Protocol(format!("unexpected answer to `{sql}`"))),
+        }
+    }
+}
+
+/// Runs a statement and returns its rows, each column as text (`None`: null).
+pub(crate) async fn rows(
+    conn: &mut Conn,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, WireError> {
+    let mut out = BytesMut::new();
+    frontend::query(sql, &mut out).map_err(WireError::io("encoding a query"))?;
+    conn.send(&out).await?;
+    let mut failed = None;
+    let mut rows = Vec::new();
+    loop {
+        match parse(conn.frame().await?)? {
+            Message::ReadyForQuery(_) => return failed.map_or(Ok(rows), Err),
+            Message::ErrorResponse(body) => failed = Some(server_error(body.fields())),
+            Message::DataRow(body) => {
+                let buf = body.buffer();
+                let mut ranges = body.ranges();
+                let mut row = Vec::new();
+                while let Some(range) = ranges
+                    .next()
+                    .map_err(|e| WireError::Protocol(e.to_string()))?
+                {
+                    row.push(range.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()));
+                }
+                rows.push(row);
+            }
+            Message::RowDescription(_)
+            | Message::CommandComplete(_)
             | Message::EmptyQueryResponse
             | Message::NoticeResponse(_)
             | Message::ParameterStatus(_) => {}

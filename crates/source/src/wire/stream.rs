@@ -321,8 +321,9 @@ mod tests {
 
     fn config(status_interval: Duration) -> WireConfig {
         WireConfig {
-            host: "/tmp".into(),
-            port: 5432,
+            hosts: vec![("/tmp".into(), 5432)],
+            read_write: false,
+            expect: None,
             user: "u".into(),
             password: None,
             database: "d".into(),

@@ -1,0 +1,327 @@
+//! The source fails over: a primary with an async physical standby (`pg_basebackup -R`)
+//! under a steady producer, the standby cut off so it falls behind, the primary stopped
+//! immediately and the standby promoted. Two daemons follow the same source through a
+//! multi-host URL, one with `on_slot_lost = "recreate"`, one with `"stop"`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use walfold_tempdb::{Cluster, Options};
+use walfold_tests::{
+    config_builder, eventually, walfold, write_config, Daemon, TestDb, PROJECTIONS,
+};
+
+/// Writes one-event transactions to `url` until `stop`, reconnecting to `url` when the
+/// server goes away (a new primary behind the same multi-host URL).
+fn producer(url: String, stop: Arc<AtomicBool>, n: Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut client = None;
+        while !stop.load(Ordering::Relaxed) {
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client = walfold_store::connect(&url).await.ok();
+                if client.is_none() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            }
+            let c = client.as_ref().unwrap();
+            let i = n.load(Ordering::Relaxed) as i64 + 1;
+            let r = c
+                .execute(
+                    "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+                     values (gen_random_uuid(), 'order', 'o-' || ($1::int8 % 7), 'OrderChanged', $1, \
+                     jsonb_build_object('status', 's' || $1, 'amount', ($1 % 100)::text))",
+                    &[&i],
+                )
+                .await;
+            if r.is_ok() {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(4)).await;
+        }
+    })
+}
+
+/// What a daemon folded against what the new primary holds.
+#[derive(Debug)]
+struct Tally {
+    committed: i64,
+    folded: i64,
+    missing: i64,
+    doubled: i64,
+    phantom: i64,
+}
+
+async fn tally(new_primary: &tokio_postgres::Client, target: &TestDb) -> Tally {
+    let ids: Vec<uuid::Uuid> = new_primary
+        .query("select id from outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let t = target.client().await;
+    let one = |sql: &'static str| {
+        let (t, ids) = (&t, &ids);
+        async move { t.query_one(sql, &[ids]).await.unwrap().get::<_, i64>(0) }
+    };
+    Tally {
+        committed: ids.len() as i64,
+        folded: one("select count(*) from ledger where event_id = any($1::uuid[])").await,
+        missing: one("select count(*) from unnest($1::uuid[]) i where not exists (select from ledger l where l.event_id = i)").await,
+        // The running sum is right only through its claims: an event applied twice shows.
+        doubled: one("select (coalesce((select sum(total) from order_total), 0) - coalesce((select sum(amount) from ledger), 0))::int8 + 0 * cardinality($1::uuid[])").await,
+        phantom: one("select count(*) from ledger where not (event_id = any($1::uuid[]))").await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_doubled() {
+    let primary = Cluster::start(Options::default()).expect("primary");
+    let db = primary.create_database("failover").unwrap();
+    primary.psql(&db, walfold_tests::SCHEMA).unwrap();
+    let standby = primary.standby().expect("standby");
+    let url = format!(
+        "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/{db}?target_session_attrs=read-write",
+        primary.port(),
+        standby.port()
+    );
+    let (recreate_target, stop_target) = (TestDb::new("fo_recreate"), TestDb::new("fo_stop"));
+    let config = |target: &TestDb, slot: &str, mode: &str| {
+        config_builder(&url)
+            .source("slot", slot)
+            .source("on_slot_lost", mode)
+            .set("target", "url", target.url())
+            .set("log", "level", "info")
+            .text(PROJECTIONS)
+            .to_toml()
+    };
+    let recreate_cfg = config(&recreate_target, "walfold_recreate", "recreate");
+    let stop_cfg = config(&stop_target, "walfold_stop", "stop");
+    let mut recreate = Daemon::start(&recreate_cfg, &[]);
+    let mut stop = Daemon::start(&stop_cfg, &[]);
+    let source = walfold_store::connect(&primary.url(&db)).await.unwrap();
+    eventually(Duration::from_secs(30), "both slots streaming", || async {
+        source
+            .query_one(
+                "select count(*) from pg_replication_slots where active",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 2
+    })
+    .await;
+
+    let (halt, written) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writer = producer(url.clone(), halt.clone(), written.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The standby falls behind; walfold keeps reading the primary.
+    standby.detach().unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    primary.stop("immediate").unwrap();
+    standby.promote().unwrap();
+    // The producer goes on against the new primary: what it writes before the new slot
+    // exists is the gap.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    halt.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    let new_primary = walfold_store::connect(&standby.url(&db)).await.unwrap();
+    let history = std::fs::read_to_string(standby.data_dir().join("pg_wal/00000002.history"))
+        .expect("the promoted standby's timeline history");
+    let fork = history.split_whitespace().nth(1).unwrap().to_owned();
+
+    // recreate: follows the new primary by itself, the gap starts at the fork and is
+    // backfilled.
+    let rt = recreate_target.client().await;
+    eventually(
+        Duration::from_secs(40),
+        "the recreate daemon folds the new primary",
+        || async { tally(&new_primary, &recreate_target).await.missing == 0 },
+    )
+    .await;
+    let r = tally(&new_primary, &recreate_target).await;
+    println!("recreate: {r:?}");
+    assert_eq!((r.missing, r.doubled), (0, 0), "{r:?}");
+    assert_eq!(r.folded, r.committed);
+    let gap = rt
+        .query_one(
+            "select reason, from_lsn::text, to_lsn is not null and to_lsn >= from_lsn, filled_at is not null \
+             from walfold.slot_gap",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(gap.get::<_, String>(0), "failover");
+    assert_eq!(gap.get::<_, String>(1), fork, "the gap starts at the fork");
+    assert!(
+        gap.get::<_, bool>(2) && gap.get::<_, bool>(3),
+        "closed and filled"
+    );
+    println!(
+        "recreate: gap {fork} backfilled {} events",
+        recreate_target.psql("select backfilled from walfold.slot_gap")
+    );
+    let seen = rt
+        .query_one(
+            "select fork_lsn::text, ingested_lsn > fork_lsn, from_timeline, to_timeline \
+             from walfold.source_failover",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(seen.get::<_, String>(0), fork);
+    assert_eq!((seen.get::<_, i64>(2), seen.get::<_, i64>(3)), (1, 2));
+    assert!(seen.get::<_, bool>(1), "walfold had read past the fork");
+    assert!(recreate.exited().is_none(), "{}", recreate.log_text());
+    let flagged =
+        |t: &TestDb| t.psql("select count(*) from walfold.phantom_event where accepted_at is null");
+    assert_eq!(
+        flagged(&recreate_target),
+        r.phantom.to_string(),
+        "every phantom is flagged"
+    );
+    let path = write_config(&recreate_cfg);
+    let (code, out, _) = walfold(&["status", "-c", path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&format!("phantoms: {}", r.phantom)), "{out}");
+    assert!(
+        out.contains("slot gaps: 1 ") && out.contains("), 0 open"),
+        "{out}"
+    );
+    let (code, out, _) = walfold(
+        &[
+            "events",
+            "-c",
+            path.to_str().unwrap(),
+            "--subscriber",
+            "orders.ledger.v1",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    let phantoms: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("\"phantom\":true"))
+        .collect();
+    assert_eq!(
+        phantoms.len() as i64,
+        r.phantom,
+        "events marks each phantom: {}",
+        out.lines().last().unwrap_or_default()
+    );
+    assert!(
+        phantoms.iter().all(|l| ["applied", "claimed", "stale"]
+            .iter()
+            .any(|o| l.contains(&format!("\"outcome\":\"{o}\"")))),
+        "and shows the read model it reached: {:?}",
+        phantoms.first()
+    );
+    let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+    assert!(
+        out.contains(&format!("{} phantoms from seq", r.phantom)),
+        "{out}"
+    );
+
+    // A fold of the log from its start (a new subscriber, as a rebuild reads) skips the
+    // phantoms: it equals what the new primary holds.
+    recreate.kill();
+    recreate_target.psql("create table ledger_after (event_id uuid primary key)");
+    let replay = format!(
+        "{recreate_cfg}\n[[projection]]\nname = \"ledger_after\"\nsubscriber = \"orders.ledger_after.v1\"\n\
+         sql = \"insert into ledger_after (event_id) values (:event_id)\"\n"
+    );
+    let mut recreate = Daemon::start(&replay, &[]);
+    let ids: Vec<uuid::Uuid> = new_primary
+        .query("select id from outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    eventually(Duration::from_secs(30), "the new subscriber folds the log", || async {
+        rt.query_one("select count(*) = cardinality($1::uuid[]) and bool_and(event_id = any($1::uuid[])) from ledger_after", &[&ids])
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            == Some(true)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        recreate_target.psql("select count(*) from ledger_after"),
+        ids.len().to_string(),
+        "no phantom reached the new subscriber"
+    );
+
+    // stop: refuses, naming the fork; its fix (create the slot, backfill, restart)
+    // misses nothing.
+    stop.wait_exit("the stop daemon to refuse").await;
+    let log = stop.log_text();
+    assert!(log.contains(&format!("forking at {fork}")), "{log}");
+    new_primary
+        .execute(
+            "select pg_create_logical_replication_slot('walfold_stop', 'pgoutput')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let path = write_config(&stop_cfg);
+    let (code, out, err) = walfold(
+        &[
+            "backfill",
+            "-c",
+            path.to_str().unwrap(),
+            "--outbox",
+            "public.outbox",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let _stop = Daemon::start(&stop_cfg, &[]);
+    eventually(
+        Duration::from_secs(30),
+        "the stop daemon folds the new primary",
+        || async { tally(&new_primary, &stop_target).await.missing == 0 },
+    )
+    .await;
+    let s = tally(&new_primary, &stop_target).await;
+    println!("stop: {s:?}");
+    assert_eq!((s.missing, s.doubled), (0, 0), "{s:?}");
+    assert_eq!(s.folded, s.committed);
+    assert_eq!(
+        flagged(&stop_target),
+        s.phantom.to_string(),
+        "every phantom is flagged"
+    );
+    recreate.kill();
+
+    // Another database under the same slot (its URL pointed at another cluster) is no
+    // failover: refused, naming both system identifiers.
+    let elsewhere = config_builder(&recreate_target.url())
+        .source("slot", "walfold_recreate")
+        .source("on_slot_lost", "recreate")
+        .set("target", "url", recreate_target.url())
+        .text(PROJECTIONS)
+        .to_toml();
+    let mut wrong = Daemon::start(&elsewhere, &[]);
+    wrong
+        .wait_exit("the daemon to refuse another database")
+        .await;
+    assert_eq!(wrong.exited().unwrap().code(), Some(1));
+    assert!(
+        wrong
+            .log_text()
+            .contains("another database, not a failover"),
+        "{}",
+        wrong.log_text()
+    );
+}
