@@ -714,6 +714,8 @@ mod tests {
             sources: vec![crate::metrics::SourceReading {
                 name: "main".into(),
                 slot_gaps: 0,
+                slot_gaps_open: 0,
+                phantoms: 0,
                 slot,
             }],
             ..Default::default()

@@ -130,7 +130,7 @@ pub(crate) async fn login(cfg: &WireConfig, host: &str, port: u16) -> Result<Log
     conn.send(&out).await?;
     let (server_version, server_encoding) = authenticate(&mut conn, cfg)
         .await
-        .map_err(|e| pooler_refusal(e, cfg))?;
+        .map_err(|e| pooler_refusal(e, host, port))?;
     if let Some(settings) = &cfg.settings {
         simple_query(&mut conn, settings).await?;
     }
@@ -452,15 +452,14 @@ pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> WireError {
 /// A pooler that refuses the replication connection's startup: PostgreSQL itself never
 /// says "unsupported startup parameter", PgBouncer does (for `replication`) and retrying
 /// cannot help. Any other error is returned as it is.
-fn pooler_refusal(e: WireError, cfg: &WireConfig) -> WireError {
+fn pooler_refusal(e: WireError, host: &str, port: u16) -> WireError {
     match e {
         WireError::Server { message, .. } if message.contains("unsupported startup parameter") => {
             WireError::Unsupported(format!(
-                "the source at {}:{} refused the replication connection ({message}): a \
+                "the source at {host}:{port} refused the replication connection ({message}): a \
                  connection pooler such as PgBouncer is in front of it, and walfold's \
                  replication connection needs PostgreSQL itself. Fix: point source.url at \
-                 the server directly, not at the pooler",
-                cfg.host, cfg.port
+                 the server directly, not at the pooler"
             ))
         }
         other => other,
