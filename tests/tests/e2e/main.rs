@@ -5,6 +5,7 @@
 
 mod daemon;
 mod library;
+mod memory;
 mod observability;
 mod operator_tools;
 mod operators;
