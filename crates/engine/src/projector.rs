@@ -935,6 +935,7 @@ impl Partition {
                         position,
                         &filter,
                         limit,
+                        self.pages.page_bytes(),
                     )
                 })
                 .await
@@ -1362,7 +1363,7 @@ fn waiting_letter(subscriber: &str, e: &Event) -> DeadLetter {
             "aggregate_id": e.aggregate_id,
             "event_type": e.event_type,
             "version": e.version,
-            "payload": e.payload,
+            "payload": e.payload.to_value(),
             "headers": e.headers,
         })),
         existing: None,

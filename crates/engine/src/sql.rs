@@ -31,7 +31,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 use walfold_config::{ParamType, Placeholder, Statement, Template, Upsert};
-use walfold_event::Event;
+use walfold_event::{Event, JsonText};
 use walfold_store::{RowExt, Schema};
 
 use crate::error::ProjectionError;
@@ -526,28 +526,30 @@ fn fnv64(s: &str) -> u64 {
     })
 }
 
-/// One placeholder's values over a batch.
-enum Column {
+/// One placeholder's values over a batch; payloads borrowed, never copied.
+enum Column<'a> {
     Uuid(Vec<Uuid>),
     Text(Vec<Option<String>>),
     Int(Vec<Option<i64>>),
-    Json(Vec<Option<Value>>),
+    Json(Vec<Option<&'a JsonText>>),
+    Value(Vec<Option<&'a Value>>),
     Time(Vec<Option<SystemTime>>),
 }
 
-impl Column {
+impl Column<'_> {
     fn as_sql(&self) -> &(dyn ToSql + Sync) {
         match self {
             Column::Uuid(v) => v,
             Column::Text(v) => v,
             Column::Int(v) => v,
             Column::Json(v) => v,
+            Column::Value(v) => v,
             Column::Time(v) => v,
         }
     }
 }
 
-fn column(p: &Placeholder, events: &[&Event]) -> Column {
+fn column<'a>(p: &Placeholder, events: &[&'a Event]) -> Column<'a> {
     let text =
         |f: &dyn Fn(&Event) -> Option<String>| Column::Text(events.iter().map(|e| f(e)).collect());
     match p {
@@ -558,17 +560,15 @@ fn column(p: &Placeholder, events: &[&Event]) -> Column {
         Placeholder::Version => Column::Int(events.iter().map(|e| e.version).collect()),
         Placeholder::Sequence => Column::Int(events.iter().map(|e| Some(e.seq)).collect()),
         Placeholder::Source => text(&|e| Some(e.source.clone())),
-        Placeholder::Payload => {
-            Column::Json(events.iter().map(|e| Some(e.payload.clone())).collect())
-        }
-        Placeholder::Headers => Column::Json(events.iter().map(|e| e.headers.clone()).collect()),
-        Placeholder::PayloadPath(path) => text(&|e| lookup(Some(&e.payload), path)),
+        Placeholder::Payload => Column::Json(events.iter().map(|e| Some(&e.payload)).collect()),
+        Placeholder::Headers => Column::Value(events.iter().map(|e| e.headers.as_ref()).collect()),
+        Placeholder::PayloadPath(path) => text(&|e| as_text(e.payload.pointer(path))),
         Placeholder::HeadersPath(path) => text(&|e| lookup(e.headers.as_ref(), path)),
         Placeholder::OccurredAt => Column::Time(events.iter().map(|e| e.occurred_at).collect()),
     }
 }
 
-/// `:payload.a.b` → the value at that path as text (strings unquoted, other values as
+/// `:headers.a.b` → the value at that path as text (strings unquoted, other values as
 /// JSON), `None` when missing or JSON null. A numeric segment indexes an array.
 fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
     let mut v = root?;
@@ -579,9 +579,14 @@ fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
             _ => return None,
         };
     }
-    match v {
+    as_text(Some(v.clone()))
+}
+
+/// A value bound as text: strings unquoted, other values as JSON, null as null.
+fn as_text(v: Option<Value>) -> Option<String> {
+    match v? {
         Value::Null => None,
-        Value::String(s) => Some(s.clone()),
+        Value::String(s) => Some(s),
         other => Some(other.to_string()),
     }
 }

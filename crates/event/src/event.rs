@@ -5,6 +5,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use crate::json_text::JsonText;
 use crate::lsn::Lsn;
 
 /// An event read from an outbox row, before it is in the event log.
@@ -16,7 +17,8 @@ pub struct NewEvent {
     pub aggregate_id: String,
     pub event_type: String,
     pub version: Option<i64>,
-    pub payload: Value,
+    /// As written: a payload may be megabytes, read in parts ([`JsonText::pointer`]).
+    pub payload: JsonText,
     pub headers: Option<Value>,
     pub occurred_at: Option<SystemTime>,
     /// Commit LSN of the source transaction.
@@ -49,7 +51,7 @@ impl NewEvent {
             "aggregate_id": self.aggregate_id,
             "event_type": self.event_type,
             "version": self.version,
-            "payload": self.payload,
+            "payload": self.payload.to_value(),
             "headers": self.headers,
             "source_lsn": self.source_lsn.to_string(),
         })
@@ -66,7 +68,8 @@ pub struct Event {
     pub aggregate_id: String,
     pub event_type: String,
     pub version: Option<i64>,
-    pub payload: Value,
+    /// As written: a payload may be megabytes, read in parts ([`JsonText::pointer`]).
+    pub payload: JsonText,
     pub headers: Option<Value>,
     pub occurred_at: Option<SystemTime>,
     pub source_lsn: Lsn,

@@ -106,7 +106,10 @@ pub async fn backfill(
         .map_err(|e| SourceError::store("configuring the source session")(db(e)))?;
     // The slot exists from here on: whatever commits later is in its stream.
     prepare_source(&source, config, &mut log).await?;
-    let pager = Pager::new(&source, outbox, order_by).await?;
+    let mut pager = Pager::new(&source, outbox, order_by).await?;
+    pager.mapping = pager
+        .mapping
+        .with_max_bytes(config.pipeline.max_event_bytes);
     let mut report = BackfillReport::default();
     let mut cursor: Option<Cursor> = None;
     loop {

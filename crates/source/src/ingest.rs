@@ -15,9 +15,11 @@ use walfold_store::{connect, Backoff, EventLog, Fence, LogOrder};
 use walfold_telemetry::signal::Signal;
 
 use crate::appender::Appender;
+use crate::budget::Budget;
 use crate::error::SourceError;
 use crate::feedback;
 use crate::reader::{replication_config, Reader};
+use crate::wire::WireConfig;
 use crate::setup::prepare_source;
 
 /// Follows every source's slot into the event log until `cancel`, publishing the log
@@ -209,7 +211,9 @@ async fn attempt(
     head.send_modify(|h| *h = (*h).max(log.head()));
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
+    let budget = Budget::new(config.pipeline.ingest_bytes);
     let appender = Appender {
+        budget: budget.clone(),
         log,
         durable,
         head: head.clone(),
@@ -219,7 +223,10 @@ async fn attempt(
         source: config.source().name.clone(),
     };
     let reader = Reader::new(config, items_tx, ingested);
-    let cfg = replication_config(config)?;
+    let cfg = WireConfig {
+        budget: Some(budget),
+        ..replication_config(config)?
+    };
     let _heartbeat = heartbeat(
         config.source().url.clone(),
         config.source().heartbeat_interval_s,

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
-use walfold_event::{DeadLetter, Lsn, NewEvent, Reason, RowOrigin};
+use walfold_event::{DeadLetter, JsonText, Lsn, NewEvent, Reason, RowOrigin};
 use walfold_pgoutput::{oid, parse_time, Column, Relation, Tuple};
 
 /// The fields of an event, indexes into [`OutboxConfig::columns`].
@@ -38,8 +38,8 @@ trait Fields {
     const WHAT: &'static str;
     /// A field's text; `None` for null, or for an optional field that is absent.
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String>;
-    /// A JSON field (payload, headers).
-    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String>;
+    /// A JSON field (payload, headers), as its text.
+    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String>;
     /// A time without an offset is UTC (a `timestamp without time zone` column).
     fn naive_time_is_utc(&self) -> bool;
 }
@@ -91,10 +91,12 @@ fn build<F: Fields>(
     // Valid JSON that jsonb refuses would fail the event log's insert: set aside here.
     for (field, value) in [(PAYLOAD, Some(&payload)), (HEADERS, headers.as_ref())] {
         if let Some(value) = value {
-            walfold_event::json::check_jsonb(value)
+            value
+                .check_jsonb()
                 .map_err(|e| format!("{what} `{}` {e}", names[field]))?;
         }
     }
+    let headers = headers.map(|h| h.to_value());
     let occurred_at = match f.text(OCCURRED_AT, false)? {
         None => None,
         Some(t) => match parse_time(&t, f.naive_time_is_utc()) {
@@ -165,6 +167,8 @@ pub struct Mapping {
     index: [Option<usize>; 8],
     names: Names,
     keys: [&'static str; 8],
+    /// `pipeline.max_event_bytes`.
+    max_bytes: usize,
 }
 
 impl Mapping {
@@ -187,7 +191,14 @@ impl Mapping {
             index,
             names,
             keys: keys(config),
+            max_bytes: usize::MAX,
         }
+    }
+
+    /// A row larger than `max_bytes` becomes a `too_large` dead letter.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Mapping {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// The relation's columns, for messages: `(id, kind, body)`.
@@ -212,12 +223,27 @@ impl Mapping {
         origin: Option<RowOrigin>,
     ) -> Result<NewEvent, Box<DeadLetter>> {
         let fields = RowFields { mapping: self, row };
+        let size: usize = row
+            .columns
+            .iter()
+            .map(|c| match c {
+                Column::Text(b) | Column::Binary(b) => b.len(),
+                Column::Null | Column::Unchanged => 0,
+            })
+            .sum();
+        if size > self.max_bytes {
+            let error = too_large("row", size, self.max_bytes);
+            let mut dead = rejected(&fields, error, self.raw(row, SMALL), tx, origin);
+            dead.reason = Reason::TooLarge;
+            return Err(dead);
+        }
         build(&fields, &self.names, tx, origin)
-            .map_err(|error| rejected(&fields, error, self.raw(row), tx, origin))
+            .map_err(|error| rejected(&fields, error, self.raw(row, usize::MAX), tx, origin))
     }
 
-    /// The raw row as JSON (column → text), for dead letters.
-    fn raw(&self, row: &Tuple<'_>) -> Value {
+    /// The raw row as JSON (column → text), for dead letters; a value over `keep`
+    /// bytes as its size only.
+    fn raw(&self, row: &Tuple<'_>, keep: usize) -> Value {
         let mut map = Map::new();
         for (i, col) in row.columns.iter().enumerate() {
             let name = self
@@ -227,6 +253,9 @@ impl Mapping {
             let value = match col {
                 Column::Null => Value::Null,
                 Column::Unchanged => Value::String("<unchanged toast>".into()),
+                Column::Text(b) | Column::Binary(b) if b.len() > keep => {
+                    Value::String(format!("<{} bytes, left out>", b.len()))
+                }
                 Column::Text(b) | Column::Binary(b) => {
                     Value::String(String::from_utf8_lossy(b).into_owned())
                 }
@@ -270,13 +299,13 @@ impl Fields for RowFields<'_, '_> {
         }
     }
 
-    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
+    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
         let name = &self.mapping.names[field];
         let Some(text) = self.text(field, required)? else {
             return Ok(None);
         };
         refuse_nul(&text, &format!("column `{name}`"))?;
-        walfold_event::json::parse(&text)
+        JsonText::parse(text)
             .map(Some)
             .map_err(|e| format!("column `{name}` {e}"))
     }
@@ -293,6 +322,8 @@ impl Fields for RowFields<'_, '_> {
 pub struct MessageMapping {
     pub prefix: String,
     names: Names,
+    /// `pipeline.max_event_bytes`.
+    max_bytes: usize,
 }
 
 impl MessageMapping {
@@ -301,7 +332,14 @@ impl MessageMapping {
         Some(MessageMapping {
             prefix: config.message_prefix.clone()?,
             names: names(config),
+            max_bytes: usize::MAX,
         })
+    }
+
+    /// A message larger than `max_bytes` becomes a `too_large` dead letter.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> MessageMapping {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// Maps a message's content read at `origin`. Content that cannot be an event comes
@@ -313,6 +351,17 @@ impl MessageMapping {
         origin: Option<RowOrigin>,
     ) -> Result<NewEvent, Box<DeadLetter>> {
         let raw = |content: Value| self.raw(content);
+        if content.len() > self.max_bytes {
+            let fields = JsonFields {
+                object: &Map::new(),
+                names: &self.names,
+            };
+            let error = too_large("message", content.len(), self.max_bytes);
+            let left_out = Value::String(format!("<{} bytes, left out>", content.len()));
+            let mut dead = rejected(&fields, error, raw(left_out), tx, origin);
+            dead.reason = Reason::TooLarge;
+            return Err(dead);
+        }
         let object = match parse_message(content) {
             Ok(object) => object,
             Err(error) => {
@@ -429,8 +478,8 @@ impl Fields for JsonFields<'_> {
         }
     }
 
-    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
-        Ok(self.value(field, required)?.cloned())
+    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
+        Ok(self.value(field, required)?.map(JsonText::from_value))
     }
 
     /// As for a `timestamp` column: a time without an offset is UTC.
@@ -492,6 +541,13 @@ fn has_nul_escape(text: &str) -> bool {
         }
     }
     false
+}
+
+/// Values of a too large row kept in its dead letter: its IDs and names, not its payload.
+const SMALL: usize = 1024;
+
+fn too_large(what: &str, size: usize, max: usize) -> String {
+    format!("the {what} is {size} bytes, over pipeline.max_event_bytes ({max}): not an event")
 }
 
 fn truncate(s: &str) -> String {
@@ -583,7 +639,7 @@ mod tests {
             .unwrap();
         assert_eq!(e.id.to_string(), ID);
         assert_eq!(e.version, Some(3));
-        assert_eq!(e.payload["amount"], "12.50");
+        assert_eq!(e.payload.get("amount").unwrap(), "12.50");
         assert_eq!(e.source_lsn, Lsn(42));
         assert_eq!(
             e.occurred_at
@@ -615,11 +671,11 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            e.payload["amount"].to_string(),
+            e.payload.get("amount").unwrap().to_string(),
             "12345678901234567890.123456789012"
         );
         assert_eq!(
-            e.payload["n"].to_string(),
+            e.payload.get("n").unwrap().to_string(),
             "1e+400",
             "the value, not an f64 infinity"
         );
@@ -732,7 +788,7 @@ mod tests {
         let e = m
             .map(&with(r#"{"path": "C:\\u0000"}"#), tx(), None)
             .unwrap();
-        assert_eq!(e.payload["path"], "C:\\u0000");
+        assert_eq!(e.payload.get("path").unwrap(), "C:\\u0000");
         let dl = m
             .map(&with(r#"{"path": "\u0000"}"#), tx(), None)
             .unwrap_err();
@@ -761,7 +817,7 @@ mod tests {
         assert_eq!(e.id.to_string(), ID);
         assert_eq!(e.aggregate_id, "12");
         assert_eq!(e.version, Some(3));
-        assert_eq!(e.payload["amount"].to_string(), "1.50");
+        assert_eq!(e.payload.get("amount").unwrap().to_string(), "1.50");
         assert_eq!(e.headers, None);
         assert!(e.occurred_at.is_some());
     }

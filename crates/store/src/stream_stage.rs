@@ -14,11 +14,13 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 use tokio_postgres::types::PgLsn;
 use uuid::Uuid;
-use walfold_event::{partition_hash, DeadLetter, ErrorKind, Lsn, NewEvent, Reason, RowOrigin};
+use walfold_event::{
+    partition_hash, DeadLetter, ErrorKind, JsonText, Lsn, NewEvent, Reason, RowOrigin,
+};
 
 use crate::error::StoreError;
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
-use crate::jsonb::{self, Jsonb};
+use crate::jsonb;
 use crate::row::RowExt;
 
 /// One change of a streamed transaction, in stream order.
@@ -93,10 +95,10 @@ const READ_STAGED: &str =
 const MOVE_ALL: &str =
     "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
              event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
-             committed_at, source) \
+             committed_at, source, bytes) \
              select $3 + row_number() over (order by ord), event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-             $4, $5, $6::text from {schema}.stream_stage \
+             $4, $5, $6::text, octet_length(payload::text) from {schema}.stream_stage \
              where slot = $1 and xid = $2 and rejected is null";
 
 impl EventLog {
@@ -136,7 +138,7 @@ impl EventLog {
         let mut agg_ids: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut types: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut versions: Vec<Option<i64>> = Vec::with_capacity(n);
-        let mut payloads: Vec<Option<&Value>> = Vec::with_capacity(n);
+        let mut payloads: Vec<Option<&JsonText>> = Vec::with_capacity(n);
         let mut headers: Vec<Option<&Value>> = Vec::with_capacity(n);
         let mut occurred: Vec<Option<SystemTime>> = Vec::with_capacity(n);
         let mut lsns: Vec<Option<PgLsn>> = Vec::with_capacity(n);
@@ -448,7 +450,7 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedR
         aggregate_id: row.col("aggregate_id")?,
         event_type: row.col("event_type")?,
         version: row.col("version")?,
-        payload: row.col::<Jsonb>("payload")?.0,
+        payload: row.col("payload")?,
         headers: jsonb::value(row.col("headers")?),
         occurred_at: row.col("occurred_at")?,
         source_lsn: commit.commit_lsn,
