@@ -941,6 +941,13 @@ impl Partition {
                 .await
                 .map_err(EngineError::store("reading the event log"))?;
             Signal::PageRead { shared }.report();
+            if page.bytes > self.pages.page_bytes() as usize {
+                // An event larger than a page: this turn's buffers grow to it.
+                conn.client.retire();
+                if let Some(log) = conn.log.as_mut() {
+                    log.retire();
+                }
+            }
             if page.events.is_empty() {
                 // The first idle read is saved too: a checkpoint row says this partition
                 // has read the log once (a rebuild switches over only then). A window

@@ -36,9 +36,44 @@ pub(crate) struct Appender {
     pub batch_size: usize,
     /// What the batch's items hold of it goes back once they are written.
     pub budget: Budget,
+    /// Opens the event log on a new connection, for one that carried a large batch.
+    pub reopen: Reopen,
     pub linger: Duration,
     /// When the ingest position was last written.
     pub position_written: tokio::time::Instant,
+}
+
+/// How to open the event log on a connection of its own: tokio-postgres keeps a
+/// connection's buffers at the largest message they held, so the appender's connection
+/// is replaced after it carried an event as large as the whole ingest budget.
+pub(crate) struct Reopen {
+    pub url: String,
+    pub schema: walfold_store::Schema,
+    pub slot: String,
+    pub source: String,
+    pub order: std::sync::Arc<walfold_store::LogOrder>,
+    pub fence: walfold_store::Fence,
+}
+
+impl Reopen {
+    pub(crate) async fn open(&self) -> Result<EventLog, SourceError> {
+        let target = walfold_store::connect(&self.url)
+            .await
+            .map_err(SourceError::store("connecting to the target"))?;
+        let mut log = EventLog::open(
+            target,
+            &self.schema,
+            &self.slot,
+            &self.source,
+            self.order.clone(),
+        )
+        .await
+        .map_err(SourceError::store("opening the event log"))?;
+        log.fence_with(&self.fence)
+            .await
+            .map_err(SourceError::store("preparing the leadership check"))?;
+        Ok(log)
+    }
 }
 
 /// What a batch holds until it is written.
@@ -90,7 +125,11 @@ impl Appender {
                 }
             }
             self.flush(&mut batch, &mut totals).await?;
+            let largest = held.iter().map(Held::bytes).max().unwrap_or(0);
             held.clear();
+            if largest >= self.budget.bytes() {
+                self.log = self.reopen.open().await?;
+            }
         }
         tracing::info!(
             appended = totals.appended,

@@ -58,6 +58,11 @@ impl Budget {
         }
     }
 
+    /// The whole budget.
+    pub fn bytes(&self) -> usize {
+        self.bytes as usize
+    }
+
     /// Nothing is left: whoever holds the bytes should give them back before taking more.
     pub fn spent(&self) -> bool {
         self.permits.available_permits() == 0

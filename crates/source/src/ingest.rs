@@ -11,10 +11,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_event::ErrorKind;
-use walfold_store::{connect, Backoff, EventLog, Fence, LogOrder};
+use walfold_store::{connect, Backoff, Fence, LogOrder};
 use walfold_telemetry::signal::Signal;
 
-use crate::appender::Appender;
+use crate::appender::{Appender, Reopen};
 use crate::budget::Budget;
 use crate::error::SourceError;
 use crate::feedback;
@@ -172,22 +172,15 @@ async fn attempt(
     fence: &Fence,
     order: &Arc<LogOrder>,
 ) -> Result<(), SourceError> {
-    let target = connect(config.target_url())
-        .await
-        .map_err(SourceError::store("connecting to the target"))?;
-    let slot = &config.source().slot;
-    let mut log = EventLog::open(
-        target,
-        &walfold_store::Schema::new(config.target.schema.as_str()),
-        slot,
-        &config.source().name,
-        order.clone(),
-    )
-    .await
-    .map_err(SourceError::store("opening the event log"))?;
-    log.fence_with(fence)
-        .await
-        .map_err(SourceError::store("preparing the leadership check"))?;
+    let reopen = Reopen {
+        url: config.target_url().to_owned(),
+        schema: walfold_store::Schema::new(config.target.schema.as_str()),
+        slot: config.source().slot.clone(),
+        source: config.source().name.clone(),
+        order: order.clone(),
+        fence: fence.clone(),
+    };
+    let mut log = reopen.open().await?;
     let source = connect(&config.source().url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
@@ -213,6 +206,7 @@ async fn attempt(
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
     let budget = Budget::new(config.pipeline.ingest_bytes);
     let appender = Appender {
+        reopen,
         budget: budget.clone(),
         log,
         durable,

@@ -50,6 +50,9 @@ pub struct EventLog {
     /// The `[[source]]` whose events this handle appends.
     source: String,
     insert: Statement,
+    /// The insert of a batch with payloads sent by COPY (not prepared: it names a
+    /// temporary table that exists only once one was sent).
+    insert_large: String,
     compare: Statement,
     position: Statement,
     read_position: Statement,
@@ -80,6 +83,23 @@ const INSERT_EVENTS: &str = "insert into {schema}.event_log (seq, event_id, aggr
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
                  $12::timestamptz[], $14::int4[]) as u(seq, event_id) order by u.event_id, u.seq) u \
+                 where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
+                 returning event_id";
+
+/// [`INSERT_EVENTS`] for a batch with payloads sent by COPY (see `large_payload`).
+const INSERT_EVENTS_LARGE: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, \
+                 aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
+                 source_lsn, committed_at, bytes, source) \
+                 select u.seq, u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, \
+                 u.version, {payload}, u.headers, u.occurred_at, u.partition_hash, u.source_lsn, \
+                 u.committed_at, u.bytes, $13::text \
+                 from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
+                 $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
+                 $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
+                 $12::timestamptz[], $14::int4[]) with ordinality as u(seq, event_id, \
+                 aggregate_type, aggregate_id, event_type, version, payload, headers, \
+                 occurred_at, partition_hash, source_lsn, committed_at, bytes, n) \
+                 order by u.event_id, u.seq) u \
                  where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
                  returning event_id";
 
@@ -188,6 +208,7 @@ impl EventLog {
             order,
             source: source.to_owned(),
             insert,
+            insert_large: insert_large_sql(schema),
             compare,
             position,
             dead_letters,
@@ -274,6 +295,7 @@ impl EventLog {
         let writer = Writer {
             source: &self.source,
             insert: &self.insert,
+            insert_large: &self.insert_large,
             compare: &self.compare,
             dead_letters: &self.dead_letters,
         };
@@ -297,6 +319,7 @@ impl EventLog {
             writer: Writer {
                 source: &self.source,
                 insert: &self.insert,
+            insert_large: &self.insert_large,
                 compare: &self.compare,
                 dead_letters: &self.dead_letters,
             },
@@ -331,6 +354,7 @@ pub(crate) struct Writer<'a> {
     /// The source whose events this appender writes.
     source: &'a str,
     insert: &'a Statement,
+    insert_large: &'a str,
     compare: &'a Statement,
     dead_letters: &'a DeadLetters,
 }
@@ -363,7 +387,7 @@ impl<'a> Writer<'a> {
         let mut inserted: HashSet<Uuid> = if events.is_empty() {
             HashSet::new()
         } else {
-            insert_rows(tx, self.insert, self.source, head, events)
+            insert_rows(tx, (self.insert, self.insert_large), self.source, head, events)
                 .await?
                 .iter()
                 .map(|r| r.of("event_log").col("event_id"))
@@ -412,7 +436,7 @@ impl<'a> Writer<'a> {
                 .map(|(e, _)| (*e).clone())
                 .collect();
             if !pruned.is_empty() {
-                let again = insert_rows(tx, self.insert, self.source, next_seq, &pruned).await?;
+                let again = insert_rows(tx, (self.insert, self.insert_large), self.source, next_seq, &pruned).await?;
                 outcome.appended += again.len() as u64;
                 next_seq += pruned.len() as i64;
             }
@@ -485,7 +509,7 @@ impl Ending<'_> {
 
 async fn insert_rows(
     tx: &tokio_postgres::Transaction<'_>,
-    insert: &Statement,
+    (insert, insert_large): (&Statement, &str),
     source: &str,
     head: i64,
     new: &[NewEvent],
@@ -497,7 +521,8 @@ async fn insert_rows(
     let agg_ids: Vec<&str> = new.iter().map(|e| e.aggregate_id.as_str()).collect();
     let types: Vec<&str> = new.iter().map(|e| e.event_type.as_str()).collect();
     let versions: Vec<Option<i64>> = new.iter().map(|e| e.version).collect();
-    let payloads: Vec<&JsonText> = new.iter().map(|e| &e.payload).collect();
+    let payloads: Vec<Option<&JsonText>> = new.iter().map(|e| Some(&e.payload)).collect();
+    let large = crate::large_payload::upload(tx, &payloads).await?;
     let bytes: Vec<i32> = new.iter().map(|e| payload_bytes(&e.payload)).collect();
     let headers: Vec<Option<&Value>> = new.iter().map(|e| e.headers.as_ref()).collect();
     let occurred: Vec<Option<SystemTime>> = new.iter().map(|e| e.occurred_at).collect();
@@ -507,15 +532,28 @@ async fn insert_rows(
         .collect();
     let lsns: Vec<PgLsn> = new.iter().map(|e| e.source_lsn.into()).collect();
     let committed: Vec<Option<SystemTime>> = new.iter().map(|e| e.committed_at).collect();
-    tx.query(
-        insert,
-        &[
-            &seqs, &ids, &agg_types, &agg_ids, &types, &versions, &payloads, &headers, &occurred,
-            &hashes, &lsns, &committed, &source, &bytes,
-        ],
-    )
-    .await
+    let payloads = large.as_ref().unwrap_or(&payloads);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+        &seqs, &ids, &agg_types, &agg_ids, &types, &versions, payloads, &headers, &occurred,
+        &hashes, &lsns, &committed, &source, &bytes,
+    ];
+    match large {
+        None => tx.query(insert, &params).await,
+        Some(_) => tx.query(insert_large, &params).await,
+    }
     .map_err(StoreError::db("appending events"))
+}
+
+/// [`INSERT_EVENTS_LARGE`] for `schema`.
+fn insert_large_sql(schema: &Schema) -> String {
+    schema.sql(
+        &INSERT_EVENTS_LARGE.replace(
+            "{payload}",
+            &crate::large_payload::PAYLOAD
+                .replace("{payload}", "u.payload")
+                .replace("{n}", "u.n"),
+        ),
+    )
 }
 
 /// The `event_log.bytes` of a payload (a payload is at most 1 GB, as PostgreSQL's).

@@ -13,6 +13,7 @@ mod event_log;
 mod event_trail;
 mod ingest_position;
 mod jsonb;
+mod large_payload;
 mod leader;
 mod log_order;
 mod migrate;

@@ -75,6 +75,21 @@ const STAGE: &str =
              $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
              $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[])";
 
+/// [`STAGE`] for changes with payloads sent by COPY (see `large_payload`).
+const STAGE_LARGE: &str =
+    "insert into {schema}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
+             aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
+             change_index, rejected, partition_hash) \
+             select $1, u.xid, u.subxid, u.ord, u.event_id, u.aggregate_type, u.aggregate_id, \
+             u.event_type, u.version, {payload}, u.headers, u.occurred_at, u.change_lsn, \
+             u.change_index, u.rejected, u.partition_hash \
+             from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
+             $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[]) \
+             with ordinality as u(xid, subxid, ord, event_id, aggregate_type, aggregate_id, \
+             event_type, version, payload, headers, occurred_at, change_lsn, change_index, \
+             rejected, partition_hash, n)";
+
 /// Deletes what slot `$1` staged for transaction `$2`.
 const DISCARD: &str = "delete from {schema}.stream_stage where slot = $1 and xid = $2";
 
@@ -199,6 +214,19 @@ impl EventLog {
             .transaction()
             .await
             .map_err(StoreError::db("staging streamed changes"))?;
+        let large = crate::large_payload::upload(&tx, &payloads).await?;
+        let sql = match large {
+            None => sql,
+            Some(_) => parts.schema.sql(
+                &STAGE_LARGE.replace(
+                    "{payload}",
+                    &crate::large_payload::PAYLOAD
+                        .replace("{payload}", "u.payload")
+                        .replace("{n}", "u.n"),
+                ),
+            ),
+        };
+        let payloads = large.as_ref().unwrap_or(&payloads);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
             &parts.slot,
             &xids,
@@ -209,7 +237,7 @@ impl EventLog {
             &agg_ids,
             &types,
             &versions,
-            &payloads,
+            payloads,
             &headers,
             &occurred,
             &lsns,
