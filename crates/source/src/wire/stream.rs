@@ -30,7 +30,13 @@ pub(crate) struct Worker {
     last_heard: Instant,
     /// Between Stream Start and Stream Stop (protocol 2): messages carry an xid.
     in_stream: bool,
+    /// The budget taken for a large message before reading it (see [`Worker::stream`]).
+    reserved: Option<Held>,
 }
+
+/// A message larger than this is read only once the budget has room for it: otherwise
+/// one such message would wait in the read buffer beside the budget's worth in flight.
+const READ_AFTER_TAKING: usize = 64 * 1024;
 
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
@@ -60,6 +66,7 @@ impl Worker {
             last_status,
             last_heard: Instant::now(),
             in_stream: false,
+            reserved: None,
         }
     }
 
@@ -95,6 +102,21 @@ impl Worker {
             let due = self.last_status + self.cfg.status_interval;
             let dead = self.last_heard + self.cfg.silence;
             let progress = self.progress.clone();
+            // A large message is read once the budget has room for it (the server waits
+            // meanwhile, as when the reader pushes back).
+            let wait_for = match (&self.cfg.budget, self.conn.incomplete()) {
+                (Some(budget), Some(len)) if len > READ_AFTER_TAKING && self.reserved.is_none() => {
+                    Some(budget.clone().take(len))
+                }
+                _ => None,
+            };
+            let waiting = wait_for.is_some();
+            let take = async move {
+                match wait_for {
+                    Some(take) => take.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 _ = self.stop.changed() => return Ok(End::Stopped),
@@ -104,8 +126,12 @@ impl Worker {
                     }
                 }
                 _ = tokio::time::sleep_until(due) => self.status().await?,
-                r = self.conn.fill() => r?,
-                _ = tokio::time::sleep_until(dead) => {
+                held = take => {
+                    self.reserved = Some(held);
+                    self.last_heard = Instant::now();
+                }
+                r = self.conn.fill(), if !waiting => r?,
+                _ = tokio::time::sleep_until(dead), if !waiting => {
                     return Err(WireError::io("reading the replication stream")(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!(
@@ -250,6 +276,9 @@ impl Worker {
         let Some(budget) = self.cfg.budget.clone() else {
             return Ok(Some(Held::default()));
         };
+        if let Some(held) = self.reserved.take() {
+            return Ok(Some(held));
+        }
         let bytes = match event {
             ReplicationEvent::XLogData { data, .. } => data.len(),
             ReplicationEvent::Message { content, .. } => content.len(),
