@@ -402,8 +402,8 @@ pub struct PipelineConfig {
     #[serde(default = "defaults::append_batch_size")]
     pub append_batch_size: usize,
     /// reader → appender buffer, in items; when full, reading stops and back-pressure
-    /// reaches the server. It holds decoded payloads: it is what the daemon's memory grows
-    /// with (10000 took the drain's peak RSS from 36 to 66 MiB, for the same rate)
+    /// reaches the server. Its payloads count against `ingest_bytes` (10000 took the
+    /// drain's peak RSS from 36 to 66 MiB, for the same rate)
     ///
     /// Default: `2000`
     #[serde(default = "defaults::channel_capacity")]
@@ -426,21 +426,21 @@ pub struct PipelineConfig {
     pub shutdown_timeout_s: u64,
     /// bytes of payload in flight per source between the replication stream and the event
     /// log (the reader → appender buffer and the append batch), beside their counts in
-    /// rows; an event larger than this flows alone
+    /// rows; an event larger than this flows alone (8 MiB)
     ///
-    /// Default: `8388608` (8 MiB)
+    /// Default: `8388608`
     #[serde(default = "defaults::ingest_bytes")]
     pub ingest_bytes: usize,
     /// bytes of payload in a page of the event log a projector reads (beside
-    /// `batch_size`); an event larger than this is read alone
+    /// `batch_size`); an event larger than this is read alone (4 MiB)
     ///
-    /// Default: `4194304` (4 MiB)
+    /// Default: `4194304`
     #[serde(default = "defaults::page_bytes")]
     pub page_bytes: usize,
-    /// largest outbox row or message that becomes an event, in bytes; a larger one is
-    /// dead-lettered as `too_large` (with its small columns, not its large values)
+    /// largest outbox row or message that becomes an event, in bytes (64 MiB); a larger
+    /// one is dead-lettered as `too_large`, with its small columns, not its large values
     ///
-    /// Default: `67108864` (64 MiB)
+    /// Default: `67108864`
     #[serde(default = "defaults::max_event_bytes")]
     pub max_event_bytes: usize,
 }

@@ -100,7 +100,11 @@ impl SharedPages {
     fn trim(&self) {
         let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
         let bytes = |pages: &VecDeque<((i64, i64), Slot)>| -> usize {
-            pages.iter().filter_map(|(_, s)| s.get()).map(|p| p.bytes).sum()
+            pages
+                .iter()
+                .filter_map(|(_, s)| s.get())
+                .map(|p| p.bytes)
+                .sum()
         };
         while pages.len() > 1 && bytes(&pages) > 2 * self.page_bytes {
             pages.pop_front();

@@ -68,7 +68,9 @@ pub fn check_jsonb_text(text: &str) -> Result<(), String> {
                 i += 1;
                 while i < bytes.len() && bytes[i] != b'"' {
                     if bytes[i] == b'\\' {
-                        if bytes.get(i + 1) == Some(&b'u') && bytes.get(i + 2..i + 6) == Some(b"0000") {
+                        if bytes.get(i + 1) == Some(&b'u')
+                            && bytes.get(i + 2..i + 6) == Some(b"0000")
+                        {
                             return Err(NUL.into());
                         }
                         i += 1;
@@ -79,7 +81,9 @@ pub fn check_jsonb_text(text: &str) -> Result<(), String> {
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
                     i += 1;
                 }
                 let n = &text[start..i];

@@ -19,8 +19,8 @@ use crate::budget::Budget;
 use crate::error::SourceError;
 use crate::feedback;
 use crate::reader::{replication_config, Reader};
-use crate::wire::WireConfig;
 use crate::setup::prepare_source;
+use crate::wire::WireConfig;
 
 /// Follows every source's slot into the event log until `cancel`, publishing the log
 /// head on `head`. Each source has its own reader, appender, ingest position and

@@ -143,11 +143,7 @@ struct Streamed {
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(
-        config: &'a Config,
-        items: mpsc::Sender<(Item, Held)>,
-        durable: Lsn,
-    ) -> Self {
+    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<(Item, Held)>, durable: Lsn) -> Self {
         Reader {
             durable,
             config,

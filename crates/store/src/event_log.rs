@@ -319,7 +319,7 @@ impl EventLog {
             writer: Writer {
                 source: &self.source,
                 insert: &self.insert,
-            insert_large: &self.insert_large,
+                insert_large: &self.insert_large,
                 compare: &self.compare,
                 dead_letters: &self.dead_letters,
             },
@@ -387,11 +387,17 @@ impl<'a> Writer<'a> {
         let mut inserted: HashSet<Uuid> = if events.is_empty() {
             HashSet::new()
         } else {
-            insert_rows(tx, (self.insert, self.insert_large), self.source, head, events)
-                .await?
-                .iter()
-                .map(|r| r.of("event_log").col("event_id"))
-                .collect::<Result<_, _>>()?
+            insert_rows(
+                tx,
+                (self.insert, self.insert_large),
+                self.source,
+                head,
+                events,
+            )
+            .await?
+            .iter()
+            .map(|r| r.of("event_log").col("event_id"))
+            .collect::<Result<_, _>>()?
         };
         let mut compare = Vec::new();
         let mut outcome = AppendOutcome::default();
@@ -436,7 +442,14 @@ impl<'a> Writer<'a> {
                 .map(|(e, _)| (*e).clone())
                 .collect();
             if !pruned.is_empty() {
-                let again = insert_rows(tx, (self.insert, self.insert_large), self.source, next_seq, &pruned).await?;
+                let again = insert_rows(
+                    tx,
+                    (self.insert, self.insert_large),
+                    self.source,
+                    next_seq,
+                    &pruned,
+                )
+                .await?;
                 outcome.appended += again.len() as u64;
                 next_seq += pruned.len() as i64;
             }
@@ -773,7 +786,9 @@ pub async fn read_page(
         .map_or(Ok(after), |r| r.of("event_log").col("h"))?;
     let left_out: i64 = rows
         .first()
-        .map_or(Ok(None), |r| r.of("event_log").col::<Option<i64>>("left_out"))?
+        .map_or(Ok(None), |r| {
+            r.of("event_log").col::<Option<i64>>("left_out")
+        })?
         .unwrap_or(0);
     let mut events = Vec::with_capacity(rows.len());
     let mut bytes = 0;
