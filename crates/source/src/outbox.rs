@@ -653,6 +653,48 @@ mod tests {
     }
 
     #[test]
+    fn a_row_over_the_size_limit_is_a_too_large_dead_letter_without_its_payload() {
+        let payload = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+        let values = [
+            Some(ID),
+            Some("order"),
+            Some("o-1"),
+            Some("OrderPaid"),
+            Some("3"),
+            Some(payload.as_str()),
+            None,
+        ];
+        let m = Mapping::new(&config(), &relation(COLS)).with_max_bytes(4096);
+        let dead = m.map(&row(&values), tx(), None).unwrap_err();
+        assert_eq!(dead.reason, Reason::TooLarge);
+        assert_eq!(dead.event_id.unwrap().to_string(), ID);
+        assert_eq!(dead.aggregate_id.as_deref(), Some("o-1"));
+        assert!(
+            dead.error.contains("over pipeline.max_event_bytes (4096)"),
+            "{}",
+            dead.error
+        );
+        let raw = dead.raw.unwrap();
+        assert_eq!(raw["payload"], "<5012 bytes, left out>");
+        assert_eq!(raw["aggregate_id"], "o-1");
+        // Within the limit it is an event.
+        let m = Mapping::new(&config(), &relation(COLS)).with_max_bytes(8192);
+        assert!(m.map(&row(&values), tx(), None).is_ok());
+        // A message too.
+        let c = walfold_config::Config::from_toml(
+            "[source]\nurl = \"postgresql://h/db\"\n[[outbox]]\nmessage_prefix = \"m\"\n",
+            vec![],
+        )
+        .unwrap();
+        let m = MessageMapping::new(&c.outbox[0])
+            .unwrap()
+            .with_max_bytes(100);
+        let dead = m.map(payload.as_bytes(), tx(), None).unwrap_err();
+        assert_eq!(dead.reason, Reason::TooLarge);
+        assert_eq!(dead.raw.unwrap()["content"], "<5012 bytes, left out>");
+    }
+
+    #[test]
     fn numbers_keep_every_digit() {
         let m = Mapping::new(&config(), &relation(COLS));
         let e = m
