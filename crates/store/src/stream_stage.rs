@@ -199,6 +199,7 @@ impl EventLog {
                     hashes.push(None);
                     // As the dead letter it becomes: storable whatever the row held.
                     let staged = json!({
+                        "reason": d.reason.as_str(),
                         "event_id": d.event_id,
                         "aggregate_type": d.aggregate_type,
                         "aggregate_id": d.aggregate_id,
@@ -463,7 +464,10 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedR
             seq: None,
             aggregate_type: text("aggregate_type"),
             aggregate_id: text("aggregate_id"),
-            reason: Reason::Malformed,
+            // Rows staged before the reason was kept were all malformed.
+            reason: text("reason")
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(Reason::Malformed),
             error: text("error").unwrap_or_default(),
             raw: rejected.get("raw").cloned().filter(|v| !v.is_null()),
             existing: None,

@@ -8,6 +8,10 @@ use walfold_tests::{config_builder, eventually, slot_active, Daemon, TestDb};
 
 const MIB: u64 = 1024 * 1024;
 
+/// 16 MB of random hex text, which TOAST cannot compress.
+const RANDOM_16MB: &str = "(select string_agg(md5(random()::text), '') \
+     from generate_series(1, 500000))";
+
 /// The daemon's peak resident set (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
@@ -97,12 +101,24 @@ sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
         ),
         (
             "one transaction of 8 × 16 MB payloads",
-            insert(
-                "select 10 + i, jsonb_build_object('kind', 'many', \
-                 'blob', repeat(chr(97 + i), 16000000)) from generate_series(1, 8) i",
-            ),
+            // Incompressible: 128 MB of WAL, so the source streams the transaction
+            // (protocol 2) and its rows are staged before they reach the log.
+            insert(&format!(
+                "select 10 + i, jsonb_build_object('kind', 'many', 'blob', {RANDOM_16MB}) \
+                 from generate_series(1, 8) i"
+            )),
             folded(10),
             "'d11', 'd12', 'd13', 'd14', 'd15', 'd16', 'd17', 'd18'",
+        ),
+        (
+            // Compressed by TOAST: a small transaction for the source, sent at its commit.
+            "one transaction of 8 × 16 MB payloads, not streamed",
+            insert(
+                "select 20 + i, jsonb_build_object('kind', 'more', \
+                 'blob', repeat(chr(97 + i), 16000000)) from generate_series(1, 8) i",
+            ),
+            folded(18),
+            "'d21', 'd22', 'd23', 'd24', 'd25', 'd26', 'd27', 'd28'",
         ),
     ];
     let mut problems = Vec::new();
@@ -118,9 +134,17 @@ sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
             .unwrap();
         problems.extend(over(case, peak, 64 * MIB + 2 * largest));
     }
+    assert_ne!(
+        db.psql(
+            "select coalesce(stream_txns, 0) from pg_stat_replication_slots \
+             where slot_name = 'walfold'"
+        ),
+        "0",
+        "the 8 × 16 MB transaction was streamed"
+    );
     assert_eq!(
         db.psql("select string_agg(coalesce(kind, '-'), ',' order by event_id) from folded"),
-        "one,-,many,many,many,many,many,many,many,many",
+        "one,-,many,many,many,many,many,many,many,many,more,more,more,more,more,more,more,more",
         "each object's kind was read (an array has none)"
     );
 
@@ -130,7 +154,9 @@ sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
         &db,
         pid,
         &insert(&format!(
-            "select 99, jsonb_build_object('kind', 'huge', 'blob', repeat('z', {size}))"
+            "select 99, jsonb_build_object('kind', 'huge', 'blob', {RANDOM_16MB} || \
+             {RANDOM_16MB} || {RANDOM_16MB} || {RANDOM_16MB} || repeat('z', {}))",
+            size - 4 * 16_000_000
         )),
         "select exists (select from walfold.dead_letter where reason = 'too_large')",
     )
@@ -163,7 +189,7 @@ sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
     // The pipeline goes on after it.
     db.psql(&insert("select 100, '{\"kind\": \"small\"}'::jsonb"));
     eventually(Duration::from_secs(20), "a small event after", || async {
-        db.psql(&folded(11)) == "t"
+        db.psql(&folded(19)) == "t"
     })
     .await;
     let mut d = d;
