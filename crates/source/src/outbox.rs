@@ -2,8 +2,11 @@
 //! becomes a [`NewEvent`] with the producer's ID or, when it cannot, a dead letter with
 //! the reason and the raw content. One rule for both ([`build`]). Pure: no I/O.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
@@ -353,7 +356,7 @@ impl MessageMapping {
         let raw = |content: Value| self.raw(content);
         if content.len() > self.max_bytes {
             let fields = JsonFields {
-                object: &Map::new(),
+                object: &Object::new(),
                 names: &self.names,
             };
             let error = too_large("message", content.len(), self.max_bytes);
@@ -367,7 +370,7 @@ impl MessageMapping {
             Err(error) => {
                 let text = Value::String(String::from_utf8_lossy(content).into_owned());
                 let fields = JsonFields {
-                    object: &Map::new(),
+                    object: &Object::new(),
                     names: &self.names,
                 };
                 return Err(rejected(&fields, error, raw(text), tx, origin));
@@ -378,13 +381,11 @@ impl MessageMapping {
             names: &self.names,
         };
         build(&fields, &self.names, tx, origin).map_err(|error| {
-            rejected(
-                &fields,
-                error,
-                raw(Value::Object(object.clone())),
-                tx,
-                origin,
-            )
+            // The content as a tree, for the dead letter only.
+            let text = String::from_utf8_lossy(content);
+            let content = walfold_event::json::parse(&text)
+                .unwrap_or_else(|_| Value::String(text.into_owned()));
+            rejected(&fields, error, raw(content), tx, origin)
         })
     }
 }
@@ -407,7 +408,7 @@ impl MessageMapping {
             }
             Ok(event) => {
                 let fields = JsonFields {
-                    object: &Map::new(),
+                    object: &Object::new(),
                     names: &self.names,
                 };
                 let mut dead = rejected(
@@ -433,32 +434,53 @@ impl MessageMapping {
     }
 }
 
-fn parse_message(content: &[u8]) -> Result<Map<String, Value>, String> {
+/// A message's keys, each value as its text: a payload is not made a tree.
+type Object<'a> = HashMap<String, &'a RawValue>;
+
+fn parse_message(content: &[u8]) -> Result<Object<'_>, String> {
     let text = std::str::from_utf8(content).map_err(|_| "message content is not UTF-8")?;
     refuse_nul(text, "the message")?;
-    match walfold_event::json::parse(text) {
-        Ok(Value::Object(object)) => Ok(object),
-        Ok(other) => Err(format!(
-            "message content must be a JSON object, not {}",
-            kind(&other)
-        )),
-        Err(e) => Err(format!("message content {e}")),
+    walfold_event::json::validate(content).map_err(|e| format!("message content {e}"))?;
+    let kind = match text.trim_start().as_bytes().first() {
+        Some(b'{') => None,
+        Some(b'[') => Some("an array"),
+        Some(b'"') => Some("a string"),
+        Some(b't' | b'f') => Some("a boolean"),
+        Some(b'n') => Some("null"),
+        _ => Some("a number"),
+    };
+    if let Some(kind) = kind {
+        return Err(format!("message content must be a JSON object, not {kind}"));
     }
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    Object::deserialize(&mut de).map_err(|e| format!("message content is not JSON: {e}"))
 }
 
 struct JsonFields<'a> {
-    object: &'a Map<String, Value>,
+    object: &'a Object<'a>,
     names: &'a Names,
 }
 
 impl JsonFields<'_> {
-    fn value(&self, field: usize, required: bool) -> Result<Option<&Value>, String> {
+    /// A field's value as text, `None` when absent or null.
+    fn raw(&self, field: usize, required: bool) -> Result<Option<&str>, String> {
         let name = &self.names[field];
         match self.object.get(name) {
             None if required => Err(format!("key `{name}` is missing")),
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => Ok(Some(v)),
+            None => Ok(None),
+            Some(raw) if raw.get() == "null" => Ok(None),
+            Some(raw) => Ok(Some(raw.get())),
         }
+    }
+
+    fn value(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
+        self.raw(field, required)?
+            .map(|raw| {
+                walfold_event::json::parse(raw)
+                    .map_err(|e| format!("key `{}` {e}", self.names[field]))
+            })
+            .transpose()
     }
 }
 
@@ -468,18 +490,20 @@ impl Fields for JsonFields<'_> {
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String> {
         match self.value(field, required)? {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::String(s)) => Ok(Some(s)),
             Some(v @ (Value::Number(_) | Value::Bool(_))) => Ok(Some(v.to_string())),
             Some(other) => Err(format!(
                 "key `{}` must be a string or a number, not {}",
                 self.names[field],
-                kind(other)
+                kind(&other)
             )),
         }
     }
 
     fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
-        Ok(self.value(field, required)?.map(JsonText::from_value))
+        self.raw(field, required)?
+            .map(|raw| JsonText::parse(raw).map_err(|e| format!("key `{}` {e}", self.names[field])))
+            .transpose()
     }
 
     /// As for a `timestamp` column: a time without an offset is UTC.
