@@ -710,6 +710,14 @@ mod tests {
             vec![],
         )
         .unwrap();
+        // Within it, the payload is taken as written.
+        let m = MessageMapping::new(&c.outbox[0]).unwrap();
+        let content = format!(
+            r#"{{"id": "{ID}", "aggregate_type": "order", "aggregate_id": "o-1",
+               "event_type": "Paid", "payload": {{ "a" : 1.50, "b": [1,2] }}}}"#
+        );
+        let e = m.map(content.as_bytes(), tx(), None).unwrap();
+        assert_eq!(e.payload.as_str(), r#"{ "a" : 1.50, "b": [1,2] }"#);
         let m = MessageMapping::new(&c.outbox[0])
             .unwrap()
             .with_max_bytes(100);
