@@ -1371,7 +1371,7 @@ fn waiting_letter(subscriber: &str, e: &Event) -> DeadLetter {
             "event_type": e.event_type,
             "version": e.version,
             "payload": e.payload.to_value(),
-            "headers": e.headers,
+            "headers": e.headers.as_ref().map(walfold_event::JsonText::to_value),
         })),
         existing: None,
         attempts: 0,

@@ -532,7 +532,6 @@ enum Column<'a> {
     Text(Vec<Option<String>>),
     Int(Vec<Option<i64>>),
     Json(Vec<Option<&'a JsonText>>),
-    Value(Vec<Option<&'a Value>>),
     Time(Vec<Option<SystemTime>>),
 }
 
@@ -543,7 +542,6 @@ impl Column<'_> {
             Column::Text(v) => v,
             Column::Int(v) => v,
             Column::Json(v) => v,
-            Column::Value(v) => v,
             Column::Time(v) => v,
         }
     }
@@ -561,25 +559,18 @@ fn column<'a>(p: &Placeholder, events: &[&'a Event]) -> Column<'a> {
         Placeholder::Sequence => Column::Int(events.iter().map(|e| Some(e.seq)).collect()),
         Placeholder::Source => text(&|e| Some(e.source.clone())),
         Placeholder::Payload => Column::Json(events.iter().map(|e| Some(&e.payload)).collect()),
-        Placeholder::Headers => Column::Value(events.iter().map(|e| e.headers.as_ref()).collect()),
-        Placeholder::PayloadPath(path) => text(&|e| as_text(e.payload.pointer(path))),
+        Placeholder::Headers => Column::Json(events.iter().map(|e| e.headers.as_ref()).collect()),
+        Placeholder::PayloadPath(path) => text(&|e| lookup(Some(&e.payload), path)),
         Placeholder::HeadersPath(path) => text(&|e| lookup(e.headers.as_ref(), path)),
         Placeholder::OccurredAt => Column::Time(events.iter().map(|e| e.occurred_at).collect()),
     }
 }
 
-/// `:headers.a.b` → the value at that path as text (strings unquoted, other values as
-/// JSON), `None` when missing or JSON null. A numeric segment indexes an array.
-fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
-    let mut v = root?;
-    for key in path {
-        v = match v {
-            Value::Object(map) => map.get(key)?,
-            Value::Array(items) => items.get(key.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    as_text(Some(v.clone()))
+/// `:payload.a.b` → the value at that path as text (strings unquoted, other values as
+/// JSON), `None` when missing or JSON null. A numeric segment indexes an array. Only
+/// that part of the document is parsed.
+fn lookup(root: Option<&JsonText>, path: &[String]) -> Option<String> {
+    as_text(root?.pointer(path))
 }
 
 /// A value bound as text: strings unquoted, other values as JSON, null as null.
@@ -653,11 +644,12 @@ impl Projection for SqlProjection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn payload_paths_resolve_to_text_or_null() {
-        let v = json!({"a": {"b": "x", "n": 12.5, "arr": [1, {"c": true}], "z": null}});
+        let v =
+            JsonText::parse(r#"{"a": {"b": "x", "n": 12.5, "arr": [1, {"c": true}], "z": null}}"#)
+                .unwrap();
         let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(lookup(Some(&v), &p("a.b")).as_deref(), Some("x"));
         assert_eq!(lookup(Some(&v), &p("a.n")).as_deref(), Some("12.5"));

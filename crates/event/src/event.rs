@@ -19,7 +19,7 @@ pub struct NewEvent {
     pub version: Option<i64>,
     /// As written: a payload may be megabytes, read in parts ([`JsonText::pointer`]).
     pub payload: JsonText,
-    pub headers: Option<Value>,
+    pub headers: Option<JsonText>,
     pub occurred_at: Option<SystemTime>,
     /// Commit LSN of the source transaction.
     pub source_lsn: Lsn,
@@ -52,7 +52,7 @@ impl NewEvent {
             "event_type": self.event_type,
             "version": self.version,
             "payload": self.payload.to_value(),
-            "headers": self.headers,
+            "headers": self.headers.as_ref().map(JsonText::to_value),
             "source_lsn": self.source_lsn.to_string(),
         })
     }
@@ -70,7 +70,7 @@ pub struct Event {
     pub version: Option<i64>,
     /// As written: a payload may be megabytes, read in parts ([`JsonText::pointer`]).
     pub payload: JsonText,
-    pub headers: Option<Value>,
+    pub headers: Option<JsonText>,
     pub occurred_at: Option<SystemTime>,
     pub source_lsn: Lsn,
     pub committed_at: Option<SystemTime>,

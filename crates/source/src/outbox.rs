@@ -99,7 +99,6 @@ fn build<F: Fields>(
                 .map_err(|e| format!("{what} `{}` {e}", names[field]))?;
         }
     }
-    let headers = headers.map(|h| h.to_value());
     let occurred_at = match f.text(OCCURRED_AT, false)? {
         None => None,
         Some(t) => match parse_time(&t, f.naive_time_is_utc()) {

@@ -15,7 +15,7 @@ use walfold_event::{partition_hash, DeadLetter, Event, JsonText, Lsn, NewEvent, 
 use crate::connect::SERVER_KEEPALIVES;
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
-use crate::jsonb::{self, Jsonb};
+use crate::jsonb::Jsonb;
 use crate::log_order::{LogOrder, Turn};
 use crate::row::RowExt;
 use crate::schema::Schema;
@@ -537,7 +537,7 @@ async fn insert_rows(
     let payloads: Vec<Option<&JsonText>> = new.iter().map(|e| Some(&e.payload)).collect();
     let large = crate::large_payload::upload(tx, &payloads).await?;
     let bytes: Vec<i32> = new.iter().map(|e| payload_bytes(&e.payload)).collect();
-    let headers: Vec<Option<&Value>> = new.iter().map(|e| e.headers.as_ref()).collect();
+    let headers: Vec<Option<&JsonText>> = new.iter().map(|e| e.headers.as_ref()).collect();
     let occurred: Vec<Option<SystemTime>> = new.iter().map(|e| e.occurred_at).collect();
     let hashes: Vec<i32> = new
         .iter()
@@ -830,7 +830,7 @@ fn event_from_row(row: &Row) -> Result<Event, StoreError> {
         event_type: r.col("event_type")?,
         version: r.col("version")?,
         payload: r.col("payload")?,
-        headers: jsonb::value(r.col("headers")?),
+        headers: r.col("headers")?,
         occurred_at: r.col("occurred_at")?,
         source_lsn: r.col::<PgLsn>("source_lsn")?.into(),
         committed_at: r.col("committed_at")?,

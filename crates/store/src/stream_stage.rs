@@ -154,7 +154,7 @@ impl EventLog {
         let mut types: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut versions: Vec<Option<i64>> = Vec::with_capacity(n);
         let mut payloads: Vec<Option<&JsonText>> = Vec::with_capacity(n);
-        let mut headers: Vec<Option<&Value>> = Vec::with_capacity(n);
+        let mut headers: Vec<Option<&JsonText>> = Vec::with_capacity(n);
         let mut occurred: Vec<Option<SystemTime>> = Vec::with_capacity(n);
         let mut lsns: Vec<Option<PgLsn>> = Vec::with_capacity(n);
         let mut indexes: Vec<Option<i32>> = Vec::with_capacity(n);
@@ -483,7 +483,7 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedR
         event_type: row.col("event_type")?,
         version: row.col("version")?,
         payload: row.col("payload")?,
-        headers: jsonb::value(row.col("headers")?),
+        headers: row.col("headers")?,
         occurred_at: row.col("occurred_at")?,
         source_lsn: commit.commit_lsn,
         origin,
