@@ -27,9 +27,13 @@ impl Projection for AccountBalance {
                 "AccountDebited" => -1,
                 _ => return Ok(Applied::Stale),
             };
-            let cents = event.payload["amount_cents"].as_i64().ok_or_else(|| {
-                ProjectionError::Invalid("payload.amount_cents must be an integer".into())
-            })?;
+            let cents = event
+                .payload
+                .get("amount_cents")
+                .and_then(|v| v.as_i64())
+                .ok_or_else(|| {
+                    ProjectionError::Invalid("payload.amount_cents must be an integer".into())
+                })?;
             let version = event
                 .version
                 .ok_or_else(|| ProjectionError::Invalid("event has no version".into()))?;

@@ -405,8 +405,8 @@ pub struct PipelineConfig {
     #[serde(default = "defaults::append_batch_size")]
     pub append_batch_size: usize,
     /// reader → appender buffer, in items; when full, reading stops and back-pressure
-    /// reaches the server. It holds decoded payloads: it is what the daemon's memory grows
-    /// with (10000 took the drain's peak RSS from 36 to 66 MiB, for the same rate)
+    /// reaches the server. Its payloads count against `ingest_bytes` (10000 took the
+    /// drain's peak RSS from 36 to 66 MiB, for the same rate)
     ///
     /// Default: `2000`
     #[serde(default = "defaults::channel_capacity")]
@@ -427,6 +427,25 @@ pub struct PipelineConfig {
     /// Default: `30`
     #[serde(default = "defaults::shutdown_timeout_s")]
     pub shutdown_timeout_s: u64,
+    /// bytes of payload in flight per source between the replication stream and the event
+    /// log (the reader → appender buffer and the append batch), beside their counts in
+    /// rows; an event larger than this flows alone (8 MiB)
+    ///
+    /// Default: `8388608`
+    #[serde(default = "defaults::ingest_bytes")]
+    pub ingest_bytes: usize,
+    /// bytes of payload in a page of the event log a projector reads (beside
+    /// `batch_size`); an event larger than this is read alone (4 MiB)
+    ///
+    /// Default: `4194304`
+    #[serde(default = "defaults::page_bytes")]
+    pub page_bytes: usize,
+    /// largest outbox row or message that becomes an event, in bytes (64 MiB); a larger
+    /// one is dead-lettered as `too_large`, with its small columns, not its large values
+    ///
+    /// Default: `67108864`
+    #[serde(default = "defaults::max_event_bytes")]
+    pub max_event_bytes: usize,
 }
 
 impl Default for PipelineConfig {
@@ -437,6 +456,9 @@ impl Default for PipelineConfig {
             append_linger_ms: defaults::append_linger_ms(),
             max_backoff_ms: defaults::max_backoff_ms(),
             shutdown_timeout_s: defaults::shutdown_timeout_s(),
+            ingest_bytes: defaults::ingest_bytes(),
+            page_bytes: defaults::page_bytes(),
+            max_event_bytes: defaults::max_event_bytes(),
         }
     }
 }
@@ -1145,6 +1167,19 @@ impl Config {
                 "pipeline.channel_capacity",
                 "must be between 1 and 1000000".into(),
             );
+        }
+        for (key, bytes, least) in [
+            ("pipeline.ingest_bytes", p.ingest_bytes, 65_536),
+            ("pipeline.page_bytes", p.page_bytes, 65_536),
+            ("pipeline.max_event_bytes", p.max_event_bytes, 1024),
+        ] {
+            // PostgreSQL's own limit on one value is 1 GB.
+            if !(least..=1 << 30).contains(&bytes) {
+                push(
+                    key,
+                    format!("must be between {least} and 1073741824 (1 GiB)"),
+                );
+            }
         }
         if p.max_backoff_ms == 0 {
             push("pipeline.max_backoff_ms", "must be at least 1".into());

@@ -22,13 +22,28 @@ const KEPT: usize = 8;
 
 type Slot = Arc<OnceCell<Arc<Page>>>;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SharedPages {
     /// `((after, limit), page)`: a page being read, or a full page read.
     pages: Mutex<VecDeque<((i64, i64), Slot)>>,
+    /// Most payload bytes a page holds (`pipeline.page_bytes`); kept pages hold at most
+    /// twice that together.
+    page_bytes: usize,
 }
 
 impl SharedPages {
+    pub(crate) fn new(page_bytes: usize) -> SharedPages {
+        SharedPages {
+            pages: Mutex::default(),
+            page_bytes,
+        }
+    }
+
+    /// `pipeline.page_bytes`, for a read.
+    pub(crate) fn page_bytes(&self) -> i64 {
+        i64::try_from(self.page_bytes).unwrap_or(i64::MAX)
+    }
+
     /// The page of events after `after` for `filter` (at most `limit`): taken from kept
     /// pages, or read with `read` (and kept when it can be shared). Returns whether it
     /// was taken from a page another partition read.
@@ -58,8 +73,11 @@ impl SharedPages {
             .await?
             .clone();
         if read_here && (page.caught_up || page.events.len() as i64 != limit) {
-            // At the head: the next reader must see what was appended since.
+            // At the head (the next reader must see what was appended since), or cut
+            // for its bytes.
             self.forget(&slot);
+        } else if read_here {
+            self.trim();
         }
         Ok((page, !read_here))
     }
@@ -76,6 +94,21 @@ impl SharedPages {
         let slot = Slot::default();
         pages.push_back(((after, limit), slot.clone()));
         slot
+    }
+
+    /// Drops the oldest kept pages while they hold more than twice `page_bytes`.
+    fn trim(&self) {
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = |pages: &VecDeque<((i64, i64), Slot)>| -> usize {
+            pages
+                .iter()
+                .filter_map(|(_, s)| s.get())
+                .map(|p| p.bytes)
+                .sum()
+        };
+        while pages.len() > 1 && bytes(&pages) > 2 * self.page_bytes {
+            pages.pop_front();
+        }
     }
 
     fn forget(&self, slot: &Slot) {
@@ -114,11 +147,13 @@ impl SharedPages {
             events.truncate(limit as usize);
             position = events.last().map_or(position, |e: &Event| e.seq);
         }
+        let bytes = events.iter().map(|e| e.payload.len()).sum();
         Some(Arc::new(Page {
             events,
             position,
             // Never: the head may be further on.
             caught_up: false,
+            bytes,
         }))
     }
 }
@@ -135,7 +170,7 @@ mod tests {
             aggregate_id: aggregate.into(),
             event_type: if seq % 2 == 0 { "Paid" } else { "Placed" }.into(),
             version: Some(seq),
-            payload: serde_json::json!({}),
+            payload: serde_json::json!({}).into(),
             headers: None,
             occurred_at: None,
             source_lsn: walfold_event::Lsn(0),
@@ -149,6 +184,7 @@ mod tests {
             events: (from..=to).map(|s| event(s, &format!("o-{s}"))).collect(),
             position: to,
             caught_up,
+            bytes: 0,
         }
     }
 
@@ -177,7 +213,7 @@ mod tests {
 
     #[tokio::test]
     async fn full_pages_are_read_once_and_filtered_readers_take_their_share() {
-        let pages = SharedPages::default();
+        let pages = SharedPages::new(4 << 20);
         let (first, shared) = read(&pages, 0, &all(), 4, page(1, 4, false)).await;
         assert!(!shared);
         assert_eq!(first.position, 4);
@@ -215,7 +251,7 @@ mod tests {
 
     #[tokio::test]
     async fn readers_of_the_same_page_at_once_wait_for_one_read() {
-        let pages = Arc::new(SharedPages::default());
+        let pages = Arc::new(SharedPages::new(4 << 20));
         let reads = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let mut tasks = Vec::new();
         for _ in 0..3 {

@@ -737,7 +737,7 @@ async fn plan(
     let mut generation = Generation {
         workers: Vec::new(),
         pools: pools.clone(),
-        pages: Arc::default(),
+        pages: Arc::new(crate::pages::SharedPages::new(config.pipeline.page_bytes)),
         replaying: Vec::new(),
         planned: Planned::of(&open),
         retire_after,

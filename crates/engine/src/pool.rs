@@ -82,6 +82,7 @@ impl Pool {
             client: Some(client),
             prepared,
             keep: false,
+            retire: false,
             _permit: permit,
         })
     }
@@ -94,6 +95,8 @@ pub(crate) struct Lease {
     client: Option<Client>,
     pub(crate) prepared: Prepared,
     keep: bool,
+    /// Closed at the end of the turn however it ends (see [`Lease::retire`]).
+    retire: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -101,6 +104,12 @@ impl Lease {
     /// The turn ended well: the connection goes back to the pool for the next turn.
     pub(crate) fn release(mut self) {
         self.keep = true;
+    }
+
+    /// Closes the connection after this turn: it carried a value larger than a page
+    /// may hold, and tokio-postgres keeps its buffers at the largest message they held.
+    pub(crate) fn retire(&mut self) {
+        self.retire = true;
     }
 }
 
@@ -127,7 +136,7 @@ impl Drop for Lease {
         let Some(client) = self.client.take() else {
             return;
         };
-        if self.keep && !client.is_closed() {
+        if self.keep && !self.retire && !client.is_closed() {
             let prepared = std::mem::take(&mut self.prepared);
             let mut idle = self.pool.idle.lock().unwrap_or_else(|e| e.into_inner());
             idle.push(Idle { client, prepared });

@@ -935,11 +935,19 @@ impl Partition {
                         position,
                         &filter,
                         limit,
+                        self.pages.page_bytes(),
                     )
                 })
                 .await
                 .map_err(EngineError::store("reading the event log"))?;
             Signal::PageRead { shared }.report();
+            if page.bytes > self.pages.page_bytes() as usize {
+                // An event larger than a page: this turn's buffers grow to it.
+                conn.client.retire();
+                if let Some(log) = conn.log.as_mut() {
+                    log.retire();
+                }
+            }
             if page.events.is_empty() {
                 // The first idle read is saved too: a checkpoint row says this partition
                 // has read the log once (a rebuild switches over only then). A window
@@ -1362,8 +1370,8 @@ fn waiting_letter(subscriber: &str, e: &Event) -> DeadLetter {
             "aggregate_id": e.aggregate_id,
             "event_type": e.event_type,
             "version": e.version,
-            "payload": e.payload,
-            "headers": e.headers,
+            "payload": e.payload.to_value(),
+            "headers": e.headers.as_ref().map(walfold_event::JsonText::to_value),
         })),
         existing: None,
         attempts: 0,

@@ -90,7 +90,7 @@ mod tests {
             aggregate_id: aggregate.into(),
             event_type: "Credited".into(),
             version: Some(version),
-            payload: serde_json::json!({}),
+            payload: serde_json::json!({}).into(),
             headers: None,
             occurred_at: None,
             source_lsn: walfold_event::Lsn(0),

@@ -31,7 +31,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 use walfold_config::{ParamType, Placeholder, Statement, Template, Upsert};
-use walfold_event::Event;
+use walfold_event::{Event, JsonText};
 use walfold_store::{RowExt, Schema};
 
 use crate::error::ProjectionError;
@@ -526,16 +526,16 @@ fn fnv64(s: &str) -> u64 {
     })
 }
 
-/// One placeholder's values over a batch.
-enum Column {
+/// One placeholder's values over a batch; payloads borrowed, never copied.
+enum Column<'a> {
     Uuid(Vec<Uuid>),
     Text(Vec<Option<String>>),
     Int(Vec<Option<i64>>),
-    Json(Vec<Option<Value>>),
+    Json(Vec<Option<&'a JsonText>>),
     Time(Vec<Option<SystemTime>>),
 }
 
-impl Column {
+impl Column<'_> {
     fn as_sql(&self) -> &(dyn ToSql + Sync) {
         match self {
             Column::Uuid(v) => v,
@@ -547,7 +547,7 @@ impl Column {
     }
 }
 
-fn column(p: &Placeholder, events: &[&Event]) -> Column {
+fn column<'a>(p: &Placeholder, events: &[&'a Event]) -> Column<'a> {
     let text =
         |f: &dyn Fn(&Event) -> Option<String>| Column::Text(events.iter().map(|e| f(e)).collect());
     match p {
@@ -558,10 +558,8 @@ fn column(p: &Placeholder, events: &[&Event]) -> Column {
         Placeholder::Version => Column::Int(events.iter().map(|e| e.version).collect()),
         Placeholder::Sequence => Column::Int(events.iter().map(|e| Some(e.seq)).collect()),
         Placeholder::Source => text(&|e| Some(e.source.clone())),
-        Placeholder::Payload => {
-            Column::Json(events.iter().map(|e| Some(e.payload.clone())).collect())
-        }
-        Placeholder::Headers => Column::Json(events.iter().map(|e| e.headers.clone()).collect()),
+        Placeholder::Payload => Column::Json(events.iter().map(|e| Some(&e.payload)).collect()),
+        Placeholder::Headers => Column::Json(events.iter().map(|e| e.headers.as_ref()).collect()),
         Placeholder::PayloadPath(path) => text(&|e| lookup(Some(&e.payload), path)),
         Placeholder::HeadersPath(path) => text(&|e| lookup(e.headers.as_ref(), path)),
         Placeholder::OccurredAt => Column::Time(events.iter().map(|e| e.occurred_at).collect()),
@@ -569,19 +567,17 @@ fn column(p: &Placeholder, events: &[&Event]) -> Column {
 }
 
 /// `:payload.a.b` → the value at that path as text (strings unquoted, other values as
-/// JSON), `None` when missing or JSON null. A numeric segment indexes an array.
-fn lookup(root: Option<&Value>, path: &[String]) -> Option<String> {
-    let mut v = root?;
-    for key in path {
-        v = match v {
-            Value::Object(map) => map.get(key)?,
-            Value::Array(items) => items.get(key.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    match v {
+/// JSON), `None` when missing or JSON null. A numeric segment indexes an array. Only
+/// that part of the document is parsed.
+fn lookup(root: Option<&JsonText>, path: &[String]) -> Option<String> {
+    as_text(root?.pointer(path))
+}
+
+/// A value bound as text: strings unquoted, other values as JSON, null as null.
+fn as_text(v: Option<Value>) -> Option<String> {
+    match v? {
         Value::Null => None,
-        Value::String(s) => Some(s.clone()),
+        Value::String(s) => Some(s),
         other => Some(other.to_string()),
     }
 }
@@ -648,11 +644,12 @@ impl Projection for SqlProjection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn payload_paths_resolve_to_text_or_null() {
-        let v = json!({"a": {"b": "x", "n": 12.5, "arr": [1, {"c": true}], "z": null}});
+        let v =
+            JsonText::parse(r#"{"a": {"b": "x", "n": 12.5, "arr": [1, {"c": true}], "z": null}}"#)
+                .unwrap();
         let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(lookup(Some(&v), &p("a.b")).as_deref(), Some("x"));
         assert_eq!(lookup(Some(&v), &p("a.n")).as_deref(), Some("12.5"));

@@ -38,7 +38,7 @@ fn event(seq: i64, order: &str, version: i64, status: &str, note: &str) -> Event
         aggregate_id: order.into(),
         event_type: "OrderChanged".into(),
         version: Some(version),
-        payload: json!({"status": status, "note": note}),
+        payload: json!({"status": status, "note": note}).into(),
         headers: None,
         occurred_at: None,
         source_lsn: Lsn::ZERO,

@@ -43,7 +43,7 @@ fn ev(seq: i64, id: &str, version: i64, payload: Value) -> Event {
         aggregate_id: id.into(),
         event_type: "OrderChanged".into(),
         version: Some(version),
-        payload,
+        payload: payload.into(),
         headers: None,
         occurred_at: None,
         source_lsn: Lsn::ZERO,

@@ -54,6 +54,9 @@ crate::stored_enum! {
         /// A strict projection's event whose version its aggregate had passed, under an
         /// event ID never applied: not applied.
         VersionConflict = "version_conflict",
+        /// An outbox row or message over `pipeline.max_event_bytes`: kept without its
+        /// large values.
+        TooLarge = "too_large",
     }
 }
 

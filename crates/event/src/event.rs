@@ -5,6 +5,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use crate::json_text::JsonText;
 use crate::lsn::Lsn;
 
 /// An event read from an outbox row, before it is in the event log.
@@ -16,8 +17,9 @@ pub struct NewEvent {
     pub aggregate_id: String,
     pub event_type: String,
     pub version: Option<i64>,
-    pub payload: Value,
-    pub headers: Option<Value>,
+    /// As written: a payload may be megabytes, read in parts ([`JsonText::pointer`]).
+    pub payload: JsonText,
+    pub headers: Option<JsonText>,
     pub occurred_at: Option<SystemTime>,
     /// Commit LSN of the source transaction.
     pub source_lsn: Lsn,
@@ -49,8 +51,8 @@ impl NewEvent {
             "aggregate_id": self.aggregate_id,
             "event_type": self.event_type,
             "version": self.version,
-            "payload": self.payload,
-            "headers": self.headers,
+            "payload": self.payload.to_value(),
+            "headers": self.headers.as_ref().map(JsonText::to_value),
             "source_lsn": self.source_lsn.to_string(),
         })
     }
@@ -66,8 +68,9 @@ pub struct Event {
     pub aggregate_id: String,
     pub event_type: String,
     pub version: Option<i64>,
-    pub payload: Value,
-    pub headers: Option<Value>,
+    /// As written: a payload may be megabytes, read in parts ([`JsonText::pointer`]).
+    pub payload: JsonText,
+    pub headers: Option<JsonText>,
     pub occurred_at: Option<SystemTime>,
     pub source_lsn: Lsn,
     pub committed_at: Option<SystemTime>,

@@ -44,6 +44,62 @@ pub fn parse_slice(bytes: &[u8]) -> Result<Value, JsonError> {
     Ok(value)
 }
 
+/// Checks that `bytes` are JSON walfold reads, without building the tree.
+pub fn validate(bytes: &[u8]) -> Result<(), JsonError> {
+    let depth = depth(bytes);
+    if depth > MAX_DEPTH {
+        return Err(JsonError::TooDeep { depth });
+    }
+    let invalid = |e: serde_json::Error| JsonError::Invalid(e.to_string());
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    serde::de::IgnoredAny::deserialize(&mut de).map_err(invalid)?;
+    de.end().map_err(invalid)
+}
+
+/// [`check_jsonb`] for valid JSON text, read as text: numbers outside strings, escapes
+/// inside them.
+pub fn check_jsonb_text(text: &str) -> Result<(), String> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    if bytes[i] == b'\\' {
+                        if bytes.get(i + 1) == Some(&b'u')
+                            && bytes.get(i + 2..i + 6) == Some(b"0000")
+                        {
+                            return Err(NUL.into());
+                        }
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let n = &text[start..i];
+                if !numeric_fits(n) {
+                    return Err(format!(
+                        "holds a number jsonb cannot store (outside numeric's range): `{}`",
+                        shorten(n)
+                    ));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
 /// The deepest nesting of arrays and objects in JSON text, outside strings. Iterative:
 /// it must not itself be the stack overflow it guards against.
 fn depth(bytes: &[u8]) -> usize {
@@ -307,6 +363,29 @@ mod tests {
         let v = parse(r#"{"a\u0000": 1}"#).unwrap();
         assert!(check_jsonb(&v).is_err());
         assert!(check_jsonb(&parse(r#"{"a": [1, 2.5, "x"]}"#).unwrap()).is_ok());
+    }
+
+    #[test]
+    fn text_is_checked_as_its_tree_is() {
+        for text in [
+            r#"{"a": [1, {"b": 1e1000000}]}"#,
+            r#"{"a": "x\u0000"}"#,
+            r#"{"a\u0000": 1}"#,
+            r#"[-1e-16384]"#,
+        ] {
+            assert!(check_jsonb_text(text).is_err(), "{text}");
+            assert!(check_jsonb(&parse(text).unwrap()).is_err(), "{text}");
+        }
+        for text in [
+            r#"{"a": [1, 2.5, "x", -0.5e3, true, null]}"#,
+            r#"{"a": "\\u0000", "1e1000000": "9e999999 \" 1e1000000"}"#,
+            "12345678901234567890e131052",
+        ] {
+            assert!(check_jsonb_text(text).is_ok(), "{text}");
+            assert!(check_jsonb(&parse(text).unwrap()).is_ok(), "{text}");
+        }
+        assert!(validate(b"{\"a\": [1, 2]}").is_ok());
+        assert!(validate(b"{\"a\": [1, 2]").is_err());
     }
 
     #[test]

@@ -6,12 +6,14 @@
 mod dead_letter;
 mod event;
 pub mod json;
+mod json_text;
 mod kind;
 mod lsn;
 mod stored_enum;
 
 pub use dead_letter::{DeadLetter, DeadLetterStatus, Reason};
 pub use event::{partition_hash, Event, NewEvent, RowOrigin};
+pub use json_text::JsonText;
 pub use kind::{is_resource_code, kind_for_code, unreachable_target, ErrorKind};
 pub use lsn::Lsn;
 #[cfg(any(test, feature = "test-util"))]

@@ -11,6 +11,7 @@ use walfold_store::{
 use walfold_telemetry::failpoint;
 use walfold_telemetry::signal::Signal;
 
+use crate::budget::{Budget, Held};
 use crate::error::SourceError;
 use crate::feedback::Durable;
 use crate::reader::Item;
@@ -33,9 +34,46 @@ pub(crate) struct Appender {
     /// The source's name, for its metrics.
     pub source: String,
     pub batch_size: usize,
+    /// What the batch's items hold of it goes back once they are written.
+    pub budget: Budget,
+    /// Opens the event log on a new connection, for one that carried a large batch.
+    pub reopen: Reopen,
     pub linger: Duration,
     /// When the ingest position was last written.
     pub position_written: tokio::time::Instant,
+}
+
+/// How to open the event log on a connection of its own: tokio-postgres keeps a
+/// connection's buffers at the largest message they held, so the appender's connection
+/// is replaced after it carried an event as large as the whole ingest budget.
+pub(crate) struct Reopen {
+    pub url: String,
+    pub schema: walfold_store::Schema,
+    pub slot: String,
+    pub source: String,
+    pub order: std::sync::Arc<walfold_store::LogOrder>,
+    pub fence: walfold_store::Fence,
+}
+
+impl Reopen {
+    pub(crate) async fn open(&self) -> Result<EventLog, SourceError> {
+        let target = walfold_store::connect(&self.url)
+            .await
+            .map_err(SourceError::store("connecting to the target"))?;
+        let mut log = EventLog::open(
+            target,
+            &self.schema,
+            &self.slot,
+            &self.source,
+            self.order.clone(),
+        )
+        .await
+        .map_err(SourceError::store("opening the event log"))?;
+        log.fence_with(&self.fence)
+            .await
+            .map_err(SourceError::store("preparing the leadership check"))?;
+        Ok(log)
+    }
 }
 
 /// What a batch holds until it is written.
@@ -53,29 +91,45 @@ const POSITION_REFRESH: Duration = Duration::from_secs(10);
 
 impl Appender {
     /// Runs until the reader closes the channel, then returns after the last commit.
-    pub(crate) async fn run(mut self, mut items: mpsc::Receiver<Item>) -> Result<(), SourceError> {
+    pub(crate) async fn run(
+        mut self,
+        mut items: mpsc::Receiver<(Item, Held)>,
+    ) -> Result<(), SourceError> {
         let mut batch = Vec::with_capacity(self.batch_size);
+        let mut held: Vec<Held> = Vec::new();
         let mut totals = AppendTotals::default();
+        let take = |batch: &mut Vec<Item>, held: &mut Vec<Held>, (item, h): (Item, Held)| {
+            batch.push(item);
+            if h.bytes() > 0 {
+                held.push(h);
+            }
+        };
         loop {
             batch.clear();
             let Some(first) = items.recv().await else {
                 break;
             };
-            batch.push(first);
+            take(&mut batch, &mut held, first);
             let deadline = tokio::time::Instant::now() + self.linger;
-            while batch.len() < self.batch_size {
+            // Up to the batch size, or the whole budget (the reader waits for it).
+            while batch.len() < self.batch_size && !self.budget.spent() {
                 match items.try_recv() {
-                    Ok(item) => batch.push(item),
+                    Ok(item) => take(&mut batch, &mut held, item),
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
                     Err(mpsc::error::TryRecvError::Empty) => {
                         match tokio::time::timeout_at(deadline, items.recv()).await {
-                            Ok(Some(item)) => batch.push(item),
+                            Ok(Some(item)) => take(&mut batch, &mut held, item),
                             Ok(None) | Err(_) => break,
                         }
                     }
                 }
             }
             self.flush(&mut batch, &mut totals).await?;
+            let largest = held.iter().map(Held::bytes).max().unwrap_or(0);
+            held.clear();
+            if largest >= self.budget.bytes() {
+                self.log = self.reopen.open().await?;
+            }
         }
         tracing::info!(
             appended = totals.appended,

@@ -99,7 +99,15 @@ pub async fn backfill(
     let source = source_session(config).await?;
     // The slot exists from here on: whatever commits later is in its stream.
     prepare_source(&source, config, &mut log).await?;
-    import(&source, &mut log, outbox, order_by, batch).await
+    import(
+        &source,
+        &mut log,
+        outbox,
+        order_by,
+        batch,
+        config.pipeline.max_event_bytes,
+    )
+    .await
 }
 
 /// A source session that renders values as the replication stream does.
@@ -144,7 +152,15 @@ pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(),
     let mut appended = 0;
     for (outbox, table) in config.table_outboxes() {
         tracing::warn!(slot = %slot, from = %from, to = %to, outbox = %table, "backfilling the outbox over the slot gap");
-        let report = import(&source, log, outbox, None, GAP_BATCH).await?;
+        let report = import(
+            &source,
+            log,
+            outbox,
+            None,
+            GAP_BATCH,
+            config.pipeline.max_event_bytes,
+        )
+        .await?;
         tracing::warn!(slot = %slot, outbox = %table, rows = report.rows, appended = report.appended, duplicates = report.duplicates, "backfilled the outbox over the slot gap");
         appended += report.appended;
     }
@@ -167,8 +183,10 @@ async fn import(
     outbox: &OutboxConfig,
     order_by: Option<&str>,
     batch: i64,
+    max_event_bytes: usize,
 ) -> Result<BackfillReport, SourceError> {
-    let pager = Pager::new(source, outbox, order_by).await?;
+    let mut pager = Pager::new(source, outbox, order_by).await?;
+    pager.mapping = pager.mapping.with_max_bytes(max_event_bytes);
     let mut report = BackfillReport::default();
     let mut cursor: Option<Cursor> = None;
     loop {

@@ -28,7 +28,7 @@ pub async fn decode_only(config: &Config, stop_at: Lsn) -> Result<DecodeStats, S
     let (tx, mut rx) = mpsc::channel(config.pipeline.channel_capacity);
     let counter = tokio::spawn(async move {
         let mut stats = DecodeStats::default();
-        while let Some(item) = rx.recv().await {
+        while let Some((item, _)) = rx.recv().await {
             match item {
                 Item::Event(_) => stats.events += 1,
                 Item::Rejected(_) => stats.rejected += 1,

@@ -11,10 +11,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
 use walfold_event::ErrorKind;
-use walfold_store::{connect, Backoff, EventLog, Fence, LogOrder};
+use walfold_store::{connect, Backoff, Fence, LogOrder};
 use walfold_telemetry::signal::Signal;
 
-use crate::appender::Appender;
+use crate::appender::{Appender, Reopen};
+use crate::budget::Budget;
 use crate::error::SourceError;
 use crate::feedback;
 use crate::reader::{replication_config, Reader};
@@ -193,22 +194,15 @@ async fn attempt(
     fence: &Fence,
     order: &Arc<LogOrder>,
 ) -> Result<(), SourceError> {
-    let target = connect(config.target_url())
-        .await
-        .map_err(SourceError::store("connecting to the target"))?;
-    let slot = &config.source().slot;
-    let mut log = EventLog::open(
-        target,
-        &walfold_store::Schema::new(config.target.schema.as_str()),
-        slot,
-        &config.source().name,
-        order.clone(),
-    )
-    .await
-    .map_err(SourceError::store("opening the event log"))?;
-    log.fence_with(fence)
-        .await
-        .map_err(SourceError::store("preparing the leadership check"))?;
+    let reopen = Reopen {
+        url: config.target_url().to_owned(),
+        schema: walfold_store::Schema::new(config.target.schema.as_str()),
+        slot: config.source().slot.clone(),
+        source: config.source().name.clone(),
+        order: order.clone(),
+        fence: fence.clone(),
+    };
+    let mut log = reopen.open().await?;
     let mut cfg = replication_config(config)?;
     let (identity, _) = crate::timeline::check(config, &cfg, &log).await?;
     // The stream must come from the server checked here (not one promoted meanwhile).
@@ -246,7 +240,10 @@ async fn attempt(
     head.send_modify(|h| *h = (*h).max(log.head()));
     let (durable, ack) = feedback::channel();
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
+    let budget = Budget::new(config.pipeline.ingest_bytes);
     let appender = Appender {
+        reopen,
+        budget: budget.clone(),
         log,
         durable,
         head: head.clone(),
@@ -256,6 +253,7 @@ async fn attempt(
         source: config.source().name.clone(),
     };
     let reader = Reader::new(config, items_tx, ingested);
+    cfg.budget = Some(budget);
     let _heartbeat = heartbeat(
         config.source().url.clone(),
         config.source().heartbeat_interval_s,

@@ -4,6 +4,7 @@
 
 mod appender;
 mod backfill;
+mod budget;
 mod decode_only;
 mod error;
 mod feedback;

@@ -2,12 +2,15 @@
 //! becomes a [`NewEvent`] with the producer's ID or, when it cannot, a dead letter with
 //! the reason and the raw content. One rule for both ([`build`]). Pure: no I/O.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
-use walfold_event::{DeadLetter, Lsn, NewEvent, Reason, RowOrigin};
+use walfold_event::{DeadLetter, JsonText, Lsn, NewEvent, Reason, RowOrigin};
 use walfold_pgoutput::{oid, parse_time, Column, Relation, Tuple};
 
 /// The fields of an event, indexes into [`OutboxConfig::columns`].
@@ -38,8 +41,8 @@ trait Fields {
     const WHAT: &'static str;
     /// A field's text; `None` for null, or for an optional field that is absent.
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String>;
-    /// A JSON field (payload, headers).
-    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String>;
+    /// A JSON field (payload, headers), as its text.
+    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String>;
     /// A time without an offset is UTC (a `timestamp without time zone` column).
     fn naive_time_is_utc(&self) -> bool;
 }
@@ -91,7 +94,8 @@ fn build<F: Fields>(
     // Valid JSON that jsonb refuses would fail the event log's insert: set aside here.
     for (field, value) in [(PAYLOAD, Some(&payload)), (HEADERS, headers.as_ref())] {
         if let Some(value) = value {
-            walfold_event::json::check_jsonb(value)
+            value
+                .check_jsonb()
                 .map_err(|e| format!("{what} `{}` {e}", names[field]))?;
         }
     }
@@ -165,6 +169,8 @@ pub struct Mapping {
     index: [Option<usize>; 8],
     names: Names,
     keys: [&'static str; 8],
+    /// `pipeline.max_event_bytes`.
+    max_bytes: usize,
 }
 
 impl Mapping {
@@ -187,7 +193,14 @@ impl Mapping {
             index,
             names,
             keys: keys(config),
+            max_bytes: usize::MAX,
         }
+    }
+
+    /// A row larger than `max_bytes` becomes a `too_large` dead letter.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Mapping {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// The relation's columns, for messages: `(id, kind, body)`.
@@ -212,12 +225,27 @@ impl Mapping {
         origin: Option<RowOrigin>,
     ) -> Result<NewEvent, Box<DeadLetter>> {
         let fields = RowFields { mapping: self, row };
+        let size: usize = row
+            .columns
+            .iter()
+            .map(|c| match c {
+                Column::Text(b) | Column::Binary(b) => b.len(),
+                Column::Null | Column::Unchanged => 0,
+            })
+            .sum();
+        if size > self.max_bytes {
+            let error = too_large("row", size, self.max_bytes);
+            let mut dead = rejected(&fields, error, self.raw(row, SMALL), tx, origin);
+            dead.reason = Reason::TooLarge;
+            return Err(dead);
+        }
         build(&fields, &self.names, tx, origin)
-            .map_err(|error| rejected(&fields, error, self.raw(row), tx, origin))
+            .map_err(|error| rejected(&fields, error, self.raw(row, usize::MAX), tx, origin))
     }
 
-    /// The raw row as JSON (column → text), for dead letters.
-    fn raw(&self, row: &Tuple<'_>) -> Value {
+    /// The raw row as JSON (column → text), for dead letters; a value over `keep`
+    /// bytes as its size only.
+    fn raw(&self, row: &Tuple<'_>, keep: usize) -> Value {
         let mut map = Map::new();
         for (i, col) in row.columns.iter().enumerate() {
             let name = self
@@ -227,6 +255,9 @@ impl Mapping {
             let value = match col {
                 Column::Null => Value::Null,
                 Column::Unchanged => Value::String("<unchanged toast>".into()),
+                Column::Text(b) | Column::Binary(b) if b.len() > keep => {
+                    Value::String(format!("<{} bytes, left out>", b.len()))
+                }
                 Column::Text(b) | Column::Binary(b) => {
                     Value::String(String::from_utf8_lossy(b).into_owned())
                 }
@@ -270,13 +301,13 @@ impl Fields for RowFields<'_, '_> {
         }
     }
 
-    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
+    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
         let name = &self.mapping.names[field];
         let Some(text) = self.text(field, required)? else {
             return Ok(None);
         };
         refuse_nul(&text, &format!("column `{name}`"))?;
-        walfold_event::json::parse(&text)
+        JsonText::parse(text)
             .map(Some)
             .map_err(|e| format!("column `{name}` {e}"))
     }
@@ -293,6 +324,8 @@ impl Fields for RowFields<'_, '_> {
 pub struct MessageMapping {
     pub prefix: String,
     names: Names,
+    /// `pipeline.max_event_bytes`.
+    max_bytes: usize,
 }
 
 impl MessageMapping {
@@ -301,7 +334,14 @@ impl MessageMapping {
         Some(MessageMapping {
             prefix: config.message_prefix.clone()?,
             names: names(config),
+            max_bytes: usize::MAX,
         })
+    }
+
+    /// A message larger than `max_bytes` becomes a `too_large` dead letter.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> MessageMapping {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// Maps a message's content read at `origin`. Content that cannot be an event comes
@@ -313,12 +353,23 @@ impl MessageMapping {
         origin: Option<RowOrigin>,
     ) -> Result<NewEvent, Box<DeadLetter>> {
         let raw = |content: Value| self.raw(content);
+        if content.len() > self.max_bytes {
+            let fields = JsonFields {
+                object: &Object::new(),
+                names: &self.names,
+            };
+            let error = too_large("message", content.len(), self.max_bytes);
+            let left_out = Value::String(format!("<{} bytes, left out>", content.len()));
+            let mut dead = rejected(&fields, error, raw(left_out), tx, origin);
+            dead.reason = Reason::TooLarge;
+            return Err(dead);
+        }
         let object = match parse_message(content) {
             Ok(object) => object,
             Err(error) => {
                 let text = Value::String(String::from_utf8_lossy(content).into_owned());
                 let fields = JsonFields {
-                    object: &Map::new(),
+                    object: &Object::new(),
                     names: &self.names,
                 };
                 return Err(rejected(&fields, error, raw(text), tx, origin));
@@ -329,13 +380,11 @@ impl MessageMapping {
             names: &self.names,
         };
         build(&fields, &self.names, tx, origin).map_err(|error| {
-            rejected(
-                &fields,
-                error,
-                raw(Value::Object(object.clone())),
-                tx,
-                origin,
-            )
+            // The content as a tree, for the dead letter only.
+            let text = String::from_utf8_lossy(content);
+            let content = walfold_event::json::parse(&text)
+                .unwrap_or_else(|_| Value::String(text.into_owned()));
+            rejected(&fields, error, raw(content), tx, origin)
         })
     }
 }
@@ -358,7 +407,7 @@ impl MessageMapping {
             }
             Ok(event) => {
                 let fields = JsonFields {
-                    object: &Map::new(),
+                    object: &Object::new(),
                     names: &self.names,
                 };
                 let mut dead = rejected(
@@ -384,32 +433,53 @@ impl MessageMapping {
     }
 }
 
-fn parse_message(content: &[u8]) -> Result<Map<String, Value>, String> {
+/// A message's keys, each value as its text: a payload is not made a tree.
+type Object<'a> = HashMap<String, &'a RawValue>;
+
+fn parse_message(content: &[u8]) -> Result<Object<'_>, String> {
     let text = std::str::from_utf8(content).map_err(|_| "message content is not UTF-8")?;
     refuse_nul(text, "the message")?;
-    match walfold_event::json::parse(text) {
-        Ok(Value::Object(object)) => Ok(object),
-        Ok(other) => Err(format!(
-            "message content must be a JSON object, not {}",
-            kind(&other)
-        )),
-        Err(e) => Err(format!("message content {e}")),
+    walfold_event::json::validate(content).map_err(|e| format!("message content {e}"))?;
+    let kind = match text.trim_start().as_bytes().first() {
+        Some(b'{') => None,
+        Some(b'[') => Some("an array"),
+        Some(b'"') => Some("a string"),
+        Some(b't' | b'f') => Some("a boolean"),
+        Some(b'n') => Some("null"),
+        _ => Some("a number"),
+    };
+    if let Some(kind) = kind {
+        return Err(format!("message content must be a JSON object, not {kind}"));
     }
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    Object::deserialize(&mut de).map_err(|e| format!("message content is not JSON: {e}"))
 }
 
 struct JsonFields<'a> {
-    object: &'a Map<String, Value>,
+    object: &'a Object<'a>,
     names: &'a Names,
 }
 
 impl JsonFields<'_> {
-    fn value(&self, field: usize, required: bool) -> Result<Option<&Value>, String> {
+    /// A field's value as text, `None` when absent or null.
+    fn raw(&self, field: usize, required: bool) -> Result<Option<&str>, String> {
         let name = &self.names[field];
         match self.object.get(name) {
             None if required => Err(format!("key `{name}` is missing")),
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => Ok(Some(v)),
+            None => Ok(None),
+            Some(raw) if raw.get() == "null" => Ok(None),
+            Some(raw) => Ok(Some(raw.get())),
         }
+    }
+
+    fn value(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
+        self.raw(field, required)?
+            .map(|raw| {
+                walfold_event::json::parse(raw)
+                    .map_err(|e| format!("key `{}` {e}", self.names[field]))
+            })
+            .transpose()
     }
 }
 
@@ -419,18 +489,20 @@ impl Fields for JsonFields<'_> {
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String> {
         match self.value(field, required)? {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::String(s)) => Ok(Some(s)),
             Some(v @ (Value::Number(_) | Value::Bool(_))) => Ok(Some(v.to_string())),
             Some(other) => Err(format!(
                 "key `{}` must be a string or a number, not {}",
                 self.names[field],
-                kind(other)
+                kind(&other)
             )),
         }
     }
 
-    fn json(&self, field: usize, required: bool) -> Result<Option<Value>, String> {
-        Ok(self.value(field, required)?.cloned())
+    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
+        self.raw(field, required)?
+            .map(|raw| JsonText::parse(raw).map_err(|e| format!("key `{}` {e}", self.names[field])))
+            .transpose()
     }
 
     /// As for a `timestamp` column: a time without an offset is UTC.
@@ -492,6 +564,13 @@ fn has_nul_escape(text: &str) -> bool {
         }
     }
     false
+}
+
+/// Values of a too large row kept in its dead letter: its IDs and names, not its payload.
+const SMALL: usize = 1024;
+
+fn too_large(what: &str, size: usize, max: usize) -> String {
+    format!("the {what} is {size} bytes, over pipeline.max_event_bytes ({max}): not an event")
 }
 
 fn truncate(s: &str) -> String {
@@ -583,7 +662,7 @@ mod tests {
             .unwrap();
         assert_eq!(e.id.to_string(), ID);
         assert_eq!(e.version, Some(3));
-        assert_eq!(e.payload["amount"], "12.50");
+        assert_eq!(e.payload.get("amount").unwrap(), "12.50");
         assert_eq!(e.source_lsn, Lsn(42));
         assert_eq!(
             e.occurred_at
@@ -594,6 +673,56 @@ mod tests {
             1_796_005_548_500_000
         );
         assert_eq!(e.headers, None);
+    }
+
+    #[test]
+    fn a_row_over_the_size_limit_is_a_too_large_dead_letter_without_its_payload() {
+        let payload = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5000));
+        let values = [
+            Some(ID),
+            Some("order"),
+            Some("o-1"),
+            Some("OrderPaid"),
+            Some("3"),
+            Some(payload.as_str()),
+            None,
+        ];
+        let m = Mapping::new(&config(), &relation(COLS)).with_max_bytes(4096);
+        let dead = m.map(&row(&values), tx(), None).unwrap_err();
+        assert_eq!(dead.reason, Reason::TooLarge);
+        assert_eq!(dead.event_id.unwrap().to_string(), ID);
+        assert_eq!(dead.aggregate_id.as_deref(), Some("o-1"));
+        assert!(
+            dead.error.contains("over pipeline.max_event_bytes (4096)"),
+            "{}",
+            dead.error
+        );
+        let raw = dead.raw.unwrap();
+        assert_eq!(raw["payload"], "<5012 bytes, left out>");
+        assert_eq!(raw["aggregate_id"], "o-1");
+        // Within the limit it is an event.
+        let m = Mapping::new(&config(), &relation(COLS)).with_max_bytes(8192);
+        assert!(m.map(&row(&values), tx(), None).is_ok());
+        // A message too.
+        let c = walfold_config::Config::from_toml(
+            "[source]\nurl = \"postgresql://h/db\"\n[[outbox]]\nmessage_prefix = \"m\"\n",
+            vec![],
+        )
+        .unwrap();
+        // Within it, the payload is taken as written.
+        let m = MessageMapping::new(&c.outbox[0]).unwrap();
+        let content = format!(
+            r#"{{"id": "{ID}", "aggregate_type": "order", "aggregate_id": "o-1",
+               "event_type": "Paid", "payload": {{ "a" : 1.50, "b": [1,2] }}}}"#
+        );
+        let e = m.map(content.as_bytes(), tx(), None).unwrap();
+        assert_eq!(e.payload.as_str(), r#"{ "a" : 1.50, "b": [1,2] }"#);
+        let m = MessageMapping::new(&c.outbox[0])
+            .unwrap()
+            .with_max_bytes(100);
+        let dead = m.map(payload.as_bytes(), tx(), None).unwrap_err();
+        assert_eq!(dead.reason, Reason::TooLarge);
+        assert_eq!(dead.raw.unwrap()["content"], "<5012 bytes, left out>");
     }
 
     #[test]
@@ -615,11 +744,11 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            e.payload["amount"].to_string(),
+            e.payload.get("amount").unwrap().to_string(),
             "12345678901234567890.123456789012"
         );
         assert_eq!(
-            e.payload["n"].to_string(),
+            e.payload.get("n").unwrap().to_string(),
             "1e+400",
             "the value, not an f64 infinity"
         );
@@ -732,7 +861,7 @@ mod tests {
         let e = m
             .map(&with(r#"{"path": "C:\\u0000"}"#), tx(), None)
             .unwrap();
-        assert_eq!(e.payload["path"], "C:\\u0000");
+        assert_eq!(e.payload.get("path").unwrap(), "C:\\u0000");
         let dl = m
             .map(&with(r#"{"path": "\u0000"}"#), tx(), None)
             .unwrap_err();
@@ -761,7 +890,7 @@ mod tests {
         assert_eq!(e.id.to_string(), ID);
         assert_eq!(e.aggregate_id, "12");
         assert_eq!(e.version, Some(3));
-        assert_eq!(e.payload["amount"].to_string(), "1.50");
+        assert_eq!(e.payload.get("amount").unwrap().to_string(), "1.50");
         assert_eq!(e.headers, None);
         assert!(e.occurred_at.is_some());
     }

@@ -13,6 +13,7 @@ use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
 use walfold_pgoutput::{decode, Message};
 use walfold_store::{ConnectOptions, StagedChange, StagedRow};
 
+use crate::budget::Held;
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
 use crate::outbox::{pg_time, Mapping, MessageMapping, TxContext};
@@ -108,6 +109,7 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         stop_lsn: None,
         observer: None,
         expect: None,
+        budget: None,
     })
 }
 
@@ -133,7 +135,11 @@ pub(crate) struct Reader<'a> {
     stream: Option<u32>,
     /// Protocol 2: streamed transactions not yet committed or aborted.
     streamed: HashMap<u32, Streamed>,
-    items: mpsc::Sender<Item>,
+    items: mpsc::Sender<(Item, Held)>,
+    /// The bytes of the message being handled, taken from the budget by the replication
+    /// worker: they go with the first item made of it, and are given back once that is
+    /// appended.
+    held: Held,
     /// The ingest position when this attempt started: transactions committed before it
     /// are in the log already.
     durable: Lsn,
@@ -154,7 +160,7 @@ struct Streamed {
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<Item>, durable: Lsn) -> Self {
+    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<(Item, Held)>, durable: Lsn) -> Self {
         Reader {
             durable,
             config,
@@ -163,6 +169,7 @@ impl<'a> Reader<'a> {
                 .outbox
                 .iter()
                 .filter_map(MessageMapping::new)
+                .map(|m| m.with_max_bytes(config.pipeline.max_event_bytes))
                 .collect(),
             unknown_prefixes: HashSet::new(),
             tx: None,
@@ -170,6 +177,7 @@ impl<'a> Reader<'a> {
             stream: None,
             streamed: HashMap::new(),
             items,
+            held: Held::default(),
         }
     }
 
@@ -194,12 +202,17 @@ impl<'a> Reader<'a> {
                 // The appender failed: stop now, even on an idle stream.
                 _ = self.items.closed() => break Err(SourceError::StreamEnded),
                 event = client.recv() => match event {
-                    Ok(Some(ReplicationEvent::StoppedAt { reached })) => {
+                    Ok(Some((ReplicationEvent::StoppedAt { reached }, _))) => {
                         tracing::info!(lsn = %Lsn(reached.as_u64()), "reached the stop position");
                         break Ok(());
                     }
-                    Ok(Some(event)) => {
-                        if let Err(e) = self.handle(event).await {
+                    Ok(Some((event, held))) => {
+                        self.held = held;
+                        let handled = self.handle(event).await;
+                        // What no item took is given back now: the next message may
+                        // need the whole budget.
+                        self.held = Held::default();
+                        if let Err(e) = handled {
                             break Err(e);
                         }
                     }
@@ -416,7 +429,9 @@ impl<'a> Reader<'a> {
                         o.table_name()
                             .is_some_and(|t| t.schema == rel.namespace && t.name == rel.name)
                     })
-                    .map(|o| Mapping::new(o, &rel));
+                    .map(|o| {
+                        Mapping::new(o, &rel).with_max_bytes(self.config.pipeline.max_event_bytes)
+                    });
                 let name = format!("{}.{}", rel.namespace, rel.name);
                 self.relations.insert(rel.id, Relation { name, mapping });
             }
@@ -576,10 +591,11 @@ impl<'a> Reader<'a> {
         .await
     }
 
-    async fn send(&self, item: Item) -> Result<(), SourceError> {
+    async fn send(&mut self, item: Item) -> Result<(), SourceError> {
+        let held = std::mem::take(&mut self.held);
         // A closed channel means the appender failed; its error is the one reported.
         self.items
-            .send(item)
+            .send((item, held))
             .await
             .map_err(|_| SourceError::StreamEnded)
     }

@@ -10,12 +10,12 @@ use serde_json::Value;
 use tokio_postgres::types::{PgLsn, Type};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
-use walfold_event::{partition_hash, DeadLetter, Event, Lsn, NewEvent, Reason};
+use walfold_event::{partition_hash, DeadLetter, Event, JsonText, Lsn, NewEvent, Reason};
 
 use crate::connect::SERVER_KEEPALIVES;
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
-use crate::jsonb::{self, Jsonb};
+use crate::jsonb::Jsonb;
 use crate::log_order::{LogOrder, Turn};
 use crate::row::RowExt;
 use crate::schema::Schema;
@@ -50,6 +50,9 @@ pub struct EventLog {
     /// The `[[source]]` whose events this handle appends.
     source: String,
     insert: Statement,
+    /// The insert of a batch with payloads sent by COPY (not prepared: it names a
+    /// temporary table that exists only once one was sent).
+    insert_large: String,
     compare: Statement,
     position: Statement,
     read_position: Statement,
@@ -71,15 +74,32 @@ const RENAME_SOURCE: &str =
        where slot = $1 and source <> $2) \
      select source from old";
 
-/// Inserts a batch's events (arrays `$1`…`$12`, source `$13`) whose IDs are not in the
-/// log yet; returns the inserted IDs.
+/// Inserts a batch's events (arrays `$1`…`$12` and `$14`, source `$13`) whose IDs are not
+/// in the log yet; returns the inserted IDs.
 const INSERT_EVENTS: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
                  event_type, version, payload, headers, occurred_at, partition_hash, \
-                 source_lsn, committed_at, source) \
+                 source_lsn, committed_at, bytes, source) \
                  select u.*, $13::text from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
-                 $12::timestamptz[]) as u(seq, event_id) order by u.event_id, u.seq) u \
+                 $12::timestamptz[], $14::int4[]) as u(seq, event_id) order by u.event_id, u.seq) u \
+                 where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
+                 returning event_id";
+
+/// [`INSERT_EVENTS`] for a batch with payloads sent by COPY (see `large_payload`).
+const INSERT_EVENTS_LARGE: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, \
+                 aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
+                 source_lsn, committed_at, bytes, source) \
+                 select u.seq, u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, \
+                 u.version, {payload}, u.headers, u.occurred_at, u.partition_hash, u.source_lsn, \
+                 u.committed_at, u.bytes, $13::text \
+                 from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
+                 $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
+                 $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
+                 $12::timestamptz[], $14::int4[]) with ordinality as u(seq, event_id, \
+                 aggregate_type, aggregate_id, event_type, version, payload, headers, \
+                 occurred_at, partition_hash, source_lsn, committed_at, bytes, n) \
+                 order by u.event_id, u.seq) u \
                  where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
                  returning event_id";
 
@@ -188,6 +208,7 @@ impl EventLog {
             order,
             source: source.to_owned(),
             insert,
+            insert_large: insert_large_sql(schema),
             compare,
             position,
             dead_letters,
@@ -290,6 +311,7 @@ impl EventLog {
         let writer = Writer {
             source: &self.source,
             insert: &self.insert,
+            insert_large: &self.insert_large,
             compare: &self.compare,
             dead_letters: &self.dead_letters,
         };
@@ -313,6 +335,7 @@ impl EventLog {
             writer: Writer {
                 source: &self.source,
                 insert: &self.insert,
+                insert_large: &self.insert_large,
                 compare: &self.compare,
                 dead_letters: &self.dead_letters,
             },
@@ -347,6 +370,7 @@ pub(crate) struct Writer<'a> {
     /// The source whose events this appender writes.
     source: &'a str,
     insert: &'a Statement,
+    insert_large: &'a str,
     compare: &'a Statement,
     dead_letters: &'a DeadLetters,
 }
@@ -379,11 +403,17 @@ impl<'a> Writer<'a> {
         let mut inserted: HashSet<Uuid> = if events.is_empty() {
             HashSet::new()
         } else {
-            insert_rows(tx, self.insert, self.source, head, events)
-                .await?
-                .iter()
-                .map(|r| r.of("event_log").col("event_id"))
-                .collect::<Result<_, _>>()?
+            insert_rows(
+                tx,
+                (self.insert, self.insert_large),
+                self.source,
+                head,
+                events,
+            )
+            .await?
+            .iter()
+            .map(|r| r.of("event_log").col("event_id"))
+            .collect::<Result<_, _>>()?
         };
         let mut compare = Vec::new();
         let mut outcome = AppendOutcome::default();
@@ -428,7 +458,14 @@ impl<'a> Writer<'a> {
                 .map(|(e, _)| (*e).clone())
                 .collect();
             if !pruned.is_empty() {
-                let again = insert_rows(tx, self.insert, self.source, next_seq, &pruned).await?;
+                let again = insert_rows(
+                    tx,
+                    (self.insert, self.insert_large),
+                    self.source,
+                    next_seq,
+                    &pruned,
+                )
+                .await?;
                 outcome.appended += again.len() as u64;
                 next_seq += pruned.len() as i64;
             }
@@ -501,7 +538,7 @@ impl Ending<'_> {
 
 async fn insert_rows(
     tx: &tokio_postgres::Transaction<'_>,
-    insert: &Statement,
+    (insert, insert_large): (&Statement, &str),
     source: &str,
     head: i64,
     new: &[NewEvent],
@@ -513,8 +550,10 @@ async fn insert_rows(
     let agg_ids: Vec<&str> = new.iter().map(|e| e.aggregate_id.as_str()).collect();
     let types: Vec<&str> = new.iter().map(|e| e.event_type.as_str()).collect();
     let versions: Vec<Option<i64>> = new.iter().map(|e| e.version).collect();
-    let payloads: Vec<&Value> = new.iter().map(|e| &e.payload).collect();
-    let headers: Vec<Option<&Value>> = new.iter().map(|e| e.headers.as_ref()).collect();
+    let payloads: Vec<Option<&JsonText>> = new.iter().map(|e| Some(&e.payload)).collect();
+    let large = crate::large_payload::upload(tx, &payloads).await?;
+    let bytes: Vec<i32> = new.iter().map(|e| payload_bytes(&e.payload)).collect();
+    let headers: Vec<Option<&JsonText>> = new.iter().map(|e| e.headers.as_ref()).collect();
     let occurred: Vec<Option<SystemTime>> = new.iter().map(|e| e.occurred_at).collect();
     let hashes: Vec<i32> = new
         .iter()
@@ -522,15 +561,33 @@ async fn insert_rows(
         .collect();
     let lsns: Vec<PgLsn> = new.iter().map(|e| e.source_lsn.into()).collect();
     let committed: Vec<Option<SystemTime>> = new.iter().map(|e| e.committed_at).collect();
-    tx.query(
-        insert,
-        &[
-            &seqs, &ids, &agg_types, &agg_ids, &types, &versions, &payloads, &headers, &occurred,
-            &hashes, &lsns, &committed, &source,
-        ],
-    )
-    .await
+    let payloads = large.as_ref().unwrap_or(&payloads);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+        &seqs, &ids, &agg_types, &agg_ids, &types, &versions, payloads, &headers, &occurred,
+        &hashes, &lsns, &committed, &source, &bytes,
+    ];
+    match large {
+        None => tx.query(insert, &params).await,
+        Some(_) => tx.query(insert_large, &params).await,
+    }
     .map_err(StoreError::db("appending events"))
+}
+
+/// [`INSERT_EVENTS_LARGE`] for `schema`.
+fn insert_large_sql(schema: &Schema) -> String {
+    schema.sql(
+        &INSERT_EVENTS_LARGE.replace(
+            "{payload}",
+            &crate::large_payload::PAYLOAD
+                .replace("{payload}", "u.payload")
+                .replace("{n}", "u.n"),
+        ),
+    )
+}
+
+/// The `event_log.bytes` of a payload (a payload is at most 1 GB, as PostgreSQL's).
+fn payload_bytes(payload: &JsonText) -> i32 {
+    i32::try_from(payload.len()).unwrap_or(i32::MAX)
 }
 
 async fn compare_rows(
@@ -543,7 +600,7 @@ async fn compare_rows(
     let agg_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
     let agg_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
     let versions: Vec<Option<i64>> = events.iter().map(|e| e.version).collect();
-    let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
+    let payloads: Vec<&JsonText> = events.iter().map(|e| &e.payload).collect();
     tx.query(
         compare,
         &[&ids, &types, &agg_types, &agg_ids, &versions, &payloads],
@@ -617,6 +674,8 @@ pub struct Page {
     pub position: i64,
     /// The page reached the log head (cut short neither by the limit nor the window).
     pub caught_up: bool,
+    /// Its events' payloads, in bytes.
+    pub bytes: usize,
 }
 
 /// Filters of a subscriber partition.
@@ -661,22 +720,31 @@ impl Filter {
 
 /// Up to `$6` events after seq `$1` and at most `$8` of partition `$3` of `$2` that pass
 /// the filters `$4`, `$5`, `$7` and are no open phantom (an event of a failed-over
-/// source that the new primary does not have: a rebuild leaves it out), each row with
-/// the head `h` (one row with null event columns when none does).
+/// source that the new primary does not have: a rebuild leaves it out), cut once they
+/// hold `$9` bytes of payload (the first is always read), each row with the head `h`
+/// and how many the cut left out (one row with null event columns when none passes).
+/// An event appended before `bytes` was recorded counts as its stored size.
 const READ_PAGE: &str = "with head as (select coalesce(max(seq), 0) as h from {schema}.event_log) \
      select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
      e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at, \
-     e.source \
+     e.source, e.left_out \
      from head left join lateral ( \
-       select * from {schema}.event_log l \
-       where l.seq > $1 and l.seq <= $8 and l.seq <= head.h \
-         and ($2::int4 = 1 or l.partition_hash % $2::int4 = $3::int4) \
-         and ($4::text[] is null or l.event_type = any($4::text[])) \
-         and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
-         and ($7::text[] is null or l.source = any($7::text[])) \
-         and not exists (select from {schema}.phantom_event p \
-           where p.event_id = l.event_id and p.accepted_at is null) \
-       order by l.seq limit $6) e on true";
+       select w.*, w.matched - count(*) over () as left_out from ( \
+         select p.*, sum(p.size) over (order by p.seq) as through, \
+           row_number() over (order by p.seq) as n, count(*) over () as matched \
+         from ( \
+           select l.*, coalesce(l.bytes, pg_column_size(l.payload)) as size \
+           from {schema}.event_log l \
+           where l.seq > $1 and l.seq <= $8 and l.seq <= head.h \
+             and ($2::int4 = 1 or l.partition_hash % $2::int4 = $3::int4) \
+             and ($4::text[] is null or l.event_type = any($4::text[])) \
+             and ($5::text[] is null or l.aggregate_type = any($5::text[])) \
+             and ($7::text[] is null or l.source = any($7::text[])) \
+             and not exists (select from {schema}.phantom_event f \
+               where f.event_id = l.event_id and f.accepted_at is null) \
+           order by l.seq limit $6) p) w \
+       where w.n = 1 or w.through <= $9 \
+       order by w.seq) e on true";
 
 /// The events with the seqs `$1`, in seq order.
 const READ_EVENTS: &str =
@@ -693,7 +761,8 @@ pub fn read_sql(schema: &Schema) -> String {
 const WINDOW_PAGES: i64 = 2;
 
 /// Reads up to `limit` events after `after` for a partition (one statement, one snapshot),
-/// among the next `limit × partitions × WINDOW_PAGES` seqs.
+/// among the next `limit × partitions × WINDOW_PAGES` seqs, and no more than `max_bytes`
+/// of payload unless one event alone is larger.
 ///
 /// `sql` is [`read_sql`], sent as an unnamed statement so every read is planned with its
 /// parameters. The window bounds what a read costs whatever the planner believes: while
@@ -708,6 +777,7 @@ pub async fn read_page(
     after: i64,
     filter: &Filter,
     limit: i64,
+    max_bytes: i64,
 ) -> Result<Page, StoreError> {
     let window = limit
         .saturating_mul(i64::from(filter.partitions.max(1)))
@@ -725,6 +795,7 @@ pub async fn read_page(
                 (&limit, Type::INT8),
                 (&filter.sources, Type::TEXT_ARRAY),
                 (&end, Type::INT8),
+                (&max_bytes, Type::INT8),
             ],
         )
         .await
@@ -732,14 +803,26 @@ pub async fn read_page(
     let head: i64 = rows
         .first()
         .map_or(Ok(after), |r| r.of("event_log").col("h"))?;
+    let left_out: i64 = rows
+        .first()
+        .map_or(Ok(None), |r| {
+            r.of("event_log").col::<Option<i64>>("left_out")
+        })?
+        .unwrap_or(0);
     let mut events = Vec::with_capacity(rows.len());
-    for r in &rows {
+    let mut bytes = 0;
+    // Each row's buffer goes as its event is made: a page of large payloads is not held
+    // twice.
+    for r in rows {
         if r.of("event_log").col::<Option<i64>>("seq")?.is_some() {
-            events.push(event_from_row(r)?);
+            let event = event_from_row(&r)?;
+            bytes += event.payload.len();
+            events.push(event);
         }
     }
-    // Fewer than the limit: every event of the window is here, up to the head.
-    let full = events.len() as i64 >= limit;
+    // Fewer than the limit and none left out for its size: every event of the window is
+    // here, up to the head.
+    let full = events.len() as i64 >= limit || left_out > 0;
     let caught_up = !full && end >= head;
     let position = if full {
         events.last().map_or(after, |e| e.seq)
@@ -750,6 +833,7 @@ pub async fn read_page(
         events,
         position,
         caught_up,
+        bytes,
     })
 }
 
@@ -764,8 +848,8 @@ fn event_from_row(row: &Row) -> Result<Event, StoreError> {
         aggregate_id: r.col("aggregate_id")?,
         event_type: r.col("event_type")?,
         version: r.col("version")?,
-        payload: r.col::<Jsonb>("payload")?.0,
-        headers: jsonb::value(r.col("headers")?),
+        payload: r.col("payload")?,
+        headers: r.col("headers")?,
         occurred_at: r.col("occurred_at")?,
         source_lsn: r.col::<PgLsn>("source_lsn")?.into(),
         committed_at: r.col("committed_at")?,

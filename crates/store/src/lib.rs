@@ -15,6 +15,7 @@ mod event_trail;
 mod failover;
 mod ingest_position;
 mod jsonb;
+mod large_payload;
 mod leader;
 mod log_order;
 mod migrate;

@@ -14,11 +14,13 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 use tokio_postgres::types::PgLsn;
 use uuid::Uuid;
-use walfold_event::{partition_hash, DeadLetter, ErrorKind, Lsn, NewEvent, Reason, RowOrigin};
+use walfold_event::{
+    partition_hash, DeadLetter, ErrorKind, JsonText, Lsn, NewEvent, Reason, RowOrigin,
+};
 
 use crate::error::StoreError;
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
-use crate::jsonb::{self, Jsonb};
+use crate::jsonb;
 use crate::row::RowExt;
 
 /// One change of a streamed transaction, in stream order.
@@ -73,6 +75,21 @@ const STAGE: &str =
              $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
              $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[])";
 
+/// [`STAGE`] for changes with payloads sent by COPY (see `large_payload`).
+const STAGE_LARGE: &str =
+    "insert into {schema}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
+             aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
+             change_index, rejected, partition_hash) \
+             select $1, u.xid, u.subxid, u.ord, u.event_id, u.aggregate_type, u.aggregate_id, \
+             u.event_type, u.version, {payload}, u.headers, u.occurred_at, u.change_lsn, \
+             u.change_index, u.rejected, u.partition_hash \
+             from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
+             $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[]) \
+             with ordinality as u(xid, subxid, ord, event_id, aggregate_type, aggregate_id, \
+             event_type, version, payload, headers, occurred_at, change_lsn, change_index, \
+             rejected, partition_hash, n)";
+
 /// Deletes what slot `$1` staged for transaction `$2`.
 const DISCARD: &str = "delete from {schema}.stream_stage where slot = $1 and xid = $2";
 
@@ -93,10 +110,10 @@ const READ_STAGED: &str =
 const MOVE_ALL: &str =
     "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
              event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
-             committed_at, source) \
+             committed_at, source, bytes) \
              select $3 + row_number() over (order by ord), event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-             $4, $5, $6::text from {schema}.stream_stage \
+             $4, $5, $6::text, octet_length(payload::text) from {schema}.stream_stage \
              where slot = $1 and xid = $2 and rejected is null";
 
 impl EventLog {
@@ -136,8 +153,8 @@ impl EventLog {
         let mut agg_ids: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut types: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut versions: Vec<Option<i64>> = Vec::with_capacity(n);
-        let mut payloads: Vec<Option<&Value>> = Vec::with_capacity(n);
-        let mut headers: Vec<Option<&Value>> = Vec::with_capacity(n);
+        let mut payloads: Vec<Option<&JsonText>> = Vec::with_capacity(n);
+        let mut headers: Vec<Option<&JsonText>> = Vec::with_capacity(n);
         let mut occurred: Vec<Option<SystemTime>> = Vec::with_capacity(n);
         let mut lsns: Vec<Option<PgLsn>> = Vec::with_capacity(n);
         let mut indexes: Vec<Option<i32>> = Vec::with_capacity(n);
@@ -182,6 +199,7 @@ impl EventLog {
                     hashes.push(None);
                     // As the dead letter it becomes: storable whatever the row held.
                     let staged = json!({
+                        "reason": d.reason.as_str(),
                         "event_id": d.event_id,
                         "aggregate_type": d.aggregate_type,
                         "aggregate_id": d.aggregate_id,
@@ -197,6 +215,19 @@ impl EventLog {
             .transaction()
             .await
             .map_err(StoreError::db("staging streamed changes"))?;
+        let large = crate::large_payload::upload(&tx, &payloads).await?;
+        let sql = match large {
+            None => sql,
+            Some(_) => parts.schema.sql(
+                &STAGE_LARGE.replace(
+                    "{payload}",
+                    &crate::large_payload::PAYLOAD
+                        .replace("{payload}", "u.payload")
+                        .replace("{n}", "u.n"),
+                ),
+            ),
+        };
+        let payloads = large.as_ref().unwrap_or(&payloads);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
             &parts.slot,
             &xids,
@@ -207,7 +238,7 @@ impl EventLog {
             &agg_ids,
             &types,
             &versions,
-            &payloads,
+            payloads,
             &headers,
             &occurred,
             &lsns,
@@ -433,7 +464,10 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedR
             seq: None,
             aggregate_type: text("aggregate_type"),
             aggregate_id: text("aggregate_id"),
-            reason: Reason::Malformed,
+            // Rows staged before the reason was kept were all malformed.
+            reason: text("reason")
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(Reason::Malformed),
             error: text("error").unwrap_or_default(),
             raw: rejected.get("raw").cloned().filter(|v| !v.is_null()),
             existing: None,
@@ -448,8 +482,8 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedR
         aggregate_id: row.col("aggregate_id")?,
         event_type: row.col("event_type")?,
         version: row.col("version")?,
-        payload: row.col::<Jsonb>("payload")?.0,
-        headers: jsonb::value(row.col("headers")?),
+        payload: row.col("payload")?,
+        headers: row.col("headers")?,
         occurred_at: row.col("occurred_at")?,
         source_lsn: commit.commit_lsn,
         origin,

@@ -672,7 +672,7 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
         aggregate_id: "o-1".into(),
         event_type: "OrderPaid".into(),
         version: Some(1),
-        payload: serde_json::json!({"amount": "1"}),
+        payload: serde_json::json!({"amount": "1"}).into(),
         headers: None,
         occurred_at: None,
         source_lsn: walfold_event::Lsn(1),

@@ -33,6 +33,11 @@ use tokio::sync::{mpsc, watch, Notify};
 use walfold_event::Lsn;
 use walfold_store::SslMode;
 
+use crate::budget::{Budget, Held};
+
+/// An event from the worker with the bytes it took from the budget.
+type Delivered = Result<(ReplicationEvent, Held), WireError>;
+
 /// How to open and start one replication session.
 #[derive(Clone)]
 pub struct WireConfig {
@@ -72,6 +77,9 @@ pub struct WireConfig {
     pub stop_lsn: Option<Lsn>,
     /// Called each time a status update reports a new position.
     pub observer: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Bytes of messages in flight from the worker on (`pipeline.ingest_bytes`); `None`:
+    /// bounded in messages only.
+    pub budget: Option<Budget>,
 }
 
 impl std::fmt::Debug for WireConfig {
@@ -178,7 +186,7 @@ impl WireError {
 
 /// The handle the reader holds: events in, applied positions out.
 pub struct ReplicationClient {
-    events: mpsc::Receiver<Result<ReplicationEvent, WireError>>,
+    events: mpsc::Receiver<Delivered>,
     progress: Arc<Progress>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -231,8 +239,9 @@ impl ReplicationClient {
         })
     }
 
-    /// The next event; `None` once the session has ended without an error.
-    pub async fn recv(&mut self) -> Result<Option<ReplicationEvent>, WireError> {
+    /// The next event, with the bytes it holds of the budget until they are given back
+    /// (dropped); `None` once the session has ended without an error.
+    pub async fn recv(&mut self) -> Result<Option<(ReplicationEvent, Held)>, WireError> {
         match self.events.recv().await {
             Some(Ok(e)) => Ok(Some(e)),
             Some(Err(e)) => Err(e),

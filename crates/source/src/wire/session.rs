@@ -63,6 +63,16 @@ impl Conn {
         Ok(Some(Frame { tag, body: frame }))
     }
 
+    /// The size of the message the buffer holds only the start of, once its length is
+    /// known.
+    pub(crate) fn incomplete(&self) -> Option<usize> {
+        if self.buf.len() < 5 {
+            return None;
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        (self.buf.len() < len + 1).then_some(len + 1)
+    }
+
     /// Reads more bytes into the buffer; cancel-safe. EOF is an error.
     pub(crate) async fn fill(&mut self) -> Result<(), WireError> {
         if self.buf.capacity() - self.buf.len() < 8192 {

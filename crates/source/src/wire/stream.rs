@@ -12,9 +12,10 @@ use walfold_event::Lsn;
 use walfold_pgoutput::{decode, Message};
 
 use super::session::{parse, server_error, Conn, Frame};
-use super::{Progress, ReplicationEvent, WireConfig, WireError};
+use super::{Delivered, Progress, ReplicationEvent, WireConfig, WireError};
+use crate::budget::Held;
 
-type Out = mpsc::Sender<Result<ReplicationEvent, WireError>>;
+type Out = mpsc::Sender<Delivered>;
 
 pub(crate) struct Worker {
     conn: Conn,
@@ -29,7 +30,13 @@ pub(crate) struct Worker {
     last_heard: Instant,
     /// Between Stream Start and Stream Stop (protocol 2): messages carry an xid.
     in_stream: bool,
+    /// The budget taken for a large message before reading it (see [`Worker::stream`]).
+    reserved: Option<Held>,
 }
+
+/// A message larger than this is read only once the budget has room for it: otherwise
+/// one such message would wait in the read buffer beside the budget's worth in flight.
+const READ_AFTER_TAKING: usize = 64 * 1024;
 
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
@@ -59,6 +66,7 @@ impl Worker {
             last_status,
             last_heard: Instant::now(),
             in_stream: false,
+            reserved: None,
         }
     }
 
@@ -94,6 +102,21 @@ impl Worker {
             let due = self.last_status + self.cfg.status_interval;
             let dead = self.last_heard + self.cfg.silence;
             let progress = self.progress.clone();
+            // A large message is read once the budget has room for it (the server waits
+            // meanwhile, as when the reader pushes back).
+            let wait_for = match (&self.cfg.budget, self.conn.incomplete()) {
+                (Some(budget), Some(len)) if len > READ_AFTER_TAKING && self.reserved.is_none() => {
+                    Some(budget.clone().take(len))
+                }
+                _ => None,
+            };
+            let waiting = wait_for.is_some();
+            let take = async move {
+                match wait_for {
+                    Some(take) => take.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 _ = self.stop.changed() => return Ok(End::Stopped),
@@ -103,8 +126,12 @@ impl Worker {
                     }
                 }
                 _ = tokio::time::sleep_until(due) => self.status().await?,
-                r = self.conn.fill() => r?,
-                _ = tokio::time::sleep_until(dead) => {
+                held = take => {
+                    self.reserved = Some(held);
+                    self.last_heard = Instant::now();
+                }
+                r = self.conn.fill(), if !waiting => r?,
+                _ = tokio::time::sleep_until(dead), if !waiting => {
                     return Err(WireError::io("reading the replication stream")(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!(
@@ -163,13 +190,14 @@ impl Worker {
                 }
                 // A keepalive only moves the position: when the reader is behind, the
                 // next one does the same, so it is dropped rather than waited for.
-                if let Err(mpsc::error::TrySendError::Closed(_)) =
-                    self.out.try_send(Ok(ReplicationEvent::KeepAlive {
+                if let Err(mpsc::error::TrySendError::Closed(_)) = self.out.try_send(Ok((
+                    ReplicationEvent::KeepAlive {
                         wal_end,
                         reply_requested,
                         server_time_micros,
-                    }))
-                {
+                    },
+                    Held::default(),
+                ))) {
                     return Ok(Some(End::Stopped));
                 }
                 Ok(None)
@@ -242,10 +270,43 @@ impl Worker {
         Ok(None)
     }
 
+    /// Takes the event's bytes from the budget, waiting while what is in flight holds
+    /// it (status updates go on meanwhile). `None`: stop.
+    async fn take(&mut self, event: &ReplicationEvent) -> Result<Option<Held>, WireError> {
+        let Some(budget) = self.cfg.budget.clone() else {
+            return Ok(Some(Held::default()));
+        };
+        if let Some(held) = self.reserved.take() {
+            return Ok(Some(held));
+        }
+        let bytes = match event {
+            ReplicationEvent::XLogData { data, .. } => data.len(),
+            ReplicationEvent::Message { content, .. } => content.len(),
+            _ => 0,
+        };
+        if let Some(held) = budget.try_take(bytes) {
+            return Ok(Some(held));
+        }
+        let mut take = std::pin::pin!(budget.take(bytes));
+        loop {
+            let due = self.last_status + self.cfg.status_interval;
+            tokio::select! {
+                biased;
+                _ = self.stop.changed() => return Ok(None),
+                held = &mut take => return Ok(Some(held)),
+                _ = tokio::time::sleep_until(due) => self.status().await?,
+            }
+        }
+    }
+
     /// Hands an event to the reader. While the reader pushes back, status updates go on
     /// every `status_interval`, so the server keeps seeing a live client; the socket is
     /// not read meanwhile (TCP pushes back to the server). `false`: stop.
     async fn forward(&mut self, event: ReplicationEvent) -> Result<bool, WireError> {
+        let Some(held) = self.take(&event).await? else {
+            return Ok(false);
+        };
+        let event = (event, held);
         match self.out.try_reserve() {
             Ok(permit) => {
                 permit.send(Ok(event));
@@ -339,10 +400,11 @@ mod tests {
             buffer: 1,
             stop_lsn: None,
             observer: None,
+            budget: None,
         }
     }
 
-    type Events = mpsc::Receiver<Result<ReplicationEvent, WireError>>;
+    type Events = mpsc::Receiver<Delivered>;
 
     /// A worker on one end of a socket pair; the test is the server on the other.
     fn worker(
@@ -445,7 +507,7 @@ mod tests {
         server.write_all(&keepalive(10, false)).await.unwrap();
         assert!(matches!(
             events.recv().await,
-            Some(Ok(ReplicationEvent::KeepAlive { .. }))
+            Some(Ok((ReplicationEvent::KeepAlive { .. }, _)))
         ));
         let started = Instant::now();
         // The status updates go on meanwhile; the server reads and ignores them.
@@ -481,11 +543,14 @@ mod tests {
         assert_eq!(answered, 0x42);
         assert!(matches!(
             events.recv().await,
-            Some(Ok(ReplicationEvent::KeepAlive {
-                wal_end: Lsn(0x100),
-                reply_requested: true,
-                ..
-            }))
+            Some(Ok((
+                ReplicationEvent::KeepAlive {
+                    wal_end: Lsn(0x100),
+                    reply_requested: true,
+                    ..
+                },
+                _
+            )))
         ));
     }
 
