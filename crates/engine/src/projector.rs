@@ -465,7 +465,9 @@ impl<'c> Work<'c> {
         let applied = walfold_store::applied_versions(&self.tx, schema, subscriber, aggregate)
             .await
             .map_err(EngineError::store("reading applied versions"))?;
-        let next = applied.get(k).map_or(part.options.first_version, |v| v + 1);
+        let next = applied
+            .get(k)
+            .map_or(part.options.first_version, |v| v.saturating_add(1));
         let letters = DeadLetters::waiting(&self.tx, schema, subscriber, aggregate)
             .await
             .map_err(EngineError::store("reading waiting events"))?;

@@ -51,12 +51,14 @@ pub(crate) fn sequence<'e>(
     for (key, mut events) in groups {
         events.sort_by_key(|e| (e.version.unwrap_or(i64::MIN), e.seq));
         let known = applied.get(&key);
-        let start = known.map_or(first, |v| v + 1);
+        // Counted in i128: after version i64::MAX the next is one past every version a
+        // producer can send, so whatever follows it is a duplicate, not an overflow.
+        let start = known.map_or(i128::from(first), |&v| i128::from(v) + 1);
         let mut next = start;
         let mut blocked = false;
         for e in events {
-            let v = e.version.unwrap_or(i64::MIN);
-            if known.is_none() && v < first {
+            let v = i128::from(e.version.unwrap_or(i64::MIN));
+            if known.is_none() && v < i128::from(first) {
                 out.below_first.push(e);
             } else if v < next {
                 out.duplicates.push(e);
@@ -68,11 +70,13 @@ pub(crate) fn sequence<'e>(
                 out.waiting.push(e);
             }
         }
+        let version = |n: i128| i64::try_from(n).unwrap_or(i64::MAX);
         if next > start {
-            out.advanced.push((key.clone(), next - 1));
+            out.advanced.push((key.clone(), version(next - 1)));
         }
         if blocked {
-            out.needs.push((key, next));
+            // Blocked only by a version above `next`, so `next` is at most i64::MAX.
+            out.needs.push((key, version(next)));
         }
     }
     out
@@ -167,5 +171,28 @@ mod tests {
         assert_eq!(versions(&s.waiting), [("a".into(), 6)]);
         assert_eq!(versions(&s.apply), [("c".into(), 0)]);
         assert_eq!(s.needs, [(("account".into(), "a".into()), 5)]);
+    }
+
+    #[test]
+    fn the_last_version_a_producer_can_send_applies_once_and_nothing_follows_it() {
+        let last = event(1, "a", i64::MAX);
+        let again = event(2, "a", i64::MAX);
+        let lower = event(3, "a", 7);
+        let applied = HashMap::from([(("account".to_owned(), "a".to_owned()), i64::MAX - 1)]);
+        let s = sequence(&[&last, &again], &applied, 1);
+        assert_eq!(versions(&s.apply), [("a".to_owned(), i64::MAX)]);
+        assert_eq!(versions(&s.duplicates), [("a".to_owned(), i64::MAX)]);
+        assert_eq!(s.advanced, [(("account".to_owned(), "a".to_owned()), i64::MAX)]);
+        assert!(s.needs.is_empty() && s.waiting.is_empty());
+
+        let applied = HashMap::from([(("account".to_owned(), "a".to_owned()), i64::MAX)]);
+        let s = sequence(&[&again, &lower], &applied, 1);
+        assert_eq!(s.duplicates.len(), 2, "{s:?}");
+        assert!(s.apply.is_empty() && s.waiting.is_empty() && s.needs.is_empty());
+
+        let applied = HashMap::new();
+        let s = sequence(&[&last], &applied, i64::MIN);
+        assert_eq!(versions(&s.waiting), [("a".to_owned(), i64::MAX)]);
+        assert_eq!(s.needs, [(("account".to_owned(), "a".to_owned()), i64::MIN)]);
     }
 }
