@@ -63,6 +63,38 @@ pub(crate) fn redact_urls_in(text: &str) -> String {
         rest = &rest[start + len..];
     }
     out.push_str(rest);
+    keyword_passwords_in(&out)
+}
+
+/// `text` with the value after every `password =` (any case, `sslpassword` too) masked
+/// to the end of its line: a key=value connection string quoted in a message, where
+/// nothing says where a password with spaces or quotes in it ends.
+fn keyword_passwords_in(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for (i, _) in lower.match_indices("password") {
+        if i < at {
+            continue;
+        }
+        let after = i + "password".len();
+        let spaces = |from: usize| {
+            from + text[from..].len() - text[from..].trim_start_matches([' ', '\t']).len()
+        };
+        let eq = spaces(after);
+        if !text[eq..].starts_with('=') {
+            continue;
+        }
+        let value = spaces(eq + 1);
+        let end = text[value..].find('\n').map_or(text.len(), |n| value + n);
+        if value == end || text[value..end] == *MASK {
+            continue;
+        }
+        out.push_str(&text[at..value]);
+        out.push_str(MASK);
+        at = end;
+    }
+    out.push_str(&text[at..]);
     out
 }
 
@@ -457,6 +489,13 @@ mod tests {
         assert_eq!(
             redact_urls_in("1 | url = \"postgresql://u:s3cret@h/db?password=s3cret\n  |  ^"),
             "1 | url = \"postgresql://u:***@h/db?password=***\n  |  ^"
+        );
+        assert_eq!(
+            redact_urls_in(
+                "2 | url = \"host=db user=u password=se\"cr et sslmode=require\"\n  |  ^\n\
+                 PASSWORD = 'x y' port=5\npassword=***"
+            ),
+            "2 | url = \"host=db user=u password=***\n  |  ^\nPASSWORD = ***\npassword=***"
         );
     }
 }

@@ -182,7 +182,10 @@ mod tests {
         let s = sequence(&[&last, &again], &applied, 1);
         assert_eq!(versions(&s.apply), [("a".to_owned(), i64::MAX)]);
         assert_eq!(versions(&s.duplicates), [("a".to_owned(), i64::MAX)]);
-        assert_eq!(s.advanced, [(("account".to_owned(), "a".to_owned()), i64::MAX)]);
+        assert_eq!(
+            s.advanced,
+            [(("account".to_owned(), "a".to_owned()), i64::MAX)]
+        );
         assert!(s.needs.is_empty() && s.waiting.is_empty());
 
         let applied = HashMap::from([(("account".to_owned(), "a".to_owned()), i64::MAX)]);
@@ -193,6 +196,9 @@ mod tests {
         let applied = HashMap::new();
         let s = sequence(&[&last], &applied, i64::MIN);
         assert_eq!(versions(&s.waiting), [("a".to_owned(), i64::MAX)]);
-        assert_eq!(s.needs, [(("account".to_owned(), "a".to_owned()), i64::MIN)]);
+        assert_eq!(
+            s.needs,
+            [(("account".to_owned(), "a".to_owned()), i64::MIN)]
+        );
     }
 }

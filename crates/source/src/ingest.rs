@@ -194,6 +194,14 @@ async fn attempt(
     fence: &Fence,
     order: &Arc<LogOrder>,
 ) -> Result<(), SourceError> {
+    // Its statements are prepared, and heartbeats and slot checks follow on their own
+    // connections: a pooler that shares sessions is refused before any of it.
+    walfold_store::refuse_pooling(
+        &config.source().url,
+        &format!("the url of source {}", config.source().name),
+    )
+    .await
+    .map_err(SourceError::store("checking the source url"))?;
     let reopen = Reopen {
         url: config.target_url().to_owned(),
         schema: walfold_store::Schema::new(config.target.schema.as_str()),
@@ -210,14 +218,6 @@ async fn attempt(
     let source = connect(&config.source().url)
         .await
         .map_err(SourceError::store("connecting to the source"))?;
-    // Its statements are prepared, and heartbeats and slot checks follow on their own
-    // connections: a pooler that shares sessions is refused before any of it.
-    walfold_store::refuse_pooling(
-        &config.source().url,
-        &format!("the url of source {}", config.source().name),
-    )
-    .await
-    .map_err(SourceError::store("checking the source url"))?;
     prepare_source(&source, config, &mut log).await?;
     drop(source);
     crate::backfill::fill_gaps(config, &mut log).await?;

@@ -25,10 +25,11 @@ const EMITTERS: &str = "select r.rolname::text from pg_roles r \
        where p.proname = 'pg_logical_emit_message' and p.pronamespace = 'pg_catalog'::regnamespace \
        and has_function_privilege(r.oid, p.oid, 'execute')) order by 1";
 
-/// The login roles, other than superusers, that may insert into the table `$1` (quoted).
+/// The login roles, other than superusers, that may insert into the table `$1` (quoted),
+/// by a grant on the table or on any of its columns.
 const INSERTERS: &str = "select r.rolname::text from pg_roles r \
      where r.rolcanlogin and not r.rolsuper \
-     and has_table_privilege(r.oid, $1::text::regclass, 'insert') order by 1";
+     and has_any_column_privilege(r.oid, $1::text::regclass, 'insert') order by 1";
 
 /// What the source's grants let any role do to the configured message outboxes: a
 /// refusal for those that do not accept it, a warning for those that do.
@@ -179,7 +180,7 @@ pub async fn emitters(source: &Client) -> Result<Writers, StoreError> {
 pub async fn inserters(source: &Client, table: &str) -> Result<Writers, StoreError> {
     let public = source
         .query_one(
-            "select has_table_privilege('public', $1::text::regclass, 'insert')",
+            "select has_any_column_privilege('public', $1::text::regclass, 'insert')",
             &[&table],
         )
         .await

@@ -116,8 +116,26 @@ pub async fn connect(url: &str) -> Result<Client, StoreError> {
             tracing::debug!(error = %e, "database connection closed");
         }
     });
+    client
+        .batch_execute(PIN_SEARCH_PATH)
+        .await
+        .map_err(|source| StoreError::Db {
+            context: "pinning the session's search_path".into(),
+            source,
+        })?;
     Ok(client)
 }
+
+/// Pins the session's `search_path` to the schemas it resolves to now, leaving out a
+/// schema named after the role (`"$user"`) that another role owns: whoever may create
+/// schemas in the database could otherwise make one under walfold's role name and
+/// shadow the unqualified tables of a projection's SQL (its triggers would then run as
+/// walfold). Schemas created later never join the path of an open session.
+const PIN_SEARCH_PATH: &str = "select set_config('search_path', \
+    coalesce(string_agg(quote_ident(s.name), ', ' order by s.i), ''), false) \
+    from unnest(current_schemas(false)) with ordinality as s(name, i) \
+    join pg_namespace n on n.nspname = s.name \
+    where s.name <> current_user or pg_get_userbyid(n.nspowner) = current_user";
 
 /// The server notices a vanished client within about a minute (its default is the
 /// kernel's two hours), so a lock held by a dead session does not stall ingest for long;

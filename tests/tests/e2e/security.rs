@@ -406,3 +406,67 @@ async fn the_readmes_least_privilege_recipe_runs_every_command() {
     );
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }
+
+/// A role that may create schemas in the database makes one named after walfold's role
+/// (`"$user"`, first in PostgreSQL's default search_path) holding a `ledger` with a
+/// trigger. walfold's unqualified `insert into ledger` must still reach `public.ledger`:
+/// the intruder's table gets nothing and its trigger never runs as walfold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_named_after_walfolds_role_cannot_capture_a_projection() {
+    let db = TestDb::new("shadow_schema");
+    let role = db.psql("select current_user");
+    let intruder = intruder(&db).await;
+    db.psql(&format!(
+        "grant create on database {} to intruder; grant usage, create on schema public to intruder",
+        db.name
+    ));
+    intruder
+        .batch_execute(&format!(
+            "create schema {role}; grant usage on schema {role} to public; \
+             create table {role}.ledger (event_id uuid, order_id text, amount numeric); \
+             grant insert on {role}.ledger to public; \
+             create table public.captured (who text); \
+             grant insert on public.captured to public; \
+             create function {role}.steal() returns trigger language plpgsql as \
+               $$ begin insert into public.captured values (current_user); return new; end $$; \
+             create trigger steal before insert on {role}.ledger \
+               for each row execute function {role}.steal();"
+        ))
+        .await
+        .expect("the intruder shadows ledger");
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
+    db.psql(&insert_event(
+        "00000000-0000-4000-8000-000000000001",
+        "o-1",
+        "OrderPlaced",
+        1,
+        r#"{"amount": "5"}"#,
+    ));
+    caught_up(&client, 1, 3).await;
+    assert_eq!(db.psql("select count(*) from public.ledger"), "1");
+    assert_eq!(db.psql(&format!("select count(*) from {role}.ledger")), "0");
+    assert_eq!(db.psql("select count(*) from public.captured"), "0");
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
+
+/// A grant on the outbox's columns lets a role insert events as surely as one on the
+/// table: doctor names it among the roles that may write events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_a_role_that_may_insert_into_the_outboxs_columns() {
+    let db = TestDb::new("column_writer");
+    db.psql(
+        "create role column_writer login; \
+         grant insert (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         on outbox to column_writer",
+    );
+    let path = write_config(&db.config(""));
+    let (code, out, err) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+    assert!(code <= 1, "{out}\n{err}");
+    assert!(
+        out.contains(
+            "roles that may write events into public.outbox (insert into it): column_writer, \
+             and superusers"
+        ),
+        "{out}"
+    );
+}

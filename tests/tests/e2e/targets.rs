@@ -257,8 +257,10 @@ url = "{}"
     .await;
     let (code, why) = http_get(port, "/readyz");
     assert_eq!(code, 503, "{why}");
+    // status still shows what it can and exits 1, naming the target it could not reach.
     let (code, out, err) = walfold(&["status", "--json", "-c", d.config_path()], &[]);
-    assert_eq!(code, 0, "{err}");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unreachable: target reporting"), "{err}");
     let s: serde_json::Value = serde_json::from_str(&out).unwrap();
     let targets = s["targets"].as_array().unwrap();
     assert_eq!(targets.len(), 1, "{out}");
