@@ -63,8 +63,13 @@ fn build<F: Fields>(
 ) -> Result<NewEvent, String> {
     let what = F::WHAT;
     let required = |field: usize| -> Result<String, String> {
-        f.text(field, true)?
-            .ok_or_else(|| format!("{what} `{}` is null", names[field]))
+        let text = f
+            .text(field, true)?
+            .ok_or_else(|| format!("{what} `{}` is null", names[field]))?;
+        if text.trim().is_empty() {
+            return Err(format!("{what} `{}` is empty", names[field]));
+        }
+        Ok(text)
     };
     let id_text = required(ID)?;
     let id = Uuid::try_parse(id_text.trim()).map_err(|_| {
@@ -89,6 +94,7 @@ fn build<F: Fields>(
     };
     let payload = f
         .json(PAYLOAD, true)?
+        .filter(|p| p.as_str().trim() != "null")
         .ok_or_else(|| format!("{what} `{}` is null", names[PAYLOAD]))?;
     let headers = f.json(HEADERS, false)?;
     // Valid JSON that jsonb refuses would fail the event log's insert: set aside here.
@@ -818,6 +824,42 @@ mod tests {
                     None,
                 ],
                 "not JSON",
+            ),
+            (
+                &[
+                    Some(ID),
+                    Some("a"),
+                    Some("1"),
+                    Some(" "),
+                    Some("1"),
+                    Some("{}"),
+                    None,
+                ],
+                "`event_type` is empty",
+            ),
+            (
+                &[
+                    Some(ID),
+                    Some(""),
+                    Some("1"),
+                    Some("T"),
+                    Some("1"),
+                    Some("{}"),
+                    None,
+                ],
+                "`aggregate_type` is empty",
+            ),
+            (
+                &[
+                    Some(ID),
+                    Some("a"),
+                    Some("1"),
+                    Some("T"),
+                    Some("1"),
+                    Some("null"),
+                    None,
+                ],
+                "`payload` is null",
             ),
         ];
         for (vals, reason) in cases {
