@@ -6,12 +6,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio_postgres::Client;
-use tokio_postgres_rustls::MakeRustlsConnect;
-use walfold_config::redact_url;
-
-use crate::connect::ConnectOptions;
 use crate::error::StoreError;
+use tokio_postgres::Client;
+use walfold_config::redact_url;
 
 /// How long a command waits for a server to accept a connection (TCP, TLS, startup).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,31 +39,11 @@ pub async fn connect_within(
     server: &str,
     within: Duration,
 ) -> Result<Client, StoreError> {
-    let connect = async {
-        let options = ConnectOptions::parse(url)?;
-        let mut config = options.pg_config()?;
+    let connect = crate::connect::connect_tuned(url, |config| {
         config
             .connect_timeout(within)
             .tcp_user_timeout(STATEMENT_TIMEOUT);
-        let tls = MakeRustlsConnect::new(crate::tls::client_config(
-            options.ssl_mode,
-            options.root_cert.as_deref(),
-        )?);
-        let (client, connection) =
-            config
-                .connect(tls)
-                .await
-                .map_err(|source| StoreError::Connect {
-                    url: redact_url(url),
-                    source,
-                })?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "database connection closed");
-            }
-        });
-        Ok(client)
-    };
+    });
     answer_within(url, server, within, connect).await
 }
 

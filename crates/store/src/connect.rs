@@ -98,8 +98,18 @@ impl ConnectOptions {
 
 /// Connects and drives the connection on a background task.
 pub async fn connect(url: &str) -> Result<Client, StoreError> {
+    connect_tuned(url, |_| {}).await
+}
+
+/// [`connect`] with `tune` applied to the driver's config (timeouts): the one place a
+/// walfold session is opened, so each pins its `search_path`.
+pub(crate) async fn connect_tuned(
+    url: &str,
+    tune: impl FnOnce(&mut Config),
+) -> Result<Client, StoreError> {
     let options = ConnectOptions::parse(url)?;
-    let config = options.pg_config()?;
+    let mut config = options.pg_config()?;
+    tune(&mut config);
     let tls = MakeRustlsConnect::new(crate::tls::client_config(
         options.ssl_mode,
         options.root_cert.as_deref(),
