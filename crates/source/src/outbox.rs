@@ -117,6 +117,14 @@ fn build<F: Fields>(
                 ))
             }
             Ok(us) => Some(unix_micros(us)),
+            // A valid timestamptz, but before year 1: no time an event occurred either.
+            Err(walfold_pgoutput::ValueError::BcTimestamptz) => {
+                return Err(format!(
+                    "{what} `{}` is a BC date, not a time an event occurred: `{}`",
+                    names[OCCURRED_AT],
+                    truncate(&t)
+                ))
+            }
             Err(_) => {
                 return Err(format!(
                     "{what} `{}` is not a timestamptz: `{}`",
@@ -860,6 +868,18 @@ mod tests {
                     None,
                 ],
                 "`payload` is null",
+            ),
+            (
+                &[
+                    Some(ID),
+                    Some("a"),
+                    Some("1"),
+                    Some("T"),
+                    Some("1"),
+                    Some("{}"),
+                    Some("0044-03-15 12:00:00+00 BC"),
+                ],
+                "`occurred_at` is a BC date",
             ),
         ];
         for (vals, reason) in cases {

@@ -476,7 +476,15 @@ impl<'a> Reader<'a> {
                 let item = match mapping.map(&insert.new, tx, origin) {
                     Ok(event) => Item::Event(event),
                     Err(dead) => {
-                        tracing::warn!(table = %mapping.table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters");
+                        match streamed {
+                            // Its commit LSN is not known yet: name the change instead.
+                            Some((xid, _)) => {
+                                tracing::warn!(table = %mapping.table, xid, change_lsn = %at, error = %dead.error, "malformed outbox row of a streamed transaction sent to dead letters")
+                            }
+                            None => {
+                                tracing::warn!(table = %mapping.table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters")
+                            }
+                        }
                         Item::Rejected(dead)
                     }
                 };
