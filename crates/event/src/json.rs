@@ -6,7 +6,6 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// How deep walfold reads JSON. serde_json's own limit (128) refuses payloads PostgreSQL
@@ -32,20 +31,18 @@ pub fn parse(text: &str) -> Result<Value, JsonError> {
 
 /// [`parse`] for bytes (a `jsonb` column's binary value, after its version byte).
 pub fn parse_slice(bytes: &[u8]) -> Result<Value, JsonError> {
-    let depth = depth(bytes);
-    if depth > MAX_DEPTH {
-        return Err(JsonError::TooDeep { depth });
-    }
-    let invalid = |e: serde_json::Error| JsonError::Invalid(e.to_string());
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    de.disable_recursion_limit();
-    let value = Value::deserialize(&mut de).map_err(invalid)?;
-    de.end().map_err(invalid)?;
-    Ok(value)
+    read::<Value>(bytes)
 }
 
 /// Checks that `bytes` are JSON walfold reads, without building the tree.
 pub fn validate(bytes: &[u8]) -> Result<(), JsonError> {
+    read::<serde::de::IgnoredAny>(bytes).map(drop)
+}
+
+/// Reads `bytes` as a `T`, once their depth is known to be at most [`MAX_DEPTH`] (so
+/// the recursion serde_json is then allowed cannot overflow the stack), and checks
+/// that nothing but whitespace follows.
+fn read<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
     let depth = depth(bytes);
     if depth > MAX_DEPTH {
         return Err(JsonError::TooDeep { depth });
@@ -53,8 +50,9 @@ pub fn validate(bytes: &[u8]) -> Result<(), JsonError> {
     let invalid = |e: serde_json::Error| JsonError::Invalid(e.to_string());
     let mut de = serde_json::Deserializer::from_slice(bytes);
     de.disable_recursion_limit();
-    serde::de::IgnoredAny::deserialize(&mut de).map_err(invalid)?;
-    de.end().map_err(invalid)
+    let value = T::deserialize(&mut de).map_err(invalid)?;
+    de.end().map_err(invalid)?;
+    Ok(value)
 }
 
 /// [`check_jsonb`] for valid JSON text, read as text: numbers outside strings, escapes
