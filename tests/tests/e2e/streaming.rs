@@ -317,11 +317,14 @@ async fn status_updates_go_on_while_the_target_pushes_back() {
     d.assert_failpoints_compiled();
     let client = db.client().await;
     slot_active(&client).await;
-    let pid = count(
-        &client,
-        "select pid::int8 from pg_stat_replication where application_name = 'walfold'",
-    )
+    // One walsender streams (the replication client's short identification session may
+    // still be closing when the slot turns active).
+    let walsender = "select pid::int8 from pg_stat_replication where application_name = 'walfold'";
+    eventually(Duration::from_secs(10), "one walsender", || async {
+        count(&client, walsender).await > 0
+    })
     .await;
+    let pid = count(&client, walsender).await;
     db.psql(&format!("begin; {} commit;", rows("a", ROWS)));
     wait_logged(&client, ROWS).await;
     assert_eq!(
