@@ -8,6 +8,7 @@ mod env;
 mod error;
 mod ident;
 mod model;
+pub mod presets;
 mod redact;
 mod template;
 

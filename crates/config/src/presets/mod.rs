@@ -1,0 +1,36 @@
+//! Named mappings for the outbox and event tables frameworks create (`preset = "marten"`
+//! in an `[[outbox]]`): each field's column or expression as that framework writes the
+//! table, and the columns `walfold init` recognises it by. A field the config sets
+//! explicitly wins over its preset's.
+//!
+//! One file per framework; each cites where its table's DDL comes from.
+
+/// One framework's table and where each event field sits in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preset {
+    /// `preset = "…"` in the config, e.g. `message_db`.
+    pub name: &'static str,
+    /// For people: `Eventide Message DB`.
+    pub framework: &'static str,
+    /// Where the DDL was read: repository and path.
+    pub ddl_source: &'static str,
+    /// The table as the framework names it by default (`message_store.messages`).
+    pub table: &'static str,
+    /// The columns (as the framework spells them) a table must have to be recognised
+    /// as this framework's by `walfold init`, compared without case.
+    pub columns: &'static [&'static str],
+    /// The producer's event ID: one expression, or several for a composite identity.
+    pub id: &'static [&'static str],
+    /// The other `[[outbox]]` keys this preset sets (`aggregate_type`, `aggregate_id`,
+    /// `event_type`, `version`, `payload`, `headers`, `occurred_at`, `where`,
+    /// `expand`), as (key, column or expression).
+    pub fields: &'static [(&'static str, &'static str)],
+}
+
+/// Every preset, in the order `walfold init` tries them (most specific shape first).
+pub const PRESETS: &[Preset] = &[];
+
+/// The preset named `name`.
+pub fn preset(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
