@@ -460,6 +460,14 @@ impl<'a> Reader<'a> {
                 // letter. Stop ingest before the transaction is acknowledged instead,
                 // unless the log holds it already (read before the change). A streamed
                 // transaction's commit is not known yet: decided at its commit.
+                // A column changed to a large object's `oid` under a running walfold: its
+                // rows would fold the object's number. Stop before the acknowledgement.
+                if let Some(refusal) = mapping.unreadable() {
+                    if streamed.is_none() && self.in_log(tx.commit_lsn) {
+                        return self.send(Item::Ignored).await;
+                    }
+                    return self.defer(streamed, SourceError::Refused(refusal));
+                }
                 if let Some((key, column)) = mapping.missing_required() {
                     if streamed.is_none() && self.in_log(tx.commit_lsn) {
                         return self.send(Item::Ignored).await;

@@ -7,6 +7,7 @@ mod daemon;
 mod descriptors;
 mod failover;
 mod library;
+mod mapping;
 mod memory;
 mod observability;
 mod operator_tools;
