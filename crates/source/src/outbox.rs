@@ -158,6 +158,7 @@ fn build<F: Fields>(
     };
     Ok(NewEvent {
         id,
+        producer_id: None,
         aggregate_type,
         aggregate_id,
         event_type,
@@ -448,6 +449,7 @@ impl MessageMapping {
         let origin = Some(RowOrigin::Wal {
             lsn: tx.commit_lsn,
             index: 0,
+            element: 0,
         });
         let problem = "emitted non-transactional (pg_logical_emit_message(false, …)): such a \
                        message is sent even when its transaction rolls back, so it cannot be an \

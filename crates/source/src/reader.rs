@@ -630,7 +630,11 @@ fn origin(last: &mut Option<(Lsn, i32)>, at: Lsn) -> Option<RowOrigin> {
         _ => 0,
     };
     *last = Some((at, index));
-    Some(RowOrigin::Wal { lsn: at, index })
+    Some(RowOrigin::Wal {
+        lsn: at,
+        index,
+        element: 0,
+    })
 }
 
 #[cfg(test)]
@@ -672,6 +676,7 @@ mod tests {
             Some(RowOrigin::Wal {
                 lsn: Lsn(100),
                 index: n,
+                element: 0,
             })
         };
         assert_eq!(origin(&mut last, Lsn(100)), at(0));
@@ -680,7 +685,8 @@ mod tests {
             origin(&mut last, Lsn(180)),
             Some(RowOrigin::Wal {
                 lsn: Lsn(180),
-                index: 0
+                index: 0,
+                element: 0,
             })
         );
         assert_eq!(origin(&mut last, Lsn::ZERO), None);
