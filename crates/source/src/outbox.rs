@@ -330,7 +330,9 @@ impl Mapping {
         let mut filter = None;
         let mut expand = None;
         for f in config.fields() {
-            let source = if f.is_column() {
+            // `element` alone, with expand: the element itself, not a column.
+            let element = expanding && f.key != "expand" && f.value == ELEMENT;
+            let source = if f.is_column() && !element {
                 match position(f.value) {
                     Some(i) => Source::Column(i),
                     None if f.key == "aggregate_type" && !f.set => {
@@ -1534,6 +1536,264 @@ mod tests {
             .unwrap()
             .as_micros();
         assert_eq!(us, 1_796_005_548_500_000);
+    }
+
+    /// A table outbox mapped by `fields` (TOML lines), over `cols`.
+    fn mapping(fields: &str, cols: &[(&str, u32)]) -> Mapping {
+        let c = walfold_config::Config::from_toml(
+            &format!(
+                "[source]\nurl = \"postgresql://h/db\"\n[[outbox]]\ntable = \"outbox\"\n{fields}\n"
+            ),
+            vec![],
+        )
+        .unwrap_or_else(|e| panic!("{fields}: {e}"));
+        Mapping::new(&c.outbox[0], &relation(cols))
+    }
+
+    const TEXT_COLS: &[(&str, u32)] = &[
+        ("MessageId", oid::VARCHAR),
+        ("stream", oid::TEXT),
+        ("kind", oid::TEXT),
+        ("body", BYTEA),
+        ("position", oid::INT8),
+        ("keep", oid::BOOL),
+    ];
+
+    /// `body` as pgoutput sends a bytea: `\x` and hex.
+    fn hex(text: &str) -> String {
+        format!(
+            "\\x{}",
+            text.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    }
+
+    const TEXT_FIELDS: &str = "id = \"MessageId\"\naggregate_id = \"stream\"\nevent_type = \"kind\"\npayload = \"body\"\nversion = \"position\"";
+
+    #[test]
+    fn an_id_that_is_no_uuid_is_derived_and_kept_as_the_producers() {
+        let m = mapping(TEXT_FIELDS, TEXT_COLS);
+        let body = hex(r#"{"n": 1}"#);
+        let map = |id: &str| {
+            let values = [
+                Some(id),
+                Some("s-1"),
+                Some("Made"),
+                Some(body.as_str()),
+                Some("7"),
+                None,
+            ];
+            m.map(&row(&values), tx(), None).unwrap()
+        };
+        let e = map("4b81771282e2cebe-db34f0492c9853ef");
+        assert_eq!(e.id, producer_event_id("4b81771282e2cebe-db34f0492c9853ef"));
+        assert_eq!(
+            e.producer_id.as_deref(),
+            Some("4b81771282e2cebe-db34f0492c9853ef")
+        );
+        assert_eq!(
+            map("4b81771282e2cebe-db34f0492c9853ef").id,
+            e.id,
+            "the same value, the same ID"
+        );
+        assert_ne!(map("4b81771282e2cebe-db34f0492c9853f0").id, e.id);
+        // A UUID in text is the ID itself, as before.
+        let u = map(ID);
+        assert_eq!(u.id.to_string(), ID);
+        assert_eq!(u.producer_id, None);
+        // Read from bytea: UTF-8 JSON.
+        assert_eq!(e.payload.get("n").unwrap(), 1);
+        // aggregate_type left out, no such column: the table's name.
+        assert_eq!(e.aggregate_type, "outbox");
+        assert_eq!(e.version, Some(7));
+    }
+
+    #[test]
+    fn a_composite_id_is_the_json_array_of_its_parts_and_a_null_part_is_a_dead_letter() {
+        let m = mapping(
+            "id = [\"stream\", \"position\"]\naggregate_id = \"stream\"\nevent_type = \"kind\"\npayload = \"body\"\naggregate_type = \"'stream'\"",
+            TEXT_COLS,
+        );
+        let body = hex("{}");
+        let e = m
+            .map(
+                &row(&[
+                    None,
+                    Some("s-1"),
+                    Some("Made"),
+                    Some(&body),
+                    Some("3"),
+                    None,
+                ]),
+                tx(),
+                None,
+            )
+            .unwrap();
+        assert_eq!(e.producer_id.as_deref(), Some(r#"["s-1","3"]"#));
+        assert_eq!(e.id, producer_event_id(r#"["s-1","3"]"#));
+        assert_eq!(e.aggregate_type, "stream", "a constant");
+        // No part's text can make another composite's: ["a-b","c"] is not ["a","b-c"].
+        let dl = m
+            .map(
+                &row(&[None, Some("s-1"), Some("Made"), Some(&body), None, None]),
+                tx(),
+                None,
+            )
+            .unwrap_err();
+        assert!(
+            dl.error.contains("id[1] column `position` is null"),
+            "{}",
+            dl.error
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_json_are_a_dead_letter_saying_so() {
+        let m = mapping(TEXT_FIELDS, TEXT_COLS);
+        for (body, error) in [
+            ("\\xff00".to_owned(), "not UTF-8"),
+            (hex("not json"), "not JSON"),
+            ("plain".to_owned(), "not in hex format"),
+        ] {
+            let dl = m
+                .map(
+                    &row(&[Some(ID), Some("s"), Some("K"), Some(&body), None, None]),
+                    tx(),
+                    None,
+                )
+                .unwrap_err();
+            assert!(dl.error.contains("column `body`"), "{}", dl.error);
+            assert!(dl.error.contains(error), "{} vs {error}", dl.error);
+        }
+    }
+
+    #[test]
+    fn where_keeps_the_rows_it_is_true_for() {
+        let m = mapping(&format!("{TEXT_FIELDS}\nwhere = \"keep\""), TEXT_COLS);
+        let body = hex("{}");
+        let with = |keep: Option<&'static str>| {
+            m.map(
+                &row(&[Some(ID), Some("s"), Some("K"), Some(&body), None, keep]),
+                tx(),
+                None,
+            )
+        };
+        assert!(with(Some("t")).is_ok());
+        assert!(matches!(with(Some("f")), Mapped::Filtered));
+        assert!(matches!(with(None), Mapped::Filtered), "null is not true");
+        // A where that is no boolean dead-letters the row, never drops it.
+        let m = mapping(&format!("{TEXT_FIELDS}\nwhere = \"stream\""), TEXT_COLS);
+        let dl = m
+            .map(
+                &row(&[Some(ID), Some("s"), Some("K"), Some(&body), None, None]),
+                tx(),
+                None,
+            )
+            .unwrap_err();
+        assert!(
+            dl.error.contains("where (`\"stream\"`) is not a boolean"),
+            "{}",
+            dl.error
+        );
+    }
+
+    #[test]
+    fn expand_makes_one_event_per_element_and_a_bad_element_loses_no_other() {
+        let cols = &[("ops", oid::JSONB), ("at", oid::TIMESTAMPTZ)];
+        let m = mapping(
+            "expand = \"ops\"\nid = \"element\"\naggregate_id = \"'a-1'\"\naggregate_type = \"'a'\"\nevent_type = \"'E'\"\npayload = \"element\"",
+            cols,
+        );
+        let ops = format!(r#"["{ID}", 42, null, "x"]"#);
+        let origin = RowOrigin::Wal {
+            lsn: Lsn(7),
+            index: 2,
+            element: 0,
+        };
+        let out: Vec<_> = m
+            .map(&row(&[Some(&ops), None]), tx(), Some(origin))
+            .into_iter()
+            .collect();
+        assert_eq!(out.len(), 4);
+        let e0 = out[0].as_ref().unwrap();
+        // `element` is jsonb: its text form is JSON, as `element::text` in PostgreSQL.
+        assert_eq!(
+            e0.producer_id.as_deref(),
+            Some(format!("\"{ID}\"").as_str())
+        );
+        assert_eq!(out[1].as_ref().unwrap().producer_id.as_deref(), Some("42"));
+        let dl = out[2].as_ref().unwrap_err();
+        assert!(dl.error.starts_with("element 2: "), "{}", dl.error);
+        assert_eq!(dl.raw.as_ref().unwrap()["element"]["index"], 2);
+        assert!(out[3].is_ok());
+        // Each element has an origin of its own: their dead letters are recorded apart.
+        let origins: Vec<_> = out
+            .iter()
+            .map(|o| match o {
+                Ok(e) => e.origin,
+                Err(d) => d.origin,
+            })
+            .collect();
+        assert_eq!(
+            origins[2],
+            Some(RowOrigin::Wal {
+                lsn: Lsn(7),
+                index: 2,
+                element: 2
+            })
+        );
+        assert_ne!(origins[0], origins[1]);
+        // Not an array: the row is one dead letter.
+        for (ops, error) in [
+            (r#"{"a": 1}"#, "is an object, not a JSON array"),
+            ("[1", "not JSON"),
+        ] {
+            let dl = m.map(&row(&[Some(ops), None]), tx(), None).unwrap_err();
+            assert!(dl.error.contains(error), "{} vs {error}", dl.error);
+            assert!(dl.error.starts_with("expand (`\"ops\"`)"), "{}", dl.error);
+        }
+        // Null: no elements to make events of, said as for any other value.
+        let dl = m.map(&row(&[None, None]), tx(), None).unwrap_err();
+        assert!(
+            dl.error.contains("is null, not a JSON array"),
+            "{}",
+            dl.error
+        );
+        // An empty array: no events.
+        assert_eq!(
+            m.map(&row(&[Some("[]"), None]), tx(), None)
+                .into_iter()
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn an_expression_reading_a_column_the_table_lacks_is_missing_not_a_dead_letter() {
+        let m = mapping(
+            &format!("{TEXT_FIELDS}\naggregate_type = '\"Kind\"'"),
+            TEXT_COLS,
+        );
+        assert_eq!(
+            m.missing_required(),
+            Some(("aggregate_type", "Kind".into()))
+        );
+        let m = mapping(TEXT_FIELDS, TEXT_COLS);
+        assert_eq!(m.missing_required(), None);
+        // An expression reading a large object is refused like a column.
+        let mut cols = TEXT_COLS.to_vec();
+        cols[1].1 = LARGE_OBJECT_OID;
+        let m = mapping(
+            "id = \"MessageId\"\naggregate_id = '\"stream\"'\nevent_type = \"kind\"\npayload = \"body\"",
+            &cols,
+        );
+        let refusal = m.unreadable().unwrap();
+        assert!(
+            refusal
+                .problem
+                .contains("column `stream` (outbox.aggregate_id)"),
+            "{}",
+            refusal.problem
+        );
     }
 
     #[test]
