@@ -73,7 +73,10 @@ fn uuid_in(s: &str) -> Result<Uuid, String> {
     };
     let mut out = [0u8; 16];
     for (n, byte) in out.iter_mut().enumerate() {
-        let hi = b.get(i).and_then(|c| (*c as char).to_digit(16)).ok_or_else(bad)?;
+        let hi = b
+            .get(i)
+            .and_then(|c| (*c as char).to_digit(16))
+            .ok_or_else(bad)?;
         let lo = b
             .get(i + 1)
             .and_then(|c| (*c as char).to_digit(16))

@@ -51,9 +51,8 @@ impl Datum {
         let Some(bytes) = input.text else {
             return Ok(Datum::null(ty));
         };
-        let text = std::str::from_utf8(bytes).map_err(|_| {
-            format!("a value of type {} is not valid UTF-8", ty.name())
-        })?;
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| format!("a value of type {} is not valid UTF-8", ty.name()))?;
         let v = match ty {
             Ty::Other(_) => V::Str(text.to_owned()),
             ty => cast::input(ty, text)?,

@@ -32,11 +32,7 @@ pub(crate) fn eval(n: &Node, row: &dyn Row) -> Result<Datum, String> {
         Node::Concat(l, r) => concat(eval(l, row)?, eval(r, row)?),
         Node::Arrow { text, left, right } => arrow(*text, eval(left, row)?, eval(right, row)?),
         Node::Path { text, left, right } => path(*text, eval(left, row)?, eval(right, row)?),
-        Node::Compare(op, l, r) => Ok(bool_datum(compare(
-            *op,
-            eval(l, row)?,
-            eval(r, row)?,
-        )?)),
+        Node::Compare(op, l, r) => Ok(bool_datum(compare(*op, eval(l, row)?, eval(r, row)?)?)),
         Node::Like {
             expr,
             pattern,
@@ -117,6 +113,7 @@ pub(crate) fn eval(n: &Node, row: &dyn Row) -> Result<Datum, String> {
             otherwise,
         } => {
             let ty = case_type(operand.as_deref(), whens, otherwise.as_deref(), row)?;
+            check_constants(whens.iter().map(|w| &w.1).chain(otherwise.as_deref()), ty)?;
             let subject = operand.as_ref().map(|o| eval(o, row)).transpose()?;
             for (w, then) in whens {
                 let hit = match &subject {
@@ -138,6 +135,7 @@ pub(crate) fn eval(n: &Node, row: &dyn Row) -> Result<Datum, String> {
                 .map(|a| infer(a, row))
                 .collect::<Result<Vec<_>, _>>()?;
             let ty = types::common("COALESCE", &tys)?;
+            check_constants(args.iter(), ty)?;
             for a in args {
                 let d = eval(a, row)?;
                 if !d.is_null() {
@@ -221,7 +219,11 @@ pub(crate) fn infer(n: &Node, row: &dyn Row) -> Result<Ty, String> {
             ilike,
             negated,
         } => {
-            types::like(infer(expr, row)?, like_op(*ilike, *negated), infer(pattern, row)?)?;
+            types::like(
+                infer(expr, row)?,
+                like_op(*ilike, *negated),
+                infer(pattern, row)?,
+            )?;
             if let Some(e) = escape {
                 escape_type(infer(e, row)?)?;
             }
@@ -247,7 +249,11 @@ pub(crate) fn infer(n: &Node, row: &dyn Row) -> Result<Ty, String> {
             Ty::Bool
         }
         Node::And(l, r) | Node::Or(l, r) => {
-            let what = if matches!(n, Node::And(..)) { "AND" } else { "OR" };
+            let what = if matches!(n, Node::And(..)) {
+                "AND"
+            } else {
+                "OR"
+            };
             types::boolean(infer(l, row)?, what)?;
             types::boolean(infer(r, row)?, what)?;
             Ty::Bool
@@ -310,6 +316,17 @@ fn case_type(
         results.push(infer(o, row)?);
     }
     types::common("CASE", &results)
+}
+
+/// The string constants among `nodes` read as `ty`, as the server's parser reads
+/// them whether or not their branch is taken.
+fn check_constants<'a>(nodes: impl Iterator<Item = &'a Node>, ty: Ty) -> Result<(), String> {
+    for n in nodes {
+        if let Node::Lit(Some(s)) = n {
+            cast::input(ty, s)?;
+        }
+    }
+    Ok(())
 }
 
 fn bool_datum(b: Option<bool>) -> Datum {
@@ -389,6 +406,13 @@ fn concat(l: Datum, r: Datum) -> Result<Datum, String> {
         Concat::Text => Ty::Text,
         Concat::Bytea => Ty::Bytea,
         Concat::Jsonb => Ty::Jsonb,
+    };
+    // A constant operand takes the operator's type whatever the other holds, so a
+    // malformed one fails even next to a NULL, as at the server's parse.
+    let (l, r) = if kind == Concat::Text {
+        (l, r)
+    } else {
+        (coerce(l, ty)?, coerce(r, ty)?)
     };
     if l.is_null() || r.is_null() {
         return Ok(Datum::null(ty));
@@ -488,10 +512,13 @@ fn arrow(text: bool, l: Datum, r: Datum) -> Result<Datum, String> {
 fn path(text: bool, l: Datum, r: Datum) -> Result<Datum, String> {
     types::path(l.ty, path_op(text), r.ty)?;
     let ty = l.ty;
-    let (Some(V::Json(j)), Some(V::Str(p))) = (l.v, r.v) else {
+    let steps = match &r.v {
+        Some(V::Str(p)) => Some(json::text_array(p)?),
+        _ => None,
+    };
+    let (Some(V::Json(j)), Some(steps)) = (l.v, steps) else {
         return Ok(json_result(ty, text, None));
     };
-    let steps = json::text_array(&p)?;
     Ok(json_result(ty, text, json::path(j, &steps)))
 }
 
@@ -559,6 +586,11 @@ fn like(s: Datum, p: Datum, escape: Option<Datum>, ilike: bool) -> Result<Option
             }
         }
     };
+    let (s, p) = if bytea {
+        (coerce(s, Ty::Bytea)?, coerce(p, Ty::Bytea)?)
+    } else {
+        (s, p)
+    };
     if s.is_null() || p.is_null() {
         return Ok(None);
     }
@@ -577,7 +609,11 @@ fn like(s: Datum, p: Datum, escape: Option<Datum>, ilike: bool) -> Result<Option
     }
     let fold = |d: Datum| -> Vec<char> {
         let s = d.into_string().unwrap_or_default();
-        let s = if ilike { text::change_case(&s, false) } else { s };
+        let s = if ilike {
+            text::change_case(&s, false)
+        } else {
+            s
+        };
         s.chars().collect()
     };
     let (a, b) = (fold(s), fold(p));

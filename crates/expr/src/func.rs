@@ -137,9 +137,7 @@ impl Func {
             ],
             Func::Strpos => &[(&[Text, Text], Int4), (&[Bytea, Bytea], Int4)],
             Func::Lower | Func::Upper => &[(&[Text], Text)],
-            Func::Btrim | Func::Ltrim | Func::Rtrim => {
-                &[(&[Text], Text), (&[Text, Text], Text)]
-            }
+            Func::Btrim | Func::Ltrim | Func::Rtrim => &[(&[Text], Text), (&[Text, Text], Text)],
             Func::Replace => &[(&[Text, Text, Text], Text)],
             Func::ConvertFrom => &[(&[Bytea, Name], Text)],
             Func::Decode => &[(&[Text, Text], Bytea)],
@@ -166,7 +164,8 @@ impl Func {
             _ => {}
         }
         for (params, result) in self.signatures() {
-            if params.len() == args.len() && args.iter().zip(*params).all(|(a, p)| implicit(*a, *p)) {
+            if params.len() == args.len() && args.iter().zip(*params).all(|(a, p)| implicit(*a, *p))
+            {
                 return Ok((params.to_vec(), *result));
             }
         }
@@ -206,13 +205,15 @@ impl Func {
             _ => {}
         }
         // The rest are strict: a NULL argument gives NULL without calling.
+        // Every argument is coerced first: a malformed constant fails even next to a
+        // NULL, as at the server's parse.
         let mut vals = Vec::with_capacity(args.len());
         for (d, p) in args.into_iter().zip(&params) {
-            match coerce(d, *p)?.v {
-                Some(v) => vals.push(v),
-                None => return Ok(Datum::null(result)),
-            }
+            vals.push(coerce(d, *p)?.v);
         }
+        let Some(vals) = vals.into_iter().collect::<Option<Vec<V>>>() else {
+            return Ok(Datum::null(result));
+        };
         let v = body(self, vals)?;
         Ok(match v {
             Some(v) => Datum::new(result, v),

@@ -25,7 +25,10 @@ fn canonical(v: &mut J) -> Result<(), String> {
         }
         J::String(s) => {
             if s.contains('\0') {
-                return Err("unsupported Unicode escape sequence: \\u0000 cannot be converted to text".into());
+                return Err(
+                    "unsupported Unicode escape sequence: \\u0000 cannot be converted to text"
+                        .into(),
+                );
             }
         }
         J::Array(a) => {
@@ -35,7 +38,10 @@ fn canonical(v: &mut J) -> Result<(), String> {
         }
         J::Object(m) => {
             if m.keys().any(|k| k.contains('\0')) {
-                return Err("unsupported Unicode escape sequence: \\u0000 cannot be converted to text".into());
+                return Err(
+                    "unsupported Unicode escape sequence: \\u0000 cannot be converted to text"
+                        .into(),
+                );
             }
             for x in m.values_mut() {
                 canonical(x)?;
@@ -48,7 +54,9 @@ fn canonical(v: &mut J) -> Result<(), String> {
 
 /// jsonb's key order: shorter keys first, then bytewise.
 fn key_order(a: &str, b: &str) -> Ordering {
-    a.len().cmp(&b.len()).then_with(|| a.as_bytes().cmp(b.as_bytes()))
+    a.len()
+        .cmp(&b.len())
+        .then_with(|| a.as_bytes().cmp(b.as_bytes()))
 }
 
 /// The text `jsonb::text` gives.
@@ -211,7 +219,10 @@ pub(crate) fn text_array(s: &str) -> Result<Vec<Option<String>>, String> {
         .and_then(|r| r.strip_suffix('}'))
         .ok_or_else(|| bad("array value must start with \"{\""))?;
     let mut out = Vec::new();
-    if inner.trim_matches(|c: char| c.is_ascii_whitespace()).is_empty() {
+    if inner
+        .trim_matches(|c: char| c.is_ascii_whitespace())
+        .is_empty()
+    {
         return Ok(out);
     }
     let mut chars = inner.chars().peekable();
@@ -296,7 +307,10 @@ mod tests {
     #[test]
     fn text_form_is_jsonb_s() {
         let v = parse(r#"{"bb": [1, 2.50, 1e2], "a": {"x": null}, "a": "s\"\n\u0001é"}"#).unwrap();
-        assert_eq!(to_text(&v), r#"{"a": "s\"\n\u0001é", "bb": [1, 2.50, 100]}"#);
+        assert_eq!(
+            to_text(&v),
+            r#"{"a": "s\"\n\u0001é", "bb": [1, 2.50, 100]}"#
+        );
         assert!(parse(r#""\u0000""#).is_err());
         assert!(parse("{").is_err());
         assert_eq!(to_text(&obj(&[])), "{}");

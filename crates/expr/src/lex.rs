@@ -156,7 +156,10 @@ pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, String> {
             c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
                 let mut j = i;
                 while j < b.len()
-                    && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] == b'$' || b[j] >= 0x80)
+                    && (b[j].is_ascii_alphanumeric()
+                        || b[j] == b'_'
+                        || b[j] == b'$'
+                        || b[j] >= 0x80)
                 {
                     j += 1;
                 }

@@ -12,14 +12,74 @@ use crate::types::Ty;
 
 /// PostgreSQL's reserved words that can never be a column name unquoted.
 const RESERVED: &[&str] = &[
-    "all", "analyse", "analyze", "and", "any", "array", "as", "asc", "asymmetric", "both",
-    "case", "cast", "check", "collate", "column", "constraint", "create", "default",
-    "deferrable", "desc", "distinct", "do", "else", "end", "except", "false", "fetch", "for",
-    "foreign", "from", "grant", "group", "having", "in", "initially", "intersect", "into",
-    "lateral", "leading", "limit", "not", "null", "offset", "on", "only", "or", "order",
-    "placing", "primary", "references", "returning", "select", "some", "symmetric", "table",
-    "then", "to", "trailing", "true", "union", "unique", "user", "using", "variadic", "when",
-    "where", "window", "with",
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "column",
+    "constraint",
+    "create",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "from",
+    "grant",
+    "group",
+    "having",
+    "in",
+    "initially",
+    "intersect",
+    "into",
+    "lateral",
+    "leading",
+    "limit",
+    "not",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "select",
+    "some",
+    "symmetric",
+    "table",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "when",
+    "where",
+    "window",
+    "with",
 ];
 
 /// Keywords that read a value of the session (`current_timestamp`…), which walfold
@@ -194,6 +254,14 @@ impl Parser<'_> {
                     what,
                     negated,
                 };
+            } else if let Some(cmp) = match self.peek() {
+                Some(Tok::Op(o)) => CmpOp::from_symbol(o),
+                _ => None,
+            } {
+                // `x IS NULL = false`: the test's result compared.
+                self.pos += 1;
+                let right = self.in_like()?;
+                e = Node::Compare(cmp, Box::new(e), Box::new(right));
             } else {
                 return Ok(e);
             }
@@ -348,7 +416,10 @@ impl Parser<'_> {
                     return Err("subscripts ([…]) are not supported: use -> or #>".into())
                 }
                 Some(Tok::Ident(w)) if w == "collate" => {
-                    return Err("COLLATE is not supported (text compares bytewise, as collation \"C\")".into())
+                    return Err(
+                        "COLLATE is not supported (text compares bytewise, as collation \"C\")"
+                            .into(),
+                    )
                 }
                 Some(Tok::Ident(w)) if w == "at" => {
                     return Err("AT TIME ZONE is not supported".into())
@@ -403,9 +474,9 @@ impl Parser<'_> {
                 w if SESSION_VALUES.contains(&w) => Err(format!(
                     "{w} is not supported (walfold evaluates expressions itself, without a session)"
                 )),
-                w if matches!(self.peek(), Some(Tok::Str(_))) && !RESERVED.contains(&w) => {
-                    Err(format!("typed constants ({w} '…') are not supported: write '…'::{w}"))
-                }
+                w if matches!(self.peek(), Some(Tok::Str(_))) && !RESERVED.contains(&w) => Err(
+                    format!("typed constants ({w} '…') are not supported: write '…'::{w}"),
+                ),
                 w if RESERVED.contains(&w) => {
                     self.pos -= 1;
                     Err(self.syntax_error())

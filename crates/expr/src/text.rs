@@ -207,7 +207,11 @@ fn match_text<T: Copy + PartialEq>(
     while p.first() == Some(&pct) {
         p = &p[1..];
     }
-    Ok(if p.is_empty() { Match::True } else { Match::Abort })
+    Ok(if p.is_empty() {
+        Match::True
+    } else {
+        Match::Abort
+    })
 }
 
 #[cfg(test)]

@@ -118,8 +118,22 @@ impl Ty {
             // The array types of the common element types.
             Ty::Other(o) => matches!(
                 o,
-                1000 | 1001 | 1005 | 1007 | 1014 | 1015 | 1016 | 1021 | 1022 | 1115 | 1182
-                    | 1185 | 1231 | 199 | 2951 | 3807 | 1028
+                1000 | 1001
+                    | 1005
+                    | 1007
+                    | 1014
+                    | 1015
+                    | 1016
+                    | 1021
+                    | 1022
+                    | 1115
+                    | 1182
+                    | 1185
+                    | 1231
+                    | 199
+                    | 2951
+                    | 3807
+                    | 1028
             ),
             _ => false,
         }
@@ -142,11 +156,7 @@ fn other_name(o: u32) -> String {
 }
 
 fn no_operator(l: Ty, op: &str, r: Ty) -> String {
-    format!(
-        "operator does not exist: {} {op} {}",
-        l.name(),
-        r.name()
-    )
+    format!("operator does not exist: {} {op} {}", l.name(), r.name())
 }
 
 /// Whether a value of `from` goes where `to` is expected without an explicit cast.
@@ -205,10 +215,7 @@ pub(crate) fn arrow(l: Ty, op: &str, r: Ty) -> Result<Key, String> {
     };
     match (l, key) {
         (l, Some(k)) if l.is_json() => Ok(k),
-        (Ty::Unknown, Some(_)) => Err(format!(
-            "operator is not unique: unknown {op} {}",
-            r.name()
-        )),
+        (Ty::Unknown, Some(_)) => Err(format!("operator is not unique: unknown {op} {}", r.name())),
         _ => Err(no_operator(l, op, r)),
     }
 }
@@ -217,10 +224,7 @@ pub(crate) fn path(l: Ty, op: &str, r: Ty) -> Result<(), String> {
     let path_ok = matches!(r, Ty::Unknown | Ty::TextArray);
     match l {
         l if l.is_json() && path_ok => Ok(()),
-        Ty::Unknown if path_ok => Err(format!(
-            "operator is not unique: unknown {op} {}",
-            r.name()
-        )),
+        Ty::Unknown if path_ok => Err(format!("operator is not unique: unknown {op} {}", r.name())),
         _ => Err(no_operator(l, op, r)),
     }
 }
