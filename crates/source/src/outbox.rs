@@ -1745,7 +1745,7 @@ mod tests {
         // Not an array: the row is one dead letter.
         for (ops, error) in [
             (r#"{"a": 1}"#, "is an object, not a JSON array"),
-            ("[1", "not JSON"),
+            ("[1", "invalid input syntax for type json"),
         ] {
             let dl = m.map(&row(&[Some(ops), None]), tx(), None).unwrap_err();
             assert!(dl.error.contains(error), "{} vs {error}", dl.error);
@@ -1794,6 +1794,148 @@ mod tests {
             "{}",
             refusal.problem
         );
+    }
+
+    #[test]
+    fn expressions_read_where_each_field_sits_and_a_failing_one_dead_letters_its_row() {
+        let cols = &[
+            ("stream_name", oid::TEXT),
+            ("type", oid::TEXT),
+            ("Body", oid::TEXT),
+            ("data64", oid::TEXT),
+            ("position", oid::INT8),
+        ];
+        let m = mapping(
+            r#"id = ["stream_name", "position"]
+aggregate_type = "message_store.category(stream_name)"
+aggregate_id = "split_part(stream_name, '-', 2)"
+event_type = "\"Body\"::jsonb->'message'->>'kind'"
+version = "position::bigint"
+payload = "convert_from(decode(data64, 'base64'), 'UTF8')"
+headers = "\"Body\"::jsonb->'headers'"
+where = "type <> 'Ignored'""#,
+            cols,
+        );
+        assert_eq!(m.missing_required(), None);
+        let body = r#"{"message": {"kind": "Paid"}, "headers": {"h": 1}}"#;
+        let e = m
+            .map(
+                &row(&[
+                    Some("account-123"),
+                    Some("T"),
+                    Some(body),
+                    Some("eyJuIjogMX0="),
+                    Some("4"),
+                ]),
+                tx(),
+                None,
+            )
+            .unwrap();
+        assert_eq!(
+            (
+                e.aggregate_type.as_str(),
+                e.aggregate_id.as_str(),
+                e.event_type.as_str()
+            ),
+            ("account", "123", "Paid")
+        );
+        assert_eq!(e.version, Some(4));
+        assert_eq!(e.payload.get("n").unwrap(), 1);
+        assert_eq!(e.headers.unwrap().get("h").unwrap(), 1);
+        assert_eq!(e.producer_id.as_deref(), Some(r#"["account-123","4"]"#));
+        assert!(matches!(
+            m.map(
+                &row(&[
+                    Some("account-123"),
+                    Some("Ignored"),
+                    Some(body),
+                    Some("e30="),
+                    Some("4")
+                ]),
+                tx(),
+                None
+            ),
+            Mapped::Filtered
+        ));
+        // Invalid base64 and invalid JSON: the row's dead letter names the key, the
+        // expression and what failed.
+        let dl = m
+            .map(
+                &row(&[
+                    Some("account-1"),
+                    Some("T"),
+                    Some(body),
+                    Some("%%%"),
+                    Some("4"),
+                ]),
+                tx(),
+                None,
+            )
+            .unwrap_err();
+        assert!(
+            dl.error
+                .starts_with("payload (`convert_from(decode(data64, 'base64'), 'UTF8')`): "),
+            "{}",
+            dl.error
+        );
+        let dl = m
+            .map(
+                &row(&[
+                    Some("account-1"),
+                    Some("T"),
+                    Some("{oops"),
+                    Some("e30="),
+                    Some("4"),
+                ]),
+                tx(),
+                None,
+            )
+            .unwrap_err();
+        assert!(
+            dl.error
+                .contains("event_type (`\"Body\"::jsonb->'message'->>'kind'`): "),
+            "{}",
+            dl.error
+        );
+        assert_eq!(
+            dl.aggregate_id.as_deref(),
+            Some("1"),
+            "what could be read is kept"
+        );
+    }
+
+    #[test]
+    fn expand_reads_each_element_by_the_pseudo_column() {
+        let cols = &[("MessageId", oid::VARCHAR), ("Operations", oid::JSONB)];
+        let m = mapping(
+            r#"expand = '"Operations"'
+id = "element->>'MessageId'"
+aggregate_type = "'sales'"
+aggregate_id = "element->'Headers'->>'Order'"
+event_type = "element->>'MessageType'"
+payload = "convert_from(decode(element->>'Body', 'base64'), 'UTF8')""#,
+            cols,
+        );
+        assert_eq!(m.missing_required(), None);
+        let ops = r#"[
+            {"MessageId": "m-1", "MessageType": "Placed", "Headers": {"Order": "o-1"}, "Body": "eyJhIjogMX0="},
+            {"MessageId": "m-2", "MessageType": "Billed", "Headers": {"Order": "o-1"}, "Body": "bm90IGpzb24="}
+        ]"#;
+        let out: Vec<_> = m
+            .map(&row(&[Some("outer"), Some(ops)]), tx(), None)
+            .into_iter()
+            .collect();
+        let e = out[0].as_ref().unwrap();
+        assert_eq!(e.producer_id.as_deref(), Some("m-1"));
+        assert_eq!(
+            (e.aggregate_id.as_str(), e.event_type.as_str()),
+            ("o-1", "Placed")
+        );
+        assert_eq!(e.payload.get("a").unwrap(), 1);
+        let dl = out[1].as_ref().unwrap_err();
+        assert!(dl.error.starts_with("element 1: payload"), "{}", dl.error);
+        assert!(dl.error.contains("not JSON"), "{}", dl.error);
+        assert_eq!(dl.event_id, Some(producer_event_id("m-2")));
     }
 
     #[test]
