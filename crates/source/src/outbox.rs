@@ -1087,7 +1087,7 @@ mod tests {
     trait One {
         fn unwrap(self) -> NewEvent;
         fn unwrap_err(self) -> Box<DeadLetter>;
-        fn is_ok(self) -> bool;
+        fn made_event(self) -> bool;
     }
 
     impl One for Mapped {
@@ -1100,7 +1100,7 @@ mod tests {
                 Err(d) => d,
             }
         }
-        fn is_ok(self) -> bool {
+        fn made_event(self) -> bool {
             matches!(self.one(), Some(Ok(_)))
         }
     }
@@ -1221,7 +1221,7 @@ mod tests {
         assert_eq!(raw["aggregate_id"], "o-1");
         // Within the limit it is an event.
         let m = Mapping::new(&config(), &relation(COLS)).with_max_bytes(8192);
-        assert!(m.map(&row(&values), tx(), None).is_ok());
+        assert!(m.map(&row(&values), tx(), None).made_event());
         // A message too.
         let c = walfold_config::Config::from_toml(
             "[source]\nurl = \"postgresql://h/db\"\n[[outbox]]\nmessage_prefix = \"m\"\n",
@@ -1677,7 +1677,7 @@ mod tests {
                 None,
             )
         };
-        assert!(with(Some("t")).is_ok());
+        assert!(with(Some("t")).made_event());
         assert!(matches!(with(Some("f")), Mapped::Filtered));
         assert!(matches!(with(None), Mapped::Filtered), "null is not true");
         // A where that is no boolean dead-letters the row, never drops it.
