@@ -16,7 +16,7 @@ use walfold_store::{ConnectOptions, StagedChange, StagedRow};
 use crate::budget::Held;
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
-use crate::outbox::{pg_time, Mapping, MessageMapping, TxContext};
+use crate::outbox::{pg_time, Mapped, Mapping, MessageMapping, TxContext};
 use crate::wire::{ReplicationClient, ReplicationEvent, WireConfig};
 
 /// What the reader hands the appender, in stream order.
@@ -460,6 +460,14 @@ impl<'a> Reader<'a> {
                 // letter. Stop ingest before the transaction is acknowledged instead,
                 // unless the log holds it already (read before the change). A streamed
                 // transaction's commit is not known yet: decided at its commit.
+                // A column changed to a large object's `oid` under a running walfold: its
+                // rows would fold the object's number. Stop before the acknowledgement.
+                if let Some(refusal) = mapping.unreadable() {
+                    if streamed.is_none() && self.in_log(tx.commit_lsn) {
+                        return self.send(Item::Ignored).await;
+                    }
+                    return self.defer(streamed, SourceError::Refused(refusal));
+                }
                 if let Some((key, column)) = mapping.missing_required() {
                     if streamed.is_none() && self.in_log(tx.commit_lsn) {
                         return self.send(Item::Ignored).await;
@@ -473,22 +481,32 @@ impl<'a> Reader<'a> {
                     };
                     return self.defer(streamed, e);
                 }
-                let item = match mapping.map(&insert.new, tx, origin) {
-                    Ok(event) => Item::Event(event),
-                    Err(dead) => {
-                        match streamed {
-                            // Its commit LSN is not known yet: name the change instead.
-                            Some((xid, _)) => {
-                                tracing::warn!(table = %mapping.table, xid, change_lsn = %at, error = %dead.error, "malformed outbox row of a streamed transaction sent to dead letters")
+                let mapped = mapping.map(&insert.new, tx, origin);
+                if let Mapped::Filtered = mapped {
+                    // `where` is not true for it: counted with the other changes that are
+                    // no events.
+                    tracing::debug!(table = %mapping.table, change_lsn = %at, "outbox row filtered out by where");
+                    return self.send(Item::Ignored).await;
+                }
+                let table = mapping.table.to_string();
+                for outcome in mapped {
+                    let item = match outcome {
+                        Ok(event) => Item::Event(event),
+                        Err(dead) => {
+                            match streamed {
+                                // Its commit LSN is not known yet: name the change instead.
+                                Some((xid, _)) => {
+                                    tracing::warn!(table = %table, xid, change_lsn = %at, error = %dead.error, "malformed outbox row of a streamed transaction sent to dead letters")
+                                }
+                                None => {
+                                    tracing::warn!(table = %table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters")
+                                }
                             }
-                            None => {
-                                tracing::warn!(table = %mapping.table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters")
-                            }
+                            Item::Rejected(dead)
                         }
-                        Item::Rejected(dead)
-                    }
-                };
-                self.emit(streamed, item).await?;
+                    };
+                    self.emit(streamed, item).await?;
+                }
             }
             Message::Update(u) => {
                 let streamed = self.stream.map(|xid| (xid, u.xid.unwrap_or(xid)));
@@ -622,7 +640,11 @@ fn origin(last: &mut Option<(Lsn, i32)>, at: Lsn) -> Option<RowOrigin> {
         _ => 0,
     };
     *last = Some((at, index));
-    Some(RowOrigin::Wal { lsn: at, index })
+    Some(RowOrigin::Wal {
+        lsn: at,
+        index,
+        element: 0,
+    })
 }
 
 #[cfg(test)]
@@ -664,6 +686,7 @@ mod tests {
             Some(RowOrigin::Wal {
                 lsn: Lsn(100),
                 index: n,
+                element: 0,
             })
         };
         assert_eq!(origin(&mut last, Lsn(100)), at(0));
@@ -672,7 +695,8 @@ mod tests {
             origin(&mut last, Lsn(180)),
             Some(RowOrigin::Wal {
                 lsn: Lsn(180),
-                index: 0
+                index: 0,
+                element: 0,
             })
         );
         assert_eq!(origin(&mut last, Lsn::ZERO), None);

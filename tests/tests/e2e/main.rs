@@ -8,6 +8,7 @@ mod descriptors;
 mod failover;
 mod frameworks;
 mod library;
+mod mapping;
 mod memory;
 mod observability;
 mod operator_tools;
