@@ -138,6 +138,7 @@ pub fn framework() -> Framework {
         history: Vec::new(),
         writes,
         later: Vec::new(),
+        text_ids: false,
         events: 5,
         dead_letters: &["is null"],
         read_model: "select string_agg(order_id || ' ' || status || ' ' || total || ' v' || version, ', ' \
