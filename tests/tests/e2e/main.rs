@@ -6,6 +6,7 @@
 mod daemon;
 mod descriptors;
 mod failover;
+mod frameworks;
 mod library;
 mod mapping;
 mod memory;
