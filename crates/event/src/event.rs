@@ -13,6 +13,9 @@ use crate::lsn::Lsn;
 pub struct NewEvent {
     /// The producer's ID: the unit of deduplication.
     pub id: Uuid,
+    /// The producer's own value when it is no UUID (text, a number, a composite as a
+    /// JSON array of its parts' texts): `id` is derived from it ([`producer_event_id`]).
+    pub producer_id: Option<String>,
     pub aggregate_type: String,
     pub aggregate_id: String,
     pub event_type: String,
@@ -34,12 +37,43 @@ pub struct NewEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowOrigin {
     /// Streamed from the slot: the LSN of the change's own WAL record (the same on every
-    /// replay), and the row's index among that record's rows: a COPY writes several rows
-    /// per record (heap multi-insert), every other insert one.
-    Wal { lsn: Lsn, index: i32 },
+    /// replay), the row's index among that record's rows (a COPY writes several rows per
+    /// record, heap multi-insert; every other insert one), and the event's index among
+    /// the row's (an `[[outbox]] expand` makes one per element; else 0).
+    Wal { lsn: Lsn, index: i32, element: i32 },
     /// Read by `walfold backfill`: a digest of the table and the row's values, the same
-    /// when the same row is backfilled again.
+    /// when the same row is backfilled again (an expanded row's elements: a digest of it
+    /// and the element's index, [`RowOrigin::element`]).
     Backfill { digest: Uuid },
+}
+
+impl RowOrigin {
+    /// Where element `n` of an expanded row was read: distinct per element, the same on
+    /// every replay or backfill of the row.
+    pub fn element(self, n: usize) -> RowOrigin {
+        match self {
+            RowOrigin::Wal { lsn, index, .. } => RowOrigin::Wal {
+                lsn,
+                index,
+                element: i32::try_from(n).unwrap_or(i32::MAX),
+            },
+            RowOrigin::Backfill { digest } => RowOrigin::Backfill {
+                digest: Uuid::new_v5(&digest, n.to_string().as_bytes()),
+            },
+        }
+    }
+}
+
+/// The namespace of event IDs derived from producers' values that are no UUIDs
+/// (UUIDv5). Fixed forever: changing it would give every such event a new ID, so a
+/// redelivered row would no longer be recognised as a duplicate.
+pub const PRODUCER_ID_NAMESPACE: Uuid = Uuid::from_u128(0x9615d4e4_c104_4e2a_9b91_d7841be89d67);
+
+/// The event ID of a producer's value that is no UUID: UUIDv5 of its text under
+/// [`PRODUCER_ID_NAMESPACE`]. The same value always gives the same ID; two different
+/// ones never give one (within UUIDv5's collision bound, about 2^-61 per pair).
+pub fn producer_event_id(value: &str) -> Uuid {
+    Uuid::new_v5(&PRODUCER_ID_NAMESPACE, value.as_bytes())
 }
 
 impl NewEvent {
@@ -47,6 +81,7 @@ impl NewEvent {
     pub fn to_json(&self) -> Value {
         json!({
             "event_id": self.id,
+            "producer_id": self.producer_id,
             "aggregate_type": self.aggregate_type,
             "aggregate_id": self.aggregate_id,
             "event_type": self.event_type,
@@ -104,5 +139,26 @@ mod tests {
         // Pinned: changing the function would reassign aggregates between partitions.
         assert_eq!(partition_hash("order", "42"), 1_554_754_035);
         assert!(partition_hash("x", "y") >= 0);
+    }
+
+    #[test]
+    fn a_producer_value_gives_one_stable_event_id() {
+        use super::{producer_event_id, RowOrigin};
+        // Pinned: changing the namespace or the rule would un-dedup every such event.
+        assert_eq!(
+            producer_event_id("4b81771282e2cebe-db34f0492c9853ef").to_string(),
+            producer_event_id("4b81771282e2cebe-db34f0492c9853ef").to_string()
+        );
+        assert_eq!(
+            producer_event_id("42").to_string(),
+            "91099ce9-1f8e-52ba-9e5a-a8928dcd5698",
+            "as uuid_generate_v5(namespace, text) (uuid-ossp) and Python's uuid5 give it"
+        );
+        assert_ne!(producer_event_id("42"), producer_event_id("42 "));
+        assert_eq!(producer_event_id("42").get_version_num(), 5);
+        let digest = uuid::Uuid::nil();
+        let b = RowOrigin::Backfill { digest };
+        assert_ne!(b.element(0), b.element(1));
+        assert_eq!(b.element(1), b.element(1));
     }
 }

@@ -12,7 +12,9 @@ mod lsn;
 mod stored_enum;
 
 pub use dead_letter::{DeadLetter, DeadLetterStatus, Reason};
-pub use event::{partition_hash, Event, NewEvent, RowOrigin};
+pub use event::{
+    partition_hash, producer_event_id, Event, NewEvent, RowOrigin, PRODUCER_ID_NAMESPACE,
+};
 pub use json_text::JsonText;
 pub use kind::{is_resource_code, kind_for_code, unreachable_target, ErrorKind};
 pub use lsn::Lsn;

@@ -23,6 +23,28 @@ const PAYLOAD: usize = 5;
 const HEADERS: usize = 6;
 const OCCURRED_AT: usize = 7;
 
+/// `oid`: the type of a large object's reference (`lo_import`, JPA's `@Lob` on
+/// PostgreSQL). Logical decoding sends the reference's number, never the object, so a
+/// field read from such a column would fold a number where the content belongs.
+pub const LARGE_OBJECT_OID: u32 = 26;
+
+/// Why a field cannot be read from a column of type `type_oid`, if it cannot.
+pub fn unreadable_type(type_oid: u32) -> Option<&'static str> {
+    (type_oid == LARGE_OBJECT_OID).then_some(
+        "is of type oid: a large object's reference, and logical decoding cannot read large \
+         objects (walfold would see the object's number, not its content)",
+    )
+}
+
+/// The fix for a field read from a large object's column.
+pub fn unreadable_fix(key: &str) -> String {
+    format!(
+        "store the content in the row instead (alter the column to jsonb, json, text or bytea \
+         holding UTF-8 JSON, and have the application write it there), or set {key} to a \
+         column that holds it"
+    )
+}
+
 /// The column (or key) name of each field, as configured.
 type Names = [String; 8];
 
@@ -136,6 +158,7 @@ fn build<F: Fields>(
     };
     Ok(NewEvent {
         id,
+        producer_id: None,
         aggregate_type,
         aggregate_id,
         event_type,
@@ -221,6 +244,22 @@ impl Mapping {
     pub fn column_names(&self) -> String {
         let names: Vec<&str> = self.columns.iter().map(|(n, _)| n.as_str()).collect();
         format!("({})", names.join(", "))
+    }
+
+    /// A field whose column walfold cannot read (a large object's `oid`): the refusal,
+    /// naming the config key, the column and why.
+    pub fn unreadable(&self) -> Option<crate::error::Refusal> {
+        (0..self.keys.len()).find_map(|f| {
+            let (column, type_oid) = self.columns.get(self.index[f]?)?;
+            let why = unreadable_type(*type_oid)?;
+            Some(crate::error::Refusal {
+                problem: format!(
+                    "outbox table {} column `{column}` (outbox.{}) {why}",
+                    self.table, self.keys[f]
+                ),
+                fix: unreadable_fix(&format!("outbox.{}", self.keys[f])),
+            })
+        })
     }
 
     /// A required field whose column the table does not have: (config key, column).
@@ -410,6 +449,7 @@ impl MessageMapping {
         let origin = Some(RowOrigin::Wal {
             lsn: tx.commit_lsn,
             index: 0,
+            element: 0,
         });
         let problem = "emitted non-transactional (pg_logical_emit_message(false, …)): such a \
                        message is sent even when its transaction rolls back, so it cannot be an \
@@ -1031,6 +1071,26 @@ mod tests {
             .unwrap()
             .as_micros();
         assert_eq!(us, 1_796_005_548_500_000);
+    }
+
+    #[test]
+    fn a_field_read_from_a_large_object_is_refused_not_folded() {
+        let mut cols = COLS.to_vec();
+        assert!(Mapping::new(&config(), &relation(&cols))
+            .unreadable()
+            .is_none());
+        cols[5].1 = LARGE_OBJECT_OID;
+        let refusal = Mapping::new(&config(), &relation(&cols))
+            .unreadable()
+            .unwrap();
+        assert!(
+            refusal
+                .problem
+                .contains("column `payload` (outbox.payload) is of type oid"),
+            "{}",
+            refusal.problem
+        );
+        assert!(refusal.fix.contains("bytea"), "{}", refusal.fix);
     }
 
     #[test]

@@ -460,6 +460,14 @@ impl<'a> Reader<'a> {
                 // letter. Stop ingest before the transaction is acknowledged instead,
                 // unless the log holds it already (read before the change). A streamed
                 // transaction's commit is not known yet: decided at its commit.
+                // A column changed to a large object's `oid` under a running walfold: its
+                // rows would fold the object's number. Stop before the acknowledgement.
+                if let Some(refusal) = mapping.unreadable() {
+                    if streamed.is_none() && self.in_log(tx.commit_lsn) {
+                        return self.send(Item::Ignored).await;
+                    }
+                    return self.defer(streamed, SourceError::Refused(refusal));
+                }
                 if let Some((key, column)) = mapping.missing_required() {
                     if streamed.is_none() && self.in_log(tx.commit_lsn) {
                         return self.send(Item::Ignored).await;
@@ -622,7 +630,11 @@ fn origin(last: &mut Option<(Lsn, i32)>, at: Lsn) -> Option<RowOrigin> {
         _ => 0,
     };
     *last = Some((at, index));
-    Some(RowOrigin::Wal { lsn: at, index })
+    Some(RowOrigin::Wal {
+        lsn: at,
+        index,
+        element: 0,
+    })
 }
 
 #[cfg(test)]
@@ -664,6 +676,7 @@ mod tests {
             Some(RowOrigin::Wal {
                 lsn: Lsn(100),
                 index: n,
+                element: 0,
             })
         };
         assert_eq!(origin(&mut last, Lsn(100)), at(0));
@@ -672,7 +685,8 @@ mod tests {
             origin(&mut last, Lsn(180)),
             Some(RowOrigin::Wal {
                 lsn: Lsn(180),
-                index: 0
+                index: 0,
+                element: 0,
             })
         );
         assert_eq!(origin(&mut last, Lsn::ZERO), None);

@@ -557,7 +557,9 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
                 "select c.relkind::text as kind, c.relispartition as is_partition, \
                  rn.nspname::text as root_schema, rc.relname::text as root_name, \
                  array(select a.attname::text from pg_attribute a where a.attrelid = c.oid \
-                       and a.attnum > 0 and not a.attisdropped order by a.attnum) as columns \
+                       and a.attnum > 0 and not a.attisdropped order by a.attnum) as columns, \
+                 array(select a.atttypid::int8 from pg_attribute a where a.attrelid = c.oid \
+                       and a.attnum > 0 and not a.attisdropped order by a.attnum) as types \
                  from pg_class c join pg_namespace n on n.oid = c.relnamespace \
                  left join pg_class rc on c.relispartition and rc.oid = pg_partition_root(c.oid) \
                  left join pg_namespace rn on rn.oid = rc.relnamespace \
@@ -597,6 +599,7 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
         let row = row.of("pg_class");
         let (kind, is_partition): (String, bool) = (row.col("kind")?, row.col("is_partition")?);
         let columns: Vec<String> = row.col("columns")?;
+        let types: Vec<i64> = row.col("types")?;
         if is_partition {
             let root = format!(
                 "{}.{}",
@@ -623,7 +626,16 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
             shape.partitioned.push(name.clone());
         }
         for (key, column) in outbox.columns() {
-            if columns.iter().any(|c| c == column) {
+            if let Some(at) = columns.iter().position(|c| c == column) {
+                let type_oid = types.get(at).map_or(0, |t| *t as u32);
+                if let Some(why) = crate::outbox::unreadable_type(type_oid) {
+                    shape.refusals.push(Refusal {
+                        problem: format!(
+                            "outbox table {name} column `{column}` (outbox[{i}].{key}) {why}"
+                        ),
+                        fix: crate::outbox::unreadable_fix(&format!("outbox[{i}].{key}")),
+                    });
+                }
                 continue;
             }
             let similar = columns.iter().find(|c| c.eq_ignore_ascii_case(column));

@@ -74,31 +74,32 @@ const RENAME_SOURCE: &str =
        where slot = $1 and source <> $2) \
      select source from old";
 
-/// Inserts a batch's events (arrays `$1`…`$12` and `$14`, source `$13`) whose IDs are not
-/// in the log yet; returns the inserted IDs.
+/// Inserts a batch's events (arrays `$1`…`$12`, `$14` and `$15`, source `$13`) whose IDs
+/// are not in the log yet; returns the inserted IDs.
 const INSERT_EVENTS: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
                  event_type, version, payload, headers, occurred_at, partition_hash, \
-                 source_lsn, committed_at, bytes, source) \
+                 source_lsn, committed_at, bytes, producer_id, source) \
                  select u.*, $13::text from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
-                 $12::timestamptz[], $14::int4[]) as u(seq, event_id) order by u.event_id, u.seq) u \
+                 $12::timestamptz[], $14::int4[], $15::text[]) as u(seq, event_id) \
+                 order by u.event_id, u.seq) u \
                  where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
                  returning event_id";
 
 /// [`INSERT_EVENTS`] for a batch with payloads sent by COPY (see `large_payload`).
 const INSERT_EVENTS_LARGE: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, \
                  aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-                 source_lsn, committed_at, bytes, source) \
+                 source_lsn, committed_at, bytes, producer_id, source) \
                  select u.seq, u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, \
                  u.version, {payload}, u.headers, u.occurred_at, u.partition_hash, u.source_lsn, \
-                 u.committed_at, u.bytes, $13::text \
+                 u.committed_at, u.bytes, u.producer_id, $13::text \
                  from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
-                 $12::timestamptz[], $14::int4[]) with ordinality as u(seq, event_id, \
+                 $12::timestamptz[], $14::int4[], $15::text[]) with ordinality as u(seq, event_id, \
                  aggregate_type, aggregate_id, event_type, version, payload, headers, \
-                 occurred_at, partition_hash, source_lsn, committed_at, bytes, n) \
+                 occurred_at, partition_hash, source_lsn, committed_at, bytes, producer_id, n) \
                  order by u.event_id, u.seq) u \
                  where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
                  returning event_id";
@@ -561,10 +562,11 @@ async fn insert_rows(
         .collect();
     let lsns: Vec<PgLsn> = new.iter().map(|e| e.source_lsn.into()).collect();
     let committed: Vec<Option<SystemTime>> = new.iter().map(|e| e.committed_at).collect();
+    let producers: Vec<Option<&str>> = new.iter().map(|e| e.producer_id.as_deref()).collect();
     let payloads = large.as_ref().unwrap_or(&payloads);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
         &seqs, &ids, &agg_types, &agg_ids, &types, &versions, payloads, &headers, &occurred,
-        &hashes, &lsns, &committed, &source, &bytes,
+        &hashes, &lsns, &committed, &source, &bytes, &producers,
     ];
     match large {
         None => tx.query(insert, &params).await,

@@ -21,7 +21,8 @@ use crate::schema::Schema;
 const PAGE: &str =
     "select seq, event_id, aggregate_type, aggregate_id, event_type, version, partition_hash, \
      to_char(coalesce(committed_at, appended_at) at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') as at, \
-     json_build_object('seq', seq, 'event_id', event_id, 'aggregate_type', aggregate_type, \
+     json_build_object('seq', seq, 'event_id', event_id, 'producer_id', producer_id, \
+       'aggregate_type', aggregate_type, \
        'aggregate_id', aggregate_id, 'event_type', event_type, 'version', version, \
        'payload', payload, 'headers', headers, 'occurred_at', occurred_at, \
        'committed_at', committed_at, 'appended_at', appended_at, 'source', source, \

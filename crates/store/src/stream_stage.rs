@@ -66,29 +66,31 @@ pub struct StreamCommit {
 /// Deletes everything staged for slot `$1`.
 const CLEAR: &str = "delete from {schema}.stream_stage where slot = $1";
 
-/// Stages a batch of slot `$1`'s changes (arrays `$2`…`$16`).
+/// Stages a batch of slot `$1`'s changes (arrays `$2`…`$18`).
 const STAGE: &str =
     "insert into {schema}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
-             change_index, rejected, partition_hash) \
+             change_index, rejected, partition_hash, change_element, producer_id) \
              select $1, * from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
              $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
-             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[])";
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[], \
+             $17::int4[], $18::text[])";
 
 /// [`STAGE`] for changes with payloads sent by COPY (see `large_payload`).
 const STAGE_LARGE: &str =
     "insert into {schema}.stream_stage (slot, xid, subxid, ord, event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, change_lsn, \
-             change_index, rejected, partition_hash) \
+             change_index, rejected, partition_hash, change_element, producer_id) \
              select $1, u.xid, u.subxid, u.ord, u.event_id, u.aggregate_type, u.aggregate_id, \
              u.event_type, u.version, {payload}, u.headers, u.occurred_at, u.change_lsn, \
-             u.change_index, u.rejected, u.partition_hash \
+             u.change_index, u.rejected, u.partition_hash, u.change_element, u.producer_id \
              from unnest($2::int8[], $3::int8[], $4::int8[], $5::uuid[], \
              $6::text[], $7::text[], $8::text[], $9::int8[], $10::jsonb[], $11::jsonb[], \
-             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[]) \
+             $12::timestamptz[], $13::pg_lsn[], $14::int4[], $15::jsonb[], $16::int4[], \
+             $17::int4[], $18::text[]) \
              with ordinality as u(xid, subxid, ord, event_id, aggregate_type, aggregate_id, \
              event_type, version, payload, headers, occurred_at, change_lsn, change_index, \
-             rejected, partition_hash, n)";
+             rejected, partition_hash, change_element, producer_id, n)";
 
 /// Deletes what slot `$1` staged for transaction `$2`.
 const DISCARD: &str = "delete from {schema}.stream_stage where slot = $1 and xid = $2";
@@ -101,7 +103,8 @@ const DISCARD_SUBTRANSACTION: &str =
 /// its rejected rows (`$5` true) or its events.
 const READ_STAGED: &str =
     "select ord, event_id, aggregate_type, aggregate_id, event_type, version, payload, \
-             headers, occurred_at, change_lsn, change_index, rejected from {schema}.stream_stage \
+             headers, occurred_at, change_lsn, change_index, change_element, producer_id, \
+             rejected from {schema}.stream_stage \
              where slot = $1 and xid = $2 and ord > $3 and (rejected is not null) = $5 \
              order by ord limit $4";
 
@@ -110,10 +113,10 @@ const READ_STAGED: &str =
 const MOVE_ALL: &str =
     "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
              event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
-             committed_at, source, bytes) \
+             committed_at, source, bytes, producer_id) \
              select $3 + row_number() over (order by ord), event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-             $4, $5, $6::text, octet_length(payload::text) from {schema}.stream_stage \
+             $4, $5, $6::text, octet_length(payload::text), producer_id from {schema}.stream_stage \
              where slot = $1 and xid = $2 and rejected is null";
 
 impl EventLog {
@@ -158,6 +161,8 @@ impl EventLog {
         let mut occurred: Vec<Option<SystemTime>> = Vec::with_capacity(n);
         let mut lsns: Vec<Option<PgLsn>> = Vec::with_capacity(n);
         let mut indexes: Vec<Option<i32>> = Vec::with_capacity(n);
+        let mut elements: Vec<Option<i32>> = Vec::with_capacity(n);
+        let mut producers: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut rejected: Vec<Option<Value>> = Vec::with_capacity(n);
         let mut hashes: Vec<Option<i32>> = Vec::with_capacity(n);
         for c in changes {
@@ -168,15 +173,21 @@ impl EventLog {
                 StagedRow::Event(e) => e.origin,
                 StagedRow::Rejected(d) => d.origin,
             };
-            let (lsn, index) = match origin {
-                Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index)),
-                _ => (None, None),
+            let (lsn, index, element) = match origin {
+                Some(RowOrigin::Wal {
+                    lsn,
+                    index,
+                    element,
+                }) => (Some(lsn.into()), Some(index), Some(element)),
+                _ => (None, None, None),
             };
             lsns.push(lsn);
             indexes.push(index);
+            elements.push(element);
             match &c.row {
                 StagedRow::Event(e) => {
                     ids.push(Some(e.id));
+                    producers.push(e.producer_id.as_deref());
                     agg_types.push(Some(&e.aggregate_type));
                     agg_ids.push(Some(&e.aggregate_id));
                     types.push(Some(&e.event_type));
@@ -189,6 +200,7 @@ impl EventLog {
                 }
                 StagedRow::Rejected(d) => {
                     ids.push(None);
+                    producers.push(None);
                     agg_types.push(None);
                     agg_ids.push(None);
                     types.push(None);
@@ -228,7 +240,7 @@ impl EventLog {
             ),
         };
         let payloads = large.as_ref().unwrap_or(&payloads);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [
             &parts.slot,
             &xids,
             &subxids,
@@ -245,6 +257,8 @@ impl EventLog {
             &indexes,
             &rejected,
             &hashes,
+            &elements,
+            &producers,
         ];
         let insert = async {
             tx.execute(&sql, &params)
@@ -449,10 +463,12 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedR
     let row = row.of("stream_stage");
     let lsn: Option<PgLsn> = row.col("change_lsn")?;
     let index: Option<i32> = row.col("change_index")?;
+    let element: Option<i32> = row.col("change_element")?;
     let origin = match (lsn, index) {
         (Some(lsn), Some(index)) => Some(RowOrigin::Wal {
             lsn: lsn.into(),
             index,
+            element: element.unwrap_or(0),
         }),
         _ => None,
     };
@@ -478,6 +494,7 @@ fn staged_row(row: &tokio_postgres::Row, commit: StreamCommit) -> Result<StagedR
     }
     Ok(StagedRow::Event(NewEvent {
         id: row.col("event_id")?,
+        producer_id: row.col("producer_id")?,
         aggregate_type: row.col("aggregate_type")?,
         aggregate_id: row.col("aggregate_id")?,
         event_type: row.col("event_type")?,

@@ -1,6 +1,7 @@
 //! `walfold init`: the first ten minutes. Connects to an existing database, finds the
-//! tables that look like outboxes (an ID, a JSON payload and the aggregate and type
-//! columns under the spellings ORMs and frameworks use), picks the mapping, and writes
+//! tables that look like outboxes (a framework's table, recognised by the columns of its
+//! preset; else an ID, a JSON payload and the aggregate and type columns under the
+//! spellings ORMs use), picks the mapping, and writes
 //! a complete commented config with one example projection; message outboxes named
 //! with `--message-prefix` come with the grants that leave them to their producer.
 //! Then it runs `doctor`'s checks on that config, so what to fix (wal_level, rights,
@@ -10,6 +11,7 @@ use std::io::Write;
 use std::path::Path;
 
 use tokio_postgres::Client;
+use walfold_config::presets::{Preset, PRESETS};
 use walfold_config::{Config, QualifiedName};
 use walfold_store::RowExt;
 
@@ -127,9 +129,61 @@ struct Mapped {
     /// Optional keys whose default column name exists with a type walfold cannot read:
     /// mapped away from it, with the reason.
     unmapped: Vec<(&'static str, String)>,
+    /// A framework's table: its preset (then `columns` and `unmapped` are empty).
+    preset: Option<Recognised>,
+}
+
+/// A table recognised as a framework's.
+struct Recognised {
+    preset: &'static Preset,
+    /// The table's columns (as the database spells them).
+    columns: Vec<String>,
+    /// For a table with one row per event and per value of a column: that column and
+    /// the values the table holds (see [`ONE_ROW_PER`]).
+    one_row_per: Option<(String, Vec<String>)>,
+}
+
+/// Presets whose table holds one row per event *and* per value of a column (Spring
+/// Modulith: one per listener): each value's rows are every event once, so init keeps
+/// one value's rows (`where`), the first it finds, and lists the others.
+const ONE_ROW_PER: &[(&str, &str)] = &[("spring_modulith", "listener_id")];
+
+/// The presets whose columns the table has (compared without case), in `PRESETS`
+/// order: a framework's table is its first.
+fn presets_of<'a>(columns: impl Iterator<Item = &'a str> + Clone) -> Vec<&'static Preset> {
+    PRESETS
+        .iter()
+        .filter(|p| {
+            p.columns.iter().all(|wanted| {
+                columns
+                    .clone()
+                    .any(|c| c.to_lowercase() == wanted.to_lowercase())
+            })
+        })
+        .collect()
 }
 
 fn map_table(t: &Table) -> Result<Mapped, Vec<String>> {
+    if let Some(preset) = presets_of(t.columns.iter().map(|(n, _)| n.as_str()))
+        .first()
+        .copied()
+    {
+        return Ok(Mapped {
+            table: t.name.clone(),
+            columns: Vec::new(),
+            unmapped: Vec::new(),
+            preset: Some(Recognised {
+                preset,
+                columns: t.columns.iter().map(|(n, _)| n.clone()).collect(),
+                one_row_per: None,
+            }),
+        });
+    }
+    map_columns(t)
+}
+
+/// The mapping of a table no preset recognises, from its columns' names and types.
+fn map_columns(t: &Table) -> Result<Mapped, Vec<String>> {
     let mut columns = Vec::new();
     let mut missing = Vec::new();
     let mut unmapped = Vec::new();
@@ -162,6 +216,7 @@ fn map_table(t: &Table) -> Result<Mapped, Vec<String>> {
             table: t.name.clone(),
             columns,
             unmapped,
+            preset: None,
         })
     } else {
         Err(missing)
@@ -411,11 +466,14 @@ pub async fn init(
                     .filter(|k| k.required)
                     .map(|k| format!("{} ({})", k.key, k.spellings.join("/")))
                     .collect();
+                let presets: Vec<&str> = PRESETS.iter().map(|p| p.framework).collect();
                 return Err(Failure::config(format!(
                     "no table looks like an outbox: walfold needs {} (compared without case and \
-                     underscores; the ID a uuid or text, the payload JSON). Name it with --table \
-                     schema.table to see what is missing",
-                    required.join(", ")
+                     underscores; the ID a uuid or text, the payload JSON), or a framework's table \
+                     as it creates it ({}). Name it with --table schema.table to see what is \
+                     missing",
+                    required.join(", "),
+                    presets.join(", ")
                 )));
             }
             1 => chosen = found,
@@ -451,6 +509,11 @@ pub async fn init(
         Some(t) => Some(read_model(&client, &parse_table(t, "--read-model")?).await?),
         None => None,
     };
+    for m in &mut chosen {
+        if let Some(r) = &mut m.preset {
+            r.one_row_per = one_row_per(&client, &m.table, r).await?;
+        }
+    }
     let names: Vec<QualifiedName> = chosen.iter().map(|m| m.table.clone()).collect();
     let existing_publication = publication(&client, &names).await?;
     let grants = if prefixes.is_empty() {
@@ -507,8 +570,32 @@ pub async fn init(
         }
     };
     for m in &chosen {
-        let cols: Vec<String> = m.columns.iter().map(|(k, c)| format!("{k}={c}")).collect();
-        say(format!("outbox {}: {}", m.table, cols.join(", ")));
+        match &m.preset {
+            Some(r) => {
+                say(format!(
+                    "outbox {}: {}, preset {} (every field written out in the file)",
+                    m.table, r.preset.framework, r.preset.name
+                ));
+                if let Some((column, values)) = &r.one_row_per {
+                    say(match values.first() {
+                        Some(first) => format!(
+                            "  one row per event and {column}: keeping {column} = '{first}' \
+                             ({} value(s) found; change `where` to another)",
+                            values.len()
+                        ),
+                        None => format!(
+                            "  one row per event and {column}, and no rows yet: set `where` to one \
+                             {column}'s rows (the file says how), or each event counts once per {column}"
+                        ),
+                    });
+                }
+            }
+            None => {
+                let cols: Vec<String> =
+                    m.columns.iter().map(|(k, c)| format!("{k}={c}")).collect();
+                say(format!("outbox {}: {}", m.table, cols.join(", ")));
+            }
+        }
     }
     for p in prefixes {
         say(format!(
@@ -558,6 +645,133 @@ pub async fn init(
         ));
     }
     Ok(())
+}
+
+/// For a preset with [`ONE_ROW_PER`]: its column and the values the table holds (at
+/// most 50, in order).
+async fn one_row_per(
+    client: &Client,
+    table: &QualifiedName,
+    r: &Recognised,
+) -> Result<Option<(String, Vec<String>)>, Failure> {
+    let Some((_, wanted)) = ONE_ROW_PER.iter().find(|(p, _)| *p == r.preset.name) else {
+        return Ok(None);
+    };
+    let Some(column) = r.columns.iter().find(|c| c.eq_ignore_ascii_case(wanted)) else {
+        return Ok(None);
+    };
+    let quoted = walfold_config::quote_ident(column);
+    let values = client
+        .query(
+            &format!(
+                "select distinct {quoted}::text from {} where {quoted} is not null order by 1 limit 50",
+                table.quoted()
+            ),
+            &[],
+        )
+        .await
+        .map_err(|e| Failure::runtime(format!("reading {table}'s {column} values: {e}")))?
+        .iter()
+        .map(|row| row.of("the table").col(0))
+        .collect::<Result<Vec<String>, _>>()?;
+    Ok(Some((column.clone(), values)))
+}
+
+/// A column in an expression: bare when PostgreSQL would fold it to itself, else quoted.
+fn column_in_expression(column: &str) -> String {
+    let plain = column
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !column.as_bytes()[0].is_ascii_digit();
+    if plain {
+        column.to_owned()
+    } else {
+        walfold_config::quote_ident(column)
+    }
+}
+
+/// The `[[outbox]]` keys of a framework's table: the preset and each of its fields,
+/// written out so the user sees and can change every one.
+fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
+    let p = r.preset;
+    t.push_str(&format!(
+        "# {}: recognised by its columns (as created in {}).\n\
+         # Every field below is the preset's, written out: change any (a field set here wins).\n",
+        p.framework, p.ddl_source
+    ));
+    t.push_str(&format!("preset = {}\n", toml_str(p.name)));
+    match p.id {
+        [one] => t.push_str(&format!("id = {}\n", toml_str(one))),
+        parts => {
+            let parts: Vec<String> = parts.iter().map(|v| toml_str(v)).collect();
+            t.push_str(&format!(
+                "# A composite identity: the event ID is derived from these parts together.\n\
+                 id = [{}]\n",
+                parts.join(", ")
+            ));
+        }
+    }
+    let field = |key: &str| p.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    for key in KEYS.iter().map(|k| k.key).filter(|k| *k != "id") {
+        if let Some(v) = field(key) {
+            t.push_str(&format!("{key} = {}\n", toml_str(v)));
+        } else if r.columns.iter().any(|c| c == key) {
+            t.push_str(&format!(
+                "# Not the preset's: the column of walfold's default name.\n{key} = {}\n",
+                toml_str(key)
+            ));
+        } else {
+            t.push_str(&match key {
+                "aggregate_type" => format!(
+                    "# aggregate_type: not in this table: it is the table's name (`{}`), or set a\n\
+                     # constant: aggregate_type = \"'order'\"\n",
+                    table.name
+                ),
+                "version" => "# version: none in this table (optional; `table` projections and version \
+                              guards need it).\n"
+                    .to_owned(),
+                _ => format!("# {key}: none in this table (optional).\n"),
+            });
+        }
+    }
+    if let Some(v) = field("where") {
+        t.push_str(&format!("where = {}\n", toml_str(v)));
+    } else if let Some((column, values)) = &r.one_row_per {
+        let expr = |value: &str| {
+            format!(
+                "{} = '{}'",
+                column_in_expression(column),
+                value.replace('\'', "''")
+            )
+        };
+        match values.split_first() {
+            Some((first, others)) => {
+                t.push_str(&format!(
+                    "# One row per event and per {column}: one {column}'s rows are each event once.\n"
+                ));
+                if !others.is_empty() {
+                    t.push_str(&format!("# The table also holds rows of {column}:\n"));
+                    for o in others {
+                        t.push_str(&format!("#   {}\n", o));
+                    }
+                }
+                t.push_str(&format!("where = {}\n", toml_str(&expr(first))));
+            }
+            None => t.push_str(&format!(
+                "# One row per event and per {column}: keep one {column}'s rows, or each event\n\
+                 # counts once per {column} (the table holds no rows yet to pick one from):\n\
+                 # where = {}\n",
+                toml_str(&expr("…"))
+            )),
+        }
+    }
+    if let Some(v) = field("expand") {
+        t.push_str(&format!(
+            "# One event per element of this JSON array; the fields read it as `element`.\n\
+             expand = {}\n",
+            toml_str(v)
+        ));
+    }
 }
 
 /// The message outboxes to write, and the grants they need.
@@ -627,6 +841,10 @@ fn render(
     for m in outboxes {
         t.push_str("\n[[outbox]]\n");
         t.push_str(&format!("table = {}\n", toml_str(&m.table.to_string())));
+        if let Some(r) = &m.preset {
+            render_preset(&mut t, &m.table, r);
+            continue;
+        }
         for (key, column) in &m.columns {
             t.push_str(&format!("{key} = {}\n", toml_str(column)));
         }
@@ -828,4 +1046,130 @@ mod tests {
         );
         assert_eq!(map_table(&odd).unwrap().unmapped.len(), 1);
     }
+
+    /// A table with exactly `preset`'s columns, spelled in `case`.
+    fn framework_table(preset: &Preset, case: fn(&str) -> String) -> Table {
+        Table {
+            name: QualifiedName::parse(preset.table).unwrap_or_else(|_| {
+                QualifiedName::parse(&format!("public.{}", preset.name)).unwrap()
+            }),
+            columns: preset
+                .columns
+                .iter()
+                .map(|c| (case(c), "text".to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn each_framework_table_is_recognised_as_its_preset_without_case() {
+        assert!(!PRESETS.is_empty());
+        for p in PRESETS {
+            for case in [
+                |c: &str| c.to_owned(),
+                |c: &str| c.to_lowercase(),
+                |c: &str| c.to_uppercase(),
+            ] {
+                let t = framework_table(p, case);
+                let m = map_table(&t).unwrap_or_else(|e| panic!("{}: {e:?}", p.name));
+                assert_eq!(
+                    m.preset.as_ref().map(|r| r.preset.name),
+                    Some(p.name),
+                    "{}",
+                    p.name
+                );
+            }
+            // One recognising column missing: not this framework's table.
+            let mut t = framework_table(p, |c| c.to_owned());
+            t.columns.pop();
+            assert!(
+                !presets_of(t.columns.iter().map(|(n, _)| n.as_str())).contains(&p),
+                "{}: recognised without all its columns",
+                p.name
+            );
+        }
+    }
+
+    #[test]
+    fn no_two_presets_claim_the_same_table() {
+        let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "preset names repeat: {names:?}");
+        for p in PRESETS {
+            // A table with p's columns (and so any table of p's shape) is p's alone: no
+            // other preset's columns are a subset of p's.
+            let claims: Vec<&str> = presets_of(p.columns.iter().copied())
+                .iter()
+                .map(|q| q.name)
+                .collect();
+            assert_eq!(claims, [p.name], "{} is claimed by {claims:?}", p.name);
+        }
+    }
+
+    #[test]
+    fn a_walfold_shaped_outbox_keeps_its_column_mapping() {
+        let outbox = table(
+            "outbox",
+            &[
+                ("id", "uuid"),
+                ("aggregate_type", "text"),
+                ("aggregate_id", "text"),
+                ("event_type", "text"),
+                ("version", "bigint"),
+                ("payload", "jsonb"),
+            ],
+        );
+        let m = map_table(&outbox).unwrap();
+        assert!(m.preset.is_none());
+        assert!(mapping(&m).contains(&"aggregate_type=aggregate_type".to_owned()));
+    }
+
+    #[test]
+    fn a_preset_is_written_with_every_field() {
+        for p in PRESETS {
+            let t = framework_table(p, |c| c.to_owned());
+            let mut m = map_table(&t).unwrap();
+            if let Some(r) = m.preset.as_mut() {
+                if ONE_ROW_PER.iter().any(|(name, _)| *name == p.name) {
+                    r.one_row_per = Some((
+                        ONE_ROW_PER[0].1.to_owned(),
+                        vec!["a.B.on(x)".to_owned(), "o'c".to_owned()],
+                    ));
+                }
+            }
+            let mut text = String::new();
+            render_preset(&mut text, &m.table, m.preset.as_ref().unwrap());
+            assert!(text.contains(&format!("preset = \"{}\"\n", p.name)), "{text}");
+            let id = match p.id {
+                [one] => format!("id = {}\n", toml_str(one)),
+                parts => format!(
+                    "id = [{}]\n",
+                    parts.iter().map(|v| toml_str(v)).collect::<Vec<_>>().join(", ")
+                ),
+            };
+            assert!(text.contains(&id), "{}: {text}", p.name);
+            for (key, value) in p.fields {
+                let line = format!("{key} = {}\n", toml_str(value));
+                assert!(text.contains(&line), "{}: `{line}` missing from\n{text}", p.name);
+            }
+            // Every key of [[outbox]] is either written or explained.
+            for key in KEYS.iter().map(|k| k.key) {
+                assert!(
+                    text.contains(&format!("{key} = ")) || text.contains(&format!("# {key}: ")),
+                    "{}: {key} neither written nor explained\n{text}",
+                    p.name
+                );
+            }
+            if ONE_ROW_PER.iter().any(|(name, _)| *name == p.name) {
+                assert!(
+                    text.contains("where = \"listener_id = 'a.B.on(x)'\"\n"),
+                    "{text}"
+                );
+                assert!(text.contains("#   o'c\n"), "{text}");
+            }
+        }
+    }
+
 }

@@ -6,7 +6,9 @@
 mod daemon;
 mod descriptors;
 mod failover;
+mod frameworks;
 mod library;
+mod mapping;
 mod memory;
 mod observability;
 mod operator_tools;

@@ -668,6 +668,7 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
     .unwrap();
     let event = walfold_event::NewEvent {
         id: uuid::Uuid::new_v4(),
+        producer_id: None,
         aggregate_type: "order".into(),
         aggregate_id: "o-1".into(),
         event_type: "OrderPaid".into(),

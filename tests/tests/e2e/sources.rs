@@ -465,6 +465,7 @@ async fn an_ingest_rejection_is_identified_within_its_source() {
             RowOrigin::Wal {
                 lsn: Lsn(0x0100_0040),
                 index: 0,
+                element: 0,
             },
             serde_json::json!({"id": null, "streamed": true}),
         ),

@@ -5,6 +5,14 @@
 //!
 //! One file per framework; each cites where its table's DDL comes from.
 
+mod eventuate_local;
+mod eventuate_tram;
+mod marten;
+mod masstransit;
+mod message_db;
+mod nservicebus;
+mod spring_modulith;
+
 /// One framework's table and where each event field sits in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preset {
@@ -28,7 +36,15 @@ pub struct Preset {
 }
 
 /// Every preset, in the order `walfold init` tries them (most specific shape first).
-pub const PRESETS: &[Preset] = &[];
+pub const PRESETS: &[Preset] = &[
+    message_db::MESSAGE_DB,
+    marten::MARTEN,
+    masstransit::MASSTRANSIT,
+    nservicebus::NSERVICEBUS,
+    eventuate_tram::EVENTUATE_TRAM,
+    eventuate_local::EVENTUATE_LOCAL,
+    spring_modulith::SPRING_MODULITH,
+];
 
 /// The preset named `name`.
 pub fn preset(name: &str) -> Option<&'static Preset> {

@@ -31,10 +31,10 @@ pub use retry::{RetryItem, RetryRequest};
 const INSERT: &str =
     "insert into {schema}.dead_letter (subscriber_id, event_id, seq, aggregate_type, \
      aggregate_id, reason, error, raw, existing, attempts, source_lsn, change_lsn, \
-     change_index, row_digest, status, source) \
+     change_index, row_digest, status, source, change_element) \
      select $1::text, $2::uuid, $3::int8, $4::text, $5::text, $6::text, $7::text, \
      $8::jsonb, $9::jsonb, $10::int4, $11::pg_lsn, $12::pg_lsn, $13::int4, $14::uuid, \
-     $15::text, coalesce($16::text, 'default') \
+     $15::text, coalesce($16::text, 'default'), $17::int4 \
      where not exists (select 1 from {schema}.dead_letter d where $1::text is null \
        and d.subscriber_id is null and d.reason = $6::text and d.raw = $8::jsonb \
        and d.source = coalesce($16::text, 'default') \
@@ -138,10 +138,14 @@ impl DeadLetters {
         let lsn: Option<PgLsn> = dl.source_lsn.map(Into::into);
         let (change_lsn, change_index, digest): (Option<PgLsn>, Option<i32>, Option<Uuid>) =
             match dl.origin {
-                Some(RowOrigin::Wal { lsn, index }) => (Some(lsn.into()), Some(index), None),
+                Some(RowOrigin::Wal { lsn, index, .. }) => (Some(lsn.into()), Some(index), None),
                 Some(RowOrigin::Backfill { digest }) => (None, None, Some(digest)),
                 None => (None, None, None),
             };
+        let element: i32 = match dl.origin {
+            Some(RowOrigin::Wal { element, .. }) => element,
+            _ => 0,
+        };
         // A dead letter records what could not be stored elsewhere: its own insert must
         // not fail on the same content (guarantee 7). Text without NUL, JSON as jsonb
         // stores it (`json::storable`), deterministically, so a replay still compares equal.
@@ -172,6 +176,7 @@ impl DeadLetters {
                     &digest,
                     &dl.reason.initial_status(dl.seq.is_some()),
                     &self.source,
+                    &element,
                 ],
             )
             .await

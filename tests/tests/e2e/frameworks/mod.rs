@@ -1,0 +1,221 @@
+//! The outbox and event-store tables that frameworks create, each created as its
+//! framework creates it and written as its framework writes it (the facts read from the
+//! framework's own repository, cited in each file; the statements are ours), folded by
+//! the real daemon twice: through the config the README's "Frameworks" section shows,
+//! and through the config `walfold init` writes for the table. Each read model must
+//! equal a fold computed independently (in SQL over the rows written), the malformed
+//! row must be a dead letter with its reason, and nothing may count twice.
+//!
+//! One database per run on the shared cluster; the two runs of a framework go side by
+//! side, each with its own slot.
+//!
+//! Shared helpers only here; one file per framework.
+
+mod eventuate_local;
+mod eventuate_tram;
+mod marten;
+mod masstransit;
+mod message_db;
+mod nservicebus;
+mod spring_modulith;
+
+use std::time::Duration;
+
+use walfold_config::builder::ConfigBuilder;
+use walfold_tests::{eventually, free_port, walfold, Daemon, TestDb};
+
+/// A database on the shared cluster without the suites' standard outbox: a framework's
+/// own tables only (so `walfold init` finds the framework's table and nothing else).
+pub fn bare_db(prefix: &str) -> TestDb {
+    let cluster = walfold_tempdb::Cluster::shared();
+    let name = cluster.create_database(prefix).expect("create database");
+    TestDb { cluster, name }
+}
+
+/// The README's config block (a ```toml block of its "Frameworks" section) that sets
+/// `preset = "<preset>"`, word for word.
+pub fn readme_block(preset: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+    let readme = std::fs::read_to_string(path).expect("README.md");
+    let start = readme
+        .find("\n## Frameworks\n")
+        .expect("README.md has a Frameworks section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let wanted = format!("preset = \"{preset}\"");
+    section
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| &b[..b.find("```").expect("the block closes")])
+        .find(|b| b.contains(&wanted))
+        .unwrap_or_else(|| panic!("README.md's Frameworks section has no block with `{wanted}`"))
+        .to_owned()
+}
+
+/// The `[[projection]]` tables of a config block (what follows its first one).
+pub fn projections_of(block: &str) -> &str {
+    &block[block
+        .find("[[projection]]")
+        .expect("the block has a [[projection]]")..]
+}
+
+/// A whole config around `blocks` (`[[outbox]]` and `[[projection]]` text): the
+/// database as source and target, its own slot, short backoffs.
+pub fn config(db: &TestDb, slot: &str, blocks: &str) -> String {
+    ConfigBuilder::new(&db.url())
+        .source("slot", slot)
+        .set("pipeline", "max_backoff_ms", 1000)
+        .set("pipeline", "shutdown_timeout_s", 20)
+        .set("log", "level", "info")
+        .text(blocks)
+        .to_toml()
+}
+
+/// One framework's table, what its framework writes into it, and what the read model
+/// must hold afterwards.
+pub struct Framework {
+    /// The preset (and the databases' prefix).
+    pub preset: &'static str,
+    /// The framework's tables as it creates them, then the read model's.
+    pub ddl: &'static str,
+    /// `--read-model` for `walfold init` (a `table` projection it generates); `None`:
+    /// init's `[[outbox]]` with the README block's projections.
+    pub init_read_model: Option<&'static str>,
+    /// What the framework wrote before walfold came (and before `walfold init` looks at
+    /// the table): not streamed, not in the fold.
+    pub history: Vec<String>,
+    /// What the framework writes: each a transaction of its own, in order.
+    pub writes: Vec<String>,
+    /// What it does to those rows later (marks them dispatched, deletes them): run after
+    /// the expected fold is computed. walfold must not see these as events.
+    pub later: Vec<String>,
+    /// Events in the event log afterwards (distinct producer IDs that are events).
+    pub events: i64,
+    /// Each ingest dead letter, in order: text its `reason: error` must contain (lower
+    /// case).
+    pub dead_letters: &'static [&'static str],
+    /// The read model, as one text value.
+    pub read_model: &'static str,
+    /// The same value computed independently over the framework's rows.
+    pub fold: &'static str,
+}
+
+impl Framework {
+    /// Both runs, side by side: the README's config and `walfold init`'s.
+    pub async fn run(&self) {
+        futures::future::join(self.through_readme(), self.through_init()).await;
+    }
+
+    /// Through the README's block for the preset.
+    pub async fn through_readme(&self) {
+        let db = bare_db(&format!("fw_{}", self.preset));
+        self.create(&db);
+        let slot = format!("fw_{}", self.preset);
+        let text = config(&db, &slot, &readme_block(self.preset));
+        let d = Daemon::start(&text, &[]);
+        self.stream_and_check(&db, &slot, d, "readme").await;
+    }
+
+    /// Through what `walfold init` writes for the database.
+    pub async fn through_init(&self) {
+        let db = bare_db(&format!("fw_{}_init", self.preset));
+        self.create(&db);
+        let dir = std::env::temp_dir().join(format!(
+            "walfold-fw-init-{}-{}",
+            std::process::id(),
+            self.preset
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("walfold.toml");
+        let _ = std::fs::remove_file(&path);
+        let url = db.url();
+        let mut args = vec!["init", "--url", url.as_str(), "-o", path.to_str().unwrap()];
+        if let Some(rm) = self.init_read_model {
+            args.extend(["--read-model", rm]);
+        }
+        let (code, out, err) = walfold(&args, &[]);
+        assert_eq!(code, 0, "{}: init\n{out}\n{err}", self.preset);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains(&format!("preset = \"{}\"", self.preset)),
+            "{}: init recognises the table\n{text}",
+            self.preset
+        );
+        if self.init_read_model.is_none() {
+            text.push('\n');
+            text.push_str(projections_of(&readme_block(self.preset)));
+        }
+        let slot = format!("fw_{}_init", self.preset);
+        let listen = format!("127.0.0.1:{}", free_port());
+        let envs = [
+            ("WALFOLD_SOURCE__SLOT", slot.as_str()),
+            ("WALFOLD_METRICS__LISTEN", listen.as_str()),
+        ];
+        let d = Daemon::start(&text, &envs);
+        self.stream_and_check(&db, &slot, d, "init").await;
+    }
+
+    fn create(&self, db: &TestDb) {
+        db.psql(self.ddl);
+        for h in &self.history {
+            db.psql(h);
+        }
+    }
+
+    async fn stream_and_check(&self, db: &TestDb, slot: &str, mut d: Daemon, run: &str) {
+        let what = format!("{} ({run})", self.preset);
+        let active =
+            format!("select count(*) from pg_replication_slots where slot_name = '{slot}' and active");
+        eventually(Duration::from_secs(60), &format!("{what}: streaming"), || async {
+            db.psql(&active) == "1"
+        })
+        .await;
+        for w in &self.writes {
+            db.psql(w);
+        }
+        let fold = db.psql(self.fold);
+        assert!(!fold.is_empty(), "{what}: the independent fold is empty");
+        for l in &self.later {
+            db.psql(l);
+        }
+        let dead = "select count(*) from walfold.dead_letter where subscriber_id is null";
+        let expected_dead = self.dead_letters.len().to_string();
+        eventually(Duration::from_secs(60), &format!("{what}: the read model"), || async {
+            db.psql(self.read_model) == fold
+                && db.psql("select count(*) from walfold.event_log") == self.events.to_string()
+                && db.psql(dead) == expected_dead
+        })
+        .await;
+        // Settled: nothing arrives later to count twice.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(db.psql(self.read_model), fold, "{what}: the read model");
+        assert_eq!(
+            db.psql("select count(*) from walfold.event_log"),
+            self.events.to_string(),
+            "{what}: events in the log"
+        );
+        let letters = db.psql(
+            "select string_agg(reason || ': ' || error, E'\\n' order by id) \
+             from walfold.dead_letter where subscriber_id is null",
+        );
+        let letters: Vec<&str> = letters.lines().collect();
+        assert_eq!(letters.len(), self.dead_letters.len(), "{what}: {letters:?}");
+        for (letter, wanted) in letters.iter().zip(self.dead_letters) {
+            assert!(
+                letter.to_lowercase().contains(wanted),
+                "{what}: dead letter `{letter}` does not say `{wanted}`"
+            );
+        }
+        assert_eq!(
+            db.psql("select count(*) from walfold.dead_letter where subscriber_id is not null"),
+            "0",
+            "{what}: no projection failed"
+        );
+        assert_eq!(
+            d.terminate(Duration::from_secs(30)),
+            Some(0),
+            "{what}\n{}",
+            d.log_text()
+        );
+    }
+}
