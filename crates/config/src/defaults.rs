@@ -60,14 +60,6 @@ serde_defaults! {
     heartbeat_interval_s -> u64 = DEFAULT_HEARTBEAT_INTERVAL_S;
     schema -> String = DEFAULT_SCHEMA;
     pool_size -> usize = DEFAULT_POOL_SIZE;
-    id -> String = DEFAULT_ID;
-    aggregate_type -> String = DEFAULT_AGGREGATE_TYPE;
-    aggregate_id -> String = DEFAULT_AGGREGATE_ID;
-    event_type -> String = DEFAULT_EVENT_TYPE;
-    version -> String = DEFAULT_VERSION;
-    payload -> String = DEFAULT_PAYLOAD;
-    headers -> String = DEFAULT_HEADERS;
-    occurred_at -> String = DEFAULT_OCCURRED_AT;
     append_batch_size -> usize = DEFAULT_APPEND_BATCH_SIZE;
     channel_capacity -> usize = DEFAULT_CHANNEL_CAPACITY;
     append_linger_ms -> u64 = DEFAULT_APPEND_LINGER_MS;

@@ -275,47 +275,107 @@ pub struct OutboxConfig {
     /// Default: `false`
     #[serde(default)]
     pub allow_public_emit: bool,
-    /// the producer's event ID (uuid, or text holding one); required
+    /// a named mapping for a framework's table (`marten`, `message_db`, …): it supplies
+    /// every field below that is not set here ([Frameworks](#frameworks))
+    ///
+    /// Default: —
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// the producer's event ID: a column or expression, or an array of them for a
+    /// composite identity (`["stream_id", "version"]`). A uuid (or text holding one) is
+    /// the event ID; any other value (text, a number, a composite) becomes a UUIDv5 of
+    /// its text, the value kept as `producer_id`
     ///
     /// Default: `id`
-    #[serde(default = "defaults::id")]
-    pub id: String,
-    /// aggregate type, e.g. `order`; required
+    #[serde(default)]
+    pub id: Option<IdField>,
+    /// aggregate type, e.g. `order`, or a constant (`"'order'"`)
     ///
-    /// Default: `aggregate_type`
-    #[serde(default = "defaults::aggregate_type")]
-    pub aggregate_type: String,
+    /// Default: the column `aggregate_type`, else the table's name
+    #[serde(default)]
+    pub aggregate_type: Option<String>,
     /// required; events of one aggregate are applied in order
     ///
     /// Default: `aggregate_id`
-    #[serde(default = "defaults::aggregate_id")]
-    pub aggregate_id: String,
+    #[serde(default)]
+    pub aggregate_id: Option<String>,
     /// event type, e.g. `OrderPaid`; required
     ///
     /// Default: `event_type`
-    #[serde(default = "defaults::event_type")]
-    pub event_type: String,
+    #[serde(default)]
+    pub event_type: Option<String>,
     /// integer or null; `table` projections need it
     ///
     /// Default: `version`
-    #[serde(default = "defaults::version")]
-    pub version: String,
-    /// JSON (json, jsonb or text holding JSON); required
+    #[serde(default)]
+    pub version: Option<String>,
+    /// JSON: json, jsonb, text holding JSON, or bytea holding UTF-8 JSON; required
     ///
     /// Default: `payload`
-    #[serde(default = "defaults::payload")]
-    pub payload: String,
-    /// optional JSON metadata (not part of an event's identity)
+    #[serde(default)]
+    pub payload: Option<String>,
+    /// optional JSON metadata (not part of an event's identity), stored as the payload
+    /// may be
     ///
     /// Default: `headers`
-    #[serde(default = "defaults::headers")]
-    pub headers: String,
+    #[serde(default)]
+    pub headers: Option<String>,
     /// optional timestamptz metadata (a `timestamp without time zone` column is read as
     /// UTC)
     ///
     /// Default: `occurred_at`
-    #[serde(default = "defaults::occurred_at")]
-    pub occurred_at: String,
+    #[serde(default)]
+    pub occurred_at: Option<String>,
+    /// a table outbox only: a boolean expression; rows for which it is not true are no
+    /// events (counted as ignored changes), an error evaluating it dead-letters the row
+    ///
+    /// Default: every row
+    #[serde(default)]
+    pub r#where: Option<String>,
+    /// a table outbox only: an expression giving a JSON array; each element is one
+    /// event, read by the other fields as the pseudo-column `element`
+    /// (`id = "element->>'MessageId'"`)
+    ///
+    /// Default: one event per row
+    #[serde(default)]
+    pub expand: Option<String>,
+}
+
+/// `[[outbox]] id`: one column or expression, or several for a composite identity.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum IdField {
+    One(String),
+    Composite(Vec<String>),
+}
+
+/// One field of an `[[outbox]]`, resolved: set in the config, else by its preset, else
+/// the default column (or JSON key) name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxField<'a> {
+    /// The config key: `id`, `aggregate_type`, …, `where`, `expand`.
+    pub key: &'static str,
+    /// The part of a composite `id`.
+    pub part: Option<usize>,
+    /// A column name (exactly as written) or an expression.
+    pub value: &'a str,
+    /// Set in the config or by its preset; `false`: the default name.
+    pub set: bool,
+}
+
+impl OutboxField<'_> {
+    /// `id`, `id[1]` or `payload`: where it sits in `[[outbox]]`.
+    pub fn name(&self) -> String {
+        match self.part {
+            Some(i) => format!("{}[{i}]", self.key),
+            None => self.key.to_owned(),
+        }
+    }
+
+    /// A bare column name (used exactly as written), not an expression.
+    pub fn is_column(&self) -> bool {
+        is_identifier(self.value)
+    }
 }
 
 /// `[target]`
@@ -1141,17 +1201,87 @@ impl Config {
                         .into(),
                 );
             }
-            let what = if o.message_prefix.is_some() {
-                "JSON key"
-            } else {
-                "column name"
-            };
-            for (k, v) in o.columns() {
-                if !is_identifier(v) {
+            if let Some(name) = &o.preset {
+                if crate::presets::preset(name).is_none() {
+                    let names: Vec<&str> = crate::presets::PRESETS.iter().map(|p| p.name).collect();
                     push(
-                        &format!("outbox[{i}].{k}"),
-                        format!("`{v}` is not a valid {what}: {IDENTIFIER_RULE}"),
+                        &format!("outbox[{i}].preset"),
+                        format!(
+                            "no preset is named `{name}` (presets: {})",
+                            if names.is_empty() {
+                                "none".into()
+                            } else {
+                                names.join(", ")
+                            }
+                        ),
                     );
+                }
+            }
+            if o.message_prefix.is_some() {
+                // A message's fields are its JSON keys: no row to evaluate expressions over.
+                let table_only = [
+                    ("preset", o.preset.is_some()),
+                    ("where", o.r#where.is_some()),
+                    ("expand", o.expand.is_some()),
+                    ("id", matches!(o.id, Some(IdField::Composite(_)))),
+                ];
+                for (key, set) in table_only {
+                    if set {
+                        push(
+                            &format!("outbox[{i}].{key}"),
+                            format!(
+                                "a message outbox's fields are JSON keys of its messages: {} \
+                                 is for table outboxes",
+                                if key == "id" { "a composite id" } else { key }
+                            ),
+                        );
+                    }
+                }
+                for f in o.fields() {
+                    if !f.is_column() {
+                        push(
+                            &format!("outbox[{i}].{}", f.name()),
+                            format!(
+                                "`{}` is not a valid JSON key: {IDENTIFIER_RULE} (expressions \
+                                 are for table outboxes)",
+                                f.value
+                            ),
+                        );
+                    }
+                }
+            } else {
+                if matches!(&o.id, Some(IdField::Composite(parts)) if parts.is_empty()) {
+                    push(
+                        &format!("outbox[{i}].id"),
+                        "an empty array: name the column (or the columns) of the producer's ID"
+                            .into(),
+                    );
+                }
+                for f in o.fields() {
+                    if f.is_column() {
+                        continue;
+                    }
+                    let word = f
+                        .value
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                    let problem = if word {
+                        // A name PostgreSQL would truncate, or one starting with a digit.
+                        Some(format!(
+                            "`{}` is not a valid column name: {IDENTIFIER_RULE}",
+                            f.value
+                        ))
+                    } else {
+                        walfold_expr::parse(f.value).err().map(|e| {
+                            format!(
+                                "not a valid column name ({IDENTIFIER_RULE}) nor an expression \
+                                 walfold evaluates: {e}"
+                            )
+                        })
+                    };
+                    if let Some(problem) = problem {
+                        push(&format!("outbox[{i}].{}", f.name()), problem);
+                    }
                 }
             }
         }
@@ -1491,18 +1621,113 @@ impl OutboxConfig {
         "payload",
     ];
 
-    /// The mapped columns, as (config key, column name).
-    pub fn columns(&self) -> [(&'static str, &str); 8] {
-        [
-            ("id", &self.id),
-            ("aggregate_type", &self.aggregate_type),
-            ("aggregate_id", &self.aggregate_id),
-            ("event_type", &self.event_type),
-            ("version", &self.version),
-            ("payload", &self.payload),
-            ("headers", &self.headers),
-            ("occurred_at", &self.occurred_at),
-        ]
+    /// The event's fields, in order, as config keys.
+    pub const KEYS: [&'static str; 8] = [
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "version",
+        "payload",
+        "headers",
+        "occurred_at",
+    ];
+
+    /// Its preset, when it names one that exists.
+    pub fn preset(&self) -> Option<&'static crate::presets::Preset> {
+        self.preset.as_deref().and_then(crate::presets::preset)
+    }
+
+    /// What the config sets for `key` (one of [`Self::KEYS`] but `id`, or `where`,
+    /// `expand`), else its preset; `None`: neither.
+    pub fn set(&self, key: &str) -> Option<&str> {
+        let explicit = match key {
+            "aggregate_type" => &self.aggregate_type,
+            "aggregate_id" => &self.aggregate_id,
+            "event_type" => &self.event_type,
+            "version" => &self.version,
+            "payload" => &self.payload,
+            "headers" => &self.headers,
+            "occurred_at" => &self.occurred_at,
+            "where" => &self.r#where,
+            "expand" => &self.expand,
+            _ => &None,
+        };
+        explicit.as_deref().or_else(|| {
+            self.preset()?
+                .fields
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| *v)
+        })
+    }
+
+    /// The parts of the producer's ID: set, else the preset's, else `id`.
+    pub fn id_parts(&self) -> (Vec<&str>, bool) {
+        match &self.id {
+            Some(IdField::One(one)) => (vec![one.as_str()], true),
+            Some(IdField::Composite(parts)) => (parts.iter().map(String::as_str).collect(), true),
+            None => match self.preset() {
+                Some(p) if !p.id.is_empty() => (p.id.to_vec(), true),
+                _ => (vec![defaults::DEFAULT_ID], false),
+            },
+        }
+    }
+
+    /// Every field, resolved (set, else its preset's, else the default name), in
+    /// [`Self::KEYS`] order, each part of a composite `id` apart, then `where` and
+    /// `expand` when set.
+    pub fn fields(&self) -> Vec<OutboxField<'_>> {
+        let (parts, set) = self.id_parts();
+        let composite = parts.len() > 1 || matches!(self.id, Some(IdField::Composite(_)));
+        let mut fields: Vec<OutboxField<'_>> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| OutboxField {
+                key: "id",
+                part: composite.then_some(i),
+                value,
+                set,
+            })
+            .collect();
+        for key in &Self::KEYS[1..] {
+            let (value, set) = match self.set(key) {
+                Some(v) => (v, true),
+                None => (Self::default_name(key), false),
+            };
+            fields.push(OutboxField {
+                key,
+                part: None,
+                value,
+                set,
+            });
+        }
+        for key in ["where", "expand"] {
+            if let Some(value) = self.set(key) {
+                fields.push(OutboxField {
+                    key,
+                    part: None,
+                    value,
+                    set: true,
+                });
+            }
+        }
+        fields
+    }
+
+    /// The column (or JSON key) a field not set reads.
+    pub fn default_name(key: &str) -> &'static str {
+        match key {
+            "id" => defaults::DEFAULT_ID,
+            "aggregate_type" => defaults::DEFAULT_AGGREGATE_TYPE,
+            "aggregate_id" => defaults::DEFAULT_AGGREGATE_ID,
+            "event_type" => defaults::DEFAULT_EVENT_TYPE,
+            "version" => defaults::DEFAULT_VERSION,
+            "payload" => defaults::DEFAULT_PAYLOAD,
+            "headers" => defaults::DEFAULT_HEADERS,
+            "occurred_at" => defaults::DEFAULT_OCCURRED_AT,
+            _ => "",
+        }
     }
 
     /// A table outbox's table as a parsed name (valid after [`Config::validate`]); `None`

@@ -50,7 +50,12 @@ fn the_shipped_examples_parse() {
 fn defaults_fill_the_outbox_mapping_and_target() {
     let c = Config::from_toml(MINIMAL, vec![]).unwrap();
     assert_eq!(c.source().slot, "walfold");
-    assert_eq!(c.outbox[0].aggregate_id, "aggregate_id");
+    assert_eq!(c.outbox[0].set("aggregate_id"), None);
+    assert_eq!(
+        c.outbox[0].fields()[2].value,
+        "aggregate_id",
+        "the default column"
+    );
     assert_eq!(c.target.schema, "walfold");
     assert_eq!(c.target_url(), c.source().url);
     assert!(matches!(c.projection[0].kind, ProjectionKind::Sql { .. }));
@@ -249,7 +254,7 @@ fn names_are_used_as_written_and_names_outside_the_rule_are_refused_by_key() {
         c.outbox[0].table_name().unwrap().quoted(),
         "\"Sales\".\"OutboxEvent\""
     );
-    assert_eq!(c.outbox[0].aggregate_id, "aggregateId");
+    assert_eq!(c.outbox[0].set("aggregate_id"), Some("aggregateId"));
     assert_eq!(c.source().publication, "PubQuoted");
     assert_eq!(c.target.schema, "Walfold");
 

@@ -82,7 +82,8 @@ fn row(field: &str, doc: &[&str]) -> Row {
         "the doc comment of `{field}` needs one last paragraph `Default: …`"
     );
     Row {
-        key: field.to_owned(),
+        // `r#where`: the key is `where`.
+        key: field.trim_start_matches("r#").to_owned(),
         serde_default: None,
         default: defaults[0]["Default: ".len()..].to_owned(),
         meaning: meaning

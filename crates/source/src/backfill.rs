@@ -5,9 +5,10 @@
 //! committed before the slot's start is visible to every page's snapshot, so paging
 //! finds it; a row committed after is in the slot's stream. A row that is both (inserted
 //! while the backfill runs) is appended once: the event log's ID check makes the second
-//! copy a duplicate. Backfilled events keep their producer IDs and enter the log in the
-//! page order (`order_by`, then the ID column, then the row's place in its table, so
-//! rows that share an ID are each read once even across a page boundary).
+//! copy a duplicate. Backfilled events keep their producer IDs (derived as the stream
+//! derives them: one [`Mapping`]) and enter the log in the page order (`order_by`, then
+//! the ID's columns when the ID is columns, then the row's place in its table, so rows
+//! that share an ID are each read once even across a page boundary).
 //!
 //! A rejected row (malformed, or an ID already in the log with other content) is
 //! identified by a digest of its table and values, so backfilling again records it once.
@@ -17,12 +18,12 @@ use std::collections::HashMap;
 use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
-use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
+use walfold_event::{Lsn, RowOrigin};
 use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
 use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
 
 use crate::error::SourceError;
-use crate::outbox::{Mapping, TxContext};
+use crate::outbox::{Mapped, Mapping, TxContext};
 use crate::setup::prepare_source;
 
 /// What a backfill did.
@@ -36,6 +37,8 @@ pub struct BackfillReport {
     pub pages: u64,
     /// Rows not imported: a null ID (never an event) or a null order value.
     pub skipped: u64,
+    /// Rows for which `where` is not true: no events.
+    pub filtered: u64,
 }
 
 /// Imports `table`'s rows (one of the configured outboxes) in pages of `batch`,
@@ -207,12 +210,18 @@ async fn import(
         let mut events = Vec::with_capacity(rows.len());
         let mut dead = Vec::new();
         for row in &rows {
-            match pager.map(row) {
-                Ok(e) => events.push(e),
-                Err(letter) => {
-                    let mut letter = *letter;
-                    letter.source_lsn = None;
-                    dead.push(letter);
+            let mapped = pager.map(row);
+            if let Mapped::Filtered = mapped {
+                report.filtered += 1;
+            }
+            for outcome in mapped {
+                match outcome {
+                    Ok(e) => events.push(e),
+                    Err(letter) => {
+                        let mut letter = *letter;
+                        letter.source_lsn = None;
+                        dead.push(letter);
+                    }
                 }
             }
         }
@@ -248,7 +257,7 @@ pub(crate) async fn confirm(
             break;
         }
         for row in &rows {
-            if let Ok(e) = pager.map(row) {
+            for e in pager.map(row).into_iter().flatten() {
                 candidates.remove(&e.id);
             }
         }
@@ -259,8 +268,8 @@ pub(crate) async fn confirm(
 
 /// Where the last page ended: its last row's key, as text.
 struct Cursor {
-    order: Option<String>,
-    id: String,
+    /// The key columns' values (`order_by`, then the ID's columns).
+    keys: Vec<Option<String>>,
     /// `tableoid` (a partitioned outbox's rows are in several tables) and `ctid`: the
     /// row's place, which orders rows that share the rest of the key.
     table: String,
@@ -282,12 +291,11 @@ struct Pager {
     sql: String,
     /// Goes into each row's digest, so equal rows of two outboxes differ.
     table: String,
-    /// Counts the rows paging cannot reach (null ID or order value).
+    /// Counts the rows paging cannot reach (a null key value).
     skipped: String,
-    /// The ID column's position in the row.
-    id: usize,
-    /// The order column's position, when it is not the ID column.
-    order: Option<usize>,
+    /// The key columns' positions in the row: `order_by`, then the ID's columns when the
+    /// ID is columns (not an expression); the row's place orders the rest.
+    keys: Vec<usize>,
 }
 
 impl Pager {
@@ -317,15 +325,6 @@ impl Pager {
             .collect::<Result<_, StoreError>>()
             .map_err(SourceError::store("reading the outbox's columns"))?;
         let position = |name: &str| columns.iter().position(|c| c.0 == name);
-        let id = position(&outbox.id)
-            .ok_or_else(|| SourceError::MissingTable(format!("{table}.{}", outbox.id)))?;
-        let order = match order_by {
-            None => None,
-            Some(o) if o == outbox.id => None,
-            Some(o) => {
-                Some(position(o).ok_or_else(|| SourceError::MissingTable(format!("{table}.{o}")))?)
-            }
-        };
         let relation = Relation {
             xid: None,
             id: 0,
@@ -342,41 +341,78 @@ impl Pager {
                 })
                 .collect(),
         };
+        let mapping = Mapping::new(outbox, &relation);
+        if let Some((key, column)) = mapping.missing_required() {
+            return Err(SourceError::MissingTable(format!(
+                "{table}.{column} (outbox.{key})"
+            )));
+        }
+        if let Some(refusal) = mapping.unreadable() {
+            return Err(SourceError::Refused(refusal));
+        }
+        // The ID's columns key the pages when the ID is columns (an index usually
+        // serves them); an ID computed by an expression (or one row's several events)
+        // has none: the row's place alone orders the pages.
+        let mut keys = Vec::new();
+        if let Some(o) = order_by {
+            keys.push(
+                position(o).ok_or_else(|| SourceError::MissingTable(format!("{table}.{o}")))?,
+            );
+        }
+        let id_fields: Vec<_> = outbox
+            .fields()
+            .into_iter()
+            .filter(|f| f.key == "id")
+            .collect();
+        if outbox.set("expand").is_none() && id_fields.iter().all(|f| f.is_column()) {
+            for f in &id_fields {
+                if let Some(i) = position(f.value).filter(|i| !keys.contains(i)) {
+                    keys.push(i);
+                }
+            }
+        }
         let select: Vec<String> = columns
             .iter()
             .map(|(n, _, _)| format!("{}::text", quote_ident(n)))
             .collect();
-        let (id_col, id_type) = (quote_ident(&columns[id].0), &columns[id].2);
-        let not_null = match order {
-            None => format!("{id_col} is not null"),
-            Some(o) => format!(
-                "{id_col} is not null and {} is not null",
-                quote_ident(&columns[o].0)
-            ),
+        let key_cols: Vec<String> = keys.iter().map(|&k| quote_ident(&columns[k].0)).collect();
+        let key_params: Vec<String> = keys
+            .iter()
+            .enumerate()
+            .map(|(n, &k)| format!("($1::text[])[{}]::{}", n + 1, columns[k].2))
+            .collect();
+        let not_null = if keys.is_empty() {
+            "true".to_owned()
+        } else {
+            key_cols
+                .iter()
+                .map(|c| format!("{c} is not null"))
+                .collect::<Vec<_>>()
+                .join(" and ")
         };
         let place = "tableoid, ctid";
-        let at = "$5::text::oid, $6::text::tid";
-        let (keys, after) = match order {
-            // $1 (the order value) is always null here; naming it keeps one parameter list.
-            None => (
-                format!("{id_col}, {place}"),
-                format!("$1::text is null and ({id_col}, {place}) > ($2::text::{id_type}, {at})"),
-            ),
-            Some(o) => {
-                let (o_col, o_type) = (quote_ident(&columns[o].0), &columns[o].2);
-                (
-                    format!("{o_col}, {id_col}, {place}"),
-                    format!(
-                        "({o_col}, {id_col}, {place}) > ($1::text::{o_type}, $2::text::{id_type}, {at})"
-                    ),
-                )
-            }
+        let at = "$4::text::oid, $5::text::tid";
+        let (order, after) = if keys.is_empty() {
+            // `$1` (no keys) is named only so the parameter list stays one.
+            (
+                place.to_owned(),
+                format!("coalesce(cardinality($1::text[]), 0) = 0 and ({place}) > ({at})"),
+            )
+        } else {
+            (
+                format!("{}, {place}", key_cols.join(", ")),
+                format!(
+                    "({}, {place}) > ({}, {at})",
+                    key_cols.join(", "),
+                    key_params.join(", ")
+                ),
+            )
         };
         let values = select.join(", ");
         let sql = format!(
-            "select {values}, tableoid::text, ctid::text, md5($4::text || row({values})::text)::uuid \
-             from {} where {not_null} and ($2::text is null or {after}) \
-             order by {keys} limit $3",
+            "select {values}, tableoid::text, ctid::text, md5($3::text || row({values})::text)::uuid \
+             from {} where {not_null} and ($5::text is null or {after}) \
+             order by {order} limit $2",
             table.quoted()
         );
         let skipped = format!(
@@ -384,17 +420,16 @@ impl Pager {
             table.quoted()
         );
         Ok(Pager {
-            mapping: Mapping::new(outbox, &relation),
+            mapping,
             sql,
             table: table.to_string(),
             skipped,
-            id,
-            order,
+            keys,
         })
     }
 
-    /// A page's row as an event, or the dead letter it would be.
-    fn map(&self, row: &PageRow) -> Result<NewEvent, Box<DeadLetter>> {
+    /// A page's row as events (or the dead letters they would be).
+    fn map(&self, row: &PageRow) -> Mapped {
         let tuple = Tuple {
             columns: row
                 .values
@@ -414,12 +449,11 @@ impl Pager {
     }
 
     /// Where the next page starts: after the last row of `rows` (not empty). Rows with a
-    /// null ID or order value are not paged (a keyset cannot pass them).
+    /// null key value are not paged (a keyset cannot pass them).
     fn after(&self, rows: &[PageRow]) -> Cursor {
         let last = rows.last().expect("a non-empty page");
         Cursor {
-            order: self.order.and_then(|i| last.values[i].clone()),
-            id: last.values[self.id].clone().unwrap_or_default(),
+            keys: self.keys.iter().map(|&k| last.values[k].clone()).collect(),
             table: last.table.clone(),
             ctid: last.ctid.clone(),
         }
@@ -432,15 +466,11 @@ impl Pager {
         batch: i64,
     ) -> Result<Vec<PageRow>, SourceError> {
         // No cursor (the first page): all null, every row qualifies.
-        let order = cursor.and_then(|c| c.order.as_deref());
-        let id = cursor.map(|c| c.id.as_str());
+        let keys = cursor.map(|c| c.keys.clone());
         let table = cursor.map(|c| c.table.as_str());
         let ctid = cursor.map(|c| c.ctid.as_str());
         let rows = source
-            .query(
-                &self.sql,
-                &[&order, &id, &batch, &self.table, &table, &ctid],
-            )
+            .query(&self.sql, &[&keys, &batch, &self.table, &table, &ctid])
             .await
             .map_err(|e| {
                 let context = if walfold_store::sqlstate(&e) == Some("42501") {

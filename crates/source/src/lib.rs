@@ -21,7 +21,7 @@ pub use backfill::{backfill, BackfillReport};
 pub use decode_only::{decode_only, DecodeStats};
 pub use error::{Refusal, SourceError};
 pub use ingest::run_ingest;
-pub use outbox::{Mapping, TxContext};
+pub use outbox::{Mapped, Mapping, TxContext};
 pub use reader::{replication_config, Item};
 pub use setup::{create_publication, database_identity, inspect, prepare_source, SourceShape};
 pub use writers::{emit_grants, emitters, inserters, EmitGrants, Writers};

@@ -1,6 +1,12 @@
 //! Outbox mapping: an inserted outbox row, or a transactional logical decoding message,
 //! becomes a [`NewEvent`] with the producer's ID or, when it cannot, a dead letter with
 //! the reason and the raw content. One rule for both ([`build`]). Pure: no I/O.
+//!
+//! A table outbox's field is a column (read as it comes, nothing evaluated: the fast
+//! path) or an expression ([`walfold_expr`]) evaluated over the row; `where` filters
+//! rows, `expand` makes one event per element of a JSON array. Each is compiled once
+//! per relation (its Relation message, or the catalog for a backfill), so a streamed
+//! row and a backfilled one are mapped by the same [`Mapping`] to the same event IDs.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,10 +16,11 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 use walfold_config::{OutboxConfig, QualifiedName};
-use walfold_event::{DeadLetter, JsonText, Lsn, NewEvent, Reason, RowOrigin};
+use walfold_event::{producer_event_id, DeadLetter, JsonText, Lsn, NewEvent, Reason, RowOrigin};
+use walfold_expr::{Expr, Input, Value as ExprValue};
 use walfold_pgoutput::{oid, parse_time, Column, Relation, Tuple};
 
-/// The fields of an event, indexes into [`OutboxConfig::columns`].
+/// The fields of an event, indexes into [`OutboxConfig::KEYS`].
 const ID: usize = 0;
 const AGGREGATE_TYPE: usize = 1;
 const AGGREGATE_ID: usize = 2;
@@ -22,6 +29,12 @@ const VERSION: usize = 4;
 const PAYLOAD: usize = 5;
 const HEADERS: usize = 6;
 const OCCURRED_AT: usize = 7;
+
+/// `bytea`: a payload stored as bytes, sent as `\x` hex text.
+const BYTEA: u32 = 17;
+
+/// The pseudo-column an `expand` element is read by.
+pub const ELEMENT: &str = "element";
 
 /// `oid`: the type of a large object's reference (`lo_import`, JPA's `@Lob` on
 /// PostgreSQL). Logical decoding sends the reference's number, never the object, so a
@@ -45,28 +58,64 @@ pub fn unreadable_fix(key: &str) -> String {
     )
 }
 
-/// The column (or key) name of each field, as configured.
+/// The columns a field's value reads: itself when it is a column name, else its
+/// expression's (`None`: it does not parse, which validation refuses first).
+pub fn columns_read(value: &str, is_column: bool) -> Option<Vec<String>> {
+    if is_column {
+        return Some(vec![value.to_owned()]);
+    }
+    let expr = walfold_expr::parse(value).ok()?;
+    Some(expr.columns().into_iter().map(str::to_owned).collect())
+}
+
+/// The column (or key) name of each field, as configured (the first part of a composite
+/// `id`).
 type Names = [String; 8];
 
 fn names(config: &OutboxConfig) -> Names {
-    config.columns().map(|(_, name)| name.to_owned())
-}
-
-/// Each field's config key.
-fn keys(config: &OutboxConfig) -> [&'static str; 8] {
-    config.columns().map(|(key, _)| key)
+    let fields = config.fields();
+    OutboxConfig::KEYS.map(|key| {
+        fields
+            .iter()
+            .find(|f| f.key == key)
+            .map_or_else(String::new, |f| f.value.to_owned())
+    })
 }
 
 /// Where an event's fields are read from: a row's columns or a message's JSON keys.
 trait Fields {
-    /// `column` or `key`, for messages.
-    const WHAT: &'static str;
+    /// A field as a reason names it: ``column `id` ``, ``key `id` ``, or for an
+    /// expression ``aggregate_id (`split_part(stream_name, '-', 1)`)``.
+    fn describe(&self, field: usize) -> String;
     /// A field's text; `None` for null, or for an optional field that is absent.
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String>;
     /// A JSON field (payload, headers), as its text.
     fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String>;
     /// A time without an offset is UTC (a `timestamp without time zone` column).
     fn naive_time_is_utc(&self) -> bool;
+
+    /// The event ID, and the producer's value when it is no UUID.
+    fn identity(&self) -> Result<(Uuid, Option<String>), String> {
+        let text = self
+            .text(ID, true)?
+            .ok_or_else(|| format!("{} is null", self.describe(ID)))?;
+        identity_of(text, || self.describe(ID))
+    }
+}
+
+/// A producer's value as an event ID: a UUID is the ID itself; anything else is a
+/// UUIDv5 of its text, kept as the producer's ID.
+fn identity_of(
+    text: String,
+    describe: impl FnOnce() -> String,
+) -> Result<(Uuid, Option<String>), String> {
+    if text.trim().is_empty() {
+        return Err(format!("{} is empty", describe()));
+    }
+    Ok(match Uuid::try_parse(text.trim()) {
+        Ok(id) => (id, None),
+        Err(_) => (producer_event_id(&text), Some(text)),
+    })
 }
 
 /// The source transaction an insert belongs to.
@@ -77,30 +126,17 @@ pub struct TxContext {
 }
 
 /// The one rule that makes an event of an outbox row or message.
-fn build<F: Fields>(
-    f: &F,
-    names: &Names,
-    tx: TxContext,
-    origin: Option<RowOrigin>,
-) -> Result<NewEvent, String> {
-    let what = F::WHAT;
+fn build<F: Fields>(f: &F, tx: TxContext, origin: Option<RowOrigin>) -> Result<NewEvent, String> {
     let required = |field: usize| -> Result<String, String> {
         let text = f
             .text(field, true)?
-            .ok_or_else(|| format!("{what} `{}` is null", names[field]))?;
+            .ok_or_else(|| format!("{} is null", f.describe(field)))?;
         if text.trim().is_empty() {
-            return Err(format!("{what} `{}` is empty", names[field]));
+            return Err(format!("{} is empty", f.describe(field)));
         }
         Ok(text)
     };
-    let id_text = required(ID)?;
-    let id = Uuid::try_parse(id_text.trim()).map_err(|_| {
-        format!(
-            "{what} `{}` is not a UUID: `{}`",
-            names[ID],
-            truncate(&id_text)
-        )
-    })?;
+    let (id, producer_id) = f.identity()?;
     let aggregate_type = required(AGGREGATE_TYPE)?;
     let aggregate_id = required(AGGREGATE_ID)?;
     let event_type = required(EVENT_TYPE)?;
@@ -108,8 +144,8 @@ fn build<F: Fields>(
         None => None,
         Some(v) => Some(v.trim().parse::<i64>().map_err(|_| {
             format!(
-                "{what} `{}` is not an integer: `{}`",
-                names[VERSION],
+                "{} is not an integer: `{}`",
+                f.describe(VERSION),
                 truncate(&v)
             )
         })?),
@@ -117,14 +153,14 @@ fn build<F: Fields>(
     let payload = f
         .json(PAYLOAD, true)?
         .filter(|p| p.as_str().trim() != "null")
-        .ok_or_else(|| format!("{what} `{}` is null", names[PAYLOAD]))?;
+        .ok_or_else(|| format!("{} is null", f.describe(PAYLOAD)))?;
     let headers = f.json(HEADERS, false)?;
     // Valid JSON that jsonb refuses would fail the event log's insert: set aside here.
     for (field, value) in [(PAYLOAD, Some(&payload)), (HEADERS, headers.as_ref())] {
         if let Some(value) = value {
             value
                 .check_jsonb()
-                .map_err(|e| format!("{what} `{}` {e}", names[field]))?;
+                .map_err(|e| format!("{} {e}", f.describe(field)))?;
         }
     }
     let occurred_at = match f.text(OCCURRED_AT, false)? {
@@ -133,8 +169,8 @@ fn build<F: Fields>(
             // PostgreSQL's infinities are no time an event occurred, and no SystemTime.
             Ok(i64::MIN) | Ok(i64::MAX) => {
                 return Err(format!(
-                    "{what} `{}` is {}, not a time an event occurred",
-                    names[OCCURRED_AT],
+                    "{} is {}, not a time an event occurred",
+                    f.describe(OCCURRED_AT),
                     t.trim()
                 ))
             }
@@ -142,15 +178,15 @@ fn build<F: Fields>(
             // A valid timestamptz, but before year 1: no time an event occurred either.
             Err(walfold_pgoutput::ValueError::BcTimestamptz) => {
                 return Err(format!(
-                    "{what} `{}` is a BC date, not a time an event occurred: `{}`",
-                    names[OCCURRED_AT],
+                    "{} is a BC date, not a time an event occurred: `{}`",
+                    f.describe(OCCURRED_AT),
                     truncate(&t)
                 ))
             }
             Err(_) => {
                 return Err(format!(
-                    "{what} `{}` is not a timestamptz: `{}`",
-                    names[OCCURRED_AT],
+                    "{} is not a timestamptz: `{}`",
+                    f.describe(OCCURRED_AT),
                     truncate(&t)
                 ))
             }
@@ -158,7 +194,7 @@ fn build<F: Fields>(
     };
     Ok(NewEvent {
         id,
-        producer_id: None,
+        producer_id,
         aggregate_type,
         aggregate_id,
         event_type,
@@ -183,7 +219,7 @@ fn rejected(
     let text = |field| f.text(field, true).ok().flatten();
     Box::new(DeadLetter {
         subscriber_id: None,
-        event_id: text(ID).and_then(|s| Uuid::try_parse(s.trim()).ok()),
+        event_id: f.identity().ok().map(|(id, _)| id),
         seq: None,
         aggregate_type: text(AGGREGATE_TYPE),
         aggregate_id: text(AGGREGATE_ID),
@@ -197,39 +233,178 @@ fn rejected(
     })
 }
 
-/// Where each mapped column sits in a relation (as announced by its Relation message).
+/// Where a field's value is read in a row.
+#[derive(Debug, Clone)]
+enum Source {
+    /// Not in the table: an optional field left at its default name (or a required one
+    /// whose column is gone: [`Mapping::missing_required`]).
+    Absent,
+    /// A column, by its index: read as it comes, nothing evaluated.
+    Column(usize),
+    /// An expression over the row's columns (and `element`).
+    Expr(Box<Expr>),
+    /// `aggregate_type` left out of a table without such a column: the table's name.
+    Constant(String),
+}
+
+/// What a row becomes.
+#[derive(Debug)]
+pub enum Mapped {
+    /// `where` is not true for it: no event, no dead letter.
+    Filtered,
+    /// One event, or the dead letter it is instead.
+    One(Result<NewEvent, Box<DeadLetter>>),
+    /// `expand`: one per element, in order (a dead letter for an element that is none).
+    Each(Vec<Result<NewEvent, Box<DeadLetter>>>),
+}
+
+impl Mapped {
+    /// The one outcome of a row that is neither filtered nor expanded.
+    pub fn one(self) -> Option<Result<NewEvent, Box<DeadLetter>>> {
+        match self {
+            Mapped::One(r) => Some(r),
+            Mapped::Filtered | Mapped::Each(_) => None,
+        }
+    }
+}
+
+impl IntoIterator for Mapped {
+    type Item = Result<NewEvent, Box<DeadLetter>>;
+    type IntoIter = std::iter::Chain<
+        std::option::IntoIter<Result<NewEvent, Box<DeadLetter>>>,
+        std::vec::IntoIter<Result<NewEvent, Box<DeadLetter>>>,
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let (one, each) = match self {
+            Mapped::Filtered => (None, Vec::new()),
+            Mapped::One(r) => (Some(r), Vec::new()),
+            Mapped::Each(v) => (None, v),
+        };
+        one.into_iter().chain(each)
+    }
+}
+
+/// How a table outbox's rows become events, compiled for one relation (as announced by
+/// its Relation message, or read from the catalog).
 #[derive(Debug, Clone)]
 pub struct Mapping {
     pub table: QualifiedName,
     columns: Vec<(String, u32)>,
-    /// Each field's column index; `None`: the table has no such column.
-    index: [Option<usize>; 8],
+    /// Each field's source; `id` is `ids` (one, or a composite's parts).
+    fields: [Source; 8],
+    ids: Vec<Source>,
+    /// `where`: rows for which it is not true are no events.
+    filter: Option<Box<Expr>>,
+    /// `expand`: one event per element of the JSON array it gives.
+    expand: Option<Box<Expr>>,
     names: Names,
+    /// The config's text of each id part, for reasons.
+    id_names: Vec<String>,
     keys: [&'static str; 8],
+    /// A field set in the config (or required) whose column the table does not have:
+    /// (config key, column).
+    missing: Option<(&'static str, String)>,
     /// `pipeline.max_event_bytes`.
     max_bytes: usize,
 }
 
 impl Mapping {
-    /// `config` is a table outbox.
+    /// `config` is a table outbox (validated: its expressions parse).
     pub fn new(config: &OutboxConfig, relation: &Relation) -> Mapping {
-        let names = names(config);
-        let index = names
-            .clone()
-            .map(|name| relation.columns.iter().position(|c| c.name == name));
+        let columns: Vec<(String, u32)> = relation
+            .columns
+            .iter()
+            .map(|c| (c.name.clone(), c.type_oid))
+            .collect();
+        let table = config.table_name().unwrap_or_else(|| QualifiedName {
+            schema: relation.namespace.clone(),
+            name: relation.name.clone(),
+        });
+        let position = |name: &str| columns.iter().position(|c| c.0 == name);
+        let expanding = config.set("expand").is_some();
+        let mut missing = None;
+        let mut fields: [Source; 8] = std::array::from_fn(|_| Source::Absent);
+        let mut ids = Vec::new();
+        let mut id_names = Vec::new();
+        let mut filter = None;
+        let mut expand = None;
+        for f in config.fields() {
+            let source = if f.is_column() {
+                match position(f.value) {
+                    Some(i) => Source::Column(i),
+                    None if f.key == "aggregate_type" && !f.set => {
+                        // Left out, and the table has no such column: its name.
+                        Source::Constant(table.name.clone())
+                    }
+                    None => {
+                        if OutboxConfig::REQUIRED.contains(&f.key)
+                            || matches!(f.key, "where" | "expand")
+                        {
+                            missing.get_or_insert((f.key, f.value.to_owned()));
+                        }
+                        Source::Absent
+                    }
+                }
+            } else {
+                match walfold_expr::parse(f.value) {
+                    Ok(expr) => {
+                        let pseudo = |c: &&str| expanding && f.key != "expand" && *c == ELEMENT;
+                        if let Some(c) = expr
+                            .columns()
+                            .into_iter()
+                            .find(|c| !pseudo(c) && position(c).is_none())
+                        {
+                            missing.get_or_insert((f.key, c.to_owned()));
+                        }
+                        Source::Expr(Box::new(expr))
+                    }
+                    // Refused at load; a mapping made without validation reads nothing.
+                    Err(_) => Source::Absent,
+                }
+            };
+            match f.key {
+                "id" => {
+                    ids.push(source);
+                    id_names.push(f.value.to_owned());
+                }
+                "where" | "expand" => {
+                    let Source::Expr(e) = source else {
+                        // A bare name: a boolean column, or a JSON array column.
+                        let expr = walfold_expr::parse(&walfold_config::quote_ident(f.value))
+                            .ok()
+                            .map(Box::new);
+                        if f.key == "where" {
+                            filter = expr;
+                        } else {
+                            expand = expr;
+                        }
+                        continue;
+                    };
+                    if f.key == "where" {
+                        filter = Some(e);
+                    } else {
+                        expand = Some(e);
+                    }
+                }
+                key => {
+                    if let Some(i) = OutboxConfig::KEYS.iter().position(|k| *k == key) {
+                        fields[i] = source;
+                    }
+                }
+            }
+        }
         Mapping {
-            table: config.table_name().unwrap_or_else(|| QualifiedName {
-                schema: relation.namespace.clone(),
-                name: relation.name.clone(),
-            }),
-            columns: relation
-                .columns
-                .iter()
-                .map(|c| (c.name.clone(), c.type_oid))
-                .collect(),
-            index,
-            names,
-            keys: keys(config),
+            table,
+            columns,
+            fields,
+            ids,
+            filter,
+            expand,
+            names: names(config),
+            id_names,
+            keys: OutboxConfig::KEYS,
+            missing,
             max_bytes: usize::MAX,
         }
     }
@@ -246,38 +421,66 @@ impl Mapping {
         format!("({})", names.join(", "))
     }
 
-    /// A field whose column walfold cannot read (a large object's `oid`): the refusal,
-    /// naming the config key, the column and why.
+    /// A field whose column walfold cannot read (a large object's `oid`), whether the
+    /// field names it or an expression (`where`, `expand` included) reads it: the
+    /// refusal, naming the config key, the column and why.
     pub fn unreadable(&self) -> Option<crate::error::Refusal> {
-        (0..self.keys.len()).find_map(|f| {
-            let (column, type_oid) = self.columns.get(self.index[f]?)?;
+        let sources = self.ids.iter().map(|s| ("id", s)).chain(
+            self.keys
+                .iter()
+                .zip(&self.fields)
+                .map(|(k, s)| (*k, s))
+                .skip(1),
+        );
+        let mut read: Vec<(&str, usize)> = Vec::new();
+        for (key, source) in sources {
+            match source {
+                Source::Column(i) => read.push((key, *i)),
+                Source::Expr(e) => read.extend(self.read_by(key, e)),
+                Source::Absent | Source::Constant(_) => {}
+            }
+        }
+        for (key, e) in [("where", &self.filter), ("expand", &self.expand)] {
+            if let Some(e) = e {
+                read.extend(self.read_by(key, e));
+            }
+        }
+        read.into_iter().find_map(|(key, i)| {
+            let (column, type_oid) = &self.columns[i];
             let why = unreadable_type(*type_oid)?;
             Some(crate::error::Refusal {
                 problem: format!(
-                    "outbox table {} column `{column}` (outbox.{}) {why}",
-                    self.table, self.keys[f]
+                    "outbox table {} column `{column}` (outbox.{key}) {why}",
+                    self.table
                 ),
-                fix: unreadable_fix(&format!("outbox.{}", self.keys[f])),
+                fix: unreadable_fix(&format!("outbox.{key}")),
             })
         })
     }
 
-    /// A required field whose column the table does not have: (config key, column).
-    pub fn missing_required(&self) -> Option<(&'static str, String)> {
-        (0..self.keys.len())
-            .find(|&f| OutboxConfig::REQUIRED.contains(&self.keys[f]) && self.index[f].is_none())
-            .map(|f| (self.keys[f], self.names[f].clone()))
+    fn read_by<'k>(&self, key: &'k str, e: &Expr) -> Vec<(&'k str, usize)> {
+        e.columns()
+            .into_iter()
+            .filter_map(|c| self.columns.iter().position(|(n, _)| n == c))
+            .map(|i| (key, i))
+            .collect()
     }
 
-    /// Maps an inserted row read at `origin`. A row that cannot be an event comes back
-    /// as a dead letter.
-    pub fn map(
-        &self,
-        row: &Tuple<'_>,
-        tx: TxContext,
-        origin: Option<RowOrigin>,
-    ) -> Result<NewEvent, Box<DeadLetter>> {
-        let fields = RowFields { mapping: self, row };
+    /// A field set in the config (or required) that reads a column the table does not
+    /// have: (config key, column).
+    pub fn missing_required(&self) -> Option<(&'static str, String)> {
+        self.missing.clone()
+    }
+
+    /// Maps an inserted row read at `origin`: no event (`where`), one, or one per
+    /// element (`expand`); a row or element that cannot be an event comes back as a
+    /// dead letter.
+    pub fn map(&self, row: &Tuple<'_>, tx: TxContext, origin: Option<RowOrigin>) -> Mapped {
+        let fields = RowFields {
+            mapping: self,
+            row,
+            element: None,
+        };
         let size: usize = row
             .columns
             .iter()
@@ -290,10 +493,77 @@ impl Mapping {
             let error = too_large("row", size, self.max_bytes);
             let mut dead = rejected(&fields, error, self.raw(row, SMALL), tx, origin);
             dead.reason = Reason::TooLarge;
-            return Err(dead);
+            return Mapped::One(Err(dead));
         }
-        build(&fields, &self.names, tx, origin)
-            .map_err(|error| rejected(&fields, error, self.raw(row, usize::MAX), tx, origin))
+        let reject = |f: &RowFields<'_, '_>, error: String, raw: Value, origin| {
+            Err(rejected(f, error, raw, tx, origin))
+        };
+        if let Some(filter) = &self.filter {
+            let kept = filter
+                .eval(&fields)
+                .map_err(|e| format!("where (`{}`): {e}", filter.source()))
+                .and_then(|v| match v {
+                    ExprValue::Bool(b) => Ok(b),
+                    ExprValue::Null => Ok(false),
+                    ExprValue::Other {
+                        type_oid: oid::BOOL,
+                        text,
+                    } => Ok(text == "t" || text == "true"),
+                    other => Err(format!(
+                        "where (`{}`) is not a boolean: `{}`",
+                        filter.source(),
+                        truncate(&other.to_text().unwrap_or_default())
+                    )),
+                });
+            match kept {
+                Ok(true) => {}
+                Ok(false) => return Mapped::Filtered,
+                Err(error) => {
+                    return Mapped::One(reject(&fields, error, self.raw(row, usize::MAX), origin))
+                }
+            }
+        }
+        let Some(expand) = &self.expand else {
+            return Mapped::One(
+                build(&fields, tx, origin)
+                    .or_else(|error| reject(&fields, error, self.raw(row, usize::MAX), origin)),
+            );
+        };
+        let elements = match expand
+            .eval(&fields)
+            .map_err(|e| format!("expand (`{}`): {e}", expand.source()))
+            .and_then(|v| json_array(v).map_err(|e| format!("expand (`{}`) {e}", expand.source())))
+        {
+            Ok(elements) => elements,
+            Err(error) => {
+                return Mapped::One(reject(&fields, error, self.raw(row, usize::MAX), origin))
+            }
+        };
+        Mapped::Each(
+            elements
+                .iter()
+                .enumerate()
+                .map(|(n, element)| {
+                    let text = element.to_string();
+                    let fields = RowFields {
+                        mapping: self,
+                        row,
+                        element: Some(&text),
+                    };
+                    let origin = origin.map(|o| o.element(n));
+                    build(&fields, tx, origin).or_else(|error| {
+                        let mut raw = self.raw(row, usize::MAX);
+                        if let Value::Object(m) = &mut raw {
+                            m.insert(
+                                ELEMENT.into(),
+                                serde_json::json!({ "index": n, "value": element }),
+                            );
+                        }
+                        reject(&fields, format!("element {n}: {error}"), raw, origin)
+                    })
+                })
+                .collect(),
+        )
     }
 
     /// The raw row as JSON (column → text), for dead letters; a value over `keep`
@@ -321,26 +591,79 @@ impl Mapping {
     }
 }
 
+/// The elements of an `expand` value: a JSON array (json, jsonb, or text or bytes
+/// holding one).
+fn json_array(value: ExprValue) -> Result<Vec<Value>, String> {
+    let parsed = match value {
+        ExprValue::Json(v) => v,
+        ExprValue::Null => return Err("is null, not a JSON array".into()),
+        other => {
+            let text = match other {
+                ExprValue::Bytes(b) => String::from_utf8(b).map_err(|_| "is not UTF-8")?,
+                ExprValue::Other {
+                    type_oid: BYTEA,
+                    text,
+                } => String::from_utf8(bytea(&text)?).map_err(|_| "is not UTF-8")?,
+                other => other.to_text().unwrap_or_default(),
+            };
+            walfold_event::json::parse(&text).map_err(|e| e.to_string())?
+        }
+    };
+    match parsed {
+        Value::Array(elements) => Ok(elements),
+        other => Err(format!("is {}, not a JSON array", kind(&other))),
+    }
+}
+
+/// A `bytea` value's text (`\x` hex, PostgreSQL's default `bytea_output`) as bytes.
+fn bytea(text: &str) -> Result<Vec<u8>, String> {
+    let hex = text
+        .strip_prefix("\\x")
+        .ok_or("is bytea not in hex format (set bytea_output = 'hex' for the replication role)")?;
+    if hex.len() % 2 != 0 {
+        return Err("is bytea with an odd number of hex digits".into());
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| "is not bytea hex".into()))
+        .collect()
+}
+
+/// A row's fields, and the row as expressions read it ([`walfold_expr::Row`]).
 struct RowFields<'a, 'r> {
     mapping: &'a Mapping,
     row: &'a Tuple<'r>,
+    /// The `expand` element this event is made of, as JSON text.
+    element: Option<&'a str>,
 }
 
-impl Fields for RowFields<'_, '_> {
-    const WHAT: &'static str = "column";
-
-    /// A column missing from the table is an error for required fields.
-    fn text(&self, field: usize, required: bool) -> Result<Option<String>, String> {
-        let Some(i) = self.mapping.index[field] else {
-            return if required {
-                Err(format!(
-                    "the outbox table has no column `{}`",
-                    self.mapping.names[field]
-                ))
-            } else {
-                Ok(None)
-            };
+impl walfold_expr::Row for RowFields<'_, '_> {
+    fn column(&self, name: &str) -> Option<Input<'_>> {
+        if let (Some(element), ELEMENT) = (self.element, name) {
+            return Some(Input {
+                type_oid: oid::JSONB,
+                text: Some(element.as_bytes()),
+            });
+        }
+        let i = self.mapping.columns.iter().position(|(n, _)| n == name)?;
+        let text = match self.row.columns.get(i)? {
+            Column::Text(b) | Column::Binary(b) => Some(*b),
+            Column::Null | Column::Unchanged => None,
         };
+        Some(Input {
+            type_oid: self.mapping.columns[i].1,
+            text,
+        })
+    }
+}
+
+impl RowFields<'_, '_> {
+    fn source(&self, field: usize) -> &Source {
+        &self.mapping.fields[field]
+    }
+
+    /// A column's text; `None` for null.
+    fn column_text(&self, i: usize, describe: impl Fn() -> String) -> Result<Option<&str>, String> {
         match self.row.columns.get(i) {
             None => Err(format!(
                 "row has {} columns, expected more",
@@ -349,26 +672,142 @@ impl Fields for RowFields<'_, '_> {
             Some(Column::Null) => Ok(None),
             Some(Column::Unchanged) => Err("column value not sent (unchanged TOAST)".into()),
             Some(Column::Text(b)) | Some(Column::Binary(b)) => std::str::from_utf8(b)
-                .map(|s| Some(s.to_owned()))
-                .map_err(|_| format!("column `{}` is not UTF-8", self.mapping.names[field])),
+                .map(Some)
+                .map_err(|_| format!("{} is not UTF-8", describe())),
+        }
+    }
+
+    fn eval(&self, e: &Expr, describe: impl Fn() -> String) -> Result<ExprValue, String> {
+        e.eval(self).map_err(|err| format!("{}: {err}", describe()))
+    }
+
+    /// One part of the producer's ID as text; `None` for null.
+    fn id_part(&self, part: usize) -> Result<Option<String>, String> {
+        let describe = || self.describe_id(part);
+        match &self.mapping.ids[part] {
+            Source::Column(i) => Ok(self.column_text(*i, describe)?.map(str::to_owned)),
+            Source::Expr(e) => Ok(self.eval(e, describe)?.to_text()),
+            Source::Constant(c) => Ok(Some(c.clone())),
+            Source::Absent => Err(format!(
+                "the outbox table has no column `{}`",
+                self.mapping.id_names[part]
+            )),
+        }
+    }
+
+    fn describe_id(&self, part: usize) -> String {
+        let name = &self.mapping.id_names[part];
+        let key = if self.mapping.ids.len() > 1 {
+            format!("id[{part}]")
+        } else {
+            "id".into()
+        };
+        match &self.mapping.ids[part] {
+            Source::Expr(_) => format!("{key} (`{name}`)"),
+            _ if key == "id" => format!("column `{name}`"),
+            _ => format!("{key} column `{name}`"),
+        }
+    }
+}
+
+impl Fields for RowFields<'_, '_> {
+    fn describe(&self, field: usize) -> String {
+        if field == ID {
+            return self.describe_id(0);
+        }
+        let (key, name) = (self.mapping.keys[field], &self.mapping.names[field]);
+        match self.source(field) {
+            Source::Expr(_) => format!("{key} (`{name}`)"),
+            Source::Constant(_) => format!("{key} (the table's name)"),
+            Source::Column(_) | Source::Absent => format!("column `{name}`"),
+        }
+    }
+
+    /// A column missing from the table is an error for required fields.
+    fn text(&self, field: usize, required: bool) -> Result<Option<String>, String> {
+        let describe = || self.describe(field);
+        match self.source(field) {
+            Source::Absent if required => Err(format!(
+                "the outbox table has no column `{}`",
+                self.mapping.names[field]
+            )),
+            Source::Absent => Ok(None),
+            Source::Constant(c) => Ok(Some(c.clone())),
+            Source::Column(i) => Ok(self.column_text(*i, describe)?.map(str::to_owned)),
+            Source::Expr(e) => Ok(self.eval(e, describe)?.to_text()),
         }
     }
 
     fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
-        let name = &self.mapping.names[field];
-        let Some(text) = self.text(field, required)? else {
-            return Ok(None);
+        let describe = || self.describe(field);
+        let text = match self.source(field) {
+            Source::Column(i) => {
+                let Some(text) = self.column_text(*i, describe)? else {
+                    return Ok(None);
+                };
+                if self.mapping.columns[*i].1 == BYTEA {
+                    utf8_json(bytea(text).map_err(|e| format!("{} {e}", describe()))?)
+                        .map_err(|e| format!("{} {e}", describe()))?
+                } else {
+                    text.to_owned()
+                }
+            }
+            Source::Expr(e) => match self.eval(e, describe)? {
+                ExprValue::Null => return Ok(None),
+                ExprValue::Json(v) => v.to_string(),
+                ExprValue::Bytes(b) => utf8_json(b).map_err(|e| format!("{} {e}", describe()))?,
+                ExprValue::Other {
+                    type_oid: BYTEA,
+                    text,
+                } => utf8_json(bytea(&text).map_err(|e| format!("{} {e}", describe()))?)
+                    .map_err(|e| format!("{} {e}", describe()))?,
+                other => other.to_text().unwrap_or_default(),
+            },
+            Source::Absent | Source::Constant(_) => {
+                return self.text(field, required)?.map_or(Ok(None), |t| {
+                    JsonText::parse(t)
+                        .map(Some)
+                        .map_err(|e| format!("{} {e}", describe()))
+                })
+            }
         };
-        refuse_nul(&text, &format!("column `{name}`"))?;
+        refuse_nul(&text, &describe())?;
         JsonText::parse(text)
             .map(Some)
-            .map_err(|e| format!("column `{name}` {e}"))
+            .map_err(|e| format!("{} {e}", describe()))
     }
 
     fn naive_time_is_utc(&self) -> bool {
-        let column = self.mapping.index[OCCURRED_AT].and_then(|i| self.mapping.columns.get(i));
-        matches!(column, Some((_, oid::TIMESTAMP)))
+        match self.source(OCCURRED_AT) {
+            Source::Column(i) => matches!(self.mapping.columns.get(*i), Some((_, oid::TIMESTAMP))),
+            // An expression's text without an offset: UTC, as walfold's sessions have it.
+            _ => true,
+        }
     }
+
+    fn identity(&self) -> Result<(Uuid, Option<String>), String> {
+        if self.mapping.ids.len() == 1 {
+            let text = self
+                .id_part(0)?
+                .ok_or_else(|| format!("{} is null", self.describe_id(0)))?;
+            return identity_of(text, || self.describe_id(0));
+        }
+        // A composite: the JSON array of its parts' texts, always derived.
+        let mut parts = Vec::with_capacity(self.mapping.ids.len());
+        for part in 0..self.mapping.ids.len() {
+            let text = self
+                .id_part(part)?
+                .ok_or_else(|| format!("{} is null", self.describe_id(part)))?;
+            parts.push(Value::String(text));
+        }
+        let text = Value::Array(parts).to_string();
+        Ok((producer_event_id(&text), Some(text)))
+    }
+}
+
+/// Bytes holding JSON, as text.
+fn utf8_json(bytes: Vec<u8>) -> Result<String, String> {
+    String::from_utf8(bytes).map_err(|_| "is bytes that are not UTF-8 (JSON expected)".into())
 }
 
 /// A message outbox: transactional `pg_logical_emit_message` calls under one prefix,
@@ -432,7 +871,7 @@ impl MessageMapping {
             object: &object,
             names: &self.names,
         };
-        build(&fields, &self.names, tx, origin).map_err(|error| {
+        build(&fields, tx, origin).map_err(|error| {
             // The content as a tree, for the dead letter only.
             let text = String::from_utf8_lossy(content);
             let content = walfold_event::json::parse(&text)
@@ -538,7 +977,9 @@ impl JsonFields<'_> {
 }
 
 impl Fields for JsonFields<'_> {
-    const WHAT: &'static str = "key";
+    fn describe(&self, field: usize) -> String {
+        format!("key `{}`", self.names[field])
+    }
 
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String> {
         match self.value(field, required)? {
@@ -639,6 +1080,28 @@ fn truncate(s: &str) -> String {
 mod tests {
     use super::*;
     use walfold_pgoutput::RelationColumn;
+
+    /// A row that is one event or one dead letter, read as the `Result` it is.
+    trait One {
+        fn unwrap(self) -> NewEvent;
+        fn unwrap_err(self) -> Box<DeadLetter>;
+        fn is_ok(self) -> bool;
+    }
+
+    impl One for Mapped {
+        fn unwrap(self) -> NewEvent {
+            self.one().expect("one outcome").expect("an event")
+        }
+        fn unwrap_err(self) -> Box<DeadLetter> {
+            match self.one().expect("one outcome") {
+                Ok(e) => panic!("an event, not a dead letter: {e:?}"),
+                Err(d) => d,
+            }
+        }
+        fn is_ok(self) -> bool {
+            matches!(self.one(), Some(Ok(_)))
+        }
+    }
 
     fn relation(cols: &[(&str, u32)]) -> Relation {
         Relation {
@@ -827,7 +1290,7 @@ mod tests {
             ),
             (
                 &[
-                    Some("nope"),
+                    Some(" "),
                     Some("a"),
                     Some("1"),
                     Some("T"),
@@ -835,7 +1298,7 @@ mod tests {
                     Some("{}"),
                     None,
                 ],
-                "not a UUID",
+                "column `id` is empty",
             ),
             (
                 &[

@@ -16,7 +16,7 @@ use walfold_store::{ConnectOptions, StagedChange, StagedRow};
 use crate::budget::Held;
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
-use crate::outbox::{pg_time, Mapping, MessageMapping, TxContext};
+use crate::outbox::{pg_time, Mapped, Mapping, MessageMapping, TxContext};
 use crate::wire::{ReplicationClient, ReplicationEvent, WireConfig};
 
 /// What the reader hands the appender, in stream order.
@@ -481,22 +481,32 @@ impl<'a> Reader<'a> {
                     };
                     return self.defer(streamed, e);
                 }
-                let item = match mapping.map(&insert.new, tx, origin) {
-                    Ok(event) => Item::Event(event),
-                    Err(dead) => {
-                        match streamed {
-                            // Its commit LSN is not known yet: name the change instead.
-                            Some((xid, _)) => {
-                                tracing::warn!(table = %mapping.table, xid, change_lsn = %at, error = %dead.error, "malformed outbox row of a streamed transaction sent to dead letters")
+                let mapped = mapping.map(&insert.new, tx, origin);
+                if let Mapped::Filtered = mapped {
+                    // `where` is not true for it: counted with the other changes that are
+                    // no events.
+                    tracing::debug!(table = %mapping.table, change_lsn = %at, "outbox row filtered out by where");
+                    return self.send(Item::Ignored).await;
+                }
+                let table = mapping.table.to_string();
+                for outcome in mapped {
+                    let item = match outcome {
+                        Ok(event) => Item::Event(event),
+                        Err(dead) => {
+                            match streamed {
+                                // Its commit LSN is not known yet: name the change instead.
+                                Some((xid, _)) => {
+                                    tracing::warn!(table = %table, xid, change_lsn = %at, error = %dead.error, "malformed outbox row of a streamed transaction sent to dead letters")
+                                }
+                                None => {
+                                    tracing::warn!(table = %table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters")
+                                }
                             }
-                            None => {
-                                tracing::warn!(table = %mapping.table, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox row sent to dead letters")
-                            }
+                            Item::Rejected(dead)
                         }
-                        Item::Rejected(dead)
-                    }
-                };
-                self.emit(streamed, item).await?;
+                    };
+                    self.emit(streamed, item).await?;
+                }
             }
             Message::Update(u) => {
                 let streamed = self.stream.map(|xid| (xid, u.xid.unwrap_or(xid)));

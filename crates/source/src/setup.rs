@@ -625,37 +625,84 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
         if kind == "p" {
             shape.partitioned.push(name.clone());
         }
-        for (key, column) in outbox.columns() {
-            if let Some(at) = columns.iter().position(|c| c == column) {
-                let type_oid = types.get(at).map_or(0, |t| *t as u32);
-                if let Some(why) = crate::outbox::unreadable_type(type_oid) {
-                    shape.refusals.push(Refusal {
-                        problem: format!(
-                            "outbox table {name} column `{column}` (outbox[{i}].{key}) {why}"
-                        ),
-                        fix: crate::outbox::unreadable_fix(&format!("outbox[{i}].{key}")),
-                    });
-                }
+        let expanding = outbox.set("expand").is_some();
+        if expanding && columns.iter().any(|c| c == crate::outbox::ELEMENT) {
+            shape.refusals.push(Refusal {
+                problem: format!(
+                    "outbox table {name} has a column `element`, and outbox[{i}].expand names \
+                     each element `element` in the other fields' expressions"
+                ),
+                fix: "rename the column (or leave expand out): the pseudo-column would hide it"
+                    .into(),
+            });
+        }
+        for f in outbox.fields() {
+            let key = f.name();
+            let Some(read) = crate::outbox::columns_read(f.value, f.is_column()) else {
                 continue;
-            }
-            let similar = columns.iter().find(|c| c.eq_ignore_ascii_case(column));
-            if OutboxConfig::REQUIRED.contains(&key) {
-                shape.missing_columns.push(Refusal {
-                    problem: format!(
-                        "outbox table {name} has no column `{column}` (outbox[{i}].{key})"
-                    ),
-                    fix: match similar {
-                        Some(c) => {
-                            format!("names are case-sensitive: set outbox[{i}].{key} = \"{c}\"")
-                        }
-                        None => format!("set outbox[{i}].{key} to the column that holds it"),
-                    },
-                });
-            } else if let Some(c) = similar {
-                shape.warnings.push(format!(
-                    "outbox table {name} has no column `{column}` but has `{c}`: names are \
-                     case-sensitive; set outbox[{i}].{key} = \"{c}\" to map it"
-                ));
+            };
+            for column in &read {
+                if expanding && f.key != "expand" && column == crate::outbox::ELEMENT {
+                    continue;
+                }
+                if let Some(at) = columns.iter().position(|c| c == column) {
+                    let type_oid = types.get(at).map_or(0, |t| *t as u32);
+                    if let Some(why) = crate::outbox::unreadable_type(type_oid) {
+                        shape.refusals.push(Refusal {
+                            problem: format!(
+                                "outbox table {name} column `{column}` (outbox[{i}].{key}) {why}"
+                            ),
+                            fix: crate::outbox::unreadable_fix(&format!("outbox[{i}].{key}")),
+                        });
+                    }
+                    continue;
+                }
+                // Left out, and the table has no such column: the table's name.
+                if f.key == "aggregate_type" && !f.set {
+                    continue;
+                }
+                let similar = columns.iter().find(|c| c.eq_ignore_ascii_case(column));
+                let required = OutboxConfig::REQUIRED.contains(&f.key)
+                    || matches!(f.key, "where" | "expand")
+                    || !f.is_column();
+                if required {
+                    let (problem, fix) = if f.is_column() {
+                        (
+                            format!(
+                                "outbox table {name} has no column `{column}` (outbox[{i}].{key})"
+                            ),
+                            match similar {
+                                Some(c) => format!(
+                                    "names are case-sensitive: set outbox[{i}].{key} = \"{c}\""
+                                ),
+                                None => {
+                                    format!("set outbox[{i}].{key} to the column that holds it")
+                                }
+                            },
+                        )
+                    } else {
+                        (
+                            format!(
+                                "outbox table {name} has no column `{column}`, which \
+                                 outbox[{i}].{key} (`{}`) reads",
+                                f.value
+                            ),
+                            match similar {
+                                Some(c) => format!(
+                                    "in an expression, unquoted names fold to lower case as in \
+                                     PostgreSQL: quote it, \"{c}\""
+                                ),
+                                None => format!("fix outbox[{i}].{key}"),
+                            },
+                        )
+                    };
+                    shape.missing_columns.push(Refusal { problem, fix });
+                } else if let Some(c) = similar {
+                    shape.warnings.push(format!(
+                        "outbox table {name} has no column `{column}` but has `{c}`: names are \
+                         case-sensitive; set outbox[{i}].{key} = \"{c}\" to map it"
+                    ));
+                }
             }
         }
         outboxes.push(name);

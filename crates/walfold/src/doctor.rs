@@ -343,11 +343,18 @@ async fn source_checks(
             continue;
         }
         r.check(Level::Ok, format!("outbox table {t} exists"), "");
+        // A column (an expression's times without an offset are UTC by rule).
+        let occurred_column = o
+            .fields()
+            .into_iter()
+            .find(|f| f.key == "occurred_at")
+            .filter(|f| f.is_column())
+            .map_or_else(String::new, |f| f.value.to_owned());
         let occurred_at: Option<String> = source
             .query_opt(
                 "select format_type(atttypid, atttypmod) from pg_attribute \
                  where attrelid = $1::text::regclass and attname = $2 and not attisdropped",
-                &[&t.quoted(), &o.occurred_at],
+                &[&t.quoted(), &occurred_column],
             )
             .await?
             .map(|row| row.of("pg_attribute").col(0))
@@ -355,10 +362,7 @@ async fn source_checks(
         if occurred_at.as_deref() == Some("timestamp without time zone") {
             r.check(
                 Level::Warn,
-                format!(
-                    "{t}.{}: timestamp without time zone, read as UTC",
-                    o.occurred_at
-                ),
+                format!("{t}.{occurred_column}: timestamp without time zone, read as UTC"),
                 "write UTC times into it, or make it timestamptz",
             );
         }

@@ -291,12 +291,13 @@ async fn malformed_rows_are_dead_lettered_and_later_rows_still_apply() {
             r#"'{"amount": "1"}'"#,
             "column `id` is null",
         ),
+        // (An ID that is no UUID is an event: its ID is derived, tests/e2e/mapping.rs.)
         (
-            "'not-a-uuid'",
+            "'  '",
             "'o-1'",
             "'1'",
             r#"'{"amount": "1"}'"#,
-            "is not a UUID",
+            "column `id` is empty",
         ),
         (
             &format!("'{C}'"),

@@ -57,8 +57,8 @@ fn save(entity: &str, events: &[(&str, &str, &str)]) -> String {
     tx
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eventuate_local_folds_its_events_through_the_readme_and_init() {
+/// The table, its rows and the fold.
+pub fn framework() -> Framework {
     let id = |n: u32| format!("0000018c2f4e7b{n:02x}-0242ac1200060000");
     let a1 = "0000018c2f4e7a01-0242ac1200060000";
     let a2 = "0000018c2f4e7a02-0242ac1200060000";
@@ -95,6 +95,9 @@ async fn eventuate_local_folds_its_events_through_the_readme_and_init() {
                        from eventuate.events where event_data like '{%'
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventuate_local_folds_its_events_through_the_readme_and_init() {
+    framework().run().await;
 }

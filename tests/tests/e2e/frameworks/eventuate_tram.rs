@@ -62,8 +62,8 @@ fn insert(id: &str, destination: &str, headers: &str, payload: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eventuate_tram_folds_its_domain_events_through_the_readme_and_init() {
+/// The table, its rows and the fold.
+pub fn framework() -> Framework {
     let id = |n: u32| format!("0000018c2f4e6a{n:02x}-0242ac1200050000");
     let writes = vec![
         format!(
@@ -97,6 +97,9 @@ async fn eventuate_tram_folds_its_domain_events_through_the_readme_and_init() {
                        where headers::jsonb->>'event-type' is not null and payload like '{%'
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventuate_tram_folds_its_domain_events_through_the_readme_and_init() {
+    framework().run().await;
 }

@@ -70,8 +70,8 @@ const O1: &str = "a1000000-0000-4000-8000-000000000001";
 const O2: &str = "a1000000-0000-4000-8000-000000000002";
 const O3: &str = "a1000000-0000-4000-8000-000000000003";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn marten_folds_its_event_streams_through_the_readme_and_init() {
+/// The table, its rows and the fold.
+pub fn framework() -> Framework {
     let writes = vec![
         append(
             O1,
@@ -149,6 +149,9 @@ async fn marten_folds_its_event_streams_through_the_readme_and_init() {
                      from mt_events where jsonb_typeof(data) = 'object' \
                      order by stream_id, version desc) f",
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marten_folds_its_event_streams_through_the_readme_and_init() {
+    framework().run().await;
 }

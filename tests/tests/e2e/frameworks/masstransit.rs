@@ -139,8 +139,8 @@ fn transaction(outbox: &str, messages: &[Message]) -> String {
 const A: &str = "0a000000-0000-4000-8000-00000000000a";
 const B: &str = "0b000000-0000-4000-8000-00000000000b";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn masstransit_folds_its_bus_outbox_through_the_readme_and_init() {
+/// The table, its rows and the fold.
+pub fn framework() -> Framework {
     let m = |id, order, kind, content_type, fields| Message {
         id,
         order,
@@ -200,6 +200,9 @@ async fn masstransit_folds_its_bus_outbox_through_the_readme_and_init() {
                                and split_part("MessageType", ';', 1) = 'urn:message:Sales.Contracts:OrderLineAdded') d
                        group by order_id) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masstransit_folds_its_bus_outbox_through_the_readme_and_init() {
+    framework().run().await;
 }

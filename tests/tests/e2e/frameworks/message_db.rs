@@ -37,15 +37,15 @@ create index messages_category on message_store.messages (message_store.category
 -- write_message, reduced to what it does to the table.
 create function message_store.write_message(id varchar, stream_name varchar, type varchar,
     data jsonb, metadata jsonb default null) returns bigint language plpgsql as $$
-  declare next bigint;
+  declare next_position bigint;
   begin
     perform pg_advisory_xact_lock(hashtext(message_store.category(write_message.stream_name)));
-    select coalesce(max(m.position), -1) + 1 into next from message_store.messages m
+    select coalesce(max(m.position), -1) + 1 into next_position from message_store.messages m
       where m.stream_name = write_message.stream_name;
     insert into message_store.messages (id, stream_name, position, type, data, metadata)
-      values (write_message.id::uuid, write_message.stream_name, next, write_message.type,
+      values (write_message.id::uuid, write_message.stream_name, next_position, write_message.type,
               write_message.data, write_message.metadata);
-    return next;
+    return next_position;
   end $$;
 create table account_summary (account_id text primary key, balance numeric, version bigint not null);
 "#;
@@ -60,8 +60,8 @@ fn write(n: u32, stream: &str, kind: &str, data: &str, causation: &str) -> Strin
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn message_db_folds_its_streams_through_the_readme_and_init() {
+/// The table, its rows and the fold.
+pub fn framework() -> Framework {
     let mut writes = Vec::new();
     let mut n = 0;
     let mut w = |stream: &str, kind: &str, data: &str| {
@@ -108,6 +108,9 @@ async fn message_db_folds_its_streams_through_the_readme_and_init() {
                      where split_part(stream_name, '-', 1) = 'account' and strpos(stream_name, '-') > 0 \
                      order by stream_name, position desc) f",
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_db_folds_its_streams_through_the_readme_and_init() {
+    framework().run().await;
 }

@@ -219,3 +219,31 @@ impl Framework {
         );
     }
 }
+
+/// Every framework's statements run as written and its independent fold is not empty,
+/// without walfold: a mistake in a test's SQL fails here, not as a timeout.
+#[test]
+fn each_framework_writes_its_rows_and_its_fold_sees_them() {
+    let all = [
+        eventuate_local::framework(),
+        eventuate_tram::framework(),
+        marten::framework(),
+        masstransit::framework(),
+        message_db::framework(),
+        nservicebus::framework(),
+        spring_modulith::framework(),
+    ];
+    for f in &all {
+        let db = bare_db(&format!("fw_sql_{}", f.preset));
+        f.create(&db);
+        for w in &f.writes {
+            db.psql(w);
+        }
+        let fold = db.psql(f.fold);
+        assert!(!fold.is_empty(), "{}: the fold is empty", f.preset);
+        for l in &f.later {
+            db.psql(l);
+        }
+        eprintln!("{}: {fold}", f.preset);
+    }
+}

@@ -62,8 +62,8 @@ fn handled(incoming: &str, conversation: &str, operations: &[Operation]) -> Stri
 const C1: &str = "4f2a0000-0000-4000-8000-0000000000c1";
 const C2: &str = "4f2a0000-0000-4000-8000-0000000000c2";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nservicebus_folds_each_outgoing_message_of_its_outbox_through_the_readme_and_init() {
+/// The table, its rows and the fold.
+pub fn framework() -> Framework {
     let writes = vec![
         // PlaceOrder handled: OrderPlaced published, BillOrder sent.
         handled(
@@ -149,6 +149,9 @@ async fn nservicebus_folds_each_outgoing_message_of_its_outbox_through_the_readm
                        where types like 'Sales.Messages.OrderPlaced,%' and body is not null
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nservicebus_folds_each_outgoing_message_of_its_outbox_through_the_readme_and_init() {
+    framework().run().await;
 }

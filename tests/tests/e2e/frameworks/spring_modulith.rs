@@ -62,8 +62,8 @@ fn completed(order: &str, customer: &str, total: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spring_modulith_folds_one_listeners_publications_through_the_readme_and_init() {
+/// The table, its rows and the fold.
+pub fn framework() -> Framework {
     // Publications of last year, long completed: what `walfold init` sees of the
     // listeners (walfold never streams them).
     let history = vec![format!(
@@ -100,8 +100,6 @@ async fn spring_modulith_folds_one_listeners_publications_through_the_readme_and
                      from customer_revenue",
         fold: FOLD,
     }
-    .run()
-    .await;
 }
 
 /// Per customer, the completed orders and their total: each event once (its
@@ -113,3 +111,8 @@ const FOLD: &str = r#"select string_agg(customer_id || ' ' || orders || ' ' || t
              where completion_date is null and event_type = 'com.example.order.OrderCompleted'
                and listener_id like 'com.example.inventory.%' and serialized_event like '{%'
              group by 1) f"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spring_modulith_folds_one_listeners_publications_through_the_readme_and_init() {
+    framework().run().await;
+}
