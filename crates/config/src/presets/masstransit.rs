@@ -10,7 +10,8 @@ use super::Preset;
 pub const MASSTRANSIT: Preset = Preset {
     name: "masstransit",
     framework: "MassTransit (EF Core outbox)",
-    ddl_source: "MassTransit/MassTransit: src/Persistence/MassTransit.EntityFrameworkCoreIntegration/\
+    ddl_source:
+        "MassTransit/MassTransit: src/Persistence/MassTransit.EntityFrameworkCoreIntegration/\
                  Configuration/EntityFrameworkOutboxConfigurationExtensions.cs \
                  (ConfigureOutboxMessageEntity) and EntityFrameworkCoreIntegration/OutboxMessage.cs",
     table: "OutboxMessage",

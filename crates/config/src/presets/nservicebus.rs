@@ -10,7 +10,8 @@ use super::Preset;
 pub const NSERVICEBUS: Preset = Preset {
     name: "nservicebus",
     framework: "NServiceBus (SQL persistence outbox)",
-    ddl_source: "Particular/NServiceBus.Persistence.Sql: src/ScriptBuilder/Outbox/Create_PostgreSql.sql, \
+    ddl_source:
+        "Particular/NServiceBus.Persistence.Sql: src/ScriptBuilder/Outbox/Create_PostgreSql.sql, \
                  src/SqlPersistence/Outbox/SqlDialect_PostgreSql.cs, SerializableOperation.cs, \
                  OptimisticConcurrencyControlStrategy.cs",
     table: "OutboxData",
