@@ -146,7 +146,10 @@ struct Recognised {
 /// Presets whose table holds one row per event *and* per value of a column (Spring
 /// Modulith: one per listener): each value's rows are every event once, so init keeps
 /// one value's rows (`where`), the first it finds, and lists the others.
-const ONE_ROW_PER: &[(&str, &str)] = &[("spring_modulith", "listener_id")];
+const ONE_ROW_PER: &[(&str, &str)] = &[
+    ("spring_modulith", "listener_id"),
+    ("wolverine", "destination"),
+];
 
 /// The presets whose columns the table has (compared without case), in `PRESETS`
 /// order: a framework's table is its first.
@@ -591,8 +594,7 @@ pub async fn init(
                 }
             }
             None => {
-                let cols: Vec<String> =
-                    m.columns.iter().map(|(k, c)| format!("{k}={c}")).collect();
+                let cols: Vec<String> = m.columns.iter().map(|(k, c)| format!("{k}={c}")).collect();
                 say(format!("outbox {}: {}", m.table, cols.join(", ")));
             }
         }
@@ -727,9 +729,11 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
                      # constant: aggregate_type = \"'order'\"\n",
                     table.name
                 ),
-                "version" => "# version: none in this table (optional; `table` projections and version \
+                "version" => {
+                    "# version: none in this table (optional; `table` projections and version \
                               guards need it).\n"
-                    .to_owned(),
+                        .to_owned()
+                }
                 _ => format!("# {key}: none in this table (optional).\n"),
             });
         }
@@ -1141,18 +1145,29 @@ mod tests {
             }
             let mut text = String::new();
             render_preset(&mut text, &m.table, m.preset.as_ref().unwrap());
-            assert!(text.contains(&format!("preset = \"{}\"\n", p.name)), "{text}");
+            assert!(
+                text.contains(&format!("preset = \"{}\"\n", p.name)),
+                "{text}"
+            );
             let id = match p.id {
                 [one] => format!("id = {}\n", toml_str(one)),
                 parts => format!(
                     "id = [{}]\n",
-                    parts.iter().map(|v| toml_str(v)).collect::<Vec<_>>().join(", ")
+                    parts
+                        .iter()
+                        .map(|v| toml_str(v))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             };
             assert!(text.contains(&id), "{}: {text}", p.name);
             for (key, value) in p.fields {
                 let line = format!("{key} = {}\n", toml_str(value));
-                assert!(text.contains(&line), "{}: `{line}` missing from\n{text}", p.name);
+                assert!(
+                    text.contains(&line),
+                    "{}: `{line}` missing from\n{text}",
+                    p.name
+                );
             }
             // Every key of [[outbox]] is either written or explained.
             for key in KEYS.iter().map(|k| k.key) {
@@ -1171,5 +1186,4 @@ mod tests {
             }
         }
     }
-
 }

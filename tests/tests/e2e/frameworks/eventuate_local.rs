@@ -63,16 +63,37 @@ pub fn framework() -> Framework {
     let a1 = "0000018c2f4e7a01-0242ac1200060000";
     let a2 = "0000018c2f4e7a02-0242ac1200060000";
     let writes = vec![
-        save(a1, &[(&id(1), "AccountOpenedEvent", r#"{"initialBalance":100}"#)]),
-        save(a2, &[(&id(2), "AccountOpenedEvent", r#"{"initialBalance":20.5}"#)]),
+        save(
+            a1,
+            &[(&id(1), "AccountOpenedEvent", r#"{"initialBalance":100}"#)],
+        ),
+        save(
+            a2,
+            &[(&id(2), "AccountOpenedEvent", r#"{"initialBalance":20.5}"#)],
+        ),
         save(
             a1,
             &[
-                (&id(3), "AccountDebitedEvent", r#"{"amount":30,"transactionId":"t-1"}"#),
-                (&id(4), "AccountCreditedEvent", r#"{"amount":4.25,"transactionId":"t-2"}"#),
+                (
+                    &id(3),
+                    "AccountDebitedEvent",
+                    r#"{"amount":30,"transactionId":"t-1"}"#,
+                ),
+                (
+                    &id(4),
+                    "AccountCreditedEvent",
+                    r#"{"amount":4.25,"transactionId":"t-2"}"#,
+                ),
             ],
         ),
-        save(a2, &[(&id(5), "AccountCreditedEvent", r#"{"amount":30,"transactionId":"t-1"}"#)]),
+        save(
+            a2,
+            &[(
+                &id(5),
+                "AccountCreditedEvent",
+                r#"{"amount":30,"transactionId":"t-1"}"#,
+            )],
+        ),
         // Written by a hand-rolled serializer: no JSON.
         save(a2, &[(&id(6), "AccountDebitedEvent", "amount=5")]),
     ];

@@ -52,7 +52,12 @@ fn command(id: &str, order: &str) -> String {
     let headers = format!(
         r#"{{"command_saga_type":"io.eventuate.examples.tram.ordersandcustomers.orders.sagas.createorder.CreateOrderSaga","command_saga_id":"{order}","command_type":"io.eventuate.examples.tram.ordersandcustomers.customers.commands.ReserveCreditCommand","command_reply_to":"io.eventuate.examples.tram.ordersandcustomers.orders.sagas.createorder.CreateOrderSaga-reply","command__destination":"customerService","DESTINATION":"customerService","ID":"{id}"}}"#
     );
-    insert(id, "customerService", &headers, r#"{"orderId":1,"orderTotal":{"amount":30.5},"customerId":7}"#)
+    insert(
+        id,
+        "customerService",
+        &headers,
+        r#"{"orderId":1,"orderTotal":{"amount":30.5},"customerId":7}"#,
+    )
 }
 
 fn insert(id: &str, destination: &str, headers: &str, payload: &str) -> String {
@@ -68,12 +73,32 @@ pub fn framework() -> Framework {
     let writes = vec![
         format!(
             "begin; {} {} commit;",
-            event(&id(1), "1001", "OrderCreatedEvent", r#"{"orderDetails":{"customerId":7,"orderTotal":{"amount":30.5}},"state":"PENDING"}"#),
+            event(
+                &id(1),
+                "1001",
+                "OrderCreatedEvent",
+                r#"{"orderDetails":{"customerId":7,"orderTotal":{"amount":30.5}},"state":"PENDING"}"#
+            ),
             command(&id(2), "1001"),
         ),
-        event(&id(3), "1002", "OrderCreatedEvent", r#"{"orderDetails":{"customerId":8,"orderTotal":{"amount":12.25}},"state":"PENDING"}"#),
-        event(&id(4), "1001", "OrderApprovedEvent", r#"{"orderDetails":{"customerId":7,"orderTotal":{"amount":30.5}},"state":"APPROVED"}"#),
-        event(&id(5), "1002", "OrderRejectedEvent", r#"{"orderDetails":{"customerId":8,"orderTotal":{"amount":12.25}},"state":"REJECTED"}"#),
+        event(
+            &id(3),
+            "1002",
+            "OrderCreatedEvent",
+            r#"{"orderDetails":{"customerId":8,"orderTotal":{"amount":12.25}},"state":"PENDING"}"#,
+        ),
+        event(
+            &id(4),
+            "1001",
+            "OrderApprovedEvent",
+            r#"{"orderDetails":{"customerId":7,"orderTotal":{"amount":30.5}},"state":"APPROVED"}"#,
+        ),
+        event(
+            &id(5),
+            "1002",
+            "OrderRejectedEvent",
+            r#"{"orderDetails":{"customerId":8,"orderTotal":{"amount":12.25}},"state":"REJECTED"}"#,
+        ),
         // A message published with a plain string payload: no JSON.
         event(&id(6), "1003", "OrderCreatedEvent", "order 1003 created"),
         command(&id(7), "1002"),
@@ -88,7 +113,8 @@ pub fn framework() -> Framework {
         later: vec!["update eventuate.message set published = 1;".into()],
         events: 4,
         dead_letters: &["json"],
-        read_model: "select string_agg(order_id || ' ' || state || ' ' || events, ', ' order by order_id) \
+        read_model:
+            "select string_agg(order_id || ' ' || state || ' ' || events, ', ' order by order_id) \
                      from order_state",
         fold: r#"select string_agg(order_id || ' ' || state || ' ' || events, ', ' order by order_id)
                  from (select headers::jsonb->>'event-aggregate-id' as order_id,

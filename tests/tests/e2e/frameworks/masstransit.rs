@@ -94,7 +94,10 @@ struct Message {
 
 impl Message {
     fn insert(&self, outbox: &str) -> String {
-        let types = format!("urn:message:Sales.Contracts:{};urn:message:Sales.Contracts:OrderEvent", self.kind);
+        let types = format!(
+            "urn:message:Sales.Contracts:{};urn:message:Sales.Contracts:OrderEvent",
+            self.kind
+        );
         let conversation = "c0a80000-1f8b-0015-0000-08dc2a1f3b2e";
         let destination = format!("rabbitmq://localhost/Sales.Contracts:{}", self.kind);
         let body = if self.content_type == JSON {
@@ -153,28 +156,70 @@ pub fn framework() -> Framework {
         transaction(
             "0f000000-0000-4000-8000-000000000001",
             &[
-                m("bc0e0000-1f8b-0015-5b46-08dc2a1f3b01", A, "OrderSubmitted", JSON, r#","customerId":"c-1""#),
-                m("bc0e0000-1f8b-0015-5b46-08dc2a1f3b02", A, "OrderLineAdded", JSON, r#","sku":"p-1","amount":10.5"#),
+                m(
+                    "bc0e0000-1f8b-0015-5b46-08dc2a1f3b01",
+                    A,
+                    "OrderSubmitted",
+                    JSON,
+                    r#","customerId":"c-1""#,
+                ),
+                m(
+                    "bc0e0000-1f8b-0015-5b46-08dc2a1f3b02",
+                    A,
+                    "OrderLineAdded",
+                    JSON,
+                    r#","sku":"p-1","amount":10.5"#,
+                ),
             ],
         ),
         transaction(
             "0f000000-0000-4000-8000-000000000002",
             &[
-                m("bc0e0000-1f8b-0015-5b46-08dc2a1f3b03", B, "OrderSubmitted", JSON, r#","customerId":"c-2""#),
-                m(line_b, B, "OrderLineAdded", JSON, r#","sku":"p-2","amount":7.25"#),
-                m("bc0e0000-1f8b-0015-5b46-08dc2a1f3b04", A, "OrderLineAdded", JSON, r#","sku":"p-3","amount":20"#),
+                m(
+                    "bc0e0000-1f8b-0015-5b46-08dc2a1f3b03",
+                    B,
+                    "OrderSubmitted",
+                    JSON,
+                    r#","customerId":"c-2""#,
+                ),
+                m(
+                    line_b,
+                    B,
+                    "OrderLineAdded",
+                    JSON,
+                    r#","sku":"p-2","amount":7.25"#,
+                ),
+                m(
+                    "bc0e0000-1f8b-0015-5b46-08dc2a1f3b04",
+                    A,
+                    "OrderLineAdded",
+                    JSON,
+                    r#","sku":"p-3","amount":20"#,
+                ),
             ],
         ),
         // The request that added B's line, retried: the application set the MessageId
         // from the request's idempotency key, so the same message is a second row.
         transaction(
             "0f000000-0000-4000-8000-000000000003",
-            &[m(line_b, B, "OrderLineAdded", JSON, r#","sku":"p-2","amount":7.25"#)],
+            &[m(
+                line_b,
+                B,
+                "OrderLineAdded",
+                JSON,
+                r#","sku":"p-2","amount":7.25"#,
+            )],
         ),
         // A message sent with the XML serializer: its body is no JSON.
         transaction(
             "0f000000-0000-4000-8000-000000000004",
-            &[m("bc0e0000-1f8b-0015-5b46-08dc2a1f3b06", B, "OrderLineAdded", XML, "")],
+            &[m(
+                "bc0e0000-1f8b-0015-5b46-08dc2a1f3b06",
+                B,
+                "OrderLineAdded",
+                XML,
+                "",
+            )],
         ),
     ];
     Framework {
@@ -189,7 +234,8 @@ pub fn framework() -> Framework {
         ],
         events: 5,
         dead_letters: &["json"],
-        read_model: "select string_agg(order_id || ' ' || lines || ' ' || total, ', ' order by order_id) \
+        read_model:
+            "select string_agg(order_id || ' ' || lines || ' ' || total, ', ' order by order_id) \
                      from order_lines",
         fold: r#"select string_agg(order_id || ' ' || lines || ' ' || total, ', ' order by order_id)
                  from (select order_id, count(*) as lines, sum(amount) as total

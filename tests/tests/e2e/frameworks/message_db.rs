@@ -70,14 +70,42 @@ pub fn framework() -> Framework {
     };
     // Two accounts interleaved, a command stream beside them, one account with three
     // transactions in one database transaction (as a handler writing a batch does).
-    w("account:command-123", "Open", r#"{"accountId": "123", "customerId": "c-1"}"#);
-    w("account-123", "Opened", r#"{"accountId": "123", "customerId": "c-1", "balance": 0}"#);
-    w("account-456", "Opened", r#"{"accountId": "456", "customerId": "c-2", "balance": 0}"#);
-    w("account-123", "Deposited", r#"{"accountId": "123", "amount": 100, "balance": 100}"#);
-    w("account-456", "Deposited", r#"{"accountId": "456", "amount": 20.5, "balance": 20.5}"#);
-    w("account-123", "Withdrawn", r#"{"accountId": "123", "amount": 30, "balance": 70}"#);
+    w(
+        "account:command-123",
+        "Open",
+        r#"{"accountId": "123", "customerId": "c-1"}"#,
+    );
+    w(
+        "account-123",
+        "Opened",
+        r#"{"accountId": "123", "customerId": "c-1", "balance": 0}"#,
+    );
+    w(
+        "account-456",
+        "Opened",
+        r#"{"accountId": "456", "customerId": "c-2", "balance": 0}"#,
+    );
+    w(
+        "account-123",
+        "Deposited",
+        r#"{"accountId": "123", "amount": 100, "balance": 100}"#,
+    );
+    w(
+        "account-456",
+        "Deposited",
+        r#"{"accountId": "456", "amount": 20.5, "balance": 20.5}"#,
+    );
+    w(
+        "account-123",
+        "Withdrawn",
+        r#"{"accountId": "123", "amount": 30, "balance": 70}"#,
+    );
     // Written to the category's name alone: no ID after a `-`, so no aggregate ID.
-    w("account", "Deposited", r#"{"accountId": "789", "amount": 5, "balance": 5}"#);
+    w(
+        "account",
+        "Deposited",
+        r#"{"accountId": "789", "amount": 5, "balance": 5}"#,
+    );
     let batch = [
         r#"{"accountId": "456", "amount": 0.5, "balance": 21}"#,
         r#"{"accountId": "456", "amount": 9, "balance": 30}"#,
@@ -85,7 +113,13 @@ pub fn framework() -> Framework {
     let mut tx = String::from("begin;");
     for data in batch {
         n += 1;
-        tx.push_str(&write(n, "account-456", "Deposited", data, "account:command-456"));
+        tx.push_str(&write(
+            n,
+            "account-456",
+            "Deposited",
+            data,
+            "account:command-456",
+        ));
     }
     tx.push_str("commit;");
     writes.push(tx);

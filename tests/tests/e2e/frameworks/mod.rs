@@ -11,6 +11,9 @@
 //!
 //! Shared helpers only here; one file per framework.
 
+mod axon;
+mod debezium;
+mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
 mod marten;
@@ -18,6 +21,8 @@ mod masstransit;
 mod message_db;
 mod nservicebus;
 mod spring_modulith;
+mod watermill;
+mod wolverine;
 
 use std::time::Duration;
 
@@ -164,11 +169,14 @@ impl Framework {
 
     async fn stream_and_check(&self, db: &TestDb, slot: &str, mut d: Daemon, run: &str) {
         let what = format!("{} ({run})", self.preset);
-        let active =
-            format!("select count(*) from pg_replication_slots where slot_name = '{slot}' and active");
-        eventually(Duration::from_secs(60), &format!("{what}: streaming"), || async {
-            db.psql(&active) == "1"
-        })
+        let active = format!(
+            "select count(*) from pg_replication_slots where slot_name = '{slot}' and active"
+        );
+        eventually(
+            Duration::from_secs(60),
+            &format!("{what}: streaming"),
+            || async { db.psql(&active) == "1" },
+        )
         .await;
         for w in &self.writes {
             db.psql(w);
@@ -180,11 +188,15 @@ impl Framework {
         }
         let dead = "select count(*) from walfold.dead_letter where subscriber_id is null";
         let expected_dead = self.dead_letters.len().to_string();
-        eventually(Duration::from_secs(60), &format!("{what}: the read model"), || async {
-            db.psql(self.read_model) == fold
-                && db.psql("select count(*) from walfold.event_log") == self.events.to_string()
-                && db.psql(dead) == expected_dead
-        })
+        eventually(
+            Duration::from_secs(60),
+            &format!("{what}: the read model"),
+            || async {
+                db.psql(self.read_model) == fold
+                    && db.psql("select count(*) from walfold.event_log") == self.events.to_string()
+                    && db.psql(dead) == expected_dead
+            },
+        )
         .await;
         // Settled: nothing arrives later to count twice.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -199,7 +211,11 @@ impl Framework {
              from walfold.dead_letter where subscriber_id is null",
         );
         let letters: Vec<&str> = letters.lines().collect();
-        assert_eq!(letters.len(), self.dead_letters.len(), "{what}: {letters:?}");
+        assert_eq!(
+            letters.len(),
+            self.dead_letters.len(),
+            "{what}: {letters:?}"
+        );
         for (letter, wanted) in letters.iter().zip(self.dead_letters) {
             assert!(
                 letter.to_lowercase().contains(wanted),

@@ -34,7 +34,8 @@ create index if not exists event_publication_by_completion_date_idx on event_pub
 create table customer_revenue (customer_id text primary key, orders integer not null, total numeric not null);
 "#;
 
-const INVENTORY: &str = "com.example.inventory.InventoryManagement.on(com.example.order.OrderCompleted)";
+const INVENTORY: &str =
+    "com.example.inventory.InventoryManagement.on(com.example.order.OrderCompleted)";
 const NOTIFY_COMPLETED: &str =
     "com.example.notification.NotificationService.on(com.example.order.OrderCompleted)";
 const NOTIFY_SHIPPED: &str =
