@@ -98,7 +98,7 @@ async fn eventsourcing_folds_its_stored_events_by_composite_identity_through_the
         writes,
         later: Vec::new(),
         events: 6,
-        dead_letters: &["payload"],
+        dead_letters: &["column `state` is bytes that are not utf-8"],
         read_model: "select string_agg(account_id || ' ' || full_name || ' ' || balance || ' ' || events, ', ' \
                      order by account_id) from account_balance",
         fold: r#"select string_agg(account_id || ' ' || full_name || ' ' || balance || ' ' || events, ', '

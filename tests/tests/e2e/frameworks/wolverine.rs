@@ -167,7 +167,8 @@ async fn wolverine_folds_its_outgoing_envelopes_through_the_readme_and_init() {
         // The transport took them.
         later: vec!["delete from wolverine.wolverine_outgoing_envelopes;".into()],
         events: 4,
-        dead_letters: &["payload"],
+        // The README's aggregate_id reads the JSON first and fails there; init's payload.
+        dead_letters: &["utf"],
         read_model: "select string_agg(order_id || ' ' || messages || ' ' || total, ', ' order by order_id) \
                      from order_totals",
         fold: r#"select string_agg(order_id || ' ' || messages || ' ' || total, ', ' order by order_id)
