@@ -121,8 +121,7 @@ fn writes(lob: bool) -> Vec<String> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn axon_with_a_bytea_payload_folds_through_the_readme_and_init() {
+pub fn framework() -> Framework {
     let ddl: &'static str = DDL.replace("{lob}", "bytea").leak();
     Framework {
         preset: "axon",
@@ -149,8 +148,11 @@ async fn axon_with_a_bytea_payload_folds_through_the_readme_and_init() {
                        from domain_event_entry where get_byte(payload, 0) = 123
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axon_with_a_bytea_payload_folds_through_the_readme_and_init() {
+    framework().run().await;
 }
 
 /// The expected refusal of Hibernate's default mapping: the column, the reason, the fix.

@@ -68,8 +68,7 @@ fn created(id: &str, order: i64, lines: &[(i64, &str, u32)]) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn debezium_folds_its_quarkus_outbox_through_the_readme_and_init() {
+pub fn framework() -> Framework {
     let writes = vec![
         created(
             "b1a7c0de-0000-4000-8000-000000000001",
@@ -112,7 +111,8 @@ async fn debezium_folds_its_quarkus_outbox_through_the_readme_and_init() {
         later: Vec::new(),
         events: 3,
         dead_letters: &["payload"],
-        read_model: "select string_agg(order_id || ' ' || lines || ' ' || total, ', ' order by order_id) \
+        read_model:
+            "select string_agg(order_id || ' ' || lines || ' ' || total, ', ' order by order_id) \
                      from order_lines",
         fold: r#"select string_agg(order_id || ' ' || lines || ' ' || total, ', ' order by order_id)
                  from (select p->>'id' as order_id, count(*) as lines, sum((l->>'totalPrice')::numeric) as total
@@ -120,6 +120,9 @@ async fn debezium_folds_its_quarkus_outbox_through_the_readme_and_init() {
                             jsonb_array_elements(p->'lineItems') l
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_folds_its_quarkus_outbox_through_the_readme_and_init() {
+    framework().run().await;
 }

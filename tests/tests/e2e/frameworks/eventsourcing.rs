@@ -68,8 +68,7 @@ fn save(events: &[(&str, i64, &str, String)]) -> String {
     tx
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eventsourcing_folds_its_stored_events_by_composite_identity_through_the_readme_and_init() {
+pub fn framework() -> Framework {
     let writes = vec![
         // Both accounts start at version 1: only the composite tells their events apart.
         save(&[(ALICE, 1, "Opened", opened("Alice")), (ALICE, 2, "TransactionAppended", appended("100.00"))]),
@@ -110,6 +109,9 @@ async fn eventsourcing_folds_its_stored_events_by_composite_identity_through_the
                        from bankaccounts_events where get_byte(state, 0) = 123
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventsourcing_folds_its_stored_events_by_composite_identity_through_the_readme_and_init() {
+    framework().run().await;
 }

@@ -248,6 +248,11 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         message_db::framework(),
         nservicebus::framework(),
         spring_modulith::framework(),
+        wolverine::framework(),
+        watermill::framework(),
+        axon::framework(),
+        eventsourcing::framework(),
+        debezium::framework(),
     ];
     for f in &all {
         let db = bare_db(&format!("fw_sql_{}", f.preset));

@@ -61,8 +61,7 @@ fn publish(messages: &[Message]) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watermill_folds_a_topic_table_through_the_readme_and_init() {
+pub fn framework() -> Framework {
     let placed_b = "01JEQ3D2W8K9Z5N7B4C6V1X0TR";
     let writes = vec![
         // Two events published in one call (one insert), then one with a ULID.
@@ -122,6 +121,9 @@ async fn watermill_folds_a_topic_table_through_the_readme_and_init() {
                              where metadata->>'name' is not null order by uuid, "offset") m
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watermill_folds_a_topic_table_through_the_readme_and_init() {
+    framework().run().await;
 }

@@ -120,8 +120,7 @@ const MSGPACK: &str = "application/x-msgpack";
 const PLACED: &str = "Sales.Contracts.OrderPlaced";
 const AMENDED: &str = "Sales.Contracts.OrderAmended";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wolverine_folds_its_outgoing_envelopes_through_the_readme_and_init() {
+pub fn framework() -> Framework {
     let id = |n: u32| format!("08dd1a2b-3c4d-5e6f-{n:04x}-0242ac120005");
     let writes = vec![
         // The handler's transaction: its business rows, then its cascading messages.
@@ -179,6 +178,9 @@ async fn wolverine_folds_its_outgoing_envelopes_through_the_readme_and_init() {
                                and position(convert_to('application/x-msgpack', 'UTF8') in body) = 0) e
                        group by 1) f"#,
     }
-    .run()
-    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wolverine_folds_its_outgoing_envelopes_through_the_readme_and_init() {
+    framework().run().await;
 }
