@@ -646,3 +646,73 @@ fn extra_target_mistakes_name_their_keys() {
         problems(&other_schema)
     );
 }
+
+#[test]
+fn outbox_fields_are_columns_or_expressions_and_what_cannot_be_is_refused_by_key() {
+    let with = |fields: &str| {
+        MINIMAL.replace(
+            "table = \"public.outbox\"",
+            &format!("table = \"public.outbox\"\n{fields}"),
+        )
+    };
+    let c = Config::from_toml(
+        &with(
+            "id = [\"stream_name\", \"position\"]\naggregate_type = \"'order'\"\n\
+             aggregate_id = \"split_part(stream_name, '-', 2)\"\nwhere = \"type <> 'x'\"",
+        ),
+        vec![],
+    )
+    .unwrap();
+    let o = &c.outbox[0];
+    let names: Vec<String> = o.fields().iter().map(|f| f.name()).collect();
+    assert_eq!(&names[..3], ["id[0]", "id[1]", "aggregate_type"]);
+    assert!(names.contains(&"where".to_owned()));
+    assert!(o.fields()[0].is_column());
+    assert!(!o.fields()[2].is_column(), "a constant is an expression");
+    for (fields, key, says) in [
+        (
+            "aggregate_id = \"nosuch(stream)\"",
+            "outbox[0].aggregate_id",
+            "nosuch",
+        ),
+        (
+            "id = [\"a\", \"b::nosuchtype\"]",
+            "outbox[0].id[1]",
+            "nosuchtype",
+        ),
+        ("id = []", "outbox[0].id", "empty array"),
+        (
+            "preset = \"nosuch\"",
+            "outbox[0].preset",
+            "no preset is named `nosuch`",
+        ),
+    ] {
+        let found = problems(&with(fields));
+        assert!(
+            found.iter().any(|p| p.starts_with(key) && p.contains(says)),
+            "{fields}: {found:?}"
+        );
+    }
+    // A message outbox's fields are JSON keys: what is for table rows is refused.
+    let message = |fields: &str| {
+        MINIMAL.replace(
+            "table = \"public.outbox\"",
+            &format!("message_prefix = \"m\"\n{fields}"),
+        )
+    };
+    for (fields, key) in [
+        ("where = \"true\"", "outbox[0].where"),
+        ("expand = \"items\"", "outbox[0].expand"),
+        ("id = [\"a\", \"b\"]", "outbox[0].id"),
+        ("aggregate_id = \"payload->>'a'\"", "outbox[0].aggregate_id"),
+    ] {
+        let found = problems(&message(fields));
+        assert!(
+            found
+                .iter()
+                .any(|p| p.starts_with(key) && p.contains("table outboxes")),
+            "{fields}: {found:?}"
+        );
+    }
+    assert!(problems(&message("aggregate_id = \"aggregateId\"")).is_empty());
+}

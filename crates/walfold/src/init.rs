@@ -697,10 +697,15 @@ fn column_in_expression(column: &str) -> String {
 fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
     let p = r.preset;
     t.push_str(&format!(
-        "# {}: recognised by its columns (as created in {}).\n\
-         # Every field below is the preset's, written out: change any (a field set here wins).\n",
-        p.framework, p.ddl_source
+        "# {}: recognised by its columns. Its table as the framework creates it:\n",
+        p.framework
     ));
+    for source in p.ddl_source.split(", ") {
+        t.push_str(&format!("#   {source}\n"));
+    }
+    t.push_str(
+        "# Every field below is the preset's, written out: change any (a field set here wins).\n",
+    );
     t.push_str(&format!("preset = {}\n", toml_str(p.name)));
     match p.id {
         [one] => t.push_str(&format!("id = {}\n", toml_str(one))),
@@ -1176,6 +1181,24 @@ mod tests {
                     "{}: {key} neither written nor explained\n{text}",
                     p.name
                 );
+            }
+            // What init writes, `walfold run` loads.
+            let mut whole = String::new();
+            let m2 = map_table(&t).unwrap();
+            let none: [String; 0] = [];
+            whole.push_str(&render(
+                "postgresql://walfold@127.0.0.1:5432/app",
+                false,
+                std::slice::from_ref(&m2),
+                &Messages {
+                    prefixes: &none,
+                    grants: None,
+                },
+                None,
+                None,
+            ));
+            if let Err(e) = Config::from_toml(&whole, Vec::<(String, String)>::new()) {
+                panic!("{}: the written config does not load: {e}\n{whole}", p.name);
             }
             if ONE_ROW_PER.iter().any(|(name, _)| *name == p.name) {
                 assert!(

@@ -3,8 +3,10 @@
 //! UUIDs, payloads as bytes, row filters, one row as several events, and what walfold
 //! refuses (a large object's `oid`) instead of folding it wrong.
 
+use std::time::Duration;
 use walfold_config::builder::ConfigBuilder;
-use walfold_tests::{caught_up, Daemon, TestDb};
+
+use walfold_tests::{caught_up, eventually, walfold, write_config, Daemon, TestDb};
 
 /// A table whose payload is a large object (`lo_import`, JPA's `@Lob` on PostgreSQL).
 const DOCUMENTS: &str = "create table documents (id uuid, aggregate_type text, \
@@ -90,4 +92,225 @@ async fn a_large_object_payload_is_refused_at_start_and_when_a_column_becomes_on
         "t",
         "the slot was acknowledged past the row"
     );
+}
+
+/// A shipping service's log (our own schema, no framework's): text references as
+/// event IDs, the stream's type and ID in one column, bytes holding JSON, a flag for the
+/// rows that are events.
+const SHIPMENTS: &str = "create table shipment_log (ref text, stream text, seq bigint, \
+     kind text, body bytea, filed boolean not null default true)";
+
+/// One row per batch of parcel scans: each element of `items` is an event, identified
+/// by the batch and the element's `n` together.
+const PARCELS: &str = "create table parcel_batch (batch_id bigint, items jsonb)";
+
+const SHIPMENT_FIELDS: &str = r#"id = "ref"
+aggregate_type = "split_part(stream, '-', 1)"
+aggregate_id = "split_part(stream, '-', 2)::bigint::text"
+event_type = "kind"
+version = "seq"
+payload = "body"
+where = "filed""#;
+
+fn shipments_config(db: &TestDb) -> String {
+    config_on(db, "public.shipment_log", SHIPMENT_FIELDS)
+}
+
+/// A shipment row; `body` is JSON text, stored as its UTF-8 bytes.
+fn shipment(reference: &str, stream: &str, seq: i64, body: &str) -> String {
+    format!(
+        "insert into shipment_log (ref, stream, seq, kind, body) values \
+         ('{reference}', '{stream}', {seq}, 'Moved', convert_to('{body}', 'UTF8'));"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_ids_bytes_and_expressions_fold_once_and_a_failing_row_dead_letters_alone() {
+    let db = TestDb::new("map_text");
+    db.psql(SHIPMENTS);
+    db.psql(PARCELS);
+    db.psql(SEEN);
+    let config = shipments_config(&db).replace(
+        "[[projection]]",
+        r#"[[outbox]]
+table = "public.parcel_batch"
+expand = "items"
+id = ["batch_id", "element->>'n'"]
+aggregate_type = "'parcel'"
+aggregate_id = "element->>'parcel'"
+event_type = "'Scanned'"
+payload = "element"
+
+[[projection]]"#,
+    );
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    db.psql(&format!(
+        "begin; {} {} {} commit;",
+        shipment("SHP-0001", "shipment-1", 1, r#"{"at": "dock"}"#),
+        // The same reference written twice (a producer's retry): one event.
+        shipment("SHP-0001", "shipment-1", 1, r#"{"at": "dock"}"#),
+        shipment("SHP-0002", "shipment-1", 2, r#"{"at": "truck"}"#),
+    ));
+    // Not filed: no event, no dead letter.
+    db.psql(
+        "insert into shipment_log values ('SHP-0003', 'shipment-1', 3, 'Moved', \
+         convert_to('{}', 'UTF8'), false)",
+    );
+    // Its aggregate ID does not cast to bigint: dead-lettered; the next row folds.
+    db.psql(&shipment("SHP-0004", "shipment-x", 1, "{}"));
+    db.psql(&shipment("SHP-0005", "shipment-2", 1, r#"{"at": "hub"}"#));
+    // A batch of three scans, the second without its parcel: two events, one dead letter.
+    db.psql(
+        r#"insert into parcel_batch values (7, '[{"n": 1, "parcel": "p-1"}, {"n": 2}, {"n": 3, "parcel": "p-2"}]')"#,
+    );
+    caught_up(&client, 5, 1).await;
+    assert_eq!(
+        db.psql(
+            "select string_agg(producer_id || '=' || aggregate_type || '/' || aggregate_id \
+             || '/' || coalesce(version::text, '-'), ' ' order by seq) from walfold.event_log"
+        ),
+        r#"SHP-0001=shipment/1/1 SHP-0002=shipment/1/2 SHP-0005=shipment/2/1 ["7","1"]=parcel/p-1/- ["7","3"]=parcel/p-2/-"#
+    );
+    assert_eq!(
+        db.psql("select string_agg(payload::text, ' ' order by aggregate_id, event_id) from seen where aggregate_type = 'shipment'"),
+        r#"{"at": "dock"} {"at": "truck"} {"at": "hub"}"#,
+        "bytes read as JSON"
+    );
+    // The event IDs are UUIDv5 of the producer's values (as uuid-ossp's
+    // uuid_generate_v5 under walfold's namespace computes them), the same on every read.
+    assert_eq!(
+        db.psql("select event_id from walfold.event_log where producer_id = 'SHP-0001'"),
+        walfold_event::producer_event_id("SHP-0001").to_string()
+    );
+    let dead = db.psql(
+        "select string_agg(error, E'\\n' order by id) from walfold.dead_letter where reason = 'malformed'",
+    );
+    assert!(
+        dead.contains(
+            "aggregate_id (`split_part(stream, '-', 2)::bigint::text`): invalid input syntax for type bigint"
+        ),
+        "{dead}"
+    );
+    assert!(
+        dead.contains("element 1: aggregate_id (`element->>'parcel'`) is null"),
+        "{dead}"
+    );
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "2");
+    assert_eq!(
+        db.psql(
+            "select raw->'element'->>'index' from walfold.dead_letter where error like 'element%'"
+        ),
+        "1"
+    );
+    assert_eq!(
+        db.psql("select duplicates || '/' || ignored_changes from walfold.ingest_position"),
+        "1/1",
+        "the retried reference is a duplicate; the unfiled row is counted as ignored"
+    );
+    // walfold events shows the producer's ID.
+    let cfg = write_config(&config);
+    let (code, out, err) = walfold(&["events", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(r#""producer_id":"SHP-0002""#) || out.contains(r#""producer_id": "SHP-0002""#),
+        "{out}"
+    );
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_ids_survive_kill_9_mid_stream_without_doubles() {
+    let db = TestDb::new("map_kill");
+    db.psql(SHIPMENTS);
+    db.psql(SEEN);
+    let config = shipments_config(&db);
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    let write = |from: usize, to: usize| {
+        let rows: String = (from..to)
+            .map(|i| {
+                shipment(
+                    &format!("SHP-{i:05}"),
+                    &format!("shipment-{}", i % 17),
+                    i as i64,
+                    "{}",
+                )
+            })
+            .collect();
+        db.psql(&format!("begin; {rows} commit;"));
+    };
+    for chunk in 0..10 {
+        write(chunk * 50, chunk * 50 + 50);
+        if chunk == 4 {
+            d.kill_and_restart(None);
+        }
+    }
+    // Every reference again, as a producer that retried everything would.
+    write(0, 500);
+    d.kill_and_restart(None);
+    write(500, 600);
+    caught_up(&client, 600, 1).await;
+    assert_eq!(
+        db.psql("select count(*) || '/' || count(distinct producer_id) from walfold.event_log"),
+        "600/600"
+    );
+    assert_eq!(db.psql("select count(*) from seen"), "600");
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_finds_text_id_rows_the_slot_missed_and_doubles_none() {
+    let db = TestDb::new("map_backfill");
+    db.psql(SHIPMENTS);
+    db.psql(SEEN);
+    let config = shipments_config(&db);
+    // Written before walfold's slot existed: the stream never sees them.
+    let before: String = (0..30)
+        .map(|i| shipment(&format!("OLD-{i}"), "shipment-1", i, "{}"))
+        .collect();
+    db.psql(&before);
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    let after: String = (0..20)
+        .map(|i| shipment(&format!("NEW-{i}"), "shipment-2", i, "{}"))
+        .collect();
+    db.psql(&after);
+    caught_up(&client, 20, 1).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let cfg = write_config(&config);
+    let backfill = || {
+        walfold(
+            &[
+                "backfill",
+                "--outbox",
+                "public.shipment_log",
+                "--batch",
+                "7",
+                "-c",
+                cfg.to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    let (code, out, err) = backfill();
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        db.psql("select count(*) || '/' || count(distinct producer_id) from walfold.event_log"),
+        "50/50",
+        "{out}{err}"
+    );
+    // Again: everything is a duplicate.
+    let (code, out, err) = backfill();
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(db.psql("select count(*) from walfold.event_log"), "50");
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    db.psql(&shipment("NEW-20", "shipment-2", 20, "{}"));
+    caught_up(&client, 51, 1).await;
+    eventually(
+        Duration::from_secs(30),
+        "the read model to hold every event",
+        || async { db.psql("select count(*) from seen") == "51" },
+    )
+    .await;
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }

@@ -104,6 +104,7 @@ pub fn framework() -> Framework {
         history: Vec::new(),
         writes,
         later: vec!["update eventuate.events set published = 1;".into()],
+        text_ids: true,
         events: 5,
         dead_letters: &["json"],
         read_model: "select string_agg(account_id || ' ' || balance, ', ' order by account_id) from account_balance",

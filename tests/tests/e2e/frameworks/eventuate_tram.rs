@@ -111,6 +111,7 @@ pub fn framework() -> Framework {
         writes,
         // The CDC service marks what it relayed.
         later: vec!["update eventuate.message set published = 1;".into()],
+        text_ids: true,
         events: 4,
         dead_letters: &["json"],
         read_model:

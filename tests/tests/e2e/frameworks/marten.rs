@@ -138,8 +138,9 @@ pub fn framework() -> Framework {
         history: Vec::new(),
         writes,
         later: Vec::new(),
+        text_ids: false,
         events: 5,
-        dead_letters: &["payload"],
+        dead_letters: &["is null"],
         read_model: "select string_agg(order_id || ' ' || status || ' ' || total || ' v' || version, ', ' \
                      order by order_id) from order_view",
         fold: "select string_agg(order_id || ' ' || status || ' ' || total || ' v' || version, ', ' \

@@ -232,6 +232,7 @@ pub fn framework() -> Framework {
         later: vec![
             "begin; delete from \"OutboxMessage\"; delete from \"OutboxState\"; commit;".into(),
         ],
+        text_ids: false,
         events: 5,
         dead_letters: &["json"],
         read_model:

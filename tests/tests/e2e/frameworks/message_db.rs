@@ -130,6 +130,7 @@ pub fn framework() -> Framework {
         history: Vec::new(),
         writes,
         later: Vec::new(),
+        text_ids: false,
         events: 8,
         dead_letters: &["aggregate_id"],
         read_model: "select string_agg(account_id || ' ' || balance || ' v' || version, ', ' \

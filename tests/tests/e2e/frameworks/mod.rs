@@ -94,6 +94,9 @@ pub struct Framework {
     /// What it does to those rows later (marks them dispatched, deletes them): run after
     /// the expected fold is computed. walfold must not see these as events.
     pub later: Vec<String>,
+    /// Its producer IDs are no UUIDs (Eventuate's Int128 strings): each event's ID is
+    /// derived from it and the ID kept as `producer_id`.
+    pub text_ids: bool,
     /// Events in the event log afterwards (distinct producer IDs that are events).
     pub events: i64,
     /// Each ingest dead letter, in order: text its `reason: error` must contain (lower
@@ -146,6 +149,7 @@ impl Framework {
             "{}: init recognises the table\n{text}",
             self.preset
         );
+        eprintln!("{}: walfold init wrote\n{text}", self.preset);
         if self.init_read_model.is_none() {
             text.push('\n');
             text.push_str(projections_of(&readme_block(self.preset)));
@@ -210,6 +214,10 @@ impl Framework {
             "select string_agg(reason || ': ' || error, E'\\n' order by id) \
              from walfold.dead_letter where subscriber_id is null",
         );
+        let kept = db.psql("select count(producer_id) from walfold.event_log");
+        let expected_kept = if self.text_ids { self.events } else { 0 };
+        assert_eq!(kept, expected_kept.to_string(), "{what}: producer IDs kept");
+        eprintln!("{what}: dead letters\n{letters}");
         let letters: Vec<&str> = letters.lines().collect();
         assert_eq!(
             letters.len(),

@@ -137,6 +137,7 @@ pub fn framework() -> Framework {
              (select \"MessageId\" from \"public\".\"Sales_OutboxData\" where \"Dispatched\" = true limit 2);"
                 .into(),
         ],
+        text_ids: false,
         events: 4,
         dead_letters: &["json"],
         read_model: "select string_agg(order_id || ' ' || amount, ', ' order by order_id) from order_billing",

@@ -95,6 +95,7 @@ pub fn framework() -> Framework {
              where completion_date is null;"
                 .into(),
         ],
+        text_ids: false,
         events: 3,
         dead_letters: &["json"],
         read_model: "select string_agg(customer_id || ' ' || orders || ' ' || total, ', ' order by customer_id) \
