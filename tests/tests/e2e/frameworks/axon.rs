@@ -130,6 +130,7 @@ pub fn framework() -> Framework {
         history: Vec::new(),
         writes: writes(false),
         // A tracking processor stores its token.
+        text_ids: false,
         later: vec![
             "insert into token_entry (processor_name, segment, owner, timestamp, token, token_type) \
              values ('io.axoniq.demo.giftcard.query', 0, '1@host', now()::text, convert_to('{\"index\":53}', 'UTF8'), \

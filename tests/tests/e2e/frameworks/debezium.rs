@@ -108,6 +108,7 @@ pub fn framework() -> Framework {
         init_read_model: None,
         history: Vec::new(),
         writes,
+        text_ids: false,
         later: Vec::new(),
         events: 3,
         dead_letters: &["payload"],

@@ -95,6 +95,7 @@ pub fn framework() -> Framework {
         init_read_model: None,
         history: Vec::new(),
         writes,
+        text_ids: true,
         later: Vec::new(),
         events: 6,
         dead_letters: &["column `state` is bytes that are not utf-8"],

@@ -64,34 +64,25 @@ fn publish(messages: &[Message]) -> String {
 pub fn framework() -> Framework {
     let placed_b = "01JEQ3D2W8K9Z5N7B4C6V1X0TR";
     let writes = vec![
-        // Two events published in one call (one insert), then one with a ULID.
+        // The event bus's marshaler set up with `NewUUID: watermill.NewULID`: every
+        // message ID a ULID, no UUID. Two events published in one call (one insert).
         publish(&[
-            event(
-                "7c3e1f7e-5b8a-4d8e-9f61-1d2a3b4c5d01",
-                "OrderPlaced",
-                "o-1",
-                "30.5",
-            ),
-            event(
-                "7c3e1f7e-5b8a-4d8e-9f61-1d2a3b4c5d02",
-                "OrderLineAdded",
-                "o-1",
-                "4.5",
-            ),
+            event("01JEQ3D2W8K9Z5N7B4C6V1X0TN", "OrderPlaced", "o-1", "30.5"),
+            event("01JEQ3D2W8K9Z5N7B4C6V1X0TP", "OrderLineAdded", "o-1", "4.5"),
         ]),
         publish(&[event(placed_b, "OrderPlaced", "o-2", "12.25")]),
         // The publish of o-2's event retried after a lost acknowledgement: the same
         // message again, in a transaction of its own.
         publish(&[event(placed_b, "OrderPlaced", "o-2", "12.25")]),
         publish(&[event(
-            "7c3e1f7e-5b8a-4d8e-9f61-1d2a3b4c5d03",
+            "01JEQ3D2W8K9Z5N7B4C6V1X0TS",
             "OrderLineAdded",
             "o-2",
             "7",
         )]),
         // Published with the plain publisher, no marshaler: no name.
         publish(&[(
-            "7c3e1f7e-5b8a-4d8e-9f61-1d2a3b4c5d04",
+            "01JEQ3D2W8K9Z5N7B4C6V1X0TT",
             "{}".to_owned(),
             r#"{"order_id":"o-3","amount":1}"#.to_owned(),
         )]),
@@ -103,6 +94,7 @@ pub fn framework() -> Framework {
         history: Vec::new(),
         writes,
         // A consumer group acks what it processed.
+        text_ids: true,
         later: vec![
             "insert into \"watermill_offsets_orders\" (offset_acked, last_processed_transaction_id, consumer_group) \
              select max(\"offset\"), max(transaction_id), 'billing' from \"watermill_orders\" \

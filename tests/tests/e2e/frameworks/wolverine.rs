@@ -164,6 +164,7 @@ pub fn framework() -> Framework {
         )],
         writes,
         // The transport took them.
+        text_ids: false,
         later: vec!["delete from wolverine.wolverine_outgoing_envelopes;".into()],
         events: 4,
         // The README's aggregate_id reads the JSON first and fails there; init's payload.
