@@ -146,7 +146,10 @@ struct Recognised {
 /// Presets whose table holds one row per event *and* per value of a column (Spring
 /// Modulith: one per listener): each value's rows are every event once, so init keeps
 /// one value's rows (`where`), the first it finds, and lists the others.
-const ONE_ROW_PER: &[(&str, &str)] = &[("spring_modulith", "listener_id")];
+const ONE_ROW_PER: &[(&str, &str)] = &[
+    ("spring_modulith", "listener_id"),
+    ("wolverine", "destination"),
+];
 
 /// The presets whose columns the table has (compared without case), in `PRESETS`
 /// order: a framework's table is its first.

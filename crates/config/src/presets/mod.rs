@@ -5,6 +5,9 @@
 //!
 //! One file per framework; each cites where its table's DDL comes from.
 
+mod axon;
+mod debezium;
+mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
 mod marten;
@@ -12,6 +15,8 @@ mod masstransit;
 mod message_db;
 mod nservicebus;
 mod spring_modulith;
+mod watermill;
+mod wolverine;
 
 /// One framework's table and where each event field sits in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +49,11 @@ pub const PRESETS: &[Preset] = &[
     eventuate_tram::EVENTUATE_TRAM,
     eventuate_local::EVENTUATE_LOCAL,
     spring_modulith::SPRING_MODULITH,
+    wolverine::WOLVERINE,
+    watermill::WATERMILL,
+    axon::AXON,
+    eventsourcing::EVENTSOURCING,
+    debezium::DEBEZIUM,
 ];
 
 /// The preset named `name`.

@@ -11,6 +11,9 @@
 //!
 //! Shared helpers only here; one file per framework.
 
+mod axon;
+mod debezium;
+mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
 mod marten;
@@ -18,6 +21,8 @@ mod masstransit;
 mod message_db;
 mod nservicebus;
 mod spring_modulith;
+mod watermill;
+mod wolverine;
 
 use std::time::Duration;
 
@@ -251,6 +256,11 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         message_db::framework(),
         nservicebus::framework(),
         spring_modulith::framework(),
+        wolverine::framework(),
+        watermill::framework(),
+        axon::framework(),
+        eventsourcing::framework(),
+        debezium::framework(),
     ];
     for f in &all {
         let db = bare_db(&format!("fw_sql_{}", f.preset));
