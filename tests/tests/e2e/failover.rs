@@ -90,18 +90,32 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         primary.port(),
         standby.port()
     );
+    // The stop daemon reads libpq's key=value form, the standby listed first: its SQL
+    // and replication sessions alike must pick the primary (setup on the standby would
+    // fail, and a standby cannot decode), and its target is key=value too.
+    let conninfo = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={db} \
+         target_session_attrs=read-write",
+        standby.port(),
+        primary.port()
+    );
     let (recreate_target, stop_target) = (TestDb::new("fo_recreate"), TestDb::new("fo_stop"));
-    let config = |target: &TestDb, slot: &str, mode: &str| {
-        config_builder(&url)
+    let stop_target_conninfo = format!(
+        "host=127.0.0.1 port={} user=postgres dbname={}",
+        stop_target.cluster.port(),
+        stop_target.name
+    );
+    let config = |url: &str, target: &str, slot: &str, mode: &str| {
+        config_builder(url)
             .source("slot", slot)
             .source("on_slot_lost", mode)
-            .set("target", "url", target.url())
+            .set("target", "url", target)
             .set("log", "level", "info")
             .text(PROJECTIONS)
             .to_toml()
     };
-    let recreate_cfg = config(&recreate_target, "walfold_recreate", "recreate");
-    let stop_cfg = config(&stop_target, "walfold_stop", "stop");
+    let recreate_cfg = config(&url, &recreate_target.url(), "walfold_recreate", "recreate");
+    let stop_cfg = config(&conninfo, &stop_target_conninfo, "walfold_stop", "stop");
     let mut recreate = Daemon::start(&recreate_cfg, &[]);
     let mut stop = Daemon::start(&stop_cfg, &[]);
     let source = walfold_store::connect(&primary.url(&db)).await.unwrap();

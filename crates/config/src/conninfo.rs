@@ -1,0 +1,286 @@
+//! Connection strings in both forms libpq takes: a URL (`postgresql://a:5432,b:5433/db?
+//! target_session_attrs=read-write`) and key=value pairs (`host=a,b port=5432,5433
+//! dbname=db target_session_attrs=read-write`). One reading of each, so the config's
+//! validation, the store's SQL connections and the replication client agree on what a
+//! string means, and a problem is reported at load naming its key.
+
+/// Keys walfold accepts, in either form: what its SQL driver (tokio-postgres) takes,
+/// plus `sslrootcert` (walfold's TLS reads it). Anything else (`service`, `passfile`,
+/// `sslcert`) would be ignored or fail only at connect: refused at load instead.
+pub const KEYS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslrootcert",
+    "sslnegotiation",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
+const SSL_MODES: &[&str] = &["disable", "prefer", "require", "verify-ca", "verify-full"];
+
+/// `target_session_attrs` values walfold takes: it writes on both sides, so only a
+/// server that accepts writes will do (`primary` is libpq's other name for it here).
+const SESSION_ATTRS: &[&str] = &["any", "read-write", "primary"];
+
+/// Whether `s` is the URL form (else it is read as key=value pairs).
+pub fn is_url(s: &str) -> bool {
+    s.starts_with("postgresql://") || s.starts_with("postgres://")
+}
+
+/// libpq's key=value form: `key = value` separated by whitespace, a value bare (a `\`
+/// escapes the next character) or in single quotes (`'a value'`, `\'` and `\\` inside).
+/// Errors name the key (never a value: it may be a password).
+pub fn parse_pairs(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    let mut it = s.chars().peekable();
+    loop {
+        while it.next_if(|c| c.is_whitespace()).is_some() {}
+        if it.peek().is_none() {
+            return Ok(out);
+        }
+        let mut key = String::new();
+        while let Some(c) = it.next_if(|c| !c.is_whitespace() && *c != '=') {
+            key.push(c);
+        }
+        while it.next_if(|c| c.is_whitespace()).is_some() {}
+        if it.next() != Some('=') {
+            return Err(format!(
+                "`{key}` has no `=` (key=value pairs: `host=a,b dbname=app`)"
+            ));
+        }
+        while it.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if it.next_if_eq(&'\'').is_some() {
+            loop {
+                match it.next() {
+                    None => return Err(format!("`{key}`: its quoted value has no closing `'`")),
+                    Some('\'') => break,
+                    Some('\\') => value.extend(it.next()),
+                    Some(c) => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = it.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.extend(it.next());
+                } else {
+                    value.push(c);
+                }
+            }
+            if value.is_empty() {
+                return Err(format!(
+                    "`{key}` has no value (quote an empty one: {key}='')"
+                ));
+            }
+        }
+        out.push((key, value));
+    }
+}
+
+/// Pairs as key=value text that [`parse_pairs`] reads back the same: every value quoted.
+pub fn render_pairs(pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The parameters of a URL's query (`?a=1&b=2`), not decoded.
+fn url_params(url: &str) -> Vec<(&str, &str)> {
+    url.split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or("")
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
+        .collect()
+}
+
+/// What is wrong with a connection string, each problem naming its key; empty when
+/// walfold can use it.
+pub fn problems(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if !is_url(s) && s.contains("://") {
+        return vec!["must be a URL like postgresql://user@host:5432/dbname".into()];
+    }
+    let pairs: Vec<(String, String)> = if is_url(s) {
+        url_params(s)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    } else {
+        match parse_pairs(s) {
+            Ok(p) if p.is_empty() => {
+                return vec![
+                    "must be a URL like postgresql://user@host:5432/dbname or key=value pairs \
+                     like `host=a,b port=5432 dbname=app`"
+                        .into(),
+                ]
+            }
+            Ok(p) => p,
+            Err(e) => return vec![e],
+        }
+    };
+    for (key, value) in &pairs {
+        let value = value.as_str();
+        match key.as_str() {
+            k if !KEYS.contains(&k) => out.push(format!(
+                "`{k}` is not a connection key walfold supports ({})",
+                KEYS.join(", ")
+            )),
+            "sslmode" if !SSL_MODES.contains(&value) => out.push(format!(
+                "sslmode `{value}` is not one of {}",
+                SSL_MODES.join(", ")
+            )),
+            "target_session_attrs" if !SESSION_ATTRS.contains(&value) => out.push(format!(
+                "target_session_attrs `{value}`: walfold writes, so it needs the server that \
+                 accepts writes (`read-write`; several hosts choose it by themselves)"
+            )),
+            "port"
+                if value
+                    .split(',')
+                    .any(|p| !p.is_empty() && !p.parse::<u16>().is_ok_and(|p| p > 0)) =>
+            {
+                out.push(format!(
+                    "port `{value}` is not a port number (or one per host: 5432,5433)"
+                ));
+            }
+            _ => {}
+        }
+    }
+    if !is_url(s) {
+        let count = |key: &str| {
+            pairs
+                .iter()
+                .rfind(|(k, _)| k == key)
+                .map(|(_, v)| v.split(',').count())
+        };
+        let hosts = count("host").or(count("hostaddr"));
+        match (hosts, count("port")) {
+            (None, _) => out.push(
+                "`host` is missing (a name, an address or a socket directory; several for a \
+                 primary and its standbys: host=a,b)"
+                    .into(),
+            ),
+            (Some(h), Some(p)) if p != 1 && p != h => out.push(format!(
+                "`port` gives {p} ports for {h} hosts: give one port for all or one per host"
+            )),
+            _ => {}
+        }
+        if let (Some(h), Some(a)) = (count("host"), count("hostaddr")) {
+            if h != a {
+                out.push(format!(
+                    "`hostaddr` gives {a} addresses for {h} hosts: give one per host"
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(s: &str) -> Vec<(String, String)> {
+        parse_pairs(s).unwrap()
+    }
+
+    #[test]
+    fn reads_key_value_pairs_as_libpq_does() {
+        assert_eq!(
+            pairs("host=a,b  port = 5432,5433 dbname='my db' password='it\\'s' user=u\\ v"),
+            [
+                ("host", "a,b"),
+                ("port", "5432,5433"),
+                ("dbname", "my db"),
+                ("password", "it's"),
+                ("user", "u v"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        assert_eq!(pairs("  "), vec![]);
+        assert_eq!(
+            pairs("application_name=''"),
+            [("application_name".into(), String::new())]
+        );
+        assert!(parse_pairs("host")
+            .unwrap_err()
+            .contains("`host` has no `=`"));
+        assert!(parse_pairs("host=")
+            .unwrap_err()
+            .contains("`host` has no value"));
+        let e = parse_pairs("password='s3cret").unwrap_err();
+        assert!(e.contains("`password`") && !e.contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn rendered_pairs_read_back_the_same() {
+        let p = pairs("host=/tmp,b dbname='a \\'q\\' \\\\ b' user=x");
+        assert_eq!(parse_pairs(&render_pairs(&p)).unwrap(), p);
+    }
+
+    #[test]
+    fn problems_name_their_key() {
+        let ok = [
+            "host=a,b port=5432,5433 dbname=app target_session_attrs=read-write",
+            "host=a port=5432 dbname=app sslmode=verify-full sslrootcert=/ca.pem",
+            "hostaddr=127.0.0.1 dbname=app",
+            "host=/var/run/postgresql dbname=app",
+            "postgresql://a,b/app?target_session_attrs=read-write&sslmode=require",
+            "postgresql://u@h/app",
+        ];
+        for s in ok {
+            assert_eq!(problems(s), Vec::<String>::new(), "{s}");
+        }
+        let bad = [
+            ("host=a dbname=app sslmode=bogus", "sslmode `bogus`"),
+            (
+                "host=a,b port=1,2,3 dbname=app",
+                "`port` gives 3 ports for 2 hosts",
+            ),
+            ("host=a port=x dbname=app", "port `x` is not a port number"),
+            ("host=a servce=x", "`servce` is not a connection key"),
+            ("dbname=app", "`host` is missing"),
+            (
+                "host=a,b target_session_attrs=read-only",
+                "target_session_attrs `read-only`",
+            ),
+            (
+                "postgresql://a/app?target_session_attrs=standby",
+                "target_session_attrs",
+            ),
+            (
+                "postgresql://a/app?sslcert=/c.pem",
+                "`sslcert` is not a connection key",
+            ),
+            ("postgresql://a/app?sslmode=bogus", "sslmode `bogus`"),
+            (
+                "host=a,b hostaddr=127.0.0.1",
+                "`hostaddr` gives 1 addresses for 2 hosts",
+            ),
+            ("", "must be a URL"),
+            ("mysql://x", "must be a URL like postgresql://"),
+            ("host", "`host` has no `=`"),
+        ];
+        for (s, want) in bad {
+            let p = problems(s);
+            assert!(p.iter().any(|p| p.contains(want)), "{s}: {p:?}");
+        }
+    }
+}
