@@ -100,15 +100,39 @@ pub fn render_pairs(pairs: &[(String, String)]) -> String {
         .join(" ")
 }
 
-/// The parameters of a URL's query (`?a=1&b=2`), not decoded.
-fn url_params(url: &str) -> Vec<(&str, &str)> {
+/// The parameters of a URL's query (`?a=1&b=2`), percent-decoded as the driver does.
+fn url_params(url: &str) -> Vec<(String, String)> {
     url.split_once('?')
         .map(|(_, q)| q)
         .unwrap_or("")
         .split('&')
         .filter(|kv| !kv.is_empty())
-        .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decoded(k), percent_decoded(v))
+        })
         .collect()
+}
+
+/// `%41` as `A`; anything else as written.
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: Option<&u8>| c.and_then(|c| (*c as char).to_digit(16));
+        match (b[i], hex(b.get(i + 1)), hex(b.get(i + 2))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What is wrong with a connection string, each problem naming its key; empty when
@@ -120,9 +144,6 @@ pub fn problems(s: &str) -> Vec<String> {
     }
     let pairs: Vec<(String, String)> = if is_url(s) {
         url_params(s)
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect()
     } else {
         match parse_pairs(s) {
             Ok(p) if p.is_empty() => {
@@ -140,7 +161,8 @@ pub fn problems(s: &str) -> Vec<String> {
         let value = value.as_str();
         match key.as_str() {
             k if !KEYS.contains(&k) => out.push(format!(
-                "`{k}` is not a connection key walfold supports ({})",
+                "`{k}` is not a connection key walfold supports (in {}; it takes: {})",
+                crate::redact_url(s),
                 KEYS.join(", ")
             )),
             "sslmode" if !SSL_MODES.contains(&value) => out.push(format!(
@@ -244,6 +266,7 @@ mod tests {
             "host=/var/run/postgresql dbname=app",
             "postgresql://a,b/app?target_session_attrs=read-write&sslmode=require",
             "postgresql://u@h/app",
+            "postgresql://u@h/app?%70assword=x&sslmode=verify%2Dfull",
         ];
         for s in ok {
             assert_eq!(problems(s), Vec::<String>::new(), "{s}");

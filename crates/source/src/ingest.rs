@@ -254,35 +254,33 @@ async fn attempt(
     };
     let reader = Reader::new(config, items_tx, ingested);
     cfg.budget = Some(budget);
-    let _heartbeat = heartbeat(
-        config.source().url.clone(),
-        config.source().heartbeat_interval_s,
-    );
+    let _heartbeat = heartbeat(Arc::new(config.clone()), fence.clone());
     let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
     read
 }
 
-/// Writes a non-transactional logical message every `interval_s` seconds. It reaches the
-/// reader even when the publication filters out every change, so the slot keeps moving
-/// and the server can release WAL on an idle or busy-but-filtered database. The task
-/// ends with the streaming attempt that owns the guard.
-fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
+/// Writes a non-transactional logical message every `heartbeat_interval_s` seconds. It
+/// reaches the reader even when the publication filters out every change, so the slot
+/// keeps moving and the server can release WAL on an idle or busy-but-filtered database.
+/// Each period (10 s when heartbeats are off) it also records the slot's horizon, which
+/// bounds a later gap's backfill (see `horizon`). The task ends with the streaming
+/// attempt that owns the guard.
+fn heartbeat(config: Arc<Config>, fence: Fence) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
-        if interval_s == 0 {
-            return;
-        }
-        let mut tick = tokio::time::interval(Duration::from_secs(interval_s));
+        let interval_s = config.source().heartbeat_interval_s;
+        let period = Duration::from_secs(if interval_s == 0 { 10 } else { interval_s });
+        let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut client = None;
+        let (mut client, mut target) = (None, None);
         loop {
             tick.tick().await;
             if client
                 .as_ref()
                 .is_none_or(tokio_postgres::Client::is_closed)
             {
-                client = match connect(&url).await {
+                client = match connect(&config.source().url).await {
                     Ok(c) => Some(c),
                     Err(e) => {
                         tracing::warn!(error = %e, "heartbeat cannot connect to the source");
@@ -291,15 +289,18 @@ fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
                 };
             }
             let Some(c) = &client else { continue };
-            if let Err(e) = c
-                .execute(
-                    "select pg_logical_emit_message(false, $1, '')",
-                    &[&walfold_config::HEARTBEAT_PREFIX],
-                )
-                .await
-            {
-                tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
+            if interval_s > 0 {
+                if let Err(e) = c
+                    .execute(
+                        "select pg_logical_emit_message(false, $1, '')",
+                        &[&walfold_config::HEARTBEAT_PREFIX],
+                    )
+                    .await
+                {
+                    tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
+                }
             }
+            crate::horizon::record(&config, &fence, c, &mut target).await;
         }
     }))
 }

@@ -34,8 +34,24 @@ const RECORD_FAILOVER: &str =
        select $1, $2, $3, $4, $5, $6, pos.lsn, \
        (select coalesce(max(seq), 0) from {schema}.event_log) from pos), \
      upd as (update {schema}.ingest_position set lsn = least(lsn, $6), system_id = $3, \
-       timeline = $5 where slot = $1) \
+       timeline = $5 where slot = $1), \
+     gone as (delete from {schema}.source_horizon where slot = $1 and lsn > $6) \
      select lsn from pos";
+
+/// Records slot `$1`'s horizon: position `$2`, xid `$3`; forgets those older than six
+/// hours but the newest.
+const RECORD_HORIZON: &str = "with ins as (insert into {schema}.source_horizon (slot, lsn, xid) \
+       values ($1, $2, $3)) \
+     delete from {schema}.source_horizon where slot = $1 \
+       and recorded_at < now() - interval '6 hours'";
+
+/// Slot `$1`'s last horizon at or before position `$2`.
+const HORIZON_BEFORE: &str = "select lsn, xid from {schema}.source_horizon \
+     where slot = $1 and lsn <= $2 order by lsn desc, xid desc limit 1";
+
+/// Reports the backfill of slot `$1`'s unfilled gaps: `$2` rows scanned, xid bound `$3`.
+const GAP_PROGRESS: &str = "update {schema}.slot_gap set scanned = $2, since_xid = $3, \
+     progress_at = now() where slot = $1 and to_lsn is not null and backfilled is null";
 
 /// Slot `$1`'s last failover.
 const LAST_FAILOVER: &str = "select from_timeline, to_timeline, fork_lsn, ingested_lsn, head_seq \
@@ -209,6 +225,37 @@ impl EventLog {
         Ok(())
     }
 
+    /// The last horizon recorded at or before `lsn`: (position, 64-bit xid).
+    pub async fn horizon_before(&self, lsn: Lsn) -> Result<Option<(Lsn, i64)>, StoreError> {
+        let lsn: PgLsn = lsn.into();
+        let row = self
+            .client()
+            .query_opt(&self.schema().sql(HORIZON_BEFORE), &[&self.slot(), &lsn])
+            .await
+            .map_err(StoreError::db("reading the source's horizon"))?;
+        row.map(|row| {
+            let r = row.of("source_horizon");
+            Ok((r.col::<PgLsn>("lsn")?.into(), r.col("xid")?))
+        })
+        .transpose()
+    }
+
+    /// Reports a gap backfill's progress: `scanned` rows read, bounded by `since_xid`.
+    pub async fn gap_progress(
+        &self,
+        scanned: i64,
+        since_xid: Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.client()
+            .execute(
+                &self.schema().sql(GAP_PROGRESS),
+                &[&self.slot(), &scanned, &since_xid],
+            )
+            .await
+            .map_err(StoreError::db("reporting a gap backfill's progress"))?;
+        Ok(())
+    }
+
     /// This slot's gaps that a backfill has not filled yet: (from, to).
     pub async fn unfilled_gaps(&self) -> Result<Vec<(Lsn, Lsn)>, StoreError> {
         let rows = self
@@ -273,4 +320,29 @@ pub async fn failover_summary(
         first_seq: r.col("first_seq")?,
         open_gaps: r.col("open_gaps")?,
     })
+}
+
+/// Records `slot`'s horizon read from the source: its confirmed position `lsn` and its
+/// catalog_xmin as a 64-bit `xid`; fenced, as every write of the leader.
+pub async fn record_horizon(
+    client: &mut tokio_postgres::Client,
+    fence: &crate::leader::Fence,
+    schema: &crate::schema::Schema,
+    slot: &str,
+    lsn: Lsn,
+    xid: i64,
+) -> Result<(), StoreError> {
+    let lsn: PgLsn = lsn.into();
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("recording the source's horizon"))?;
+    fence.check(&tx).await?;
+    tx.execute(&schema.sql(RECORD_HORIZON), &[&slot, &lsn, &xid])
+        .await
+        .map_err(StoreError::db("recording the source's horizon"))?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("recording the source's horizon"))?;
+    Ok(())
 }

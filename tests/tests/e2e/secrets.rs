@@ -79,7 +79,12 @@ async fn passwords_are_masked_by_doctor_status_init_and_the_daemon() {
                 let log = daemon.log_text();
                 let line = log
                     .lines()
-                    .find(|l| l.contains("cannot connect to") || l.contains("invalid database url"))
+                    .find(|l| {
+                        l.contains("cannot connect to")
+                            || l.contains("invalid database url")
+                            // `sslpassword`: refused at load, naming the key.
+                            || l.contains("is not a connection key")
+                    })
                     .map(str::to_owned);
                 if let Some(line) = line {
                     break (log, line);
