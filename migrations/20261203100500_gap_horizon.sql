@@ -17,3 +17,10 @@ create index source_horizon_slot_lsn on source_horizon (slot, lsn);
 alter table slot_gap add column scanned bigint;
 alter table slot_gap add column since_xid bigint;
 alter table slot_gap add column progress_at timestamptz;
+
+-- When the slot walfold found after a failover was checked against the fork: a slot
+-- that exists on the new primary past the fork (one created there after the promotion,
+-- e.g. a Patroni permanent slot) never streams what the new primary committed between,
+-- so that range is recorded as a gap. Failovers recorded before are taken as checked.
+alter table source_failover add column slot_checked_at timestamptz;
+update source_failover set slot_checked_at = now();

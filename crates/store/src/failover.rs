@@ -53,6 +53,14 @@ const HORIZON_BEFORE: &str = "select lsn, xid from {schema}.source_horizon \
 const GAP_PROGRESS: &str = "update {schema}.slot_gap set scanned = $2, since_xid = $3, \
      progress_at = now() where slot = $1 and to_lsn is not null and backfilled is null";
 
+/// Slot `$1`'s last failover whose slot was not checked yet: its fork.
+const UNCHECKED_SLOT: &str = "select fork_lsn from {schema}.source_failover \
+     where slot = $1 and slot_checked_at is null order by id desc limit 1";
+
+/// Marks slot `$1`'s failovers' slots checked.
+const SLOT_CHECKED: &str = "update {schema}.source_failover set slot_checked_at = now() \
+     where slot = $1 and slot_checked_at is null";
+
 /// Slot `$1`'s last failover.
 const LAST_FAILOVER: &str = "select from_timeline, to_timeline, fork_lsn, ingested_lsn, head_seq \
      from {schema}.source_failover where slot = $1 order by id desc limit 1";
@@ -222,6 +230,26 @@ impl EventLog {
             )
             .await
             .map_err(StoreError::db("recording phantoms"))?;
+        Ok(())
+    }
+
+    /// The fork of this slot's last failover whose slot has not been checked against it.
+    pub async fn unchecked_failover_slot(&self) -> Result<Option<Lsn>, StoreError> {
+        let row = self
+            .client()
+            .query_opt(&self.schema().sql(UNCHECKED_SLOT), &[&self.slot()])
+            .await
+            .map_err(StoreError::db("reading the last failover"))?;
+        row.map(|r| Ok(r.of("source_failover").col::<PgLsn>("fork_lsn")?.into()))
+            .transpose()
+    }
+
+    /// Marks this slot's failovers' slots checked.
+    pub async fn failover_slot_checked(&self) -> Result<(), StoreError> {
+        self.client()
+            .execute(&self.schema().sql(SLOT_CHECKED), &[&self.slot()])
+            .await
+            .map_err(StoreError::db("recording the slot's check"))?;
         Ok(())
     }
 

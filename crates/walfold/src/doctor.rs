@@ -11,6 +11,8 @@ use walfold_store::RowExt;
 use crate::run::load;
 use crate::Failure;
 
+mod ha;
+
 /// What stops the checks: a statement that failed, or a row that could not be read.
 type CheckError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -581,6 +583,7 @@ async fn source_checks(
                 format!("slot {slot} retains {mb} MB of WAL (threshold {max_retained_mb} MB)"),
                 "walfold is behind or stopped: check `walfold status` and the daemon's log",
             );
+            ha::slot_checks(r, config, source, ingested.as_deref()).await?;
         }
     }
     Ok(())

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
-    config_builder, eventually, walfold, write_config, Daemon, TestDb, PROJECTIONS,
+    caught_up, config_builder, eventually, insert_event, walfold, write_config, Daemon, TestDb,
+    PROJECTIONS,
 };
 
 /// Writes one-event transactions to `url` until `stop`, reconnecting to `url` when the
@@ -356,6 +357,16 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         s.phantom.to_string(),
         "every phantom is flagged"
     );
+    // The slot made by hand on the new primary starts past the fork (as one a manager
+    // such as Patroni creates after a promotion would): walfold records the range
+    // between as a gap from the fork and backfills it.
+    assert_eq!(
+        stop_target.psql(
+            "select reason || ' ' || from_lsn::text || ' ' || (filled_at is not null)::text \
+             from walfold.slot_gap"
+        ),
+        format!("failover {fork} true")
+    );
     recreate.kill();
 
     // Another database under the same slot (its URL pointed at another cluster) is no
@@ -377,5 +388,78 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
             .contains("another database, not a failover"),
         "{}",
         wrong.log_text()
+    );
+}
+
+/// A slot that survived at an older position, as Patroni's permanent slots do (a copy
+/// on each standby, advanced only as far as it replayed): made for real by copying a
+/// slot created early over walfold's own once walfold has read past it. walfold streams
+/// from the old position again: what it has is recognised as duplicates, the rest is
+/// folded once; doctor notes the slot behind the ingest position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_behind_the_ingest_position_streams_again_without_doubling() {
+    let db = TestDb::new("slot_behind");
+    let config = db.config("");
+    let (mut daemon, client) = Daemon::streaming(&db, &config).await;
+    db.psql("select 1 from pg_create_logical_replication_slot('walfold_older', 'pgoutput')");
+    let insert = |from: i64, to: i64| {
+        (from..=to)
+            .map(|i| {
+                insert_event(
+                    &uuid::Uuid::new_v4().to_string(),
+                    &format!("o-{}", i % 5),
+                    "OrderChanged",
+                    i,
+                    &format!("{{\"status\": \"s{i}\", \"amount\": {i}}}"),
+                )
+            })
+            .collect::<String>()
+    };
+    db.psql(&insert(1, 40));
+    caught_up(&client, 40, 3).await;
+    daemon.kill();
+    eventually(
+        Duration::from_secs(20),
+        "the slot to be released",
+        || async {
+            client
+                .execute("select pg_drop_replication_slot('walfold')", &[])
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    db.psql(
+        "select 1 from pg_copy_logical_replication_slot('walfold_older', 'walfold'); \
+         select pg_drop_replication_slot('walfold_older')",
+    );
+    let path = write_config(&config);
+    let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+    assert!(out.contains("behind walfold's ingest position"), "{out}");
+    assert!(out.contains("will not survive a failover"), "{out}");
+
+    db.psql(&insert(41, 60));
+    let _daemon = Daemon::start(&config, &[]);
+    caught_up(&client, 60, 3).await;
+    let one = |sql: &'static str| {
+        let client = &client;
+        async move { client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    eventually(
+        Duration::from_secs(20),
+        "the replay counted as duplicates",
+        || async { one("select duplicates from walfold.ingest_position").await >= 40 },
+    )
+    .await;
+    assert_eq!(one("select count(*) from walfold.event_log").await, 60);
+    assert_eq!(one("select count(*) from ledger").await, 60);
+    assert_eq!(
+        one("select (select sum(total) from order_total)::int8 - (select sum(amount) from ledger)::int8").await,
+        0,
+        "nothing applied twice"
+    );
+    println!(
+        "slot behind: {} duplicates streamed again, 60 events folded once",
+        one("select duplicates from walfold.ingest_position").await
     );
 }

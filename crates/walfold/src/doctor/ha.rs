@@ -1,0 +1,105 @@
+//! Doctor's checks of the HA helpers a source runs with: whether walfold's slot can
+//! survive a failover (PostgreSQL 17 failover slots and the settings that sync them),
+//! and a slot that is behind walfold's ingest position (one that survived a failover at
+//! an older position, e.g. Patroni's permanent slot). See README, After a failover.
+
+use tokio_postgres::Client;
+use walfold_config::{Config, OnSlotLost};
+use walfold_event::Lsn;
+use walfold_store::RowExt;
+
+use super::{setting, CheckError, Level, Report};
+
+/// Checks `slot` (existing on `source`) for what happens to it at a failover.
+pub(super) async fn slot_checks(
+    r: &mut Report,
+    config: &Config,
+    source: &Client,
+    ingested: Option<&str>,
+) -> Result<(), CheckError> {
+    let slot = &config.source().slot;
+    let version: i32 = setting(source, "server_version_num").await?.parse()?;
+    let after = match config.source().on_slot_lost {
+        OnSlotLost::Recreate => "walfold creates a new one, backfills the table outboxes over the gap from the fork and flags phantoms",
+        OnSlotLost::Stop => "walfold stops with the fix (on_slot_lost = \"recreate\" follows by itself)",
+    };
+    if version < 170_000 {
+        r.check(
+            Level::Ok,
+            format!("slot {slot} will not survive a failover (PostgreSQL {} has no failover slots; they came with 17): after one, {after}; see README, After a failover", version / 10_000),
+            "",
+        );
+    } else {
+        let row = source
+            .query_one(
+                "select failover, synced from pg_replication_slots where slot_name = $1",
+                &[slot],
+            )
+            .await?;
+        let row = row.of("pg_replication_slots");
+        let (failover, synced): (Option<bool>, Option<bool>) = (row.col(0)?, row.col(1)?);
+        if failover == Some(true) {
+            r.check(
+                Level::Ok,
+                format!(
+                    "slot {slot} is a failover slot{}",
+                    if synced == Some(true) {
+                        " (a synced copy: this server is a standby)"
+                    } else {
+                        ""
+                    }
+                ),
+                "",
+            );
+        } else {
+            r.check(
+                Level::Warn,
+                format!("slot {slot} is not a failover slot: it will not survive a failover (after one, {after})"),
+                format!("recreate it as one while walfold is stopped: select pg_drop_replication_slot('{slot}'), then select pg_create_logical_replication_slot('{slot}', 'pgoutput', false, false, true) (walfold creates new slots so on PostgreSQL 17), and backfill the table outboxes; or leave it: walfold recovers from a failover without it"),
+            );
+        }
+        // Where the primary names the standbys a failover slot waits for: without it
+        // walfold may confirm what no standby has, and the synced copy is dropped.
+        let standbys = setting(source, "synchronized_standby_slots")
+            .await
+            .unwrap_or_default();
+        let sync = setting(source, "sync_replication_slots")
+            .await
+            .unwrap_or_default();
+        if failover == Some(true) {
+            r.check(
+                if standbys.is_empty() { Level::Warn } else { Level::Ok },
+                format!("synchronized_standby_slots = '{standbys}'"),
+                "name the standbys' physical slots in synchronized_standby_slots on the primary, so walfold's slot never passes what they have; and set sync_replication_slots = on (with hot_standby_feedback = on and a primary_slot_name) on each standby",
+            );
+            r.check(
+                Level::Ok,
+                format!("sync_replication_slots = {} on this server (it matters on the standbys: set it on there)", if sync.is_empty() { "-" } else { &sync }),
+                "",
+            );
+        }
+    }
+    // A slot behind the ingest position while nobody streams it: one that survived a
+    // failover at an older position, or was moved back.
+    let row = source
+        .query_one(
+            "select active, confirmed_flush_lsn::text from pg_replication_slots where slot_name = $1",
+            &[slot],
+        )
+        .await?;
+    let row = row.of("pg_replication_slots");
+    let (active, confirmed): (bool, Option<String>) = (row.col(0)?, row.col(1)?);
+    let parse = |s: Option<&str>| s.and_then(|s| s.parse::<Lsn>().ok());
+    if let (false, Some(at), Some(ingested)) =
+        (active, parse(confirmed.as_deref()), parse(ingested))
+    {
+        if at < ingested {
+            r.check(
+                Level::Ok,
+                format!("slot {slot} is at {at}, behind walfold's ingest position {ingested} (a slot that survived a failover at an older position, e.g. Patroni's permanent slot, or one moved back): walfold streams from {at} again, recognises what it has as duplicates, and checks phantoms after a failover all the same"),
+                "",
+            );
+        }
+    }
+    Ok(())
+}
