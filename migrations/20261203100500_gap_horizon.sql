@@ -24,3 +24,6 @@ alter table slot_gap add column progress_at timestamptz;
 -- so that range is recorded as a gap. Failovers recorded before are taken as checked.
 alter table source_failover add column slot_checked_at timestamptz;
 update source_failover set slot_checked_at = now();
+
+-- Why an operator accepted a phantom (`walfold phantoms accept --reason`).
+alter table phantom_event add column accept_reason text;

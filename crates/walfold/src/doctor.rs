@@ -714,7 +714,7 @@ async fn failover_leftovers(r: &mut Report, config: &Config, target: &Client) {
                     s.phantoms,
                     s.first_seq.unwrap_or(0)
                 ),
-                format!("rebuild the projections they reached (walfold rebuild, which skips them); or, for rows the application deleted, accept them: update {name}.phantom_event set accepted_at = now() where slot = '{}'", source.slot),
+                format!("`walfold phantoms list --source {}` shows them with the read models they reached: rebuild those projections (walfold rebuild, which skips them); or, for rows the application deleted, accept them: walfold phantoms accept EVENT_ID --reason …", source.name),
             );
         }
         if s.open_gaps > 0 {

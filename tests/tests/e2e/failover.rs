@@ -312,6 +312,68 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         "no phantom reached the new subscriber"
     );
 
+    // `walfold phantoms list` shows each open phantom with the read models it reached;
+    // one accepted (with its reason) is no longer counted.
+    let (code, out, err) = walfold(
+        &["phantoms", "list", "-c", path.to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed.len() as i64, r.phantom);
+    assert!(
+        listed.iter().all(|p| p["reached"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s == "orders.ledger.v1"))),
+        "every phantom shows the ledger it reached: {:?}",
+        listed.first()
+    );
+    let accepted = listed[0]["event_id"].as_str().unwrap().to_owned();
+    let (code, out, err) = walfold(
+        &[
+            "phantoms",
+            "accept",
+            "-c",
+            path.to_str().unwrap(),
+            &accepted,
+            "--reason",
+            "the application deleted its row",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("1 phantom(s) accepted"), "{out}");
+    assert_eq!(flagged(&recreate_target), (r.phantom - 1).to_string());
+    let (_, out, _) = walfold(&["status", "-c", path.to_str().unwrap()], &[]);
+    assert!(
+        out.contains(&format!("phantoms: {}", r.phantom - 1)),
+        "{out}"
+    );
+    let (code, out, _) = walfold(
+        &["phantoms", "list", "-c", path.to_str().unwrap(), "--all"],
+        &[],
+    );
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&accepted) && l.contains("accepted")),
+        "{out}"
+    );
+    // Accepting it again, or an ID that is no phantom, is refused (exit 2).
+    let (code, _, err) = walfold(
+        &[
+            "phantoms",
+            "accept",
+            "-c",
+            path.to_str().unwrap(),
+            &accepted,
+            "--reason",
+            "again",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+
     // stop: refuses, naming the fork; its fix (create the slot, backfill, restart)
     // misses nothing.
     stop.wait_exit("the stop daemon to refuse").await;
