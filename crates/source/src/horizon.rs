@@ -15,7 +15,8 @@
 //!         oldest running = X              every commit in here has xid ≥ X
 //! ```
 //!
-//! walfold records such a pair each heartbeat period (`source_horizon`); a gap's
+//! The heartbeat reads such a pair each period and the appender records it on its own
+//! connection, fenced (`source_horizon`); a gap's
 //! backfill takes the last pair at or before `from` and reads only rows with `xmin` at
 //! or after X (by `age()`, so xid wraparound is respected) plus rows whose `xmin` a
 //! vacuum froze (they no longer tell). Across a failover it holds too: the pair is from
@@ -24,12 +25,9 @@
 //! the failover is recorded. Without a pair, or one older than 2^30 transactions, the
 //! whole table is read, as before.
 
-use std::time::Duration;
-
 use tokio_postgres::types::PgLsn;
-use walfold_config::Config;
 use walfold_event::Lsn;
-use walfold_store::{connect, Fence, RowExt, Schema, StoreError};
+use walfold_store::{RowExt, StoreError};
 
 /// The slot's confirmed position and catalog_xmin, with the next xid for its epoch.
 const READ: &str = "select confirmed_flush_lsn, catalog_xmin::text::int8 as catalog_xmin, \
@@ -70,48 +68,6 @@ pub(crate) async fn read(
         (Some(lsn), Some(xmin)) => widen(xmin as u32, next).map(|x| (Lsn::from(lsn), x)),
         _ => None,
     })
-}
-
-/// Reads the slot's horizon and records it (fenced), best effort: a missed record only
-/// makes a later gap's scan wider.
-pub(crate) async fn record(
-    config: &Config,
-    fence: &Fence,
-    source: &tokio_postgres::Client,
-    target: &mut Option<tokio_postgres::Client>,
-) {
-    let slot = &config.source().slot;
-    let pair = match read(source, slot).await {
-        Ok(Some(pair)) => pair,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::debug!(error = %e, slot = %slot, "cannot read the slot's horizon");
-            return;
-        }
-    };
-    if target
-        .as_ref()
-        .is_none_or(tokio_postgres::Client::is_closed)
-    {
-        *target = match tokio::time::timeout(Duration::from_secs(5), connect(config.target_url()))
-            .await
-        {
-            Ok(Ok(c)) => Some(c),
-            _ => return,
-        };
-    }
-    let Some(client) = target.as_mut() else {
-        return;
-    };
-    let schema = Schema::new(config.target.schema.as_str());
-    let write = walfold_store::record_horizon(client, fence, &schema, slot, pair.0, pair.1);
-    match tokio::time::timeout(Duration::from_secs(5), write).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::debug!(error = %e, slot = %slot, "cannot record the slot's horizon"),
-        Err(_) => {
-            tracing::debug!(slot = %slot, "cannot record the slot's horizon: the target did not answer")
-        }
-    }
 }
 
 /// The xid bound for a gap from `from` (64 bits), if a recorded horizon gives one that

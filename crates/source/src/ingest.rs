@@ -239,6 +239,7 @@ async fn attempt(
     }
     head.send_modify(|h| *h = (*h).max(log.head()));
     let (durable, ack) = feedback::channel();
+    let (horizon_tx, horizon) = watch::channel(None);
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
     let budget = Budget::new(config.pipeline.ingest_bytes);
     let appender = Appender {
@@ -251,10 +252,11 @@ async fn attempt(
         linger: Duration::from_millis(config.pipeline.append_linger_ms),
         position_written: tokio::time::Instant::now(),
         source: config.source().name.clone(),
+        horizon,
     };
     let reader = Reader::new(config, items_tx, ingested);
     cfg.budget = Some(budget);
-    let _heartbeat = heartbeat(Arc::new(config.clone()), fence.clone());
+    let _heartbeat = heartbeat(Arc::new(config.clone()), horizon_tx);
     let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
@@ -264,16 +266,19 @@ async fn attempt(
 /// Writes a non-transactional logical message every `heartbeat_interval_s` seconds. It
 /// reaches the reader even when the publication filters out every change, so the slot
 /// keeps moving and the server can release WAL on an idle or busy-but-filtered database.
-/// Each period (10 s when heartbeats are off) it also records the slot's horizon, which
-/// bounds a later gap's backfill (see `horizon`). The task ends with the streaming
-/// attempt that owns the guard.
-fn heartbeat(config: Arc<Config>, fence: Fence) -> AbortOnDrop {
+/// Each period (10 s when heartbeats are off) it also reads the slot's horizon, which
+/// bounds a later gap's backfill (see `horizon`), for the appender to record. The task
+/// ends with the streaming attempt that owns the guard.
+fn heartbeat(
+    config: Arc<Config>,
+    horizon: watch::Sender<Option<(walfold_event::Lsn, i64)>>,
+) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
         let interval_s = config.source().heartbeat_interval_s;
         let period = Duration::from_secs(if interval_s == 0 { 10 } else { interval_s });
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut client, mut target) = (None, None);
+        let mut client = None;
         loop {
             tick.tick().await;
             if client
@@ -300,7 +305,13 @@ fn heartbeat(config: Arc<Config>, fence: Fence) -> AbortOnDrop {
                     tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
                 }
             }
-            crate::horizon::record(&config, &fence, c, &mut target).await;
+            match crate::horizon::read(c, &config.source().slot).await {
+                Ok(Some(pair)) => {
+                    horizon.send_replace(Some(pair));
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "cannot read the slot's horizon"),
+            }
         }
     }))
 }

@@ -253,6 +253,17 @@ impl EventLog {
         Ok(())
     }
 
+    /// Records the slot's horizon read from the source: its confirmed position `lsn`
+    /// and its catalog_xmin as a 64-bit `xid` (fenced, on the appender's connection).
+    pub async fn record_horizon(&mut self, lsn: Lsn, xid: i64) -> Result<(), StoreError> {
+        let lsn: PgLsn = lsn.into();
+        let sql = self.schema().sql(RECORD_HORIZON);
+        let slot = self.slot().to_owned();
+        self.fenced_execute(&sql, &[&slot, &lsn, &xid], "recording the source's horizon")
+            .await?;
+        Ok(())
+    }
+
     /// The last horizon recorded at or before `lsn`: (position, 64-bit xid).
     pub async fn horizon_before(&self, lsn: Lsn) -> Result<Option<(Lsn, i64)>, StoreError> {
         let lsn: PgLsn = lsn.into();
@@ -348,29 +359,4 @@ pub async fn failover_summary(
         first_seq: r.col("first_seq")?,
         open_gaps: r.col("open_gaps")?,
     })
-}
-
-/// Records `slot`'s horizon read from the source: its confirmed position `lsn` and its
-/// catalog_xmin as a 64-bit `xid`; fenced, as every write of the leader.
-pub async fn record_horizon(
-    client: &mut tokio_postgres::Client,
-    fence: &crate::leader::Fence,
-    schema: &crate::schema::Schema,
-    slot: &str,
-    lsn: Lsn,
-    xid: i64,
-) -> Result<(), StoreError> {
-    let lsn: PgLsn = lsn.into();
-    let tx = client
-        .transaction()
-        .await
-        .map_err(StoreError::db("recording the source's horizon"))?;
-    fence.check(&tx).await?;
-    tx.execute(&schema.sql(RECORD_HORIZON), &[&slot, &lsn, &xid])
-        .await
-        .map_err(StoreError::db("recording the source's horizon"))?;
-    tx.commit()
-        .await
-        .map_err(StoreError::db("recording the source's horizon"))?;
-    Ok(())
 }

@@ -52,7 +52,7 @@ pub use event_trail::{
     recorded_for, subscriber_has_read, Claim, DeadLetterAt, LogFilter, LoggedEvent,
     PartitionPosition, Recorded,
 };
-pub use failover::{failover_summary, record_horizon, Failover, FailoverSummary};
+pub use failover::{failover_summary, Failover, FailoverSummary};
 pub use ingest_position::{
     ingested_rows, ingested_slots, ingested_through, read_through, IngestedSlot,
 };
