@@ -100,6 +100,115 @@ pub fn render_pairs(pairs: &[(String, String)]) -> String {
         .join(" ")
 }
 
+/// One key=value conninfo per host of `s` (a URL or pairs), each `(host:port, conninfo)`
+/// with everything else kept but `target_session_attrs`: to ask each server of a
+/// multi-host string something (doctor: is it a standby, how is it set). `None` when
+/// `s` names fewer than two hosts or cannot be read.
+pub fn per_host(s: &str) -> Option<Vec<(String, String)>> {
+    let pairs = if is_url(s) {
+        url_pairs(s)?
+    } else {
+        parse_pairs(s).ok()?
+    };
+    let list = |key: &str| -> Vec<String> {
+        pairs
+            .iter()
+            .rfind(|(k, _)| k == key)
+            .map(|(_, v)| v.split(',').map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    let (hosts, addrs, ports) = (list("host"), list("hostaddr"), list("port"));
+    let n = hosts.len().max(addrs.len());
+    if n < 2 {
+        return None;
+    }
+    let rest: Vec<(String, String)> = pairs
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "host" | "hostaddr" | "port" | "target_session_attrs"
+            )
+        })
+        .cloned()
+        .collect();
+    let pick = |v: &[String], i: usize| match v.len() {
+        0 => None,
+        1 => Some(v[0].clone()),
+        _ => v.get(i).cloned(),
+    };
+    Some(
+        (0..n)
+            .map(|i| {
+                let mut one = rest.clone();
+                let port = pick(&ports, i)
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or_else(|| "5432".into());
+                let mut label = String::new();
+                if let Some(h) = pick(&hosts, i) {
+                    label.clone_from(&h);
+                    one.push(("host".into(), h));
+                }
+                if let Some(a) = pick(&addrs, i) {
+                    if label.is_empty() {
+                        label.clone_from(&a);
+                    }
+                    one.push(("hostaddr".into(), a));
+                }
+                one.push(("port".into(), port.clone()));
+                (format!("{label}:{port}"), render_pairs(&one))
+            })
+            .collect(),
+    )
+}
+
+/// A URL as key=value pairs: `postgresql://user:pw@h1:p1,h2:p2/db?k=v` (each part
+/// percent-decoded; `[::1]` hosts without their brackets).
+fn url_pairs(url: &str) -> Option<Vec<(String, String)>> {
+    let rest = url.split_once("://")?.1;
+    let rest = rest.split_once('?').map_or(rest, |(r, _)| r);
+    let (authority, db) = rest.split_once('/').unwrap_or((rest, ""));
+    let (userinfo, hostlist) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let mut out = Vec::new();
+    if let Some(u) = userinfo {
+        let (user, password) = match u.split_once(':') {
+            Some((user, pw)) => (user, Some(pw)),
+            None => (u, None),
+        };
+        if !user.is_empty() {
+            out.push(("user".into(), percent_decoded(user)));
+        }
+        if let Some(pw) = password {
+            out.push(("password".into(), percent_decoded(pw)));
+        }
+    }
+    let (mut hosts, mut ports) = (Vec::new(), Vec::new());
+    for h in hostlist.split(',').filter(|h| !h.is_empty()) {
+        let (host, port) = if let Some(v6) = h.strip_prefix('[') {
+            let (host, after) = v6.split_once(']')?;
+            (host, after.strip_prefix(':').unwrap_or(""))
+        } else {
+            h.rsplit_once(':').unwrap_or((h, ""))
+        };
+        hosts.push(percent_decoded(host));
+        ports.push(port.to_owned());
+    }
+    if !hosts.is_empty() {
+        out.push(("host".into(), hosts.join(",")));
+        if ports.iter().any(|p| !p.is_empty()) {
+            out.push(("port".into(), ports.join(",")));
+        }
+    }
+    if !db.is_empty() {
+        out.push(("dbname".into(), percent_decoded(db)));
+    }
+    out.extend(url_params(url));
+    Some(out)
+}
+
 /// The parameters of a URL's query (`?a=1&b=2`), percent-decoded as the driver does.
 fn url_params(url: &str) -> Vec<(String, String)> {
     url.split_once('?')
@@ -255,6 +364,54 @@ mod tests {
     fn rendered_pairs_read_back_the_same() {
         let p = pairs("host=/tmp,b dbname='a \\'q\\' \\\\ b' user=x");
         assert_eq!(parse_pairs(&render_pairs(&p)).unwrap(), p);
+    }
+
+    #[test]
+    fn a_multi_host_string_splits_into_one_conninfo_per_host() {
+        let hosts = |s: &str| {
+            per_host(s).map(|v| {
+                v.into_iter()
+                    .map(|(label, c)| (label, parse_pairs(&c).unwrap()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let p = |v: &[(&str, &str)]| {
+            v.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            hosts("host=a,b port=5433,5434 dbname=app user=u target_session_attrs=read-write"),
+            Some(vec![
+                (
+                    "a:5433".into(),
+                    p(&[
+                        ("dbname", "app"),
+                        ("user", "u"),
+                        ("host", "a"),
+                        ("port", "5433")
+                    ])
+                ),
+                (
+                    "b:5434".into(),
+                    p(&[
+                        ("dbname", "app"),
+                        ("user", "u"),
+                        ("host", "b"),
+                        ("port", "5434")
+                    ])
+                ),
+            ])
+        );
+        assert_eq!(
+            hosts("postgresql://u:p%40ss@a,[::1]:6000/my%20db?sslmode=disable&target_session_attrs=read-write"),
+            Some(vec![
+                ("a:5432".into(), p(&[("user", "u"), ("password", "p@ss"), ("dbname", "my db"), ("sslmode", "disable"), ("host", "a"), ("port", "5432")])),
+                ("::1:6000".into(), p(&[("user", "u"), ("password", "p@ss"), ("dbname", "my db"), ("sslmode", "disable"), ("host", "::1"), ("port", "6000")])),
+            ])
+        );
+        assert_eq!(hosts("postgresql://u@a/app"), None);
+        assert_eq!(hosts("host=a dbname=app"), None);
     }
 
     #[test]

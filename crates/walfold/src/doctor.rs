@@ -586,6 +586,7 @@ async fn source_checks(
             ha::slot_checks(r, config, source, ingested.as_deref()).await?;
         }
     }
+    ha::hosts(r, config).await?;
     Ok(())
 }
 

@@ -135,6 +135,16 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     })
     .await;
 
+    // Doctor asks each host of the key=value conninfo what it is.
+    let (_, out, _) = walfold(
+        &["doctor", "-c", write_config(&stop_cfg).to_str().unwrap()],
+        &[],
+    );
+    assert!(
+        out.contains(&format!("source host 127.0.0.1:{} is a standby; PostgreSQL 15 keeps no copy of slot walfold_stop", standby.port()))
+            && out.contains(&format!("source host 127.0.0.1:{} is the primary", primary.port())),
+        "{out}"
+    );
     let (halt, written) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicU64::new(0)),

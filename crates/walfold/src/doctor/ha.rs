@@ -103,3 +103,81 @@ pub(super) async fn slot_checks(
     }
     Ok(())
 }
+
+/// With several hosts in the source's URL, asks each one what it is: the primary, or a
+/// standby, and whether that standby keeps a copy of the slot (a synced failover slot
+/// on 17, a manager's permanent slot) so the slot survives its promotion.
+pub(super) async fn hosts(r: &mut Report, config: &Config) -> Result<(), CheckError> {
+    let Some(hosts) = walfold_config::conninfo::per_host(&config.source().url) else {
+        return Ok(());
+    };
+    let slot = &config.source().slot;
+    for (label, conninfo) in hosts {
+        let what = format!("source host {label}");
+        let client = match walfold_store::connect_for_command(&conninfo, &what).await {
+            Ok(c) => c,
+            Err(e) => {
+                r.check(
+                    Level::Warn,
+                    format!("{what} does not answer: {e}"),
+                    "a server the URL names that is down cannot take over; if it is gone for good, remove it from the URL",
+                );
+                continue;
+            }
+        };
+        let row = client
+            .query_one(
+                "select pg_is_in_recovery(), current_setting('server_version_num')::int, \
+                 current_setting('hot_standby_feedback'), current_setting('primary_slot_name'), \
+                 coalesce(current_setting('sync_replication_slots', true), ''), \
+                 exists (select from pg_replication_slots where slot_name = $1) as has_slot",
+                &[slot],
+            )
+            .await?;
+        let row = row.of("pg_settings");
+        let (standby, version, feedback, primary_slot, sync, has_slot): (
+            bool,
+            i32,
+            String,
+            String,
+            String,
+            bool,
+        ) = (
+            row.col(0)?,
+            row.col(1)?,
+            row.col(2)?,
+            row.col(3)?,
+            row.col(4)?,
+            row.col(5)?,
+        );
+        if !standby {
+            r.check(Level::Ok, format!("{what} is the primary"), "");
+            continue;
+        }
+        if has_slot {
+            r.check(
+                Level::Ok,
+                format!("{what} is a standby that keeps a copy of slot {slot} (a synced failover slot or a manager's permanent slot): it survives this standby's promotion"),
+                "",
+            );
+        } else if version >= 170_000 {
+            let ready = sync == "on" && feedback == "on" && !primary_slot.is_empty();
+            r.check(
+                Level::Warn,
+                format!("{what} is a standby without a copy of slot {slot} (sync_replication_slots = {sync}, hot_standby_feedback = {feedback}, primary_slot_name = '{primary_slot}')"),
+                if ready {
+                    "the slot is synced once it is a failover slot and this standby's physical slot is in synchronized_standby_slots on the primary"
+                } else {
+                    "set sync_replication_slots = on, hot_standby_feedback = on and a primary_slot_name on this standby, so a failover slot is synced to it"
+                },
+            );
+        } else {
+            r.check(
+                Level::Ok,
+                format!("{what} is a standby; PostgreSQL {} keeps no copy of slot {slot} on it (failover slots came with 17; a manager such as Patroni can keep one as a permanent slot): after its promotion walfold goes on as README, After a failover says", version / 10_000),
+                "",
+            );
+        }
+    }
+    Ok(())
+}
