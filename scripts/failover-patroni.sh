@@ -197,6 +197,8 @@ producer() {
         sleep 0.01
     done
 }
+# What doctor sees of the two hosts: the primary, and the replica keeping the slot.
+"$walfold" doctor -c "$work/walfold.toml" 2>&1 | grep -E "source host|slot walfold_patroni" || true
 spawn producer bash -c "$(declare -f producer); work=$work pgbin=$pgbin source_url='$source_url'; $(declare -f as_pg); producer"
 sleep 3
 # A checkpoint logs the running transactions, so the slot's catalog_xmin (the horizon a

@@ -508,7 +508,7 @@ async fn a_slot_behind_the_ingest_position_streams_again_without_doubling() {
     let path = write_config(&config);
     let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
     assert!(out.contains("behind walfold's ingest position"), "{out}");
-    assert!(out.contains("will not survive a failover"), "{out}");
+    assert!(out.contains("is no failover slot (PostgreSQL 15"), "{out}");
 
     db.psql(&insert(41, 60));
     let _daemon = Daemon::start(&config, &[]);

@@ -26,7 +26,7 @@ pub(super) async fn slot_checks(
     if version < 170_000 {
         r.check(
             Level::Ok,
-            format!("slot {slot} will not survive a failover (PostgreSQL {} has no failover slots; they came with 17): after one, {after}; see README, After a failover", version / 10_000),
+            format!("slot {slot} is no failover slot (PostgreSQL {} has none; they came with 17): it survives a failover only where a manager keeps a copy on the standby (Patroni's permanent slots); otherwise after one, {after}; see README, After a failover", version / 10_000),
             "",
         );
     } else {
