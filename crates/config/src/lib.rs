@@ -2,6 +2,7 @@
 //! environment variables, validated as a whole so every problem is reported at once.
 
 pub mod builder;
+pub mod conninfo;
 pub mod defaults;
 mod duration;
 mod env;

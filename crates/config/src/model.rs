@@ -175,10 +175,13 @@ pub struct SourceConfig {
     /// Default: `default`
     #[serde(default = "defaults::source_name")]
     pub name: String,
-    /// `postgresql://user:password@host:port/db`; `sslmode` = `disable`, `prefer`
-    /// (default), `require`, `verify-ca`, `verify-full`; `sslrootcert=/path/ca.pem`;
-    /// several hosts (`host-a:5432,host-b:5432`) for a primary and its standbys: walfold
-    /// connects to the one that accepts writes ([After a failover](#after-a-failover))
+    /// `postgresql://user:password@host:port/db`, or libpq's key=value form (`host=a
+    /// port=5432 dbname=db user=u`); `sslmode` = `disable`, `prefer` (default), `require`,
+    /// `verify-ca`, `verify-full`; `sslrootcert=/path/ca.pem`; several hosts
+    /// (`host-a:5432,host-b:5432`, or `host=a,b port=5432,5433`) for a primary and its
+    /// standbys: walfold connects to the one that accepts writes, for its SQL and its
+    /// replication sessions alike ([After a failover](#after-a-failover)). A key walfold
+    /// does not take (`service`, `passfile`, `sslcert`) is refused at load
     ///
     /// Default: required
     pub url: String,
@@ -1778,25 +1781,10 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A source's or target's connection string, URL or key=value pairs: see `conninfo`.
 fn check_url(push: &mut impl FnMut(&str, String), key: &str, url: &str) {
-    if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
-        push(
-            key,
-            "must be a URL like postgresql://user@host:5432/dbname".into(),
-        );
-        return;
-    }
-    if let Some((_, query)) = url.split_once('?') {
-        for kv in query.split('&') {
-            if let Some(("sslmode", mode)) = kv.split_once('=') {
-                if !["disable", "prefer", "require", "verify-ca", "verify-full"].contains(&mode) {
-                    push(
-                        key,
-                        format!("sslmode `{mode}` is not one of disable, prefer, require, verify-ca, verify-full"),
-                    );
-                }
-            }
-        }
+    for problem in crate::conninfo::problems(url) {
+        push(key, problem);
     }
 }
 

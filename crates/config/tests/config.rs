@@ -716,3 +716,28 @@ fn outbox_fields_are_columns_or_expressions_and_what_cannot_be_is_refused_by_key
     }
     assert!(problems(&message("aggregate_id = \"aggregateId\"")).is_empty());
 }
+
+#[test]
+fn key_value_connection_strings_are_accepted_and_their_mistakes_name_the_key() {
+    let kv = MINIMAL.replace(
+        "url = \"postgresql://walfold:hunter2@127.0.0.1:5432/app\"",
+        "url = \"host=standby,primary port=5433,5432 dbname=app user=walfold password='hunter 2' target_session_attrs=read-write\"\n\
+         [target]\nurl = \"host=/var/run/postgresql dbname=reads sslmode=disable\"",
+    );
+    let c = Config::from_toml(&kv, vec![]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.source().url.starts_with("host=standby,primary"));
+    assert!(!format!("{c:?}").contains("hunter 2"), "{c:?}");
+    let bad = MINIMAL.replace(
+        "url = \"postgresql://walfold:hunter2@127.0.0.1:5432/app\"",
+        "url = \"host=a,b port=1,2,3 dbname=app sslmode=sometimes servce=x password=hunter2\"\n\
+         [target]\nurl = \"dbname=reads target_session_attrs=read-only\"",
+    );
+    let p = problems(&bad);
+    let has = |needle: &str| p.iter().any(|m| m.contains(needle));
+    assert!(has("source.url: `port` gives 3 ports for 2 hosts"), "{p:?}");
+    assert!(has("source.url: sslmode `sometimes`"), "{p:?}");
+    assert!(has("source.url: `servce` is not a connection key"), "{p:?}");
+    assert!(has("target.url: `host` is missing"), "{p:?}");
+    assert!(has("target.url: target_session_attrs `read-only`"), "{p:?}");
+    assert!(!p.iter().any(|m| m.contains("hunter2")), "{p:?}");
+}

@@ -41,6 +41,9 @@ pub(crate) struct Appender {
     pub linger: Duration,
     /// When the ingest position was last written.
     pub position_written: tokio::time::Instant,
+    /// The slot's horizon as the heartbeat last read it, recorded after the next flush
+    /// (see `horizon`).
+    pub horizon: watch::Receiver<Option<(walfold_event::Lsn, i64)>>,
 }
 
 /// How to open the event log on a connection of its own: tokio-postgres keeps a
@@ -125,6 +128,7 @@ impl Appender {
                 }
             }
             self.flush(&mut batch, &mut totals).await?;
+            self.record_horizon().await;
             let largest = held.iter().map(Held::bytes).max().unwrap_or(0);
             held.clear();
             if largest >= self.budget.bytes() {
@@ -328,6 +332,21 @@ impl Appender {
             self.durable.committed_through(lsn);
         }
         Ok(())
+    }
+
+    /// Records a horizon the heartbeat read since the last one, on this connection
+    /// (no connection of its own); best effort: a missed one only widens a later gap's
+    /// scan.
+    async fn record_horizon(&mut self) {
+        if !self.horizon.has_changed().unwrap_or(false) {
+            return;
+        }
+        let Some((lsn, xid)) = *self.horizon.borrow_and_update() else {
+            return;
+        };
+        if let Err(e) = self.log.record_horizon(lsn, xid).await {
+            tracing::debug!(error = %e, "cannot record the slot's horizon");
+        }
     }
 
     fn publish_head(&self) {

@@ -109,6 +109,7 @@ pub async fn backfill(
         order_by,
         batch,
         config.pipeline.max_event_bytes,
+        None,
     )
     .await
 }
@@ -134,8 +135,11 @@ const GAP_BATCH: i64 = 1000;
 /// Fills this slot's gaps that no backfill has covered yet (`on_slot_lost =
 /// "recreate"`): every table outbox is imported through `log` (events already in the
 /// log are duplicates), after the new slot exists, so nothing committed since is
-/// missed. A gap is then closed as filled, unless a message outbox follows the source:
-/// its events in the gap existed only in WAL that is gone, so the gap stays open.
+/// missed. The scan reads only rows whose transaction may have committed in the gaps
+/// (the source's horizon before the first gap bounds their xmin, see `horizon`), and
+/// reports its progress (logs, `slot_gap.scanned`). A gap is then closed as filled,
+/// unless a message outbox follows the source: its events in the gap existed only in
+/// WAL that is gone, so the gap stays open.
 pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(), SourceError> {
     let gaps = log
         .unfilled_gaps()
@@ -152,7 +156,28 @@ pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(),
         .filter_map(|o| o.message_prefix.as_deref())
         .collect();
     let source = source_session(config).await?;
-    let mut appended = 0;
+    let bound = crate::horizon::bound(log, &source, from)
+        .await
+        .map_err(SourceError::store("reading the source's horizon"))?;
+    match bound {
+        Some((at, xid)) => {
+            tracing::warn!(slot = %slot, from = %from, to = %to, horizon = %at, since_xid = xid, "backfilling the slot gap: reading outbox rows of transactions from xid {xid} on (the oldest running at {at}, before the gap)")
+        }
+        None => {
+            tracing::warn!(slot = %slot, from = %from, to = %to, "backfilling the slot gap: no recorded horizon before it, reading the whole outbox tables")
+        }
+    }
+    let since = bound.map(|b| b.1);
+    let mut progress = Progress {
+        slot: slot.clone(),
+        since_xid: since,
+        scanned: 0,
+        appended: 0,
+        reported: std::time::Instant::now(),
+    };
+    log.gap_progress(0, since)
+        .await
+        .map_err(SourceError::store("reporting a gap backfill's progress"))?;
     for (outbox, table) in config.table_outboxes() {
         tracing::warn!(slot = %slot, from = %from, to = %to, outbox = %table, "backfilling the outbox over the slot gap");
         let report = import(
@@ -162,22 +187,39 @@ pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(),
             None,
             GAP_BATCH,
             config.pipeline.max_event_bytes,
+            Some(&mut progress),
         )
         .await?;
         tracing::warn!(slot = %slot, outbox = %table, rows = report.rows, appended = report.appended, duplicates = report.duplicates, "backfilled the outbox over the slot gap");
-        appended += report.appended;
     }
+    let appended = progress.appended;
+    log.gap_progress(progress.scanned as i64, since)
+        .await
+        .map_err(SourceError::store("reporting a gap backfill's progress"))?;
     let filled = messages.is_empty();
     log.fill_gaps(appended as i64, filled)
         .await
         .map_err(SourceError::store("marking slot gaps filled"))?;
     if filled {
-        tracing::warn!(slot = %slot, from = %from, to = %to, appended, "slot gap filled: every table outbox was backfilled over it");
+        tracing::warn!(slot = %slot, from = %from, to = %to, scanned = progress.scanned, appended, "slot gap filled: every table outbox was backfilled over it");
     } else {
-        tracing::error!(slot = %slot, from = %from, to = %to, appended, prefixes = %messages.join(", "), "slot gap stays open: events of message outboxes committed in it may be lost (they exist only in WAL that is gone); table outboxes were backfilled");
+        tracing::error!(slot = %slot, from = %from, to = %to, scanned = progress.scanned, appended, prefixes = %messages.join(", "), "slot gap stays open: events of message outboxes committed in it may be lost (they exist only in WAL that is gone); table outboxes were backfilled");
     }
     Ok(())
 }
+
+/// A gap backfill's bound and counts, reported every few seconds while it runs.
+struct Progress {
+    slot: String,
+    /// Only rows of transactions from this xid (64 bits) on; `None`: every row.
+    since_xid: Option<i64>,
+    scanned: u64,
+    appended: u64,
+    reported: std::time::Instant,
+}
+
+/// How often a running gap backfill reports.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Imports `outbox`'s rows in pages of `batch` through `log`.
 async fn import(
@@ -187,8 +229,12 @@ async fn import(
     order_by: Option<&str>,
     batch: i64,
     max_event_bytes: usize,
+    mut progress: Option<&mut Progress>,
 ) -> Result<BackfillReport, SourceError> {
+    let since = progress.as_ref().and_then(|p| p.since_xid);
     let mut pager = Pager::new(source, outbox, order_by).await?;
+    // `age()` compares 32-bit xids: the bound's low 32 bits.
+    pager.since_xid = since.map(|x| (x & 0xffff_ffff).to_string());
     pager.mapping = pager.mapping.with_max_bytes(max_event_bytes);
     let mut report = BackfillReport::default();
     let mut cursor: Option<Cursor> = None;
@@ -237,6 +283,17 @@ async fn import(
         report.duplicates += outcome.duplicates;
         report.id_conflicts += outcome.id_conflicts;
         report.malformed += dead.len() as u64;
+        if let Some(p) = progress.as_deref_mut() {
+            p.scanned += rows.len() as u64;
+            p.appended += outcome.appended;
+            if p.reported.elapsed() >= PROGRESS_EVERY {
+                p.reported = std::time::Instant::now();
+                tracing::warn!(slot = %p.slot, outbox = %pager.table, scanned = p.scanned, appended = p.appended, "backfilling the slot gap");
+                log.gap_progress(p.scanned as i64, p.since_xid)
+                    .await
+                    .map_err(SourceError::store("reporting a gap backfill's progress"))?;
+            }
+        }
         cursor = Some(pager.after(&rows));
     }
 }
@@ -296,6 +353,8 @@ struct Pager {
     /// The key columns' positions in the row: `order_by`, then the ID's columns when the
     /// ID is columns (not an expression); the row's place orders the rest.
     keys: Vec<usize>,
+    /// Only rows whose xmin is this 32-bit xid or newer, or frozen (a gap's bound).
+    since_xid: Option<String>,
 }
 
 impl Pager {
@@ -412,6 +471,7 @@ impl Pager {
         let sql = format!(
             "select {values}, tableoid::text, ctid::text, md5($3::text || row({values})::text)::uuid \
              from {} where {not_null} and ($5::text is null or {after}) \
+             and ($6::text is null or age(xmin) <= age($6::text::xid) or xmin = '2'::xid) \
              order by {order} limit $2",
             table.quoted()
         );
@@ -425,6 +485,7 @@ impl Pager {
             table: table.to_string(),
             skipped,
             keys,
+            since_xid: None,
         })
     }
 
@@ -470,7 +531,10 @@ impl Pager {
         let table = cursor.map(|c| c.table.as_str());
         let ctid = cursor.map(|c| c.ctid.as_str());
         let rows = source
-            .query(&self.sql, &[&keys, &batch, &self.table, &table, &ctid])
+            .query(
+                &self.sql,
+                &[&keys, &batch, &self.table, &table, &ctid, &self.since_xid],
+            )
             .await
             .map_err(|e| {
                 let context = if walfold_store::sqlstate(&e) == Some("42501") {

@@ -239,6 +239,7 @@ async fn attempt(
     }
     head.send_modify(|h| *h = (*h).max(log.head()));
     let (durable, ack) = feedback::channel();
+    let (horizon_tx, horizon) = watch::channel(None);
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
     let budget = Budget::new(config.pipeline.ingest_bytes);
     let appender = Appender {
@@ -251,29 +252,31 @@ async fn attempt(
         linger: Duration::from_millis(config.pipeline.append_linger_ms),
         position_written: tokio::time::Instant::now(),
         source: config.source().name.clone(),
+        horizon,
     };
     let reader = Reader::new(config, items_tx, ingested);
     cfg.budget = Some(budget);
-    let _heartbeat = heartbeat(
-        config.source().url.clone(),
-        config.source().heartbeat_interval_s,
-    );
+    let _heartbeat = heartbeat(Arc::new(config.clone()), horizon_tx);
     let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
     read
 }
 
-/// Writes a non-transactional logical message every `interval_s` seconds. It reaches the
-/// reader even when the publication filters out every change, so the slot keeps moving
-/// and the server can release WAL on an idle or busy-but-filtered database. The task
+/// Writes a non-transactional logical message every `heartbeat_interval_s` seconds. It
+/// reaches the reader even when the publication filters out every change, so the slot
+/// keeps moving and the server can release WAL on an idle or busy-but-filtered database.
+/// Each period (10 s when heartbeats are off) it also reads the slot's horizon, which
+/// bounds a later gap's backfill (see `horizon`), for the appender to record. The task
 /// ends with the streaming attempt that owns the guard.
-fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
+fn heartbeat(
+    config: Arc<Config>,
+    horizon: watch::Sender<Option<(walfold_event::Lsn, i64)>>,
+) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
-        if interval_s == 0 {
-            return;
-        }
-        let mut tick = tokio::time::interval(Duration::from_secs(interval_s));
+        let interval_s = config.source().heartbeat_interval_s;
+        let period = Duration::from_secs(if interval_s == 0 { 10 } else { interval_s });
+        let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut client = None;
         loop {
@@ -282,7 +285,7 @@ fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
                 .as_ref()
                 .is_none_or(tokio_postgres::Client::is_closed)
             {
-                client = match connect(&url).await {
+                client = match connect(&config.source().url).await {
                     Ok(c) => Some(c),
                     Err(e) => {
                         tracing::warn!(error = %e, "heartbeat cannot connect to the source");
@@ -291,14 +294,23 @@ fn heartbeat(url: String, interval_s: u64) -> AbortOnDrop {
                 };
             }
             let Some(c) = &client else { continue };
-            if let Err(e) = c
-                .execute(
-                    "select pg_logical_emit_message(false, $1, '')",
-                    &[&walfold_config::HEARTBEAT_PREFIX],
-                )
-                .await
-            {
-                tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
+            if interval_s > 0 {
+                if let Err(e) = c
+                    .execute(
+                        "select pg_logical_emit_message(false, $1, '')",
+                        &[&walfold_config::HEARTBEAT_PREFIX],
+                    )
+                    .await
+                {
+                    tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
+                }
+            }
+            match crate::horizon::read(c, &config.source().slot).await {
+                Ok(Some(pair)) => {
+                    horizon.send_replace(Some(pair));
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "cannot read the slot's horizon"),
             }
         }
     }))

@@ -8,6 +8,8 @@ mod budget;
 mod decode_only;
 mod error;
 mod feedback;
+mod ha;
+mod horizon;
 mod ingest;
 mod outbox;
 mod phantoms;

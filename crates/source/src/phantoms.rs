@@ -45,7 +45,7 @@ pub(crate) async fn check(config: &Config, log: &EventLog) -> Result<(), SourceE
         tracing::warn!(slot = %slot, read, "every event read past the failover's fork is on the new primary");
     } else {
         let messages = config.outbox.iter().any(|o| o.message_prefix.is_some());
-        tracing::error!(slot = %slot, read, phantoms = phantoms.len(), first_seq = phantoms[0].1, "phantoms: events read from the old primary past the failover's fork that no outbox table of the new primary holds; they may be in read models already. Rebuild the projections they reached (`walfold rebuild`, which skips them), or accept them (update phantom_event set accepted_at = now()) if the application deleted their rows{}", if messages { "; events of message outboxes cannot be confirmed and are counted among them" } else { "" });
+        tracing::error!(slot = %slot, read, phantoms = phantoms.len(), first_seq = phantoms[0].1, "phantoms: events read from the old primary past the failover's fork that no outbox table of the new primary holds; they may be in read models already. Rebuild the projections they reached (`walfold rebuild`, which skips them), or accept those that are right (`walfold phantoms accept EVENT_ID --reason …`) if the application deleted their rows{}", if messages { "; events of message outboxes cannot be confirmed and are counted among them" } else { "" });
     }
     Ok(())
 }

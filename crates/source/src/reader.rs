@@ -65,13 +65,25 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         .get_password()
         .map(|p| String::from_utf8_lossy(p).into_owned());
     let database = pg.get_dbname().unwrap_or(&user).to_owned();
-    let mut hosts: Vec<(String, u16)> = pg
+    // libpq's `hostaddr` (key=value form) is where a host is reached, its `host` only
+    // names it for TLS; the replication client connects to the address.
+    let addrs = pg.get_hostaddrs();
+    let names: Vec<String> = pg
         .get_hosts()
         .iter()
-        .enumerate()
-        .map(|(i, h)| match h {
-            tokio_postgres::config::Host::Tcp(h) => (h.clone(), port_of(i)),
-            tokio_postgres::config::Host::Unix(p) => (p.display().to_string(), port_of(i)),
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .collect();
+    let mut hosts: Vec<(String, u16)> = (0..names.len().max(addrs.len()))
+        .map(|i| {
+            let host = addrs
+                .get(i)
+                .map(ToString::to_string)
+                .or_else(|| names.get(i).cloned())
+                .unwrap_or_default();
+            (host, port_of(i))
         })
         .collect();
     if hosts.is_empty() {
@@ -676,6 +688,20 @@ mod tests {
         assert_eq!(
             hosts("postgresql://u@a/db"),
             (vec![("a".to_owned(), 5432)], false)
+        );
+        // libpq's key=value form, a standby listed first.
+        let two = vec![("standby".to_owned(), 5433), ("primary".to_owned(), 5432)];
+        assert_eq!(
+            hosts("host=standby,primary port=5433,5432 dbname=db user=u target_session_attrs=read-write"),
+            (two.clone(), true)
+        );
+        assert_eq!(
+            hosts("host=standby,primary port=5433,5432 dbname=db"),
+            (two, true)
+        );
+        assert_eq!(
+            hosts("host=h hostaddr=10.0.0.1 port=6000 dbname=db"),
+            (vec![("10.0.0.1".to_owned(), 6000)], false)
         );
     }
 

@@ -274,11 +274,12 @@ pub async fn prepare_source(
         .map_err(db("reading the slot"))?;
     let recreate = config.source().on_slot_lost == OnSlotLost::Recreate;
     let create = || async {
+        // A failover slot on PostgreSQL 17 and later (see `ha`).
+        let version = crate::ha::server_version(source)
+            .await
+            .map_err(db("reading server_version_num"))?;
         let lsn: String = source
-            .query_one(
-                "select lsn::text from pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[slot],
-            )
+            .query_one(crate::ha::create_slot_sql(version), &[slot])
             .await
             .map_err(db("creating the replication slot"))?
             .of("pg_create_logical_replication_slot")
@@ -299,6 +300,7 @@ pub async fn prepare_source(
             // Crash window: the slot exists, the gap is open; the next start closes it.
             walfold_telemetry::failpoint::hit("after_slot_recreated");
             close_gap(log, slot, to).await?;
+            log_gap(log.failover_slot_checked().await)?;
             return record_publication(log, publication).await;
         }
         None if ingested_through > Lsn::ZERO => {
@@ -403,6 +405,7 @@ pub async fn prepare_source(
                     .map_err(db("dropping the invalidated slot"))?;
                 let to = create().await?;
                 close_gap(log, slot, to).await?;
+                log_gap(log.failover_slot_checked().await)?;
                 return record_publication(log, publication).await;
             }
             if wal_status.as_deref() == Some("lost") {
@@ -411,6 +414,10 @@ pub async fn prepare_source(
                     problem: "was invalidated (wal_status=lost): WAL it needed was removed, so events may be missing; investigate, then drop the slot and backfill".into(),
                 });
             }
+            // After a failover: a slot on the new primary past the fork is a gap (see
+            // `ha`); checked before a gap left open below is closed.
+            let at = confirmed.as_deref().and_then(|l| l.parse::<Lsn>().ok());
+            crate::ha::slot_after_failover(log, slot, ingested_through, at).await?;
             // A gap opened by a run that died before closing it: the slot was created
             // and nothing has been read from it, so its position is its start.
             if let Some(start) = confirmed.and_then(|l| l.parse::<Lsn>().ok()) {

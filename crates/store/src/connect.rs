@@ -3,7 +3,7 @@
 use tokio_postgres::config::{SslMode as PgSslMode, TargetSessionAttrs};
 use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
-use walfold_config::redact_url;
+use walfold_config::{conninfo, redact_url};
 
 use crate::error::StoreError;
 use crate::tls::SslMode;
@@ -28,35 +28,51 @@ impl std::fmt::Debug for ConnectOptions {
 }
 
 impl ConnectOptions {
+    /// Reads a URL or libpq's key=value pairs (`host=a,b port=5432,5433 dbname=app`).
     pub fn parse(url: &str) -> Result<ConnectOptions, StoreError> {
         let bad = |reason: String| StoreError::Url {
             url: redact_url(url),
             reason,
         };
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let ssl = |v: &str| match v {
+            "disable" => Ok(SslMode::Disable),
+            "prefer" | "allow" => Ok(SslMode::Prefer),
+            "require" => Ok(SslMode::Require),
+            "verify-ca" => Ok(SslMode::VerifyCa),
+            "verify-full" => Ok(SslMode::VerifyFull),
+            other => Err(bad(format!("unknown sslmode `{other}`"))),
+        };
         let mut ssl_mode = SslMode::Prefer;
         let mut root_cert = None;
-        let mut rest = Vec::new();
-        for kv in query.split('&').filter(|s| !s.is_empty()) {
-            match kv.split_once('=') {
-                Some(("sslmode", v)) => {
-                    ssl_mode = match v {
-                        "disable" => SslMode::Disable,
-                        "prefer" | "allow" => SslMode::Prefer,
-                        "require" => SslMode::Require,
-                        "verify-ca" => SslMode::VerifyCa,
-                        "verify-full" => SslMode::VerifyFull,
-                        other => return Err(bad(format!("unknown sslmode `{other}`"))),
+        let base_url = if conninfo::is_url(url) {
+            let (base, query) = url.split_once('?').unwrap_or((url, ""));
+            let mut rest = Vec::new();
+            for kv in query.split('&').filter(|s| !s.is_empty()) {
+                match kv.split_once('=') {
+                    Some(("sslmode", v)) => ssl_mode = ssl(v)?,
+                    Some(("sslrootcert", v)) => root_cert = Some(v.to_owned()),
+                    Some(("target_session_attrs", "primary")) => {
+                        rest.push("target_session_attrs=read-write")
                     }
+                    _ => rest.push(kv),
                 }
-                Some(("sslrootcert", v)) => root_cert = Some(v.to_owned()),
-                _ => rest.push(kv),
             }
-        }
-        let base_url = if rest.is_empty() {
-            base.to_owned()
+            if rest.is_empty() {
+                base.to_owned()
+            } else {
+                format!("{base}?{}", rest.join("&"))
+            }
         } else {
-            format!("{base}?{}", rest.join("&"))
+            let mut rest = Vec::new();
+            for (k, v) in conninfo::parse_pairs(url).map_err(bad)? {
+                match (k.as_str(), v.as_str()) {
+                    ("sslmode", v) => ssl_mode = ssl(v)?,
+                    ("sslrootcert", _) => root_cert = Some(v),
+                    ("target_session_attrs", "primary") => rest.push((k, "read-write".into())),
+                    _ => rest.push((k, v)),
+                }
+            }
+            conninfo::render_pairs(&rest)
         };
         Ok(ConnectOptions {
             base_url,
@@ -175,5 +191,37 @@ mod tests {
         assert_eq!(o.base_url, "postgresql://u:p@h:1/db?connect_timeout=5");
         assert!(ConnectOptions::parse("postgresql://h/db?sslmode=bogus").is_err());
         assert!(!format!("{o:?}").contains(":p@"), "{o:?}");
+    }
+
+    #[test]
+    fn reads_key_value_pairs_with_several_hosts() {
+        let o = ConnectOptions::parse(
+            "host=a,/tmp port=5432,5433 dbname='my db' user=u password=p \
+             sslmode=verify-ca sslrootcert=/ca.pem target_session_attrs=primary",
+        )
+        .unwrap();
+        assert_eq!(o.ssl_mode, SslMode::VerifyCa);
+        assert_eq!(o.root_cert.as_deref(), Some("/ca.pem"));
+        let c = o.pg_config().unwrap();
+        assert_eq!(
+            c.get_hosts(),
+            [
+                tokio_postgres::config::Host::Tcp("a".into()),
+                tokio_postgres::config::Host::Unix("/tmp".into())
+            ]
+        );
+        assert_eq!(c.get_ports(), [5432, 5433]);
+        assert_eq!(c.get_dbname(), Some("my db"));
+        assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+        assert!(!format!("{o:?}").contains("'p'"), "{o:?}");
+        // Two hosts without target_session_attrs: the one that accepts writes.
+        let c = ConnectOptions::parse("host=a,b dbname=d")
+            .unwrap()
+            .pg_config()
+            .unwrap();
+        assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+        assert!(ConnectOptions::parse("host=a sslmode=bogus").is_err());
+        let e = ConnectOptions::parse("host=a password='s3cret").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
     }
 }

@@ -242,6 +242,30 @@ impl EventLog {
         &self.client
     }
 
+    /// Runs one statement in a transaction that proves leadership (when this log is
+    /// fenced): a small write beside the appends, on the appender's own connection.
+    pub(crate) async fn fenced_execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        context: &'static str,
+    ) -> Result<u64, StoreError> {
+        let tx = self
+            .client
+            .transaction()
+            .await
+            .map_err(StoreError::db(context))?;
+        if let Some(fence) = &self.fence {
+            fence.check(&tx).await?;
+        }
+        let n = tx
+            .execute(sql, params)
+            .await
+            .map_err(StoreError::db(context))?;
+        tx.commit().await.map_err(StoreError::db(context))?;
+        Ok(n)
+    }
+
     pub(crate) fn schema(&self) -> &Schema {
         &self.schema
     }

@@ -34,8 +34,32 @@ const RECORD_FAILOVER: &str =
        select $1, $2, $3, $4, $5, $6, pos.lsn, \
        (select coalesce(max(seq), 0) from {schema}.event_log) from pos), \
      upd as (update {schema}.ingest_position set lsn = least(lsn, $6), system_id = $3, \
-       timeline = $5 where slot = $1) \
+       timeline = $5 where slot = $1), \
+     gone as (delete from {schema}.source_horizon where slot = $1 and lsn > $6) \
      select lsn from pos";
+
+/// Records slot `$1`'s horizon: position `$2`, xid `$3`; forgets those older than six
+/// hours but the newest.
+const RECORD_HORIZON: &str = "with ins as (insert into {schema}.source_horizon (slot, lsn, xid) \
+       values ($1, $2, $3)) \
+     delete from {schema}.source_horizon where slot = $1 \
+       and recorded_at < now() - interval '6 hours'";
+
+/// Slot `$1`'s last horizon at or before position `$2`.
+const HORIZON_BEFORE: &str = "select lsn, xid from {schema}.source_horizon \
+     where slot = $1 and lsn <= $2 order by lsn desc, xid desc limit 1";
+
+/// Reports the backfill of slot `$1`'s unfilled gaps: `$2` rows scanned, xid bound `$3`.
+const GAP_PROGRESS: &str = "update {schema}.slot_gap set scanned = $2, since_xid = $3, \
+     progress_at = now() where slot = $1 and to_lsn is not null and backfilled is null";
+
+/// Slot `$1`'s last failover whose slot was not checked yet: its fork.
+const UNCHECKED_SLOT: &str = "select fork_lsn from {schema}.source_failover \
+     where slot = $1 and slot_checked_at is null order by id desc limit 1";
+
+/// Marks slot `$1`'s failovers' slots checked.
+const SLOT_CHECKED: &str = "update {schema}.source_failover set slot_checked_at = now() \
+     where slot = $1 and slot_checked_at is null";
 
 /// Slot `$1`'s last failover.
 const LAST_FAILOVER: &str = "select from_timeline, to_timeline, fork_lsn, ingested_lsn, head_seq \
@@ -206,6 +230,68 @@ impl EventLog {
             )
             .await
             .map_err(StoreError::db("recording phantoms"))?;
+        Ok(())
+    }
+
+    /// The fork of this slot's last failover whose slot has not been checked against it.
+    pub async fn unchecked_failover_slot(&self) -> Result<Option<Lsn>, StoreError> {
+        let row = self
+            .client()
+            .query_opt(&self.schema().sql(UNCHECKED_SLOT), &[&self.slot()])
+            .await
+            .map_err(StoreError::db("reading the last failover"))?;
+        row.map(|r| Ok(r.of("source_failover").col::<PgLsn>("fork_lsn")?.into()))
+            .transpose()
+    }
+
+    /// Marks this slot's failovers' slots checked.
+    pub async fn failover_slot_checked(&self) -> Result<(), StoreError> {
+        self.client()
+            .execute(&self.schema().sql(SLOT_CHECKED), &[&self.slot()])
+            .await
+            .map_err(StoreError::db("recording the slot's check"))?;
+        Ok(())
+    }
+
+    /// Records the slot's horizon read from the source: its confirmed position `lsn`
+    /// and its catalog_xmin as a 64-bit `xid` (fenced, on the appender's connection).
+    pub async fn record_horizon(&mut self, lsn: Lsn, xid: i64) -> Result<(), StoreError> {
+        let lsn: PgLsn = lsn.into();
+        let sql = self.schema().sql(RECORD_HORIZON);
+        let slot = self.slot().to_owned();
+        self.fenced_execute(&sql, &[&slot, &lsn, &xid], "recording the source's horizon")
+            .await?;
+        Ok(())
+    }
+
+    /// The last horizon recorded at or before `lsn`: (position, 64-bit xid).
+    pub async fn horizon_before(&self, lsn: Lsn) -> Result<Option<(Lsn, i64)>, StoreError> {
+        let lsn: PgLsn = lsn.into();
+        let row = self
+            .client()
+            .query_opt(&self.schema().sql(HORIZON_BEFORE), &[&self.slot(), &lsn])
+            .await
+            .map_err(StoreError::db("reading the source's horizon"))?;
+        row.map(|row| {
+            let r = row.of("source_horizon");
+            Ok((r.col::<PgLsn>("lsn")?.into(), r.col("xid")?))
+        })
+        .transpose()
+    }
+
+    /// Reports a gap backfill's progress: `scanned` rows read, bounded by `since_xid`.
+    pub async fn gap_progress(
+        &self,
+        scanned: i64,
+        since_xid: Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.client()
+            .execute(
+                &self.schema().sql(GAP_PROGRESS),
+                &[&self.slot(), &scanned, &since_xid],
+            )
+            .await
+            .map_err(StoreError::db("reporting a gap backfill's progress"))?;
         Ok(())
     }
 

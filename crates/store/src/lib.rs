@@ -20,6 +20,7 @@ mod leader;
 mod log_order;
 mod migrate;
 mod pause;
+mod phantom;
 mod pooler;
 mod prune;
 pub mod rebuild;
@@ -59,6 +60,7 @@ pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, SchemaAccess};
 pub use pause::{clear_pause, clear_pauses, record_ingest_pause, record_pause};
+pub use phantom::{accept_phantoms, claimed, list_phantoms, Accept, PhantomEntry};
 pub use pooler::{pooler_fix, pooling, refuse_pooling, Pooling};
 pub use prune::{
     hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,

@@ -33,7 +33,9 @@ const INGEST: &str = "select lsn, appended, duplicates, id_conflicts, malformed,
 const SLOT_GAPS: &str = "select \
      (select count(*) from {schema}.slot_gap where slot = $1) as gaps, \
      (select count(*) from {schema}.slot_gap where slot = $1 and filled_at is null) as open_gaps, \
-     (select count(*) from {schema}.phantom_event where slot = $1 and accepted_at is null) as phantoms";
+     (select count(*) from {schema}.phantom_event where slot = $1 and accepted_at is null) as phantoms, \
+     (select max(scanned) from {schema}.slot_gap where slot = $1 and to_lsn is not null \
+       and backfilled is null) as backfill_scanned";
 
 /// Each subscriber's checkpoints summed, with its parked aggregates and first pause.
 const SUBSCRIBERS: &str = "select c.subscriber_id, max(c.partitions) as partitions, \
@@ -176,6 +178,8 @@ pub struct SourceStatus {
     pub slot_gaps_open: i64,
     /// Open phantoms of this source's slot.
     pub phantoms: i64,
+    /// Rows a gap backfill that is running has read so far.
+    pub gap_backfill_scanned: Option<i64>,
 }
 
 /// A source to report on: its name, slot, and its database if it could be reached.
@@ -354,6 +358,7 @@ async fn source_status(
         gaps.col("open_gaps")?,
         gaps.col("phantoms")?,
     );
+    let gap_backfill_scanned = gaps.col("backfill_scanned")?;
     Ok(SourceStatus {
         name: probe.name.to_owned(),
         slot_name: slot_name.to_owned(),
@@ -363,6 +368,7 @@ async fn source_status(
         slot_gaps,
         slot_gaps_open,
         phantoms,
+        gap_backfill_scanned,
     })
 }
 

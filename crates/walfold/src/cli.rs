@@ -111,6 +111,11 @@ pub enum Command {
     /// Inspect and resolve dead letters.
     #[command(name = "dead-letters", subcommand)]
     DeadLetters(DeadLetterCommand),
+    /// List phantoms (events read from an old primary past a failover's fork that the
+    /// new primary does not have) with the read models they reached; accept those that
+    /// are right after all.
+    #[command(subcommand)]
+    Phantoms(PhantomCommand),
     /// Rebuild a projection under a new subscriber ID into a shadow table while the live
     /// one keeps serving; the running daemon replays, then swaps them when caught up.
     Rebuild {
@@ -218,6 +223,45 @@ pub enum DeadLetterCommand {
         /// The target holding the dead letter (`[targets.NAME]`; `main` by default).
         #[arg(long)]
         target: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PhantomCommand {
+    /// List phantoms, oldest first (open ones unless --all), each with the subscribers
+    /// that claimed it: the read models it reached.
+    List {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// Only this [[source]]'s (by name).
+        #[arg(long)]
+        source: Option<String>,
+        /// Include accepted ones.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 1000)]
+        limit: i64,
+    },
+    /// Accept phantoms you know are right (the application deleted their outbox rows, or
+    /// they came from a message outbox): reads of the log include them again, and status,
+    /// doctor and walfold_phantom_events stop counting them. The reason is recorded.
+    Accept {
+        #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
+        config: PathBuf,
+        /// The phantoms' event IDs.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        event_ids: Vec<String>,
+        /// Every open phantom (of --source, when given).
+        #[arg(long)]
+        all: bool,
+        #[arg(long, requires = "all")]
+        source: Option<String>,
+        /// Why they are right.
+        #[arg(long)]
+        reason: String,
     },
 }
 

@@ -11,6 +11,8 @@ use walfold_store::RowExt;
 use crate::run::load;
 use crate::Failure;
 
+mod ha;
+
 /// What stops the checks: a statement that failed, or a row that could not be read.
 type CheckError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -585,8 +587,10 @@ async fn source_checks(
                 format!("slot {slot} retains {mb} MB of WAL (threshold {max_retained_mb} MB)"),
                 "walfold is behind or stopped: check `walfold status` and the daemon's log",
             );
+            ha::slot_checks(r, config, source, ingested.as_deref()).await?;
         }
     }
+    ha::hosts(r, config).await?;
     Ok(())
 }
 
@@ -715,7 +719,7 @@ async fn failover_leftovers(r: &mut Report, config: &Config, target: &Client) {
                     s.phantoms,
                     s.first_seq.unwrap_or(0)
                 ),
-                format!("rebuild the projections they reached (walfold rebuild, which skips them); or, for rows the application deleted, accept them: update {name}.phantom_event set accepted_at = now() where slot = '{}'", source.slot),
+                format!("`walfold phantoms list --source {}` shows them with the read models they reached: rebuild those projections (walfold rebuild, which skips them); or, for rows the application deleted, accept them: walfold phantoms accept EVENT_ID --reason …", source.name),
             );
         }
         if s.open_gaps > 0 {

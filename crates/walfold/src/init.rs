@@ -446,14 +446,11 @@ pub async fn init(
             output.display()
         )));
     }
-    // walfold.toml takes URLs only: refused before the connection, not after.
-    let is_url = ["postgresql://", "postgres://"]
-        .iter()
-        .any(|p| url.starts_with(p));
-    if !is_url {
-        return Err(Failure::config(
-            "--url must be a URL like postgresql://user@host:5432/dbname (walfold.toml takes no key=value connection strings)",
-        ));
+    // A URL or libpq's key=value form, as walfold.toml takes them: refused before the
+    // connection, not after, naming what is wrong.
+    let problems = walfold_config::conninfo::problems(url);
+    if !problems.is_empty() {
+        return Err(Failure::config(format!("--url: {}", problems.join("; "))));
     }
     let client = walfold_store::connect_for_command(url, "the database")
         .await

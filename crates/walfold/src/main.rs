@@ -11,6 +11,7 @@ mod http;
 mod init;
 mod open_files;
 mod ops;
+mod phantoms;
 mod progress;
 mod run;
 mod shutdown;
@@ -170,6 +171,7 @@ fn main() -> ExitCode {
             }
             Command::Migrate { config } => run::migrate_only(&config).await,
             Command::DeadLetters(command) => dead_letters::run(command).await,
+            Command::Phantoms(command) => phantoms::run(command).await,
             Command::Rebuild {
                 config,
                 projection,

@@ -348,6 +348,14 @@ fn render(config: &Config, s: &walfold_store::Status) -> String {
             s.slot_gaps, config.target.schema, s.slot_gaps_open
         );
     }
+    for source in &s.sources {
+        if let Some(scanned) = source.gap_backfill_scanned {
+            println!(
+                "source {}: backfilling its slot gap, {scanned} outbox rows read so far (progress in the log)",
+                source.name
+            );
+        }
+    }
     if s.phantoms > 0 {
         println!(
             "phantoms: {} (events read from an old primary past a failover's fork that the new primary does not have; see {}.phantom_event; rebuild the projections they reached)",

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
-    config_builder, eventually, walfold, write_config, Daemon, TestDb, PROJECTIONS,
+    caught_up, config_builder, eventually, insert_event, walfold, write_config, Daemon, TestDb,
+    PROJECTIONS,
 };
 
 /// Writes one-event transactions to `url` until `stop`, reconnecting to `url` when the
@@ -90,18 +91,34 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         primary.port(),
         standby.port()
     );
+    // The stop daemon reads libpq's key=value form, the standby listed first: its SQL
+    // and replication sessions alike must pick the primary (setup on the standby would
+    // fail, and a standby cannot decode), and its target is key=value too.
+    let conninfo = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={db} \
+         target_session_attrs=read-write",
+        standby.port(),
+        primary.port()
+    );
     let (recreate_target, stop_target) = (TestDb::new("fo_recreate"), TestDb::new("fo_stop"));
-    let config = |target: &TestDb, slot: &str, mode: &str| {
-        config_builder(&url)
+    let stop_target_conninfo = format!(
+        "host=127.0.0.1 port={} user=postgres dbname={}",
+        stop_target.cluster.port(),
+        stop_target.name
+    );
+    let config = |url: &str, target: &str, slot: &str, mode: &str| {
+        config_builder(url)
             .source("slot", slot)
             .source("on_slot_lost", mode)
-            .set("target", "url", target.url())
+            // The slot's horizon (which bounds a gap's backfill) is recorded each period.
+            .source("heartbeat_interval_s", 1)
+            .set("target", "url", target)
             .set("log", "level", "info")
             .text(PROJECTIONS)
             .to_toml()
     };
-    let recreate_cfg = config(&recreate_target, "walfold_recreate", "recreate");
-    let stop_cfg = config(&stop_target, "walfold_stop", "stop");
+    let recreate_cfg = config(&url, &recreate_target.url(), "walfold_recreate", "recreate");
+    let stop_cfg = config(&conninfo, &stop_target_conninfo, "walfold_stop", "stop");
     let mut recreate = Daemon::start(&recreate_cfg, &[]);
     let mut stop = Daemon::start(&stop_cfg, &[]);
     let source = walfold_store::connect(&primary.url(&db)).await.unwrap();
@@ -118,12 +135,27 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     })
     .await;
 
+    // Doctor asks each host of the key=value conninfo what it is.
+    let (_, out, _) = walfold(
+        &["doctor", "-c", write_config(&stop_cfg).to_str().unwrap()],
+        &[],
+    );
+    assert!(
+        out.contains(&format!("source host 127.0.0.1:{} is a standby; PostgreSQL 15 keeps no copy of slot walfold_stop", standby.port()))
+            && out.contains(&format!("source host 127.0.0.1:{} is the primary", primary.port())),
+        "{out}"
+    );
     let (halt, written) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicU64::new(0)),
     );
     let writer = producer(url.clone(), halt.clone(), written.clone());
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A checkpoint logs the running transactions: the slots' catalog_xmin moves past
+    // the rows written so far, and walfold records it as the horizon a gap's backfill
+    // starts from (without it the bound is the slot's creation, and it reads them all).
+    primary.psql(&db, "checkpoint").unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     // The standby falls behind; walfold keeps reading the primary.
     standby.detach().unwrap();
     tokio::time::sleep(Duration::from_millis(2000)).await;
@@ -145,7 +177,12 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     eventually(
         Duration::from_secs(40),
         "the recreate daemon folds the new primary",
-        || async { tally(&new_primary, &recreate_target).await.missing == 0 },
+        || async {
+            // Every projection caught up: the running sum may lag the ledger (negative);
+            // an event applied twice stays positive.
+            let t = tally(&new_primary, &recreate_target).await;
+            t.missing == 0 && t.doubled >= 0
+        },
     )
     .await;
     let r = tally(&new_primary, &recreate_target).await;
@@ -166,9 +203,32 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         gap.get::<_, bool>(2) && gap.get::<_, bool>(3),
         "closed and filled"
     );
+    // The backfill read only rows of transactions that may have committed in the gap:
+    // fewer than the table holds, and no fewer than it appended.
+    let scan = rt
+        .query_one(
+            "select scanned, backfilled, since_xid is not null from walfold.slot_gap",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (scanned, backfilled): (i64, i64) = (scan.get(0), scan.get(1));
     println!(
-        "recreate: gap {fork} backfilled {} events",
-        recreate_target.psql("select backfilled from walfold.slot_gap")
+        "recreate: gap {fork} scanned {scanned} of {} rows, backfilled {backfilled} events",
+        r.committed
+    );
+    assert!(scan.get::<_, bool>(2), "bounded by a recorded horizon");
+    assert!(
+        backfilled <= scanned && scanned < r.committed,
+        "scanned {scanned}, backfilled {backfilled}, {} rows",
+        r.committed
+    );
+    assert!(
+        recreate
+            .log_text()
+            .contains("reading outbox rows of transactions from xid"),
+        "{}",
+        recreate.log_text()
     );
     let seen = rt
         .query_one(
@@ -262,6 +322,68 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         "no phantom reached the new subscriber"
     );
 
+    // `walfold phantoms list` shows each open phantom with the read models it reached;
+    // one accepted (with its reason) is no longer counted.
+    let (code, out, err) = walfold(
+        &["phantoms", "list", "-c", path.to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed.len() as i64, r.phantom);
+    assert!(
+        listed.iter().all(|p| p["reached"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s == "orders.ledger.v1"))),
+        "every phantom shows the ledger it reached: {:?}",
+        listed.first()
+    );
+    let accepted = listed[0]["event_id"].as_str().unwrap().to_owned();
+    let (code, out, err) = walfold(
+        &[
+            "phantoms",
+            "accept",
+            "-c",
+            path.to_str().unwrap(),
+            &accepted,
+            "--reason",
+            "the application deleted its row",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("1 phantom(s) accepted"), "{out}");
+    assert_eq!(flagged(&recreate_target), (r.phantom - 1).to_string());
+    let (_, out, _) = walfold(&["status", "-c", path.to_str().unwrap()], &[]);
+    assert!(
+        out.contains(&format!("phantoms: {}", r.phantom - 1)),
+        "{out}"
+    );
+    let (code, out, _) = walfold(
+        &["phantoms", "list", "-c", path.to_str().unwrap(), "--all"],
+        &[],
+    );
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&accepted) && l.contains("accepted")),
+        "{out}"
+    );
+    // Accepting it again, or an ID that is no phantom, is refused (exit 2).
+    let (code, _, err) = walfold(
+        &[
+            "phantoms",
+            "accept",
+            "-c",
+            path.to_str().unwrap(),
+            &accepted,
+            "--reason",
+            "again",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+
     // stop: refuses, naming the fork; its fix (create the slot, backfill, restart)
     // misses nothing.
     stop.wait_exit("the stop daemon to refuse").await;
@@ -290,7 +412,12 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     eventually(
         Duration::from_secs(30),
         "the stop daemon folds the new primary",
-        || async { tally(&new_primary, &stop_target).await.missing == 0 },
+        || async {
+            // Every projection caught up: the running sum may lag the ledger (negative);
+            // an event applied twice stays positive.
+            let t = tally(&new_primary, &stop_target).await;
+            t.missing == 0 && t.doubled >= 0
+        },
     )
     .await;
     let s = tally(&new_primary, &stop_target).await;
@@ -301,6 +428,16 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
         flagged(&stop_target),
         s.phantom.to_string(),
         "every phantom is flagged"
+    );
+    // The slot made by hand on the new primary starts past the fork (as one a manager
+    // such as Patroni creates after a promotion would): walfold records the range
+    // between as a gap from the fork and backfills it.
+    assert_eq!(
+        stop_target.psql(
+            "select reason || ' ' || from_lsn::text || ' ' || (filled_at is not null)::text \
+             from walfold.slot_gap"
+        ),
+        format!("failover {fork} true")
     );
     recreate.kill();
 
@@ -323,5 +460,78 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
             .contains("another database, not a failover"),
         "{}",
         wrong.log_text()
+    );
+}
+
+/// A slot that survived at an older position, as Patroni's permanent slots do (a copy
+/// on each standby, advanced only as far as it replayed): made for real by copying a
+/// slot created early over walfold's own once walfold has read past it. walfold streams
+/// from the old position again: what it has is recognised as duplicates, the rest is
+/// folded once; doctor notes the slot behind the ingest position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_behind_the_ingest_position_streams_again_without_doubling() {
+    let db = TestDb::new("slot_behind");
+    let config = db.config("");
+    let (mut daemon, client) = Daemon::streaming(&db, &config).await;
+    db.psql("select 1 from pg_create_logical_replication_slot('walfold_older', 'pgoutput')");
+    let insert = |from: i64, to: i64| {
+        (from..=to)
+            .map(|i| {
+                insert_event(
+                    &uuid::Uuid::new_v4().to_string(),
+                    &format!("o-{}", i % 5),
+                    "OrderChanged",
+                    i,
+                    &format!("{{\"status\": \"s{i}\", \"amount\": {i}}}"),
+                )
+            })
+            .collect::<String>()
+    };
+    db.psql(&insert(1, 40));
+    caught_up(&client, 40, 3).await;
+    daemon.kill();
+    eventually(
+        Duration::from_secs(20),
+        "the slot to be released",
+        || async {
+            client
+                .execute("select pg_drop_replication_slot('walfold')", &[])
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    db.psql(
+        "select 1 from pg_copy_logical_replication_slot('walfold_older', 'walfold'); \
+         select pg_drop_replication_slot('walfold_older')",
+    );
+    let path = write_config(&config);
+    let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+    assert!(out.contains("behind walfold's ingest position"), "{out}");
+    assert!(out.contains("is no failover slot (PostgreSQL 15"), "{out}");
+
+    db.psql(&insert(41, 60));
+    let _daemon = Daemon::start(&config, &[]);
+    caught_up(&client, 60, 3).await;
+    let one = |sql: &'static str| {
+        let client = &client;
+        async move { client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    eventually(
+        Duration::from_secs(20),
+        "the replay counted as duplicates",
+        || async { one("select duplicates from walfold.ingest_position").await >= 40 },
+    )
+    .await;
+    assert_eq!(one("select count(*) from walfold.event_log").await, 60);
+    assert_eq!(one("select count(*) from ledger").await, 60);
+    assert_eq!(
+        one("select (select sum(total) from order_total)::int8 - (select sum(amount) from ledger)::int8").await,
+        0,
+        "nothing applied twice"
+    );
+    println!(
+        "slot behind: {} duplicates streamed again, 60 events folded once",
+        one("select duplicates from walfold.ingest_position").await
     );
 }
