@@ -392,15 +392,23 @@ impl Pager {
         };
         let place = "tableoid, ctid";
         let at = "$4::text::oid, $5::text::tid";
+        // The order names the table's columns qualified: a bare name in `order by` is the
+        // select list's column of that name first, and those are the values as text
+        // (`"n"::text`, `ctid::text`), which sort otherwise than the keyset compares
+        // them (`'10' < '9'`, `'(0,10)' < '(0,9)'`): a page would end past rows the next
+        // one skips.
+        let qualify = |c: &str| format!("{}.{c}", table.quoted());
+        let place_order = format!("{}, {}", qualify("tableoid"), qualify("ctid"));
+        let key_order: Vec<String> = key_cols.iter().map(|c| qualify(c)).collect();
         let (order, after) = if keys.is_empty() {
             // `$1` (no keys) is named only so the parameter list stays one.
             (
-                place.to_owned(),
+                place_order,
                 format!("coalesce(cardinality($1::text[]), 0) = 0 and ({place}) > ({at})"),
             )
         } else {
             (
-                format!("{}, {place}", key_cols.join(", ")),
+                format!("{}, {place_order}", key_order.join(", ")),
                 format!(
                     "({}, {place}) > ({}, {at})",
                     key_cols.join(", "),
