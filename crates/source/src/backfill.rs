@@ -19,7 +19,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
 use walfold_event::{Lsn, RowOrigin};
-use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
+use walfold_pgoutput::{oid, Column, Relation, RelationColumn, Tuple};
 use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
 
 use crate::error::SourceError;
@@ -371,9 +371,19 @@ impl Pager {
                 }
             }
         }
+        // Each value's text as the stream sends it (the type's output function), which
+        // `::text` is for every type but boolean: its cast says `true`, the stream `t`.
+        // A mapping reading it (a composite ID's part, `filed::text`) must see one text
+        // from both, or a backfilled row gets another event ID than the streamed one.
         let select: Vec<String> = columns
             .iter()
-            .map(|(n, _, _)| format!("{}::text", quote_ident(n)))
+            .map(|(n, oid, _)| match *oid {
+                oid::BOOL => format!(
+                    "case {c} when true then 't' when false then 'f' end",
+                    c = quote_ident(n)
+                ),
+                _ => format!("{}::text", quote_ident(n)),
+            })
             .collect();
         let key_cols: Vec<String> = keys.iter().map(|&k| quote_ident(&columns[k].0)).collect();
         let key_params: Vec<String> = keys

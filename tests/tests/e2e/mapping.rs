@@ -378,3 +378,46 @@ payload = "element"
         "parcel=60 reading=30"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boolean_read_by_the_mapping_gives_backfill_the_streamed_event_ids() {
+    // The stream sends a boolean as `t`; `::text` says `true`: an ID with a boolean
+    // part was another event when backfilled, and a rejected row another dead letter.
+    let db = TestDb::new("map_backfill_bool");
+    db.psql("create table flags (ref text, urgent boolean, kind text, data jsonb)");
+    db.psql(SEEN);
+    let config = config_on(
+        &db,
+        "public.flags",
+        r#"id = ["ref", "urgent"]
+aggregate_type = "'flag'"
+aggregate_id = "ref"
+event_type = "kind"
+payload = "data""#,
+    );
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    db.psql(
+        "insert into flags values ('f-1', true, 'Set', '{}'), ('f-1', false, 'Set', '{}'), \
+         ('f-2', true, 'Set', 'null')",
+    );
+    caught_up(&client, 2, 1).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let cfg = write_config(&config);
+    let (code, out, err) = walfold(
+        &[
+            "backfill",
+            "--outbox",
+            "public.flags",
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        db.psql("select string_agg(producer_id, ' ' order by producer_id) from walfold.event_log"),
+        r#"["f-1","f"] ["f-1","t"]"#,
+        "{out}{err}"
+    );
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "1");
+}
