@@ -421,3 +421,34 @@ payload = "data""#,
     );
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_filter_naming_a_column_that_is_no_boolean_is_refused_at_start() {
+    // Accepted, it dead-lettered every row ("not a boolean"); PostgreSQL refuses
+    // `where <text column>` before running it, and so does walfold now.
+    let db = TestDb::new("map_where_text");
+    db.psql(SHIPMENTS);
+    db.psql(SEEN);
+    let config = config_on(
+        &db,
+        "public.shipment_log",
+        &SHIPMENT_FIELDS.replace(r#"where = "filed""#, r#"where = "kind""#),
+    );
+    let cfg = write_config(&config);
+    let (code, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "FAIL  outbox table public.shipment_log column `kind` (outbox[0].where) is not boolean"
+        ),
+        "{out}"
+    );
+    let mut d = Daemon::start(&config, &[]);
+    assert_eq!(d.wait_exit("the daemon to refuse").await, Some(1));
+    assert!(d.log_text().contains("where = \"kind = '…'\""), "{}", d.log_text());
+    // The boolean column is taken.
+    let config = config_on(&db, "public.shipment_log", SHIPMENT_FIELDS);
+    let cfg = write_config(&config);
+    let (_, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert!(!out.contains("(outbox[0].where)"), "{out}");
+}
