@@ -445,7 +445,11 @@ async fn a_row_filter_naming_a_column_that_is_no_boolean_is_refused_at_start() {
     );
     let mut d = Daemon::start(&config, &[]);
     assert_eq!(d.wait_exit("the daemon to refuse").await, Some(1));
-    assert!(d.log_text().contains("where = \"kind = '…'\""), "{}", d.log_text());
+    assert!(
+        d.log_text().contains("where = \"kind = '…'\""),
+        "{}",
+        d.log_text()
+    );
     // The boolean column is taken.
     let config = config_on(&db, "public.shipment_log", SHIPMENT_FIELDS);
     let cfg = write_config(&config);
