@@ -10,8 +10,15 @@ use crate::numeric;
 
 /// Parses JSON text as `::jsonb` does.
 pub(crate) fn parse(text: &str) -> Result<J, String> {
-    let mut v: J = serde_json::from_str(text)
-        .map_err(|e| format!("invalid input syntax for type json: {e}"))?;
+    // walfold's bounded reader: JSON as deep as a payload column may be (serde_json
+    // alone stops at 128 levels, so a payload read through an expression was refused
+    // where the same value read as a column folded).
+    let mut v: J = walfold_event::json::parse(text).map_err(|e| match e {
+        walfold_event::json::JsonError::Invalid(e) => {
+            format!("invalid input syntax for type json: {e}")
+        }
+        deep => format!("json {deep}"),
+    })?;
     canonical(&mut v)?;
     Ok(v)
 }
@@ -303,6 +310,15 @@ fn obj(pairs: &[(&str, J)]) -> J {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_as_deep_as_walfold_reads_a_payload_parses() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(parse(&nested(200)).is_ok());
+        assert!(parse(&nested(512)).is_ok());
+        let err = parse(&nested(513)).unwrap_err();
+        assert!(err.contains("512"), "{err}");
+    }
 
     #[test]
     fn text_form_is_jsonb_s() {

@@ -68,9 +68,10 @@ impl Value {
     /// its JSON literal. `None` for NULL; an error saying why for anything else.
     pub fn to_json_text(&self) -> Result<Option<String>, String> {
         let checked = |s: &str| -> Result<(), String> {
-            serde_json::from_str::<serde::de::IgnoredAny>(s)
-                .map(drop)
-                .map_err(|e| format!("not JSON: {e}"))
+            walfold_event::json::validate(s.as_bytes()).map_err(|e| match e {
+                walfold_event::json::JsonError::Invalid(e) => format!("not JSON: {e}"),
+                deep => format!("JSON that {deep}"),
+            })
         };
         Ok(Some(match self {
             Value::Null => return Ok(None),

@@ -19,7 +19,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config, OutboxConfig};
 use walfold_event::{Lsn, RowOrigin};
-use walfold_pgoutput::{Column, Relation, RelationColumn, Tuple};
+use walfold_pgoutput::{oid, Column, Relation, RelationColumn, Tuple};
 use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
 
 use crate::error::SourceError;
@@ -430,9 +430,19 @@ impl Pager {
                 }
             }
         }
+        // Each value's text as the stream sends it (the type's output function), which
+        // `::text` is for every type but boolean: its cast says `true`, the stream `t`.
+        // A mapping reading it (a composite ID's part, `filed::text`) must see one text
+        // from both, or a backfilled row gets another event ID than the streamed one.
         let select: Vec<String> = columns
             .iter()
-            .map(|(n, _, _)| format!("{}::text", quote_ident(n)))
+            .map(|(n, oid, _)| match *oid {
+                oid::BOOL => format!(
+                    "case {c} when true then 't' when false then 'f' end",
+                    c = quote_ident(n)
+                ),
+                _ => format!("{}::text", quote_ident(n)),
+            })
             .collect();
         let key_cols: Vec<String> = keys.iter().map(|&k| quote_ident(&columns[k].0)).collect();
         let key_params: Vec<String> = keys
@@ -451,15 +461,23 @@ impl Pager {
         };
         let place = "tableoid, ctid";
         let at = "$4::text::oid, $5::text::tid";
+        // The order names the table's columns qualified: a bare name in `order by` is the
+        // select list's column of that name first, and those are the values as text
+        // (`"n"::text`, `ctid::text`), which sort otherwise than the keyset compares
+        // them (`'10' < '9'`, `'(0,10)' < '(0,9)'`): a page would end past rows the next
+        // one skips.
+        let qualify = |c: &str| format!("{}.{c}", table.quoted());
+        let place_order = format!("{}, {}", qualify("tableoid"), qualify("ctid"));
+        let key_order: Vec<String> = key_cols.iter().map(|c| qualify(c)).collect();
         let (order, after) = if keys.is_empty() {
             // `$1` (no keys) is named only so the parameter list stays one.
             (
-                place.to_owned(),
+                place_order,
                 format!("coalesce(cardinality($1::text[]), 0) = 0 and ({place}) > ({at})"),
             )
         } else {
             (
-                format!("{}, {place}", key_cols.join(", ")),
+                format!("{}, {place_order}", key_order.join(", ")),
                 format!(
                     "({}, {place}) > ({}, {at})",
                     key_cols.join(", "),

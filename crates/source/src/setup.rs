@@ -654,6 +654,27 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
                 }
                 if let Some(at) = columns.iter().position(|c| c == column) {
                     let type_oid = types.get(at).map_or(0, |t| *t as u32);
+                    // A column as the row filter is a boolean one; any other would make
+                    // every row a dead letter ("not a boolean"), as PostgreSQL refuses
+                    // `where <text column>` before running it.
+                    if f.key == "where" && f.is_column() && type_oid != walfold_pgoutput::oid::BOOL
+                    {
+                        let name_in_expr = if column.chars().any(|c| c.is_ascii_uppercase()) {
+                            format!("\\\"{column}\\\"")
+                        } else {
+                            column.clone()
+                        };
+                        shape.refusals.push(Refusal {
+                            problem: format!(
+                                "outbox table {name} column `{column}` (outbox[{i}].where) is \
+                                 not boolean: every row would be a dead letter"
+                            ),
+                            fix: format!(
+                                "set outbox[{i}].where to a boolean column or a condition on \
+                                 this one, e.g. where = \"{name_in_expr} = '…'\""
+                            ),
+                        });
+                    }
                     if let Some(why) = crate::outbox::unreadable_type(type_oid) {
                         shape.refusals.push(Refusal {
                             problem: format!(

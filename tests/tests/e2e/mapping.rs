@@ -314,3 +314,145 @@ async fn backfill_finds_text_id_rows_the_slot_missed_and_doubles_none() {
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_pages_integer_id_parts_and_row_places_in_their_own_order() {
+    // Pages are cut by the key's own order, not its text's: `'10' < '9'` and
+    // `'(0,10)' < '(0,9)'` ended a page past rows the next page then skipped.
+    let db = TestDb::new("map_backfill_order");
+    db.psql("create table readings (sensor text, n int, kind text, data jsonb)");
+    db.psql(PARCELS);
+    db.psql(SEEN);
+    let config = config_on(
+        &db,
+        "public.readings",
+        r#"id = ["sensor", "n"]
+aggregate_type = "'reading'"
+aggregate_id = "sensor"
+event_type = "kind"
+payload = "data""#,
+    )
+    .replace(
+        "[[projection]]",
+        r#"[[outbox]]
+table = "public.parcel_batch"
+expand = "items"
+id = ["batch_id", "element->>'n'"]
+aggregate_type = "'parcel'"
+aggregate_id = "element->>'parcel'"
+event_type = "'Scanned'"
+payload = "element"
+
+[[projection]]"#,
+    );
+    // Written before walfold's slot existed: only a backfill finds them.
+    db.psql(
+        "insert into readings select 's-1', g, 'Read', '{}' from generate_series(1, 30) g; \
+         insert into parcel_batch select g, jsonb_build_array(jsonb_build_object('n', 1, \
+         'parcel', 'p-' || g), jsonb_build_object('n', 2, 'parcel', 'p-' || g)) \
+         from generate_series(1, 30) g",
+    );
+    let (mut d, _client) = Daemon::streaming(&db, &config).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let cfg = write_config(&config);
+    for table in ["public.readings", "public.parcel_batch"] {
+        let (code, out, err) = walfold(
+            &[
+                "backfill",
+                "--outbox",
+                table,
+                "--batch",
+                "7",
+                "-c",
+                cfg.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    assert_eq!(
+        db.psql(
+            "select string_agg(aggregate_type || '=' || n, ' ' order by aggregate_type) from \
+             (select aggregate_type, count(*) n from walfold.event_log group by 1) c"
+        ),
+        "parcel=60 reading=30"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boolean_read_by_the_mapping_gives_backfill_the_streamed_event_ids() {
+    // The stream sends a boolean as `t`; `::text` says `true`: an ID with a boolean
+    // part was another event when backfilled, and a rejected row another dead letter.
+    let db = TestDb::new("map_backfill_bool");
+    db.psql("create table flags (ref text, urgent boolean, kind text, data jsonb)");
+    db.psql(SEEN);
+    let config = config_on(
+        &db,
+        "public.flags",
+        r#"id = ["ref", "urgent"]
+aggregate_type = "'flag'"
+aggregate_id = "ref"
+event_type = "kind"
+payload = "data""#,
+    );
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    db.psql(
+        "insert into flags values ('f-1', true, 'Set', '{}'), ('f-1', false, 'Set', '{}'), \
+         ('f-2', true, 'Set', 'null')",
+    );
+    caught_up(&client, 2, 1).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let cfg = write_config(&config);
+    let (code, out, err) = walfold(
+        &[
+            "backfill",
+            "--outbox",
+            "public.flags",
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        db.psql("select string_agg(producer_id, ' ' order by producer_id) from walfold.event_log"),
+        r#"["f-1","f"] ["f-1","t"]"#,
+        "{out}{err}"
+    );
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_filter_naming_a_column_that_is_no_boolean_is_refused_at_start() {
+    // Accepted, it dead-lettered every row ("not a boolean"); PostgreSQL refuses
+    // `where <text column>` before running it, and so does walfold now.
+    let db = TestDb::new("map_where_text");
+    db.psql(SHIPMENTS);
+    db.psql(SEEN);
+    let config = config_on(
+        &db,
+        "public.shipment_log",
+        &SHIPMENT_FIELDS.replace(r#"where = "filed""#, r#"where = "kind""#),
+    );
+    let cfg = write_config(&config);
+    let (code, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "FAIL  outbox table public.shipment_log column `kind` (outbox[0].where) is not boolean"
+        ),
+        "{out}"
+    );
+    let mut d = Daemon::start(&config, &[]);
+    assert_eq!(d.wait_exit("the daemon to refuse").await, Some(1));
+    assert!(
+        d.log_text().contains("where = \"kind = '…'\""),
+        "{}",
+        d.log_text()
+    );
+    // The boolean column is taken.
+    let config = config_on(&db, "public.shipment_log", SHIPMENT_FIELDS);
+    let cfg = write_config(&config);
+    let (_, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert!(!out.contains("(outbox[0].where)"), "{out}");
+}
