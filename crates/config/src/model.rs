@@ -287,7 +287,8 @@ pub struct OutboxConfig {
     /// the producer's event ID: a column or expression, or an array of them for a
     /// composite identity (`["stream_id", "version"]`). A uuid (or text holding one) is
     /// the event ID; any other value (text, a number, a composite) becomes a UUIDv5 of
-    /// its text, the value kept as `producer_id`
+    /// the outbox and its text ([Event identity](#event-identity)), the value kept as
+    /// `producer_id`
     ///
     /// Default: `id`
     #[serde(default)]

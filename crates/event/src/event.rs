@@ -69,11 +69,20 @@ impl RowOrigin {
 /// redelivered row would no longer be recognised as a duplicate.
 pub const PRODUCER_ID_NAMESPACE: Uuid = Uuid::from_u128(0x9615d4e4_c104_4e2a_9b91_d7841be89d67);
 
-/// The event ID of a producer's value that is no UUID: UUIDv5 of its text under
-/// [`PRODUCER_ID_NAMESPACE`]. The same value always gives the same ID; two different
-/// ones never give one (within UUIDv5's collision bound, about 2^-61 per pair).
-pub fn producer_event_id(value: &str) -> Uuid {
-    Uuid::new_v5(&PRODUCER_ID_NAMESPACE, value.as_bytes())
+/// The event ID of a producer's value that is no UUID: UUIDv5, under
+/// [`PRODUCER_ID_NAMESPACE`], of the JSON array of the outbox's scope and the value's
+/// parts (`["public.tickets","42"]`; a composite has several parts). The same value of
+/// one outbox always gives the same ID; two different values, or one value of two
+/// outboxes (two tables that both number rows from 1), never give one (within UUIDv5's
+/// collision bound, about 2^-61 per pair).
+pub fn producer_event_id(scope: &str, parts: &[&str]) -> Uuid {
+    let mut all = Vec::with_capacity(parts.len() + 1);
+    all.push(Value::String(scope.to_owned()));
+    all.extend(parts.iter().map(|p| Value::String((*p).to_owned())));
+    Uuid::new_v5(
+        &PRODUCER_ID_NAMESPACE,
+        Value::Array(all).to_string().as_bytes(),
+    )
 }
 
 impl NewEvent {
@@ -145,17 +154,24 @@ mod tests {
     fn a_producer_value_gives_one_stable_event_id() {
         use super::{producer_event_id, RowOrigin};
         // Pinned: changing the namespace or the rule would un-dedup every such event.
+        let id = |scope, parts: &[&str]| producer_event_id(scope, parts);
         assert_eq!(
-            producer_event_id("4b81771282e2cebe-db34f0492c9853ef").to_string(),
-            producer_event_id("4b81771282e2cebe-db34f0492c9853ef").to_string()
+            id("public.t", &["4b81771282e2cebe-db34f0492c9853ef"]),
+            id("public.t", &["4b81771282e2cebe-db34f0492c9853ef"])
         );
         assert_eq!(
-            producer_event_id("42").to_string(),
-            "91099ce9-1f8e-52ba-9e5a-a8928dcd5698",
-            "as uuid_generate_v5(namespace, text) (uuid-ossp) and Python's uuid5 give it"
+            id("public.tickets", &["42"]).to_string(),
+            "fd02f0dc-36a0-5639-b0dc-213828ca78ff",
+            "as uuid_generate_v5(namespace, '[\"public.tickets\",\"42\"]') (uuid-ossp) gives it"
         );
-        assert_ne!(producer_event_id("42"), producer_event_id("42 "));
-        assert_eq!(producer_event_id("42").get_version_num(), 5);
+        assert_ne!(id("public.t", &["42"]), id("public.t", &["42 "]));
+        assert_ne!(id("public.tickets", &["1"]), id("public.parcels", &["1"]));
+        assert_ne!(
+            id("public.t", &["a", "b"]),
+            id("public.t", &[r#"["a","b"]"#])
+        );
+        assert_ne!(id("public.t", &["a", "b"]), id("public.t", &["a,b"]));
+        assert_eq!(id("public.t", &["42"]).get_version_num(), 5);
         let digest = uuid::Uuid::nil();
         let b = RowOrigin::Backfill { digest };
         assert_ne!(b.element(0), b.element(1));

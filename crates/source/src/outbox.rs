@@ -87,6 +87,9 @@ trait Fields {
     /// A field as a reason names it: ``column `id` ``, ``key `id` ``, or for an
     /// expression ``aggregate_id (`split_part(stream_name, '-', 1)`)``.
     fn describe(&self, field: usize) -> String;
+    /// What a derived event ID is scoped to: the outbox (`public.tickets`, or
+    /// `message_prefix:orders`), so equal values of two outboxes are two events.
+    fn scope(&self) -> &str;
     /// A field's text; `None` for null, or for an optional field that is absent.
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String>;
     /// A JSON field (payload, headers), as its text.
@@ -99,14 +102,16 @@ trait Fields {
         let text = self
             .text(ID, true)?
             .ok_or_else(|| format!("{} is null", self.describe(ID)))?;
-        identity_of(text, || self.describe(ID))
+        identity_of(text, self.scope(), || self.describe(ID))
     }
 }
 
-/// A producer's value as an event ID: a UUID is the ID itself; anything else is a
-/// UUIDv5 of its text, kept as the producer's ID.
+/// A producer's value as an event ID: a UUID is the ID itself; anything else is
+/// derived from the outbox's scope and its text ([`producer_event_id`]), the text kept
+/// as the producer's ID.
 fn identity_of(
     text: String,
+    scope: &str,
     describe: impl FnOnce() -> String,
 ) -> Result<(Uuid, Option<String>), String> {
     if text.trim().is_empty() {
@@ -114,7 +119,7 @@ fn identity_of(
     }
     Ok(match Uuid::try_parse(text.trim()) {
         Ok(id) => (id, None),
-        Err(_) => (producer_event_id(&text), Some(text)),
+        Err(_) => (producer_event_id(scope, &[&text]), Some(text)),
     })
 }
 
@@ -290,6 +295,8 @@ impl IntoIterator for Mapped {
 #[derive(Debug, Clone)]
 pub struct Mapping {
     pub table: QualifiedName,
+    /// `table` as text: what derived event IDs are scoped to.
+    scope: String,
     columns: Vec<(String, u32)>,
     /// Each field's source; `id` is `ids` (one, or a composite's parts).
     fields: [Source; 8],
@@ -397,6 +404,7 @@ impl Mapping {
             }
         }
         Mapping {
+            scope: table.to_string(),
             table,
             columns,
             fields,
@@ -717,6 +725,10 @@ impl RowFields<'_, '_> {
 }
 
 impl Fields for RowFields<'_, '_> {
+    fn scope(&self) -> &str {
+        &self.mapping.scope
+    }
+
     fn describe(&self, field: usize) -> String {
         if field == ID {
             return self.describe_id(0);
@@ -796,7 +808,7 @@ impl Fields for RowFields<'_, '_> {
             let text = self
                 .id_part(0)?
                 .ok_or_else(|| format!("{} is null", self.describe_id(0)))?;
-            return identity_of(text, || self.describe_id(0));
+            return identity_of(text, &self.mapping.scope, || self.describe_id(0));
         }
         // A composite: the JSON array of its parts' texts, always derived.
         let mut parts = Vec::with_capacity(self.mapping.ids.len());
@@ -804,10 +816,12 @@ impl Fields for RowFields<'_, '_> {
             let text = self
                 .id_part(part)?
                 .ok_or_else(|| format!("{} is null", self.describe_id(part)))?;
-            parts.push(Value::String(text));
+            parts.push(text);
         }
-        let text = Value::Array(parts).to_string();
-        Ok((producer_event_id(&text), Some(text)))
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let id = producer_event_id(&self.mapping.scope, &refs);
+        let text = Value::Array(parts.into_iter().map(Value::String).collect()).to_string();
+        Ok((id, Some(text)))
     }
 }
 
@@ -821,6 +835,8 @@ fn utf8_json(bytes: Vec<u8>) -> Result<String, String> {
 #[derive(Debug, Clone)]
 pub struct MessageMapping {
     pub prefix: String,
+    /// `message_prefix:<prefix>`: what derived event IDs are scoped to.
+    scope: String,
     names: Names,
     /// `pipeline.max_event_bytes`.
     max_bytes: usize,
@@ -829,8 +845,10 @@ pub struct MessageMapping {
 impl MessageMapping {
     /// `None` for a table outbox.
     pub fn new(config: &OutboxConfig) -> Option<MessageMapping> {
+        let prefix = config.message_prefix.clone()?;
         Some(MessageMapping {
-            prefix: config.message_prefix.clone()?,
+            scope: format!("message_prefix:{prefix}"),
+            prefix,
             names: names(config),
             max_bytes: usize::MAX,
         })
@@ -855,6 +873,7 @@ impl MessageMapping {
             let fields = JsonFields {
                 object: &Object::new(),
                 names: &self.names,
+                scope: &self.scope,
             };
             let error = too_large("message", content.len(), self.max_bytes);
             let left_out = Value::String(format!("<{} bytes, left out>", content.len()));
@@ -869,6 +888,7 @@ impl MessageMapping {
                 let fields = JsonFields {
                     object: &Object::new(),
                     names: &self.names,
+                    scope: &self.scope,
                 };
                 return Err(rejected(&fields, error, raw(text), tx, origin));
             }
@@ -876,6 +896,7 @@ impl MessageMapping {
         let fields = JsonFields {
             object: &object,
             names: &self.names,
+            scope: &self.scope,
         };
         build(&fields, tx, origin).map_err(|error| {
             // The content as a tree, for the dead letter only.
@@ -908,6 +929,7 @@ impl MessageMapping {
                 let fields = JsonFields {
                     object: &Object::new(),
                     names: &self.names,
+                    scope: &self.scope,
                 };
                 let mut dead = rejected(
                     &fields,
@@ -958,6 +980,7 @@ fn parse_message(content: &[u8]) -> Result<Object<'_>, String> {
 struct JsonFields<'a> {
     object: &'a Object<'a>,
     names: &'a Names,
+    scope: &'a str,
 }
 
 impl JsonFields<'_> {
@@ -983,6 +1006,10 @@ impl JsonFields<'_> {
 }
 
 impl Fields for JsonFields<'_> {
+    fn scope(&self) -> &str {
+        self.scope
+    }
+
     fn describe(&self, field: usize) -> String {
         format!("key `{}`", self.names[field])
     }
@@ -1589,7 +1616,10 @@ mod tests {
             m.map(&row(&values), tx(), None).unwrap()
         };
         let e = map("4b81771282e2cebe-db34f0492c9853ef");
-        assert_eq!(e.id, producer_event_id("4b81771282e2cebe-db34f0492c9853ef"));
+        assert_eq!(
+            e.id,
+            producer_event_id("public.outbox", &["4b81771282e2cebe-db34f0492c9853ef"])
+        );
         assert_eq!(
             e.producer_id.as_deref(),
             Some("4b81771282e2cebe-db34f0492c9853ef")
@@ -1633,7 +1663,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(e.producer_id.as_deref(), Some(r#"["s-1","3"]"#));
-        assert_eq!(e.id, producer_event_id(r#"["s-1","3"]"#));
+        assert_eq!(e.id, producer_event_id("public.outbox", &["s-1", "3"]));
         assert_eq!(e.aggregate_type, "stream", "a constant");
         // No part's text can make another composite's: ["a-b","c"] is not ["a","b-c"].
         let dl = m
@@ -1981,7 +2011,10 @@ payload = "convert_from(decode(element->>'Body', 'base64'), 'UTF8')""#,
         let dl = out[1].as_ref().unwrap_err();
         assert!(dl.error.starts_with("element 1: payload"), "{}", dl.error);
         assert!(dl.error.contains("not JSON"), "{}", dl.error);
-        assert_eq!(dl.event_id, Some(producer_event_id("m-2")));
+        assert_eq!(
+            dl.event_id,
+            Some(producer_event_id("public.outbox", &["m-2"]))
+        );
     }
 
     #[test]

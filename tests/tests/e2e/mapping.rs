@@ -176,11 +176,11 @@ payload = "element"
         r#"{"at": "dock"} {"at": "truck"} {"at": "hub"}"#,
         "bytes read as JSON"
     );
-    // The event IDs are UUIDv5 of the producer's values (as uuid-ossp's
+    // The event IDs are UUIDv5 of the outbox and the producer's values (as uuid-ossp's
     // uuid_generate_v5 under walfold's namespace computes them), the same on every read.
     assert_eq!(
         db.psql("select event_id from walfold.event_log where producer_id = 'SHP-0001'"),
-        walfold_event::producer_event_id("SHP-0001").to_string()
+        walfold_event::producer_event_id("public.shipment_log", &["SHP-0001"]).to_string()
     );
     let dead = db.psql(
         "select string_agg(error, E'\\n' order by id) from walfold.dead_letter where reason = 'malformed'",
@@ -455,4 +455,43 @@ async fn a_row_filter_naming_a_column_that_is_no_boolean_is_refused_at_start() {
     let cfg = write_config(&config);
     let (_, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
     assert!(!out.contains("(outbox[0].where)"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_outboxes_numbering_rows_from_one_give_two_events_per_number() {
+    // The most common non-UUID ID there is: a bigserial. Two tables both start at 1;
+    // a derived ID scoped to its outbox keeps them apart (unscoped, the second table's
+    // events were quarantined as id_conflict or, with equal content, dropped).
+    let db = TestDb::new("map_scope");
+    db.psql(SEEN);
+    for t in ["tickets", "parcels"] {
+        db.psql(&format!(
+            "create table {t} (id bigserial primary key, aggregate_type text not null default '{t}', \
+             aggregate_id text not null default 'a-1', event_type text not null default 'Opened', \
+             payload jsonb not null default '{{}}')"
+        ));
+    }
+    let config = config_on(&db, "public.tickets", "").replace(
+        "[[projection]]",
+        "[[outbox]]\ntable = \"public.parcels\"\n\n[[projection]]",
+    );
+    let (mut d, client) = Daemon::streaming(&db, &config).await;
+    for _ in 0..3 {
+        db.psql("insert into tickets default values; insert into parcels default values");
+    }
+    caught_up(&client, 6, 1).await;
+    assert_eq!(
+        db.psql(
+            "select string_agg(aggregate_type || ':' || producer_id, ' ' order by aggregate_type, producer_id) \
+             from walfold.event_log"
+        ),
+        "parcels:1 parcels:2 parcels:3 tickets:1 tickets:2 tickets:3"
+    );
+    assert_eq!(db.psql("select count(*) from seen"), "6");
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
+    assert_eq!(
+        db.psql("select event_id from walfold.event_log where aggregate_type = 'tickets' and producer_id = '2'"),
+        walfold_event::producer_event_id("public.tickets", &["2"]).to_string()
+    );
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }
