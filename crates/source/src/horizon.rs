@@ -56,7 +56,7 @@ pub(crate) async fn read(
     let Some(row) = source
         .query_opt(READ, &[&slot])
         .await
-        .map_err(db("reading the slot's horizon"))?
+        .map_err(StoreError::db("reading the slot's horizon"))?
     else {
         return Ok(None);
     };
@@ -86,17 +86,10 @@ pub(crate) async fn bound(
             &[],
         )
         .await
-        .map_err(db("reading the source's next xid"))?
+        .map_err(StoreError::db("reading the source's next xid"))?
         .of("pg_current_snapshot")
         .col(0)?;
     Ok((next - xid < MAX_AGE && xid <= next).then_some((at, xid)))
-}
-
-fn db(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
-    move |source| StoreError::Db {
-        context: context.into(),
-        source,
-    }
 }
 
 #[cfg(test)]

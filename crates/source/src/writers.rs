@@ -132,7 +132,7 @@ pub async fn emit_grants(source: &Client) -> Result<EmitGrants, StoreError> {
             &[],
         )
         .await
-        .map_err(db("reading the source role"))?;
+        .map_err(StoreError::db("reading the source role"))?;
     let row = row.of("pg_roles");
     let (role, superuser): (String, bool) = (row.col(0)?, row.col(1)?);
     Ok(EmitGrants {
@@ -147,7 +147,7 @@ async fn emit_functions(source: &Client) -> Result<(Vec<String>, bool), StoreErr
     let rows = source
         .query(EMIT_FUNCTIONS, &[])
         .await
-        .map_err(db("reading pg_logical_emit_message's grants"))?;
+        .map_err(StoreError::db("reading pg_logical_emit_message's grants"))?;
     let mut functions = Vec::with_capacity(rows.len());
     let mut public = false;
     for row in &rows {
@@ -184,7 +184,7 @@ pub async fn inserters(source: &Client, table: &str) -> Result<Writers, StoreErr
             &[&table],
         )
         .await
-        .map_err(db("reading the outbox's grants"))?
+        .map_err(StoreError::db("reading the outbox's grants"))?
         .of("pg_class")
         .col(0)?;
     Ok(Writers {
@@ -201,17 +201,10 @@ async fn roles(
     source
         .query(sql, params)
         .await
-        .map_err(db("reading who may write events"))?
+        .map_err(StoreError::db("reading who may write events"))?
         .iter()
         .map(|r| r.of("pg_roles").col(0))
         .collect()
-}
-
-fn db(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
-    move |source| StoreError::Db {
-        context: context.into(),
-        source,
-    }
 }
 
 #[cfg(test)]

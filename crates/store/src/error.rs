@@ -144,7 +144,8 @@ pub fn sqlstate(err: &tokio_postgres::Error) -> Option<&str> {
 }
 
 impl StoreError {
-    pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Self {
+    /// A database error with what walfold was doing (`map_err(StoreError::db("…"))`).
+    pub fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Self {
         let context = context.into();
         move |source| StoreError::Db { context, source }
     }
