@@ -28,7 +28,9 @@ const PAGE: &str =
        'committed_at', committed_at, 'appended_at', appended_at, 'source', source, \
        'source_lsn', source_lsn::text, \
        'phantom', exists (select from {schema}.phantom_event p \
-         where p.event_id = event_log.event_id and p.accepted_at is null))::text as json \
+         where p.event_id = event_log.event_id and p.accepted_at is null), \
+       'accepted_phantom', (select coalesce(p.accept_reason, '') from {schema}.phantom_event p \
+         where p.event_id = event_log.event_id and p.accepted_at is not null))::text as json \
      from {schema}.event_log \
      where seq > $1 \
        and ($2::text is null or aggregate_id = $2) \

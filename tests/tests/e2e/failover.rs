@@ -354,6 +354,15 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("1 phantom(s) accepted"), "{out}");
     assert_eq!(flagged(&recreate_target), (r.phantom - 1).to_string());
+    // walfold events says which phantom was accepted, and why.
+    let (code, out, _) = walfold(&["events", "-c", path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}");
+    let marked: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(r#""accepted_phantom":"the application deleted its row""#))
+        .collect();
+    assert_eq!(marked.len(), 1, "{marked:?}");
+    assert!(marked[0].contains(&accepted) && marked[0].contains(r#""phantom":false"#));
     let (_, out, _) = walfold(&["status", "-c", path.to_str().unwrap()], &[]);
     assert!(
         out.contains(&format!("phantoms: {}", r.phantom - 1)),
