@@ -513,17 +513,14 @@ impl Mapping {
                 .eval(&fields)
                 .map_err(|e| format!("where (`{}`): {e}", filter.source()))
                 .and_then(|v| match v {
-                    ExprValue::Bool(b) => Ok(b),
                     ExprValue::Null => Ok(false),
-                    ExprValue::Other {
-                        type_oid: oid::BOOL,
-                        text,
-                    } => Ok(text == "t" || text == "true"),
-                    other => Err(format!(
-                        "where (`{}`) is not a boolean: `{}`",
-                        filter.source(),
-                        truncate(&other.to_text().unwrap_or_default())
-                    )),
+                    v => v.as_bool().ok_or_else(|| {
+                        format!(
+                            "where (`{}`) is not a boolean: `{}`",
+                            filter.source(),
+                            truncate(&v.to_text().unwrap_or_default())
+                        )
+                    }),
                 });
             match kept {
                 Ok(true) => {}
