@@ -41,7 +41,11 @@ pub struct Args {
     #[arg(long, value_parser = ["protocols", "sources", "history"])]
     pub only: Option<String>,
     /// Earlier events (each claimed by both drain projections) of the history scenario.
-    #[arg(long = "history", alias = "history-events", default_value_t = 5_000_000)]
+    #[arg(
+        long = "history",
+        alias = "history-events",
+        default_value_t = 5_000_000
+    )]
     pub history_events: u64,
     /// Events in each of the history scenario's two drains.
     #[arg(long, default_value_t = 200_000)]

@@ -788,10 +788,7 @@ async fn wal_settings(client: &tokio_postgres::Client) -> Result<String, BoxErro
         "full_page_writes",
         "wal_compression",
     ] {
-        let v: String = client
-            .query_one(&format!("show {name}"), &[])
-            .await?
-            .get(0);
+        let v: String = client.query_one(&format!("show {name}"), &[]).await?.get(0);
         out.push(format!("{name}={v}"));
     }
     Ok(out.join(" "))
@@ -876,8 +873,7 @@ async fn history(
         started.elapsed().as_secs_f64()
     );
 
-    let (full_rate, full_cpu, full_work) =
-        history_drain(config()?, &client, n, 2 * n + h).await?;
+    let (full_rate, full_cpu, full_work) = history_drain(config()?, &client, n, 2 * n + h).await?;
     eprintln!("after history: {n} events at {full_rate:.0} ev/s; {full_work}");
     lines.push(Line {
         scenario: format!("9. drain {n} events (log + 2 projections), empty schema; {label}"),
