@@ -5,13 +5,14 @@
 use uuid::Uuid;
 use walfold_config::Config;
 use walfold_engine::Target;
-use walfold_store::{Accept, PhantomEntry};
+use walfold_store::operator::{Accept, PhantomEntry};
+use walfold_store::Operator;
 
 use crate::cli::PhantomCommand;
 use crate::{run::load, Failure};
 
-async fn connect(t: &Target) -> Result<tokio_postgres::Client, Failure> {
-    walfold_store::connect_for_command(&t.url, &format!("target {}", t.label()))
+async fn connect(t: &Target) -> Result<Operator, Failure> {
+    Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema)
         .await
         .map_err(Failure::runtime)
 }
@@ -49,11 +50,11 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
             let config = load(&config)?;
             let slot = slot_of(&config, source.as_deref())?;
             let main = Target::main(&config);
-            let client = connect(&main).await?;
-            let mut phantoms =
-                walfold_store::list_phantoms(&client, &main.schema, slot, all, limit)
-                    .await
-                    .map_err(Failure::runtime)?;
+            let mut phantoms = connect(&main)
+                .await?
+                .phantoms(slot, all, limit)
+                .await
+                .map_err(Failure::runtime)?;
             reached_elsewhere(&config, &mut phantoms).await?;
             if json {
                 println!(
@@ -117,8 +118,9 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
                 Accept::Ids(&ids)
             };
             let main = Target::main(&config);
-            let client = connect(&main).await?;
-            let n = walfold_store::accept_phantoms(&client, &main.schema, what, &reason)
+            let n = connect(&main)
+                .await?
+                .accept_phantoms(what, &reason)
                 .await
                 .map_err(Failure::runtime)?;
             if n == 0 {
@@ -146,8 +148,9 @@ async fn reached_elsewhere(config: &Config, phantoms: &mut [PhantomEntry]) -> Re
         return Ok(());
     }
     for t in Target::all(config).into_iter().filter(|t| t.name.is_some()) {
-        let client = connect(&t).await?;
-        let claims = walfold_store::claimed(&client, &t.schema, &ids)
+        let claims = connect(&t)
+            .await?
+            .claimed(&ids)
             .await
             .map_err(Failure::runtime)?;
         for (id, subscriber) in claims {
