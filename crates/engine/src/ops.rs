@@ -164,9 +164,7 @@ pub async fn start_rebuild_with(
     let op = own.as_mut().unwrap_or(&mut guard);
     let previous = op.active_subscriber(name, &options.subscriber).await?;
     // Recorded (or not), the prune lock goes with `guard`'s session when it is dropped.
-    Ok(op
-        .start_rebuild(name, &live, &previous, subscriber)
-        .await?)
+    Ok(op.start_rebuild(name, &live, &previous, subscriber).await?)
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's
@@ -192,7 +190,12 @@ pub async fn abort_rebuild(
     }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        if !op.rebuilds().await?.iter().any(|o| o.subscriber == r.subscriber) {
+        if !op
+            .rebuilds()
+            .await?
+            .iter()
+            .any(|o| o.subscriber == r.subscriber)
+        {
             return Ok(r);
         }
         if tokio::time::Instant::now() >= deadline {
@@ -230,8 +233,7 @@ pub async fn prune(
     for target in Target::all(config).iter().filter(|t| t.is_extra()) {
         drop(connect_to(target).await);
     }
-    let leader =
-        Leadership::try_acquire(config.target_url(), &Target::main(config).schema).await?;
+    let leader = Leadership::try_acquire(config.target_url(), &Target::main(config).schema).await?;
     let fence = leader.as_ref().map(Leadership::fence);
     prune_fenced(config, projections, fence.as_ref()).await
 }

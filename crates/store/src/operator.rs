@@ -42,8 +42,8 @@ pub use crate::event_trail::{
 pub use crate::phantom::{Accept, PhantomEntry};
 pub use crate::prune::{LogPruned, PrunePolicy, Pruned};
 pub use crate::status::{
-    IngestPause, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe,
-    SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
+    IngestPause, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus,
+    Status, SubscriberStatus, TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
 };
 
 /// An operator's view of one target: its connection (owned, `Client`, or borrowed,
@@ -407,6 +407,13 @@ impl<C: BorrowMut<Client>> Operator<C> {
         configured: &[String],
     ) -> Result<(Option<i64>, Vec<(String, i64)>), StoreError> {
         let (schema, fence) = (self.schema.clone(), self.fence.clone());
-        prune::record_holds(self.client_mut(), &schema, holds, configured, fence.as_ref()).await
+        prune::record_holds(
+            self.client_mut(),
+            &schema,
+            holds,
+            configured,
+            fence.as_ref(),
+        )
+        .await
     }
 }

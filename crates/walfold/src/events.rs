@@ -210,10 +210,7 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     async fn next_page(&mut self) -> Result<Vec<Row>, Failure> {
-        let events = self
-            .log
-            .log_page(self.position, &self.filter, PAGE)
-            .await?;
+        let events = self.log.log_page(self.position, &self.filter, PAGE).await?;
         let page: Vec<Row> = events
             .into_iter()
             .map(|e| Row {
@@ -264,10 +261,7 @@ async fn home_of(config: &Config, subscriber: &str) -> Result<Option<Operator>, 
         .filter(walfold_engine::Target::is_extra)
     {
         let home = connect(t).await?;
-        if home
-            .knows_subscriber(subscriber)
-            .await?
-        {
+        if home.knows_subscriber(subscriber).await? {
             return Ok(Some(home));
         }
     }
@@ -302,16 +296,10 @@ enum Outcome {
 }
 
 impl Subscriber {
-    async fn resolve(
-        home: &Operator,
-        config: &Config,
-        id: &str,
-    ) -> Result<Subscriber, Failure> {
+    async fn resolve(home: &Operator, config: &Config, id: &str) -> Result<Subscriber, Failure> {
         let known = home.subscriber_has_read(id).await?;
         if !known {
-            let names = home
-                .checkpointed_subscribers()
-                .await?;
+            let names = home.checkpointed_subscribers().await?;
             eprintln!(
                 "walfold: subscriber {id} has read nothing yet (known subscribers: {})",
                 if names.is_empty() {
@@ -350,9 +338,7 @@ impl Subscriber {
     ) -> Result<Vec<Outcome>, Failure> {
         let ids: Vec<uuid::Uuid> = queue.iter().map(|q| q.row.event_id).collect();
         let seqs: Vec<i64> = queue.iter().map(|q| q.row.seq).collect();
-        let recorded = home
-            .recorded_for(&self.id, &ids, &seqs)
-            .await?;
+        let recorded = home.recorded_for(&self.id, &ids, &seqs).await?;
         let claims: HashMap<uuid::Uuid, Value> = recorded
             .claims
             .into_iter()

@@ -47,10 +47,7 @@ impl Connections {
 /// The status of the sources and the main target, with every extra target's
 /// subscribers, rebuilds and dead letters added (an unreachable one is listed as such,
 /// not an error).
-pub(crate) async fn read(
-    config: &Config,
-    c: &Connections,
-) -> Result<Status, Failure> {
+pub(crate) async fn read(config: &Config, c: &Connections) -> Result<Status, Failure> {
     let probes: Vec<SourceProbe<'_>> = config
         .sources()
         .iter()
