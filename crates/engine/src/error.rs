@@ -15,10 +15,10 @@ pub enum EngineError {
         #[source]
         source: StoreError,
     },
-    /// An operation through the operator's handle (`walfold_store::Operator`) failed;
-    /// the store error says what it was doing. Classed like [`EngineError::Store`].
+    /// One of walfold's own statements failed; the error says what, and for whom (a
+    /// subscriber's store names its subscriber and partition).
     #[error(transparent)]
-    Operator(#[from] StoreError),
+    Own(#[from] StoreError),
     /// A projection could not apply events or install itself.
     #[error("projection {projection}: {source}")]
     Apply {
@@ -86,7 +86,7 @@ impl EngineError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             EngineError::Source(e) => e.kind(),
-            EngineError::Store { source, .. } | EngineError::Operator(source) => {
+            EngineError::Store { source, .. } | EngineError::Own(source) => {
                 source.kind().own_statement()
             }
             EngineError::Unreachable { source, .. } => {
@@ -101,7 +101,7 @@ impl EngineError {
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             EngineError::Store { source, .. }
-            | EngineError::Operator(source)
+            | EngineError::Own(source)
             | EngineError::Unreachable { source, .. } => {
                 source.pg().and_then(walfold_store::sqlstate)
             }
@@ -134,7 +134,7 @@ impl EngineError {
                 source: StoreError::Refused(m),
                 ..
             }
-            | EngineError::Operator(StoreError::Refused(m)) => Some(m.clone()),
+            | EngineError::Own(StoreError::Refused(m)) => Some(m.clone()),
             EngineError::Source(walfold_source::SourceError::Store {
                 source: StoreError::Refused(m),
                 ..
@@ -143,7 +143,7 @@ impl EngineError {
                 source: e @ StoreError::Pooled { .. },
                 ..
             }
-            | EngineError::Operator(e @ StoreError::Pooled { .. })
+            | EngineError::Own(e @ StoreError::Pooled { .. })
             | EngineError::Source(walfold_source::SourceError::Store {
                 source: e @ StoreError::Pooled { .. },
                 ..

@@ -4,7 +4,7 @@
 //! for the moment it takes. A projection's rebuild runs on its own target (`database`);
 //! pruning reads every target. Every statement goes through the operator's handle
 //! ([`Operator`]), bound to the leader's fence whenever this process leads; its errors
-//! say what failed, so they pass up with `?` ([`EngineError::Operator`]).
+//! say what failed, so they pass up with `?` ([`EngineError::Own`]).
 
 use std::time::Duration;
 
