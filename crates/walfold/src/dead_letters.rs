@@ -32,9 +32,7 @@ fn target(config: &Config, name: Option<&str>) -> Result<Target, Failure> {
 }
 
 async fn connect(t: &Target) -> Result<Operator, Failure> {
-    Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema)
-        .await
-        .map_err(Failure::runtime)
+    Ok(Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema).await?)
 }
 
 pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
@@ -52,8 +50,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
                 let entries = connect(&t)
                     .await?
                     .dead_letters(subscriber.as_deref(), all, limit)
-                    .await
-                    .map_err(Failure::runtime)?;
+                    .await?;
                 listed.extend(entries.into_iter().map(|e| (t.label().to_owned(), e)));
             }
             listed.sort_by(|a, b| {
@@ -159,12 +156,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
                 return Err(Failure::config("--reason must say why it is discarded"));
             }
             let t = target(&config, name.as_deref())?;
-            if connect(&t)
-                .await?
-                .discard(id, &reason)
-                .await
-                .map_err(Failure::runtime)?
-            {
+            if connect(&t).await?.discard(id, &reason).await? {
                 println!("dead letter {id} discarded");
                 Ok(())
             } else {

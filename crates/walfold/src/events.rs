@@ -240,9 +240,9 @@ impl Reader<'_> {
 /// a replaced one).
 async fn home_of(config: &Config, subscriber: &str) -> Result<Option<Operator>, Failure> {
     let connect = |t: walfold_engine::Target| async move {
-        Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema)
-            .await
-            .map_err(Failure::runtime)
+        Ok::<_, Failure>(
+            Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema).await?,
+        )
     };
     if let Some(p) = config
         .projection

@@ -161,7 +161,7 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = home.rebuild_state(s).await.map_err(Failure::runtime)?;
+            let state = home.rebuild_state(s).await?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.map_or("gone", RebuildState::as_str));
             }

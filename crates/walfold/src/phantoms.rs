@@ -12,9 +12,7 @@ use crate::cli::PhantomCommand;
 use crate::{run::load, Failure};
 
 async fn connect(t: &Target) -> Result<Operator, Failure> {
-    Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema)
-        .await
-        .map_err(Failure::runtime)
+    Ok(Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema).await?)
 }
 
 /// The slot of the [[source]] named `name`.
@@ -50,11 +48,7 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
             let config = load(&config)?;
             let slot = slot_of(&config, source.as_deref())?;
             let main = Target::main(&config);
-            let mut phantoms = connect(&main)
-                .await?
-                .phantoms(slot, all, limit)
-                .await
-                .map_err(Failure::runtime)?;
+            let mut phantoms = connect(&main).await?.phantoms(slot, all, limit).await?;
             reached_elsewhere(&config, &mut phantoms).await?;
             if json {
                 println!(
@@ -118,11 +112,7 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
                 Accept::Ids(&ids)
             };
             let main = Target::main(&config);
-            let n = connect(&main)
-                .await?
-                .accept_phantoms(what, &reason)
-                .await
-                .map_err(Failure::runtime)?;
+            let n = connect(&main).await?.accept_phantoms(what, &reason).await?;
             if n == 0 {
                 return Err(Failure::config(
                     "no open phantom matched (`walfold phantoms list` shows the open ones)",
@@ -148,11 +138,7 @@ async fn reached_elsewhere(config: &Config, phantoms: &mut [PhantomEntry]) -> Re
         return Ok(());
     }
     for t in Target::all(config).into_iter().filter(|t| t.name.is_some()) {
-        let claims = connect(&t)
-            .await?
-            .claimed(&ids)
-            .await
-            .map_err(Failure::runtime)?;
+        let claims = connect(&t).await?.claimed(&ids).await?;
         for (id, subscriber) in claims {
             if let Some(p) = phantoms.iter_mut().find(|p| p.event_id == id) {
                 p.reached.push(format!("{subscriber}@{}", t.label()));
