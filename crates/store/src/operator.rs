@@ -8,8 +8,9 @@
 //!   fence bound ([`Operator::leading`]), each such transaction proves inside itself
 //!   that its instance still leads, like a projector's commit, so a deposed leader's
 //!   write fails with [`StoreError::Fenced`] instead of landing. Aborting a rebuild
-//!   refuses to run without one. Finishing a rebuild and pruning also run without one
-//!   while a daemon leads; why that is safe is said at each.
+//!   refuses to run without one. A command's `rebuild --finish` (which never leads) and
+//!   its prune beside a leading daemon run without one; why that is safe is said at
+//!   each.
 //! - **Requests** (retry or discard a dead letter, accept a phantom, start or ask to
 //!   abort a rebuild): a command records what the operator wants, in one statement or
 //!   transaction of its own, and the leader acts on it in its fenced work. A command
