@@ -555,7 +555,7 @@ impl Pager {
             )
             .await
             .map_err(|e| {
-                let context = if walfold_store::sqlstate(&e) == Some("42501") {
+                let context = if walfold_event::is_insufficient_privilege(walfold_store::sqlstate(&e)) {
                     format!(
                         "reading an outbox page (grant select on {} to the source role, then \
                          run the backfill again; what it appended is recognised)",

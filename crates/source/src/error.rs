@@ -136,7 +136,7 @@ impl SourceError {
             SourceError::Store { source, .. } => source.kind().own_statement(),
             // The slot or the publication does not exist (any more).
             SourceError::Replication(W::Server { code, .. })
-                if code.as_deref() == Some("42704") =>
+                if walfold_event::is_undefined_object(code.as_deref()) =>
             {
                 ErrorKind::Definite
             }

@@ -168,7 +168,8 @@ fn explain(e: SourceError, config: &Config) -> SourceError {
     let source = config.source();
     match &e {
         SourceError::Replication(WireError::Server { code, message })
-            if code.as_deref() == Some("42704") && message.contains("publication") =>
+            if walfold_event::is_undefined_object(code.as_deref())
+                && message.contains("publication") =>
         {
             SourceError::Slot {
                 slot: source.slot.clone(),
