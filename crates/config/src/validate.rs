@@ -2,10 +2,17 @@
 
 use crate::error::{ConfigError, Problem};
 use crate::ident::{is_identifier, QualifiedName, IDENTIFIER_RULE};
-use crate::model::{Config, IdField, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER};
+use crate::model::{Config, IdField, ProjectionConfig, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER};
 impl Config {
     /// Checks everything and reports every problem at once.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_with(&[])
+    }
+
+    /// Checks everything with `code`, projections written in Rust (`Pipeline::with_projection`),
+    /// as if they were `[[projection]]` entries; their problems' keys name them
+    /// `with_projection("NAME")`.
+    pub fn validate_with(&self, code: &[ProjectionConfig]) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         let mut push = |key: &str, message: String| {
             problems.push(Problem {
@@ -211,8 +218,8 @@ impl Config {
         }
         let mut names: Vec<&str> = Vec::new();
         let mut subscribers: Vec<&str> = Vec::new();
-        for (i, proj) in self.projection.iter().enumerate() {
-            let key = |k: &str| format!("projection[{i}].{k}");
+        for (entry, proj) in projections(&self.projection, code) {
+            let key = |k: &str| format!("{entry}.{k}");
             if proj.name.trim().is_empty() {
                 push(&key("name"), "must not be empty".into());
             } else if names.contains(&proj.name.as_str()) {
@@ -298,7 +305,7 @@ impl Config {
                 "must be between 1 and 1000000".into(),
             );
         }
-        self.validate_targets(&mut push);
+        self.validate_targets(code, &mut push);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -308,7 +315,7 @@ impl Config {
 
     /// `[targets.NAME]` and the projections' `database`: names, URLs, schemas, and
     /// that every `database` names a target.
-    fn validate_targets(&self, push: &mut impl FnMut(&str, String)) {
+    fn validate_targets(&self, code: &[ProjectionConfig], push: &mut impl FnMut(&str, String)) {
         for (name, t) in &self.targets {
             if !is_identifier(name) {
                 push(
@@ -346,14 +353,14 @@ impl Config {
                 );
             }
         }
-        for (i, p) in self.projection.iter().enumerate() {
+        for (entry, p) in projections(&self.projection, code) {
             let Some(database) = &p.database else {
                 continue;
             };
             if !self.targets.contains_key(database) {
                 let known: Vec<&str> = self.targets.keys().map(String::as_str).collect();
                 push(
-                    &format!("projection[{i}].database"),
+                    &format!("{entry}.database"),
                     if known.is_empty() {
                         format!(
                             "unknown target `{database}`: add [targets.{database}] with its url"
@@ -486,6 +493,22 @@ impl Config {
             }
         }
     }
+}
+
+/// The projections of the file (`projection[i]`) and those written in Rust
+/// (`with_projection("NAME")`), each with the key its problems are reported under.
+fn projections<'a>(
+    file: &'a [ProjectionConfig],
+    code: &'a [ProjectionConfig],
+) -> impl Iterator<Item = (String, &'a ProjectionConfig)> {
+    let file = file
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("projection[{i}]"), p));
+    let code = code
+        .iter()
+        .map(|p| (format!("with_projection({:?})", p.name), p));
+    file.chain(code)
 }
 
 /// A message prefix: 1-255 printable characters, not the heartbeats' own.

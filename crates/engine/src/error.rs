@@ -15,6 +15,17 @@ pub enum EngineError {
         #[source]
         source: StoreError,
     },
+    /// One of walfold's own statements failed, the store error saying what it was doing
+    /// (`?` on a store call); classified as [`EngineError::Store`].
+    #[error(transparent)]
+    Statement(#[from] StoreError),
+    /// The config, or a projection added in Rust, is invalid: checked before the
+    /// pipeline touches a database.
+    #[error(transparent)]
+    Config(#[from] walfold_config::ConfigError),
+    /// A task panicked (a bug, walfold's or a Rust projection's): it stops the pipeline.
+    #[error("task {task} panicked: {message}")]
+    Panicked { task: String, message: String },
     /// A projection could not apply events or install itself.
     #[error("projection {projection}: {source}")]
     Apply {
@@ -73,6 +84,21 @@ impl ProjectionError {
 }
 
 impl EngineError {
+    /// A task's panic, with the message it panicked with.
+    pub(crate) fn panicked(task: &str, payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = match payload.downcast_ref::<&str>() {
+            Some(s) => (*s).to_owned(),
+            None => payload
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_else(|| "a panic without a message".to_owned()),
+        };
+        EngineError::Panicked {
+            task: task.to_owned(),
+            message,
+        }
+    }
+
     pub(crate) fn store(context: &'static str) -> impl FnOnce(StoreError) -> Self {
         move |source| EngineError::Store { context, source }
     }
@@ -82,23 +108,32 @@ impl EngineError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             EngineError::Source(e) => e.kind(),
-            EngineError::Store { source, .. } => source.kind().own_statement(),
+            EngineError::Store { source, .. } | EngineError::Statement(source) => {
+                source.kind().own_statement()
+            }
             EngineError::Unreachable { source, .. } => {
                 walfold_event::unreachable_target(source.kind().own_statement())
             }
             EngineError::Apply { source, .. } => source.kind(),
-            EngineError::Projection { .. } => ErrorKind::Definite,
+            EngineError::Projection { .. }
+            | EngineError::Config(_)
+            | EngineError::Panicked { .. } => ErrorKind::Definite,
         }
     }
 
     /// The SQLSTATE behind it, if any.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            EngineError::Store { source, .. } | EngineError::Unreachable { source, .. } => {
+            EngineError::Store { source, .. }
+            | EngineError::Statement(source)
+            | EngineError::Unreachable { source, .. } => {
                 source.pg().and_then(walfold_store::sqlstate)
             }
             EngineError::Apply { source, .. } => source.sqlstate(),
-            EngineError::Source(_) | EngineError::Projection { .. } => None,
+            EngineError::Source(_)
+            | EngineError::Projection { .. }
+            | EngineError::Config(_)
+            | EngineError::Panicked { .. } => None,
         }
     }
 
@@ -125,7 +160,8 @@ impl EngineError {
             EngineError::Store {
                 source: StoreError::Refused(m),
                 ..
-            } => Some(m.clone()),
+            }
+            | EngineError::Statement(StoreError::Refused(m)) => Some(m.clone()),
             EngineError::Source(walfold_source::SourceError::Store {
                 source: StoreError::Refused(m),
                 ..
@@ -134,6 +170,7 @@ impl EngineError {
                 source: e @ StoreError::Pooled { .. },
                 ..
             }
+            | EngineError::Statement(e @ StoreError::Pooled { .. })
             | EngineError::Source(walfold_source::SourceError::Store {
                 source: e @ StoreError::Pooled { .. },
                 ..
