@@ -28,6 +28,7 @@ pub use model::{
 };
 pub use redact::{redact_url, without_password};
 pub use template::{ParamType, Placeholder, Template, TemplateError, Upsert};
+pub use view::SourceView;
 
 use std::path::Path;
 
