@@ -15,10 +15,10 @@ pub enum EngineError {
         #[source]
         source: StoreError,
     },
-    /// One of walfold's own statements failed, the store error saying what it was doing
-    /// (`?` on a store call); classified as [`EngineError::Store`].
+    /// One of walfold's own statements failed; the error says what, and for whom (a
+    /// subscriber's store names its subscriber and partition).
     #[error(transparent)]
-    Statement(#[from] StoreError),
+    Own(#[from] StoreError),
     /// The config, or a projection added in Rust, is invalid: checked before the
     /// pipeline touches a database.
     #[error(transparent)]
@@ -108,7 +108,7 @@ impl EngineError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             EngineError::Source(e) => e.kind(),
-            EngineError::Store { source, .. } | EngineError::Statement(source) => {
+            EngineError::Store { source, .. } | EngineError::Own(source) => {
                 source.kind().own_statement()
             }
             EngineError::Unreachable { source, .. } => {
@@ -125,7 +125,7 @@ impl EngineError {
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             EngineError::Store { source, .. }
-            | EngineError::Statement(source)
+            | EngineError::Own(source)
             | EngineError::Unreachable { source, .. } => {
                 source.pg().and_then(walfold_store::sqlstate)
             }
@@ -161,7 +161,7 @@ impl EngineError {
                 source: StoreError::Refused(m),
                 ..
             }
-            | EngineError::Statement(StoreError::Refused(m)) => Some(m.clone()),
+            | EngineError::Own(StoreError::Refused(m)) => Some(m.clone()),
             EngineError::Source(walfold_source::SourceError::Store {
                 source: StoreError::Refused(m),
                 ..
@@ -170,7 +170,7 @@ impl EngineError {
                 source: e @ StoreError::Pooled { .. },
                 ..
             }
-            | EngineError::Statement(e @ StoreError::Pooled { .. })
+            | EngineError::Own(e @ StoreError::Pooled { .. })
             | EngineError::Source(walfold_source::SourceError::Store {
                 source: e @ StoreError::Pooled { .. },
                 ..
