@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use tokio_postgres::Client;
 use uuid::Uuid;
-use walfold_config::{quote_ident, Config, OutboxConfig};
+use walfold_config::{quote_ident, OutboxConfig, SourceView};
 use walfold_event::{Lsn, RowOrigin};
 use walfold_pgoutput::{oid, Column, Relation, RelationColumn, Tuple};
 use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
@@ -44,7 +44,7 @@ pub struct BackfillReport {
 /// Imports `table`'s rows (one of the configured outboxes) in pages of `batch`,
 /// ordered by `order_by` (default: the ID column) and then the ID column.
 pub async fn backfill(
-    config: &Config,
+    config: &SourceView<'_>,
     table: &str,
     order_by: Option<&str>,
     batch: i64,
@@ -56,8 +56,7 @@ pub async fn backfill(
             .collect();
         SourceError::NoSuchOutbox(
             if config
-                .outbox
-                .iter()
+                .outboxes()
                 .any(|o| o.message_prefix.as_deref() == Some(table))
             {
                 format!(
@@ -112,7 +111,7 @@ pub async fn backfill(
 }
 
 /// A source session that renders values as the replication stream does.
-pub(crate) async fn source_session(config: &Config) -> Result<Client, SourceError> {
+pub(crate) async fn source_session(config: &SourceView<'_>) -> Result<Client, SourceError> {
     let source = connect(&config.source().url).await?;
     // Values as text exactly as the replication stream renders them (its session sets
     // the same), whatever the role's defaults: the same mapping applies, and a row's
@@ -135,7 +134,10 @@ const GAP_BATCH: i64 = 1000;
 /// reports its progress (logs, `slot_gap.scanned`). A gap is then closed as filled,
 /// unless a message outbox follows the source: its events in the gap existed only in
 /// WAL that is gone, so the gap stays open.
-pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(), SourceError> {
+pub(crate) async fn fill_gaps(
+    config: &SourceView<'_>,
+    log: &mut EventLog,
+) -> Result<(), SourceError> {
     let gaps = log.unfilled_gaps().await?;
     let Some(&(from, _)) = gaps.first() else {
         return Ok(());
@@ -143,8 +145,7 @@ pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(),
     let to = gaps.last().map_or(from, |g| g.1);
     let slot = &config.source().slot;
     let messages: Vec<&str> = config
-        .outbox
-        .iter()
+        .outboxes()
         .filter_map(|o| o.message_prefix.as_deref())
         .collect();
     let source = source_session(config).await?;

@@ -12,14 +12,14 @@
 
 use std::collections::HashMap;
 
-use walfold_config::Config;
+use walfold_config::SourceView;
 use walfold_store::EventLog;
 
 use crate::backfill::{confirm, source_session};
 use crate::error::SourceError;
 
 /// Checks the events past the last failover's fork, once per failover.
-pub(crate) async fn check(config: &Config, log: &EventLog) -> Result<(), SourceError> {
+pub(crate) async fn check(config: &SourceView<'_>, log: &EventLog) -> Result<(), SourceError> {
     let Some((failover, events)) = log.phantom_candidates().await? else {
         return Ok(());
     };
@@ -38,7 +38,7 @@ pub(crate) async fn check(config: &Config, log: &EventLog) -> Result<(), SourceE
     if phantoms.is_empty() {
         tracing::warn!(slot = %slot, read, "every event read past the failover's fork is on the new primary");
     } else {
-        let messages = config.outbox.iter().any(|o| o.message_prefix.is_some());
+        let messages = config.outboxes().any(|o| o.message_prefix.is_some());
         tracing::error!(slot = %slot, read, phantoms = phantoms.len(), first_seq = phantoms[0].1, "phantoms: events read from the old primary past the failover's fork that no outbox table of the new primary holds; they may be in read models already. Rebuild the projections they reached (`walfold rebuild`, which skips them), or accept those that are right (`walfold phantoms accept EVENT_ID --reason …`) if the application deleted their rows{}", if messages { "; events of message outboxes cannot be confirmed and are counted among them" } else { "" });
     }
     Ok(())

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use walfold_config::Config;
+use walfold_config::SourceView;
 use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
 use walfold_store::{ConnectOptions, StagedChange, StagedRow};
 
@@ -46,7 +46,7 @@ pub enum Item {
 }
 
 /// The replication connection settings for the source URL.
-pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
+pub fn replication_config(config: &SourceView<'_>) -> Result<WireConfig, SourceError> {
     let options = ConnectOptions::parse(&config.source().url)
         .map_err(SourceError::store("reading source.url"))?;
     let pg = options
@@ -105,8 +105,7 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         // message in a savepoint rolled back after it streamed could not be told apart,
         // so message outboxes are read with protocol 1 (config refuses an explicit 2).
         protocol: config.source().protocol.or(config
-            .outbox
-            .iter()
+            .outboxes()
             .any(|o| o.message_prefix.is_some())
             .then_some(1)),
         // Deterministic text output for the values we parse.
@@ -133,7 +132,7 @@ struct Relation {
 }
 
 pub(crate) struct Reader<'a> {
-    config: &'a Config,
+    config: &'a SourceView<'a>,
     relations: HashMap<u32, Relation>,
     messages: Vec<MessageMapping>,
     /// Prefixes of transactional messages that are no outbox's, warned about once.
@@ -168,14 +167,17 @@ struct Streamed {
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<(Item, Held)>, durable: Lsn) -> Self {
+    pub(crate) fn new(
+        config: &'a SourceView<'a>,
+        items: mpsc::Sender<(Item, Held)>,
+        durable: Lsn,
+    ) -> Self {
         Reader {
             durable,
             config,
             relations: HashMap::new(),
             messages: config
-                .outbox
-                .iter()
+                .outboxes()
                 .filter_map(MessageMapping::new)
                 .map(|m| m.with_max_bytes(config.pipeline.max_event_bytes))
                 .collect(),
@@ -431,8 +433,7 @@ impl<'a> Reader<'a> {
             Change::Relation(rel) => {
                 let mapping = self
                     .config
-                    .outbox
-                    .iter()
+                    .outboxes()
                     .find(|o| {
                         o.table_name()
                             .is_some_and(|t| t.schema == rel.namespace && t.name == rel.name)
@@ -666,12 +667,12 @@ mod tests {
     #[test]
     fn a_source_url_may_name_several_hosts() {
         let hosts = |url: &str| {
-            let c = Config::from_toml(
+            let c = walfold_config::Config::from_toml(
                 &format!("[source]\nurl = \"{url}\"\n[[outbox]]\ntable = \"outbox\"\n"),
                 vec![],
             )
             .unwrap();
-            let w = replication_config(&c).unwrap();
+            let w = replication_config(&c.source_views()[0]).unwrap();
             (w.hosts, w.read_write)
         };
         let two = vec![("a".to_owned(), 5432), ("b".to_owned(), 5433)];

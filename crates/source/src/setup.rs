@@ -14,7 +14,7 @@
 //! or columns, one that names a partitioned outbox's rows by partition.
 
 use tokio_postgres::{Client, Row};
-use walfold_config::{quote_ident, Config, OnSlotLost, OutboxConfig, QualifiedName};
+use walfold_config::{quote_ident, OnSlotLost, OutboxConfig, QualifiedName, SourceView};
 use walfold_event::Lsn;
 use walfold_store::{EventLog, FromRow, IngestCounts, RowExt, StoreError};
 
@@ -33,7 +33,7 @@ use crate::error::{Refusal, SourceError};
 /// exists, else the lost-slot procedure.
 async fn check_publication(
     source: &Client,
-    config: &Config,
+    config: &SourceView<'_>,
     recorded: Option<&str>,
     exists: bool,
     publishes_every_outbox: bool,
@@ -150,7 +150,7 @@ const PUBLISH: &str = "publish = 'insert, truncate', publish_via_partition_root 
 
 /// The statement that creates `source.publication` over the table outboxes (message
 /// outboxes need no table: the publication then starts empty).
-pub fn create_publication(config: &Config) -> String {
+pub fn create_publication(config: &SourceView<'_>) -> String {
     let tables: Vec<String> = config.table_outboxes().map(|(_, t)| t.quoted()).collect();
     let for_tables = if tables.is_empty() {
         String::new()
@@ -171,7 +171,7 @@ pub fn create_publication(config: &Config) -> String {
 /// WAL range is recorded in `log` (opened before the slot is created, closed after).
 pub async fn prepare_source(
     source: &Client,
-    config: &Config,
+    config: &SourceView<'_>,
     log: &mut EventLog,
 ) -> Result<(), SourceError> {
     let ingested_through = log.durable_lsn().await?;
@@ -311,7 +311,7 @@ pub async fn prepare_source(
                      in the log are recognised) if the outbox still holds the rows, and \
                      restart{messages}",
                     name = config.source().name,
-                    messages = if config.outbox.iter().any(|o| o.message_prefix.is_some()) {
+                    messages = if config.outboxes().any(|o| o.message_prefix.is_some()) {
                         ". Message outboxes cannot be backfilled: their events in the gap are \
                          lost; on_slot_lost = \"recreate\" records the gap in slot_gap"
                     } else {
@@ -505,7 +505,7 @@ pub struct SourceShape {
 /// a partition, with the required columns) and the publication (membership compared
 /// with what was added to it, `pg_publication_rel`, not with `pg_publication_tables`,
 /// which lists the partitions of a partitioned table).
-pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, StoreError> {
+pub async fn inspect(source: &Client, config: &SourceView<'_>) -> Result<SourceShape, StoreError> {
     let db = |source| StoreError::Db {
         context: "source".into(),
         source,
@@ -518,7 +518,7 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
         .of("pg_settings")
         .col(0)?;
     let mut outboxes = Vec::new();
-    for (i, outbox) in config.outbox.iter().enumerate() {
+    for (i, outbox) in config.outboxes().enumerate() {
         let Some(name) = outbox.table_name() else {
             continue;
         };
@@ -701,7 +701,7 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
 
     let emit = crate::writers::public_emit(
         source,
-        &config.outbox,
+        config.outboxes(),
         config.source().heartbeat_interval_s > 0,
     )
     .await?;

@@ -13,7 +13,7 @@
 //! walfold read ends on the new one. The failover is recorded and the ingest position
 //! moves back to the fork, so a slot lost with the old primary opens its gap there.
 
-use walfold_config::Config;
+use walfold_config::SourceView;
 use walfold_event::Lsn;
 use walfold_store::EventLog;
 
@@ -31,7 +31,7 @@ pub(crate) struct Failover {
 /// Compares the source's identity with the recorded one; records a failover (and the
 /// new timeline) when there was one. Returns the server's identity.
 pub(crate) async fn check(
-    config: &Config,
+    config: &SourceView<'_>,
     cfg: &WireConfig,
     log: &EventLog,
 ) -> Result<(Identity, Option<Failover>), SourceError> {
