@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
+use futures::future::BoxFuture;
 use uuid::Uuid;
 use walfold_event::{Aggregate, DeadLetter, DeadLetterStatus, Event, Reason};
 
@@ -134,318 +135,397 @@ impl SubscriberStore for MemoryStore {
     where
         Self: 'a;
 
-    async fn begin(&mut self) -> Result<MemoryTx<'_>, StoreError> {
-        let state = self.state().clone();
-        Ok(MemoryTx { store: self, state })
+    fn begin<'a>(&'a mut self) -> BoxFuture<'a, Result<MemoryTx<'a>, StoreError>> {
+        Box::pin(async move {
+            let state = self.state().clone();
+            Ok(MemoryTx { store: self, state })
+        })
     }
 
-    async fn position(&self) -> Result<i64, StoreError> {
-        Ok(self.state().position)
+    fn position<'a>(&'a self) -> BoxFuture<'a, Result<i64, StoreError>> {
+        Box::pin(async move { Ok(self.state().position) })
     }
 
-    async fn parked(&self) -> Result<Vec<(Aggregate, bool)>, StoreError> {
-        let s = self.state();
-        Ok(s.parks
-            .keys()
-            .map(|a| {
-                let gap = s
-                    .park_letter(a)
-                    .is_some_and(|l| l.letter.reason == Reason::VersionGap);
-                (a.clone(), gap)
-            })
-            .collect())
+    fn parked<'a>(&'a self) -> BoxFuture<'a, Result<Vec<(Aggregate, bool)>, StoreError>> {
+        Box::pin(async move {
+            let s = self.state();
+            Ok(s.parks
+                .keys()
+                .map(|a| {
+                    let gap = s
+                        .park_letter(a)
+                        .is_some_and(|l| l.letter.reason == Reason::VersionGap);
+                    (a.clone(), gap)
+                })
+                .collect())
+        })
     }
 
-    async fn retry_aggregates(&self) -> Result<Vec<Aggregate>, StoreError> {
-        let s = self.state();
-        let mut out: Vec<Aggregate> = Vec::new();
-        for l in s.letters.values() {
-            if l.status == DeadLetterStatus::Retrying && l.letter.seq.is_some() {
-                if let Some(item) = retry_item(l) {
-                    let a = item.aggregate();
-                    if !out.contains(&a) {
-                        out.push(a);
+    fn retry_aggregates<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Aggregate>, StoreError>> {
+        Box::pin(async move {
+            let s = self.state();
+            let mut out: Vec<Aggregate> = Vec::new();
+            for l in s.letters.values() {
+                if l.status == DeadLetterStatus::Retrying && l.letter.seq.is_some() {
+                    if let Some(item) = retry_item(l) {
+                        let a = item.aggregate();
+                        if !out.contains(&a) {
+                            out.push(a);
+                        }
                     }
                 }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
-    async fn retry_page(
-        &self,
-        aggregate: &Aggregate,
+    fn retry_page<'a>(
+        &'a self,
+        aggregate: &'a Aggregate,
         after: i64,
         limit: i64,
-    ) -> Result<Vec<RetryItem>, StoreError> {
-        let s = self.state();
-        let mut items: Vec<RetryItem> = s
-            .letters
-            .values()
-            .filter(|l| of(l, aggregate))
-            .filter(|l| DeadLetterStatus::OPEN_OR_RETRYING.contains(&l.status))
-            .filter_map(retry_item)
-            .filter(|i| i.seq > after)
-            .collect();
-        items.sort_by_key(|i| (i.seq, i.id));
-        items.truncate(limit.max(0) as usize);
-        Ok(items)
+    ) -> BoxFuture<'a, Result<Vec<RetryItem>, StoreError>> {
+        Box::pin(async move {
+            let s = self.state();
+            let mut items: Vec<RetryItem> = s
+                .letters
+                .values()
+                .filter(|l| of(l, aggregate))
+                .filter(|l| DeadLetterStatus::OPEN_OR_RETRYING.contains(&l.status))
+                .filter_map(retry_item)
+                .filter(|i| i.seq > after)
+                .collect();
+            items.sort_by_key(|i| (i.seq, i.id));
+            items.truncate(limit.max(0) as usize);
+            Ok(items)
+        })
     }
 
-    async fn discarded_parks(&self) -> Result<Vec<Aggregate>, StoreError> {
-        let s = self.state();
-        Ok(s.parks
-            .keys()
-            .filter(|a| {
-                s.park_letter(a).is_some_and(|l| {
-                    l.status == DeadLetterStatus::Discarded && l.letter.reason != Reason::VersionGap
-                }) && !s
-                    .letters
-                    .values()
-                    .any(|o| of(o, a) && DeadLetterStatus::UNRESOLVED.contains(&o.status))
-            })
-            .cloned()
-            .collect())
-    }
-
-    async fn gaps(&self) -> Result<Vec<Gap>, StoreError> {
-        let s = self.state();
-        Ok(s.parks
-            .iter()
-            .filter_map(|(a, (id, since))| {
-                let l = s.letters.get(id)?;
-                (l.letter.reason == Reason::VersionGap).then(|| Gap {
-                    aggregate_type: a.kind.clone(),
-                    aggregate_id: a.id.clone(),
-                    letter: *id,
-                    status: l.status,
-                    since_unix: *since as f64,
+    fn discarded_parks<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Aggregate>, StoreError>> {
+        Box::pin(async move {
+            let s = self.state();
+            Ok(s.parks
+                .keys()
+                .filter(|a| {
+                    s.park_letter(a).is_some_and(|l| {
+                        l.status == DeadLetterStatus::Discarded
+                            && l.letter.reason != Reason::VersionGap
+                    }) && !s
+                        .letters
+                        .values()
+                        .any(|o| of(o, a) && DeadLetterStatus::UNRESOLVED.contains(&o.status))
                 })
-            })
-            .collect())
+                .cloned()
+                .collect())
+        })
     }
 
-    async fn read_events(&self, seqs: &[i64]) -> Result<Vec<Event>, StoreError> {
-        Ok(read(&self.state(), seqs))
+    fn gaps<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Gap>, StoreError>> {
+        Box::pin(async move {
+            let s = self.state();
+            Ok(s.parks
+                .iter()
+                .filter_map(|(a, (id, since))| {
+                    let l = s.letters.get(id)?;
+                    (l.letter.reason == Reason::VersionGap).then(|| Gap {
+                        aggregate_type: a.kind.clone(),
+                        aggregate_id: a.id.clone(),
+                        letter: *id,
+                        status: l.status,
+                        since_unix: *since as f64,
+                    })
+                })
+                .collect())
+        })
+    }
+
+    fn read_events<'a>(&'a self, seqs: &'a [i64]) -> BoxFuture<'a, Result<Vec<Event>, StoreError>> {
+        Box::pin(async move { Ok(read(&self.state(), seqs)) })
     }
 }
 
 impl SubscriberTx for MemoryTx<'_> {
-    async fn claim(&mut self, ids: &[Uuid]) -> Result<HashSet<Uuid>, StoreError> {
-        Ok(ids
-            .iter()
-            .copied()
-            .filter(|id| self.state.claims.insert(*id))
-            .collect())
+    fn claim<'a>(
+        &'a mut self,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>> {
+        Box::pin(async move {
+            Ok(ids
+                .iter()
+                .copied()
+                .filter(|id| self.state.claims.insert(*id))
+                .collect())
+        })
     }
 
-    async fn unclaim(&mut self, ids: &[Uuid]) -> Result<(), StoreError> {
-        for id in ids {
-            self.state.claims.remove(id);
-        }
-        Ok(())
-    }
-
-    async fn applied_versions(
-        &self,
-        aggregates: &[Aggregate],
-    ) -> Result<HashMap<Aggregate, i64>, StoreError> {
-        Ok(aggregates
-            .iter()
-            .filter_map(|a| self.state.versions.get(a).map(|v| (a.clone(), *v)))
-            .collect())
-    }
-
-    async fn record_versions(&mut self, versions: &[(Aggregate, i64)]) -> Result<(), StoreError> {
-        for (a, v) in versions {
-            self.state.versions.insert(a.clone(), *v);
-        }
-        Ok(())
-    }
-
-    async fn read_events(&self, seqs: &[i64]) -> Result<Vec<Event>, StoreError> {
-        Ok(read(&self.state, seqs))
-    }
-
-    async fn dead_letter(&mut self, letter: &DeadLetter) -> Result<Option<i64>, StoreError> {
-        self.state.next_letter += 1;
-        let id = self.state.next_letter;
-        let status = letter.reason.initial_status(letter.seq.is_some());
-        self.state.letters.insert(
-            id,
-            Letter {
-                id,
-                letter: letter.clone(),
-                status,
-                resolution: None,
-            },
-        );
-        Ok(Some(id))
-    }
-
-    async fn park(&mut self, aggregate: &Aggregate, letter: i64) -> Result<(), StoreError> {
-        let since = self.state.commits;
-        self.state
-            .parks
-            .entry(aggregate.clone())
-            .or_insert((letter, since));
-        Ok(())
-    }
-
-    async fn unpark(&mut self, aggregate: &Aggregate) -> Result<(), StoreError> {
-        self.state.parks.remove(aggregate);
-        Ok(())
-    }
-
-    async fn waiting(&self, aggregates: &[Aggregate]) -> Result<Vec<RetryItem>, StoreError> {
-        let mut items: Vec<RetryItem> = self
-            .state
-            .letters
-            .values()
-            .filter(|l| aggregates.iter().any(|a| of(l, a)))
-            .filter(|l| {
-                l.letter.reason == Reason::VersionGap && l.status == DeadLetterStatus::Waiting
-            })
-            .filter_map(retry_item)
-            .collect();
-        items.sort_by_key(|i| (i.seq, i.id));
-        Ok(items)
-    }
-
-    async fn repark_waiting(
-        &mut self,
-        aggregate: &Aggregate,
-        letter: i64,
-    ) -> Result<(), StoreError> {
-        let since = self.state.commits;
-        let waiting = self
-            .state
-            .park_letter(aggregate)
-            .is_some_and(|l| l.status == DeadLetterStatus::Waiting);
-        if let Some(park) = self.state.parks.get_mut(aggregate) {
-            if park.0 != letter && waiting {
-                *park = (letter, since);
+    fn unclaim<'a>(&'a mut self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            for id in ids {
+                self.state.claims.remove(id);
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    async fn forget_waiting(&mut self, letters: &[i64]) -> Result<(), StoreError> {
-        self.state
-            .letters
-            .retain(|id, l| !(letters.contains(id) && l.status == DeadLetterStatus::Waiting));
-        Ok(())
+    fn applied_versions<'a>(
+        &'a self,
+        aggregates: &'a [Aggregate],
+    ) -> BoxFuture<'a, Result<HashMap<Aggregate, i64>, StoreError>> {
+        Box::pin(async move {
+            Ok(aggregates
+                .iter()
+                .filter_map(|a| self.state.versions.get(a).map(|v| (a.clone(), *v)))
+                .collect())
+        })
     }
 
-    async fn resolve_gap(
-        &mut self,
-        aggregate: &Aggregate,
-        resolution: &str,
-    ) -> Result<(), StoreError> {
-        use DeadLetterStatus::*;
-        for l in self.state.letters.values_mut() {
-            if of(l, aggregate)
-                && l.letter.reason == Reason::VersionGap
-                && l.letter.seq.is_none()
-                && matches!(l.status, Open | Retrying | Discarded)
-            {
-                if l.status == Discarded {
-                    l.resolution = Some(match l.resolution.take() {
-                        Some(r) => format!("{r}; {resolution}"),
-                        None => resolution.to_owned(),
-                    });
-                } else {
-                    l.status = Retried;
-                    l.resolution = Some(resolution.to_owned());
+    fn record_versions<'a>(
+        &'a mut self,
+        versions: &'a [(Aggregate, i64)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            for (a, v) in versions {
+                self.state.versions.insert(a.clone(), *v);
+            }
+            Ok(())
+        })
+    }
+
+    fn read_events<'a>(&'a self, seqs: &'a [i64]) -> BoxFuture<'a, Result<Vec<Event>, StoreError>> {
+        Box::pin(async move { Ok(read(&self.state, seqs)) })
+    }
+
+    fn dead_letter<'a>(
+        &'a mut self,
+        letter: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
+        Box::pin(async move {
+            self.state.next_letter += 1;
+            let id = self.state.next_letter;
+            let status = letter.reason.initial_status(letter.seq.is_some());
+            self.state.letters.insert(
+                id,
+                Letter {
+                    id,
+                    letter: letter.clone(),
+                    status,
+                    resolution: None,
+                },
+            );
+            Ok(Some(id))
+        })
+    }
+
+    fn park<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
+        letter: i64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let since = self.state.commits;
+            self.state
+                .parks
+                .entry(aggregate.clone())
+                .or_insert((letter, since));
+            Ok(())
+        })
+    }
+
+    fn unpark<'a>(&'a mut self, aggregate: &'a Aggregate) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.state.parks.remove(aggregate);
+            Ok(())
+        })
+    }
+
+    fn waiting<'a>(
+        &'a self,
+        aggregates: &'a [Aggregate],
+    ) -> BoxFuture<'a, Result<Vec<RetryItem>, StoreError>> {
+        Box::pin(async move {
+            let mut items: Vec<RetryItem> = self
+                .state
+                .letters
+                .values()
+                .filter(|l| aggregates.iter().any(|a| of(l, a)))
+                .filter(|l| {
+                    l.letter.reason == Reason::VersionGap && l.status == DeadLetterStatus::Waiting
+                })
+                .filter_map(retry_item)
+                .collect();
+            items.sort_by_key(|i| (i.seq, i.id));
+            Ok(items)
+        })
+    }
+
+    fn repark_waiting<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
+        letter: i64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let since = self.state.commits;
+            let waiting = self
+                .state
+                .park_letter(aggregate)
+                .is_some_and(|l| l.status == DeadLetterStatus::Waiting);
+            if let Some(park) = self.state.parks.get_mut(aggregate) {
+                if park.0 != letter && waiting {
+                    *park = (letter, since);
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    async fn open_gap(&mut self, gap: &Gap, error: &str) -> Result<(), StoreError> {
-        let letter = DeadLetter {
-            subscriber_id: None,
-            event_id: None,
-            seq: None,
-            aggregate_type: Some(gap.aggregate_type.clone()),
-            aggregate_id: Some(gap.aggregate_id.clone()),
-            reason: Reason::VersionGap,
-            error: error.to_owned(),
-            raw: None,
-            existing: None,
-            attempts: 0,
-            source_lsn: None,
-            origin: None,
-        };
-        let id = self.dead_letter(&letter).await?;
-        if let (Some(id), Some(park)) = (id, self.state.parks.get_mut(&gap.aggregate())) {
-            park.0 = id;
-        }
-        Ok(())
+    fn forget_waiting<'a>(
+        &'a mut self,
+        letters: &'a [i64],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.state
+                .letters
+                .retain(|id, l| !(letters.contains(id) && l.status == DeadLetterStatus::Waiting));
+            Ok(())
+        })
     }
 
-    async fn gap_still_open(&mut self, letter: i64, error: &str) -> Result<(), StoreError> {
-        if let Some(l) = self.state.letters.get_mut(&letter) {
-            if l.status == DeadLetterStatus::Retrying {
-                l.status = DeadLetterStatus::Open;
-                l.letter.error = error.to_owned();
-                l.letter.attempts += 1;
+    fn resolve_gap<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
+        resolution: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            use DeadLetterStatus::*;
+            for l in self.state.letters.values_mut() {
+                if of(l, aggregate)
+                    && l.letter.reason == Reason::VersionGap
+                    && l.letter.seq.is_none()
+                    && matches!(l.status, Open | Retrying | Discarded)
+                {
+                    if l.status == Discarded {
+                        l.resolution = Some(match l.resolution.take() {
+                            Some(r) => format!("{r}; {resolution}"),
+                            None => resolution.to_owned(),
+                        });
+                    } else {
+                        l.status = Retried;
+                        l.resolution = Some(resolution.to_owned());
+                    }
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    async fn retried(&mut self, letter: i64, outcome: &str) -> Result<(), StoreError> {
-        if let Some(l) = self.state.letters.get_mut(&letter) {
-            l.status = DeadLetterStatus::Retried;
-            l.resolution = Some(outcome.to_owned());
-            l.letter.attempts += 1;
-        }
-        Ok(())
+    fn open_gap<'a>(
+        &'a mut self,
+        gap: &'a Gap,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let letter = DeadLetter {
+                subscriber_id: None,
+                event_id: None,
+                seq: None,
+                aggregate_type: Some(gap.aggregate_type.clone()),
+                aggregate_id: Some(gap.aggregate_id.clone()),
+                reason: Reason::VersionGap,
+                error: error.to_owned(),
+                raw: None,
+                existing: None,
+                attempts: 0,
+                source_lsn: None,
+                origin: None,
+            };
+            let id = self.dead_letter(&letter).await?;
+            if let (Some(id), Some(park)) = (id, self.state.parks.get_mut(&gap.aggregate())) {
+                park.0 = id;
+            }
+            Ok(())
+        })
     }
 
-    async fn retry_failed(
-        &mut self,
-        aggregate: &Aggregate,
-        head: i64,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        for l in self.state.letters.values_mut() {
-            if of(l, aggregate) && l.status == DeadLetterStatus::Retrying {
-                l.status = DeadLetterStatus::Open;
-                if l.id == head {
+    fn gap_still_open<'a>(
+        &'a mut self,
+        letter: i64,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if let Some(l) = self.state.letters.get_mut(&letter) {
+                if l.status == DeadLetterStatus::Retrying {
+                    l.status = DeadLetterStatus::Open;
                     l.letter.error = error.to_owned();
                     l.letter.attempts += 1;
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    async fn commit(
+    fn retried<'a>(
+        &'a mut self,
+        letter: i64,
+        outcome: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if let Some(l) = self.state.letters.get_mut(&letter) {
+                l.status = DeadLetterStatus::Retried;
+                l.resolution = Some(outcome.to_owned());
+                l.letter.attempts += 1;
+            }
+            Ok(())
+        })
+    }
+
+    fn retry_failed<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
+        head: i64,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            for l in self.state.letters.values_mut() {
+                if of(l, aggregate) && l.status == DeadLetterStatus::Retrying {
+                    l.status = DeadLetterStatus::Open;
+                    if l.id == head {
+                        l.letter.error = error.to_owned();
+                        l.letter.attempts += 1;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn commit<'a>(
         mut self,
         position: i64,
         stats: PartitionStats,
         _last_committed_at: Option<SystemTime>,
-    ) -> Result<(), StoreError> {
-        let failed = self
-            .store
-            .fail_commit
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let s = &mut self.state;
-        s.position = s.position.max(position);
-        s.stats.applied += stats.applied;
-        s.stats.duplicates += stats.duplicates;
-        s.stats.stale += stats.stale;
-        s.stats.dead_lettered += stats.dead_lettered;
-        s.commits += 1;
-        *self.store.state() = self.state;
-        Ok(())
+    ) -> BoxFuture<'a, Result<(), StoreError>>
+    where
+        Self: 'a,
+    {
+        Box::pin(async move {
+            let failed = self
+                .store
+                .fail_commit
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let s = &mut self.state;
+            s.position = s.position.max(position);
+            s.stats.applied += stats.applied;
+            s.stats.duplicates += stats.duplicates;
+            s.stats.stale += stats.stale;
+            s.stats.dead_lettered += stats.dead_lettered;
+            s.commits += 1;
+            *self.store.state() = self.state;
+            Ok(())
+        })
     }
 }

@@ -17,9 +17,9 @@ pub mod memory;
 mod postgres;
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::time::SystemTime;
 
+use futures::future::BoxFuture;
 use uuid::Uuid;
 use walfold_event::{Aggregate, DeadLetter, Event};
 
@@ -37,39 +37,36 @@ pub trait SubscriberStore: Send {
         Self: 'a;
 
     /// Opens a transaction.
-    fn begin(&mut self) -> impl Future<Output = Result<Self::Tx<'_>, StoreError>> + Send;
+    fn begin<'a>(&'a mut self) -> BoxFuture<'a, Result<Self::Tx<'a>, StoreError>>;
 
     /// Where the partition resumes.
-    fn position(&self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+    fn position<'a>(&'a self) -> BoxFuture<'a, Result<i64, StoreError>>;
 
     /// The subscriber's parked aggregates, each with whether it waits for a missing
     /// version (a strict projection's gap) rather than behind a failure.
-    fn parked(&self) -> impl Future<Output = Result<Vec<(Aggregate, bool)>, StoreError>> + Send;
+    fn parked<'a>(&'a self) -> BoxFuture<'a, Result<Vec<(Aggregate, bool)>, StoreError>>;
 
     /// The subscriber's aggregates with a retry requested (`walfold dead-letters retry`).
-    fn retry_aggregates(&self) -> impl Future<Output = Result<Vec<Aggregate>, StoreError>> + Send;
+    fn retry_aggregates<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Aggregate>, StoreError>>;
 
     /// The next `limit` dead letters of `aggregate` to retry after seq `after`, open or
     /// retrying, in log order.
-    fn retry_page(
-        &self,
-        aggregate: &Aggregate,
+    fn retry_page<'a>(
+        &'a self,
+        aggregate: &'a Aggregate,
         after: i64,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<RetryItem>, StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<Vec<RetryItem>, StoreError>>;
 
     /// Aggregates parked behind a discarded dead letter with nothing else of theirs
     /// waiting: nothing would ever release them but their projector.
-    fn discarded_parks(&self) -> impl Future<Output = Result<Vec<Aggregate>, StoreError>> + Send;
+    fn discarded_parks<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Aggregate>, StoreError>>;
 
     /// A strict projection's gaps.
-    fn gaps(&self) -> impl Future<Output = Result<Vec<Gap>, StoreError>> + Send;
+    fn gaps<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Gap>, StoreError>>;
 
     /// Events of the log by seq.
-    fn read_events(
-        &self,
-        seqs: &[i64],
-    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+    fn read_events<'a>(&'a self, seqs: &'a [i64]) -> BoxFuture<'a, Result<Vec<Event>, StoreError>>;
 }
 
 /// One transaction of a projector partition. Dropped without [`SubscriberTx::commit`],
@@ -77,116 +74,110 @@ pub trait SubscriberStore: Send {
 pub trait SubscriberTx {
     /// Claims `ids` for the subscriber; returns those this transaction claimed. The rest
     /// were processed before: duplicates, to be skipped.
-    fn claim(
-        &mut self,
-        ids: &[Uuid],
-    ) -> impl Future<Output = Result<HashSet<Uuid>, StoreError>> + Send;
+    fn claim<'a>(&'a mut self, ids: &'a [Uuid])
+        -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>>;
 
     /// Gives back claims made earlier in this transaction for events not applied after
     /// all (waiting for a missing version): claimed again when they apply.
-    fn unclaim(&mut self, ids: &[Uuid]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn unclaim<'a>(&'a mut self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The last applied version of each of `aggregates` that has one.
-    fn applied_versions(
-        &self,
-        aggregates: &[Aggregate],
-    ) -> impl Future<Output = Result<HashMap<Aggregate, i64>, StoreError>> + Send;
+    fn applied_versions<'a>(
+        &'a self,
+        aggregates: &'a [Aggregate],
+    ) -> BoxFuture<'a, Result<HashMap<Aggregate, i64>, StoreError>>;
 
     /// Records the last applied version of each aggregate.
-    fn record_versions(
-        &mut self,
-        versions: &[(Aggregate, i64)],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn record_versions<'a>(
+        &'a mut self,
+        versions: &'a [(Aggregate, i64)],
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Events of the log by seq (log rows never change: read where the log is).
-    fn read_events(
-        &self,
-        seqs: &[i64],
-    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+    fn read_events<'a>(&'a self, seqs: &'a [i64]) -> BoxFuture<'a, Result<Vec<Event>, StoreError>>;
 
     /// Records a dead letter of the subscriber; returns its ID.
-    fn dead_letter(
-        &mut self,
-        letter: &DeadLetter,
-    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+    fn dead_letter<'a>(
+        &'a mut self,
+        letter: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<Option<i64>, StoreError>>;
 
     /// Parks `aggregate` behind dead letter `letter` (kept if already parked).
-    fn park(
-        &mut self,
-        aggregate: &Aggregate,
+    fn park<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
         letter: i64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Releases a parked aggregate.
-    fn unpark(
-        &mut self,
-        aggregate: &Aggregate,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn unpark<'a>(&'a mut self, aggregate: &'a Aggregate) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The events of `aggregates` waiting for a missing version, in log order.
-    fn waiting(
-        &self,
-        aggregates: &[Aggregate],
-    ) -> impl Future<Output = Result<Vec<RetryItem>, StoreError>> + Send;
+    fn waiting<'a>(
+        &'a self,
+        aggregates: &'a [Aggregate],
+    ) -> BoxFuture<'a, Result<Vec<RetryItem>, StoreError>>;
 
     /// Points a gap's park at waiting letter `letter`, unless it points at the gap's
     /// own letter (an open gap); the gap's age counts from then.
-    fn repark_waiting(
-        &mut self,
-        aggregate: &Aggregate,
+    fn repark_waiting<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
         letter: i64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Deletes the letters of waiting events that went through.
-    fn forget_waiting(
-        &mut self,
-        letters: &[i64],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn forget_waiting<'a>(
+        &'a mut self,
+        letters: &'a [i64],
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Resolves the gap letter of an aggregate whose missing versions arrived (or were
     /// given up on).
-    fn resolve_gap(
-        &mut self,
-        aggregate: &Aggregate,
-        resolution: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn resolve_gap<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
+        resolution: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A gap outlived its timeout: an open dead letter of its own, the park pointing at it.
-    fn open_gap(
-        &mut self,
-        gap: &Gap,
-        error: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn open_gap<'a>(
+        &'a mut self,
+        gap: &'a Gap,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A retried gap whose versions are still missing is open again.
-    fn gap_still_open(
-        &mut self,
+    fn gap_still_open<'a>(
+        &'a mut self,
         letter: i64,
-        error: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A retried dead letter went through, with how.
-    fn retried(
-        &mut self,
+    fn retried<'a>(
+        &'a mut self,
         letter: i64,
-        outcome: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+        outcome: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A retry of `aggregate` failed again at letter `head`: the chain is open again.
-    fn retry_failed(
-        &mut self,
-        aggregate: &Aggregate,
+    fn retry_failed<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
         head: i64,
-        error: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Proves this instance still leads, saves the checkpoint (`position` 0 keeps it:
     /// positions only grow) with `stats` added, and commits. On a failed proof nothing
     /// lands.
-    fn commit(
+    fn commit<'a>(
         self,
         position: i64,
         stats: PartitionStats,
         last_committed_at: Option<SystemTime>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> BoxFuture<'a, Result<(), StoreError>>
+    where
+        Self: 'a;
 }

@@ -3,9 +3,11 @@
 //! together for one turn of the partition.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::DerefMut;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use futures::future::BoxFuture;
 use tokio_postgres::{Client, Statement, Transaction};
 use uuid::Uuid;
 use walfold_event::{Aggregate, DeadLetter, Event};
@@ -118,14 +120,14 @@ impl Subscriber {
 
     /// The store for one turn on `client` (`log`: a connection to the event log's target
     /// when it is another), with `prepared` made there.
-    pub fn on<'c>(
-        &'c self,
-        client: &'c mut Client,
-        log: Option<&'c Client>,
-        prepared: &'c Prepared,
-    ) -> PgSubscriber<'c> {
+    pub fn on<C>(
+        self: &Arc<Self>,
+        client: C,
+        log: Option<C>,
+        prepared: Prepared,
+    ) -> PgSubscriber<C> {
         PgSubscriber {
-            bound: self,
+            bound: self.clone(),
             client,
             log,
             prepared,
@@ -163,7 +165,7 @@ impl Subscriber {
     /// Events of the log by seq, on `client` or on `log` (the main target's).
     async fn read_events(
         &self,
-        client: &impl tokio_postgres::GenericClient,
+        client: &(impl tokio_postgres::GenericClient + Sync),
         log: Option<&Client>,
         seqs: &[i64],
     ) -> Result<Vec<Event>, StoreError> {
@@ -175,12 +177,37 @@ impl Subscriber {
     }
 }
 
-/// A subscriber partition's store on one connection, for one turn.
-pub struct PgSubscriber<'c> {
-    bound: &'c Subscriber,
-    client: &'c mut Client,
-    log: Option<&'c Client>,
-    prepared: &'c Prepared,
+/// A subscriber partition's store on one connection (`C`: a client, or what holds
+/// one), for one turn.
+pub struct PgSubscriber<C> {
+    bound: Arc<Subscriber>,
+    client: C,
+    log: Option<C>,
+    prepared: Prepared,
+}
+
+impl<C> PgSubscriber<C> {
+    pub fn client(&self) -> &C {
+        &self.client
+    }
+
+    pub fn client_mut(&mut self) -> &mut C {
+        &mut self.client
+    }
+
+    /// The connection to the event log's target, when it is another.
+    pub fn log(&self) -> Option<&C> {
+        self.log.as_ref()
+    }
+
+    pub fn log_mut(&mut self) -> Option<&mut C> {
+        self.log.as_mut()
+    }
+
+    /// The connections and statements back, at the end of the turn.
+    pub fn into_parts(self) -> (C, Option<C>, Prepared) {
+        (self.client, self.log, self.prepared)
+    }
 }
 
 /// A transaction of a subscriber partition on PostgreSQL.
@@ -198,237 +225,324 @@ impl<'t> PgSubscriberTx<'t> {
     }
 }
 
-impl SubscriberStore for PgSubscriber<'_> {
+impl<C> SubscriberStore for PgSubscriber<C>
+where
+    C: DerefMut<Target = Client> + Send + Sync,
+{
     type Tx<'a>
         = PgSubscriberTx<'a>
     where
         Self: 'a;
 
-    async fn begin(&mut self) -> Result<PgSubscriberTx<'_>, StoreError> {
-        let bound = self.bound;
-        let tx = self
-            .client
-            .transaction()
-            .await
-            .map_err(bound.db("starting a transaction"))?;
-        Ok(PgSubscriberTx {
-            tx,
-            bound,
-            log: self.log,
-            prepared: self.prepared,
+    fn begin<'a>(&'a mut self) -> BoxFuture<'a, Result<PgSubscriberTx<'a>, StoreError>> {
+        Box::pin(async move {
+            let bound = &*self.bound;
+            let tx = self
+                .client
+                .transaction()
+                .await
+                .map_err(bound.db("starting a transaction"))?;
+            Ok(PgSubscriberTx {
+                tx,
+                bound,
+                log: self.log.as_deref(),
+                prepared: &self.prepared,
+            })
         })
     }
 
-    async fn position(&self) -> Result<i64, StoreError> {
-        let b = self.bound;
-        Checkpoints::position(self.client, &b.schema, &b.subscriber, b.partition)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn position<'a>(&'a self) -> BoxFuture<'a, Result<i64, StoreError>> {
+        Box::pin(async move {
+            let b = &*self.bound;
+            Checkpoints::position(&self.client, &b.schema, &b.subscriber, b.partition)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn parked(&self) -> Result<Vec<(Aggregate, bool)>, StoreError> {
-        let b = self.bound;
-        DeadLetters::parked(self.client, &b.schema, &b.subscriber)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn parked<'a>(&'a self) -> BoxFuture<'a, Result<Vec<(Aggregate, bool)>, StoreError>> {
+        Box::pin(async move {
+            let b = &*self.bound;
+            DeadLetters::parked(&self.client, &b.schema, &b.subscriber)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn retry_aggregates(&self) -> Result<Vec<Aggregate>, StoreError> {
-        let b = self.bound;
-        DeadLetters::retry_aggregates(self.client, &b.schema, &b.subscriber)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn retry_aggregates<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Aggregate>, StoreError>> {
+        Box::pin(async move {
+            let b = &*self.bound;
+            DeadLetters::retry_aggregates(&self.client, &b.schema, &b.subscriber)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn retry_page(
-        &self,
-        aggregate: &Aggregate,
+    fn retry_page<'a>(
+        &'a self,
+        aggregate: &'a Aggregate,
         after: i64,
         limit: i64,
-    ) -> Result<Vec<RetryItem>, StoreError> {
-        let b = self.bound;
-        DeadLetters::retry_page(
-            self.client,
-            &b.schema,
-            &b.subscriber,
-            aggregate,
-            after,
-            limit,
-        )
-        .await
-        .map_err(|e| b.wrap(e))
-    }
-
-    async fn discarded_parks(&self) -> Result<Vec<Aggregate>, StoreError> {
-        let b = self.bound;
-        DeadLetters::discarded_parks(self.client, &b.schema, &b.subscriber)
+    ) -> BoxFuture<'a, Result<Vec<RetryItem>, StoreError>> {
+        Box::pin(async move {
+            let b = &*self.bound;
+            DeadLetters::retry_page(
+                &self.client,
+                &b.schema,
+                &b.subscriber,
+                aggregate,
+                after,
+                limit,
+            )
             .await
             .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn gaps(&self) -> Result<Vec<Gap>, StoreError> {
-        let b = self.bound;
-        DeadLetters::gaps(self.client, &b.schema, &b.subscriber)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn discarded_parks<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Aggregate>, StoreError>> {
+        Box::pin(async move {
+            let b = &*self.bound;
+            DeadLetters::discarded_parks(&self.client, &b.schema, &b.subscriber)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn read_events(&self, seqs: &[i64]) -> Result<Vec<Event>, StoreError> {
-        self.bound.read_events(&*self.client, self.log, seqs).await
+    fn gaps<'a>(&'a self) -> BoxFuture<'a, Result<Vec<Gap>, StoreError>> {
+        Box::pin(async move {
+            let b = &*self.bound;
+            DeadLetters::gaps(&self.client, &b.schema, &b.subscriber)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
+    }
+
+    fn read_events<'a>(&'a self, seqs: &'a [i64]) -> BoxFuture<'a, Result<Vec<Event>, StoreError>> {
+        Box::pin(async move {
+            self.bound
+                .read_events(&*self.client, self.log.as_deref(), seqs)
+                .await
+        })
     }
 }
 
 impl SubscriberTx for PgSubscriberTx<'_> {
-    async fn claim(&mut self, ids: &[Uuid]) -> Result<HashSet<Uuid>, StoreError> {
-        let b = self.bound;
-        claim::claim(&self.tx, &self.prepared.claim, &b.subscriber, ids)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn claim<'a>(
+        &'a mut self,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            claim::claim(&self.tx, &self.prepared.claim, &b.subscriber, ids)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn unclaim(&mut self, ids: &[Uuid]) -> Result<(), StoreError> {
-        let b = self.bound;
-        claim::unclaim(&self.tx, &b.schema, &b.subscriber, ids)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn unclaim<'a>(&'a mut self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            claim::unclaim(&self.tx, &b.schema, &b.subscriber, ids)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn applied_versions(
-        &self,
-        aggregates: &[Aggregate],
-    ) -> Result<HashMap<Aggregate, i64>, StoreError> {
-        let b = self.bound;
-        aggregate_version::applied_versions(&self.tx, &b.schema, &b.subscriber, aggregates)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn applied_versions<'a>(
+        &'a self,
+        aggregates: &'a [Aggregate],
+    ) -> BoxFuture<'a, Result<HashMap<Aggregate, i64>, StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            aggregate_version::applied_versions(&self.tx, &b.schema, &b.subscriber, aggregates)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn record_versions(&mut self, versions: &[(Aggregate, i64)]) -> Result<(), StoreError> {
-        let b = self.bound;
-        aggregate_version::record_versions(&self.tx, &b.schema, &b.subscriber, versions)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn record_versions<'a>(
+        &'a mut self,
+        versions: &'a [(Aggregate, i64)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            aggregate_version::record_versions(&self.tx, &b.schema, &b.subscriber, versions)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn read_events(&self, seqs: &[i64]) -> Result<Vec<Event>, StoreError> {
-        self.bound.read_events(&self.tx, self.log, seqs).await
+    fn read_events<'a>(&'a self, seqs: &'a [i64]) -> BoxFuture<'a, Result<Vec<Event>, StoreError>> {
+        Box::pin(async move { self.bound.read_events(&self.tx, self.log, seqs).await })
     }
 
-    async fn dead_letter(&mut self, letter: &DeadLetter) -> Result<Option<i64>, StoreError> {
-        let b = self.bound;
-        self.prepared
-            .dead_letters
-            .record(&self.tx, letter)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn dead_letter<'a>(
+        &'a mut self,
+        letter: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            self.prepared
+                .dead_letters
+                .record(&self.tx, letter)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn park(&mut self, aggregate: &Aggregate, letter: i64) -> Result<(), StoreError> {
-        let b = self.bound;
-        self.prepared
-            .dead_letters
-            .park(&self.tx, &b.subscriber, aggregate, letter)
-            .await
-            .map_err(|e| b.wrap(e))
-    }
-
-    async fn unpark(&mut self, aggregate: &Aggregate) -> Result<(), StoreError> {
-        let b = self.bound;
-        DeadLetters::unpark(&self.tx, &b.schema, &b.subscriber, aggregate)
-            .await
-            .map_err(|e| b.wrap(e))
-    }
-
-    async fn waiting(&self, aggregates: &[Aggregate]) -> Result<Vec<RetryItem>, StoreError> {
-        let b = self.bound;
-        DeadLetters::waiting(&self.tx, &b.schema, &b.subscriber, aggregates)
-            .await
-            .map_err(|e| b.wrap(e))
-    }
-
-    async fn repark_waiting(
-        &mut self,
-        aggregate: &Aggregate,
+    fn park<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
         letter: i64,
-    ) -> Result<(), StoreError> {
-        let b = self.bound;
-        DeadLetters::repark_waiting(&self.tx, &b.schema, &b.subscriber, aggregate, letter)
-            .await
-            .map_err(|e| b.wrap(e))
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            self.prepared
+                .dead_letters
+                .park(&self.tx, &b.subscriber, aggregate, letter)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn forget_waiting(&mut self, letters: &[i64]) -> Result<(), StoreError> {
-        let b = self.bound;
-        DeadLetters::forget_waiting(&self.tx, &b.schema, letters)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn unpark<'a>(&'a mut self, aggregate: &'a Aggregate) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::unpark(&self.tx, &b.schema, &b.subscriber, aggregate)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn resolve_gap(
-        &mut self,
-        aggregate: &Aggregate,
-        resolution: &str,
-    ) -> Result<(), StoreError> {
-        let b = self.bound;
-        DeadLetters::resolve_gap(&self.tx, &b.schema, &b.subscriber, aggregate, resolution)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn waiting<'a>(
+        &'a self,
+        aggregates: &'a [Aggregate],
+    ) -> BoxFuture<'a, Result<Vec<RetryItem>, StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::waiting(&self.tx, &b.schema, &b.subscriber, aggregates)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn open_gap(&mut self, gap: &Gap, error: &str) -> Result<(), StoreError> {
-        let b = self.bound;
-        self.prepared
-            .dead_letters
-            .open_gap(&self.tx, &b.subscriber, gap, error)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn repark_waiting<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
+        letter: i64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::repark_waiting(&self.tx, &b.schema, &b.subscriber, aggregate, letter)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn gap_still_open(&mut self, letter: i64, error: &str) -> Result<(), StoreError> {
-        let b = self.bound;
-        DeadLetters::gap_still_open(&self.tx, &b.schema, letter, error)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn forget_waiting<'a>(
+        &'a mut self,
+        letters: &'a [i64],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::forget_waiting(&self.tx, &b.schema, letters)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn retried(&mut self, letter: i64, outcome: &str) -> Result<(), StoreError> {
-        let b = self.bound;
-        DeadLetters::retried(&self.tx, &b.schema, letter, outcome)
-            .await
-            .map_err(|e| b.wrap(e))
+    fn resolve_gap<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
+        resolution: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::resolve_gap(&self.tx, &b.schema, &b.subscriber, aggregate, resolution)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn retry_failed(
-        &mut self,
-        aggregate: &Aggregate,
+    fn open_gap<'a>(
+        &'a mut self,
+        gap: &'a Gap,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            self.prepared
+                .dead_letters
+                .open_gap(&self.tx, &b.subscriber, gap, error)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
+    }
+
+    fn gap_still_open<'a>(
+        &'a mut self,
+        letter: i64,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::gap_still_open(&self.tx, &b.schema, letter, error)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
+    }
+
+    fn retried<'a>(
+        &'a mut self,
+        letter: i64,
+        outcome: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::retried(&self.tx, &b.schema, letter, outcome)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
+    }
+
+    fn retry_failed<'a>(
+        &'a mut self,
+        aggregate: &'a Aggregate,
         head: i64,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        let b = self.bound;
-        DeadLetters::retry_failed(&self.tx, &b.schema, &b.subscriber, aggregate, head, error)
-            .await
-            .map_err(|e| b.wrap(e))
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let b = self.bound;
+            DeadLetters::retry_failed(&self.tx, &b.schema, &b.subscriber, aggregate, head, error)
+                .await
+                .map_err(|e| b.wrap(e))
+        })
     }
 
-    async fn commit(
+    fn commit<'a>(
         self,
         position: i64,
         stats: PartitionStats,
         last_committed_at: Option<SystemTime>,
-    ) -> Result<(), StoreError> {
-        let b = self.bound;
-        // Sent together: one round trip. On a failed proof nothing is committed.
-        futures::try_join!(
-            self.prepared.fence.check(&self.tx),
-            self.prepared.checkpoints.save(
-                &self.tx,
-                b.partition,
-                position,
-                stats,
-                last_committed_at
-            ),
-        )
-        .map_err(|e| b.wrap(e))?;
-        self.tx.commit().await.map_err(b.db("committing"))
+    ) -> BoxFuture<'a, Result<(), StoreError>>
+    where
+        Self: 'a,
+    {
+        Box::pin(async move {
+            let b = self.bound;
+            // Sent together: one round trip. On a failed proof nothing is committed.
+            futures::try_join!(
+                self.prepared.fence.check(&self.tx),
+                self.prepared.checkpoints.save(
+                    &self.tx,
+                    b.partition,
+                    position,
+                    stats,
+                    last_committed_at
+                ),
+            )
+            .map_err(|e| b.wrap(e))?;
+            self.tx.commit().await.map_err(b.db("committing"))
+        })
     }
 }
