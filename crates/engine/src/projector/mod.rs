@@ -37,6 +37,7 @@ use walfold_store::{
 use walfold_telemetry::signal::Signal;
 
 use self::pause::Pause;
+use self::retry::Paged;
 use self::strict::Held;
 use self::work::{Rules, Work};
 use crate::error::EngineError;
@@ -340,35 +341,34 @@ impl Partition {
                 }
             } else {
                 let store = &mut conn.store;
-                match retry::batch(&rules, store, &page.events, page.position, &mut held).await {
-                    Ok(()) => {
+                let events = &page.events;
+                let shrinkable = limit > 1;
+                match retry::page(
+                    &rules,
+                    store,
+                    events,
+                    page.position,
+                    &mut held,
+                    cancel,
+                    shrinkable,
+                )
+                .await?
+                {
+                    Paged::Batch => {
                         good_batches += 1;
                         if limit < full && good_batches >= GROW_AFTER {
                             limit = (limit * 2).min(full);
                             good_batches = 0;
                         }
                     }
-                    Err(e) if e.is_resource() && limit > 1 => {
+                    Paged::OneByOne => {}
+                    Paged::Cancelled => return Ok(()),
+                    Paged::Shrink(e) => {
                         limit = (limit / 2).max(1);
                         good_batches = 0;
                         tracing::warn!(subscriber = %self.subscriber(), partition = self.partition, batch = limit, error = %e, "the server ran short of a resource; trying a smaller batch");
                         continue;
                     }
-                    Err(e) if e.kind() == ErrorKind::Data => {
-                        tracing::debug!(subscriber = %self.subscriber(), error = %e, "batch failed, isolating the event");
-                        // Each event commits its own checkpoint on this path; the page's
-                        // end is saved only once every event in it has been handled.
-                        if !retry::one_by_one(&rules, store, &page.events, &mut held, cancel)
-                            .await?
-                        {
-                            return Ok(());
-                        }
-                        Work::begin(store, &rules)
-                            .await?
-                            .commit(page.position, None)
-                            .await?;
-                    }
-                    Err(e) => return Err(e),
                 }
             }
             pause.leave(self, &turns.bound, conn.store.client()).await;

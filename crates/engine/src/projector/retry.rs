@@ -21,10 +21,60 @@ fn last_commit(events: &[Event]) -> Option<std::time::SystemTime> {
     events.iter().filter_map(|e| e.committed_at).max()
 }
 
+/// How a page of the log went.
+#[derive(Debug)]
+pub(crate) enum Paged {
+    /// In one transaction.
+    Batch,
+    /// Event by event, after an event's data failed in the batch.
+    OneByOne,
+    /// Cancelled before every event was handled.
+    Cancelled,
+    /// The batch ran the server short of a resource (and may be smaller): nothing of
+    /// it landed.
+    Shrink(EngineError),
+}
+
+/// A page of the log, checkpointed at `position`: the fast path, and when an event's
+/// data fails in it, the slow path, each event committing its own checkpoint; the
+/// page's end is saved only once every event in it has been handled. A batch that ran
+/// the server short of a resource is given back to be tried smaller when `shrinkable`.
+/// Any other error returns: the run loop goes on from the checkpoint.
+pub(crate) async fn page<S, A>(
+    rules: &Rules<'_, A>,
+    store: &mut S,
+    events: &[Event],
+    position: i64,
+    held: &mut Held,
+    cancel: &CancellationToken,
+    shrinkable: bool,
+) -> Result<Paged, EngineError>
+where
+    S: SubscriberStore,
+    A: Apply<S> + ?Sized,
+{
+    match batch(rules, store, events, position, held).await {
+        Ok(()) => Ok(Paged::Batch),
+        Err(e) if e.is_resource() && shrinkable => Ok(Paged::Shrink(e)),
+        Err(e) if e.kind() == ErrorKind::Data => {
+            tracing::debug!(subscriber = %rules.subscriber(), error = %e, "batch failed, isolating the event");
+            if !one_by_one(rules, store, events, held, cancel).await? {
+                return Ok(Paged::Cancelled);
+            }
+            Work::begin(store, rules)
+                .await?
+                .commit(position, None)
+                .await?;
+            Ok(Paged::OneByOne)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The fast path: the whole batch in one transaction, checkpointed at `position`.
 /// Events of aggregates parked behind a failure are set aside behind their aggregate
 /// in the same transaction.
-pub(crate) async fn batch<S, A>(
+async fn batch<S, A>(
     rules: &Rules<'_, A>,
     store: &mut S,
     events: &[Event],
@@ -57,7 +107,7 @@ where
 /// Returns false when cancelled before every event was handled. Any other error
 /// returns: the run loop goes on from the checkpoint, which every handled event has
 /// moved.
-pub(crate) async fn one_by_one<S, A>(
+async fn one_by_one<S, A>(
     rules: &Rules<'_, A>,
     store: &mut S,
     events: &[Event],
