@@ -189,7 +189,7 @@ async fn a_strict_event_ahead_of_a_missing_version_waits_then_applies_when_it_ar
         .unwrap();
     assert_eq!(fake.applied(), [1, 4]);
     // Version 2 arrives: 2 then 3 apply, in version order, in its transaction.
-    page(&rules, &mut store, &mut held, &[v2.clone()])
+    page(&rules, &mut store, &mut held, std::slice::from_ref(&v2))
         .await
         .unwrap();
     assert_eq!(fake.applied(), [1, 4, 3, 2]);
