@@ -1,7 +1,8 @@
 //! walfold's durable state in the target database: the event log, dedup claims,
 //! checkpoints and dead letters, plus the connection and retry rules every component
 //! shares. A projector partition reaches its state through one bound store
-//! ([`SubscriberStore`], `subscriber/`): claims, versions, parks and the checkpoint. What the rows mean (events, positions, reasons) is `walfold-event`.
+//! ([`SubscriberStore`], `subscriber/`): claims, versions, parks and the checkpoint.
+//! What the rows mean (events, positions, reasons) is `walfold-event`.
 
 mod aggregate_version;
 mod answer;
