@@ -168,7 +168,8 @@ fn explain(e: SourceError, config: &Config) -> SourceError {
     let source = config.source();
     match &e {
         SourceError::Replication(WireError::Server { code, message })
-            if code.as_deref() == Some("42704") && message.contains("publication") =>
+            if walfold_event::is_undefined_object(code.as_deref())
+                && message.contains("publication") =>
         {
             SourceError::Slot {
                 slot: source.slot.clone(),
@@ -200,8 +201,7 @@ async fn attempt(
         &config.source().url,
         &format!("the url of source {}", config.source().name),
     )
-    .await
-    .map_err(SourceError::store("checking the source url"))?;
+    .await?;
     let reopen = Reopen {
         url: config.target_url().to_owned(),
         schema: walfold_store::Schema::new(config.target.schema.as_str()),
@@ -215,22 +215,14 @@ async fn attempt(
     let (identity, _) = crate::timeline::check(config, &cfg, &log).await?;
     // The stream must come from the server checked here (not one promoted meanwhile).
     cfg.expect = Some((identity.system_id, identity.timeline));
-    let source = connect(&config.source().url)
-        .await
-        .map_err(SourceError::store("connecting to the source"))?;
+    let source = connect(&config.source().url).await?;
     prepare_source(&source, config, &mut log).await?;
     drop(source);
     crate::backfill::fill_gaps(config, &mut log).await?;
     crate::phantoms::check(config, &log).await?;
-    let ingested = log
-        .durable_lsn()
-        .await
-        .map_err(SourceError::store("reading the ingest position"))?;
+    let ingested = log.durable_lsn().await?;
     // The server sends every unfinished transaction again from its first segment.
-    let cleared = log
-        .clear_staged()
-        .await
-        .map_err(SourceError::store("clearing staged changes"))?;
+    let cleared = log.clear_staged().await?;
     if cleared > 0 {
         tracing::info!(
             rows = cleared,

@@ -20,11 +20,7 @@ use crate::error::SourceError;
 
 /// Checks the events past the last failover's fork, once per failover.
 pub(crate) async fn check(config: &Config, log: &EventLog) -> Result<(), SourceError> {
-    let Some((failover, events)) = log
-        .phantom_candidates()
-        .await
-        .map_err(SourceError::store("reading the events past the fork"))?
-    else {
+    let Some((failover, events)) = log.phantom_candidates().await? else {
         return Ok(());
     };
     let read = events.len();
@@ -37,9 +33,7 @@ pub(crate) async fn check(config: &Config, log: &EventLog) -> Result<(), SourceE
     }
     let mut phantoms: Vec<_> = candidates.into_iter().collect();
     phantoms.sort_by_key(|(_, seq)| *seq);
-    log.record_phantoms(failover, &phantoms)
-        .await
-        .map_err(SourceError::store("recording phantoms"))?;
+    log.record_phantoms(failover, &phantoms).await?;
     let slot = &config.source().slot;
     if phantoms.is_empty() {
         tracing::warn!(slot = %slot, read, "every event read past the failover's fork is on the new primary");
