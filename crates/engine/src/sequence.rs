@@ -9,8 +9,8 @@
 
 use std::collections::HashMap;
 
+use walfold_event::Aggregate;
 use walfold_event::Event;
-use walfold_store::AggregateRef;
 
 /// What a strict projection does with its candidates.
 #[derive(Debug, Default)]
@@ -22,9 +22,9 @@ pub(crate) struct Sequenced<'e> {
     /// Above the next version: they wait for the missing ones.
     pub waiting: Vec<&'e Event>,
     /// The last version applied, per aggregate that advanced.
-    pub advanced: Vec<(AggregateRef, i64)>,
+    pub advanced: Vec<(Aggregate, i64)>,
     /// Per aggregate that still waits: the next version it needs.
-    pub needs: Vec<(AggregateRef, i64)>,
+    pub needs: Vec<(Aggregate, i64)>,
     /// Below `first_version` for an aggregate with none applied: a misconfiguration
     /// or a producer error, never skipped silently.
     pub below_first: Vec<&'e Event>,
@@ -34,13 +34,13 @@ pub(crate) struct Sequenced<'e> {
 /// version (`applied`; absent: none yet, so `first` is next).
 pub(crate) fn sequence<'e>(
     candidates: &[&'e Event],
-    applied: &HashMap<AggregateRef, i64>,
+    applied: &HashMap<Aggregate, i64>,
     first: i64,
 ) -> Sequenced<'e> {
-    let mut groups: Vec<(AggregateRef, Vec<&'e Event>)> = Vec::new();
-    let mut index: HashMap<AggregateRef, usize> = HashMap::new();
+    let mut groups: Vec<(Aggregate, Vec<&'e Event>)> = Vec::new();
+    let mut index: HashMap<Aggregate, usize> = HashMap::new();
     for e in candidates {
-        let key = (e.aggregate_type.clone(), e.aggregate_id.clone());
+        let key = Aggregate::of(e);
         let i = *index.entry(key.clone()).or_insert_with(|| {
             groups.push((key, Vec::new()));
             groups.len() - 1
@@ -137,14 +137,14 @@ mod tests {
             s.duplicates[0].seq, 7,
             "the later of two equal versions is the duplicate"
         );
-        assert_eq!(s.needs, [(("account".into(), "a".into()), 4)]);
+        assert_eq!(s.needs, [(Aggregate::new("account", "a"), 4)]);
         let mut advanced = s.advanced.clone();
         advanced.sort();
         assert_eq!(
             advanced,
             [
-                (("account".into(), "a".into()), 3),
-                (("account".into(), "b".into()), 2)
+                (Aggregate::new("account", "a"), 3),
+                (Aggregate::new("account", "b"), 2)
             ]
         );
     }
@@ -165,12 +165,12 @@ mod tests {
         let a6 = event(2, "a", 6);
         let c0 = event(3, "c", 0);
         let mut applied = HashMap::new();
-        applied.insert(("account".to_owned(), "a".to_owned()), 4);
+        applied.insert(Aggregate::new("account", "a"), 4);
         let s = sequence(&[&a4, &a6, &c0], &applied, 0);
         assert_eq!(versions(&s.duplicates), [("a".into(), 4)]);
         assert_eq!(versions(&s.waiting), [("a".into(), 6)]);
         assert_eq!(versions(&s.apply), [("c".into(), 0)]);
-        assert_eq!(s.needs, [(("account".into(), "a".into()), 5)]);
+        assert_eq!(s.needs, [(Aggregate::new("account", "a"), 5)]);
     }
 
     #[test]
@@ -178,17 +178,14 @@ mod tests {
         let last = event(1, "a", i64::MAX);
         let again = event(2, "a", i64::MAX);
         let lower = event(3, "a", 7);
-        let applied = HashMap::from([(("account".to_owned(), "a".to_owned()), i64::MAX - 1)]);
+        let applied = HashMap::from([(Aggregate::new("account", "a"), i64::MAX - 1)]);
         let s = sequence(&[&last, &again], &applied, 1);
         assert_eq!(versions(&s.apply), [("a".to_owned(), i64::MAX)]);
         assert_eq!(versions(&s.duplicates), [("a".to_owned(), i64::MAX)]);
-        assert_eq!(
-            s.advanced,
-            [(("account".to_owned(), "a".to_owned()), i64::MAX)]
-        );
+        assert_eq!(s.advanced, [(Aggregate::new("account", "a"), i64::MAX)]);
         assert!(s.needs.is_empty() && s.waiting.is_empty());
 
-        let applied = HashMap::from([(("account".to_owned(), "a".to_owned()), i64::MAX)]);
+        let applied = HashMap::from([(Aggregate::new("account", "a"), i64::MAX)]);
         let s = sequence(&[&again, &lower], &applied, 1);
         assert_eq!(s.duplicates.len(), 2, "{s:?}");
         assert!(s.apply.is_empty() && s.waiting.is_empty() && s.needs.is_empty());
@@ -196,9 +193,6 @@ mod tests {
         let applied = HashMap::new();
         let s = sequence(&[&last], &applied, i64::MIN);
         assert_eq!(versions(&s.waiting), [("a".to_owned(), i64::MAX)]);
-        assert_eq!(
-            s.needs,
-            [(("account".to_owned(), "a".to_owned()), i64::MIN)]
-        );
+        assert_eq!(s.needs, [(Aggregate::new("account", "a"), i64::MIN)]);
     }
 }

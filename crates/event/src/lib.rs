@@ -3,6 +3,7 @@
 //! error is (by SQLSTATE), with the macro that stores such states as text. Every crate
 //! that handles events depends on this one; it depends on no walfold crate.
 
+mod aggregate;
 mod dead_letter;
 mod event;
 pub mod json;
@@ -11,6 +12,7 @@ mod kind;
 mod lsn;
 mod stored_enum;
 
+pub use aggregate::Aggregate;
 pub use dead_letter::{DeadLetter, DeadLetterStatus, Reason};
 pub use event::{
     partition_hash, producer_event_id, Event, NewEvent, RowOrigin, PRODUCER_ID_NAMESPACE,

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use tokio_postgres::GenericClient;
+use walfold_event::Aggregate;
 
 use crate::error::StoreError;
 use crate::row::RowExt;
@@ -29,22 +30,19 @@ const RAN_WITHOUT: &str =
      and not exists (select 1 from {schema}.aggregate_version where subscriber_id = $1) \
      as ran_without_versions";
 
-/// (aggregate_type, aggregate_id)
-pub type AggregateRef = (String, String);
-
 /// The last applied version of each of `aggregates` that has one.
-pub async fn applied_versions(
+pub(crate) async fn applied_versions(
     tx: &impl GenericClient,
     schema: &Schema,
     subscriber: &str,
-    aggregates: &[AggregateRef],
-) -> Result<HashMap<AggregateRef, i64>, StoreError> {
+    aggregates: &[Aggregate],
+) -> Result<HashMap<Aggregate, i64>, StoreError> {
     if aggregates.is_empty() {
         return Ok(HashMap::new());
     }
     let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
         .iter()
-        .map(|(t, i)| (t.as_str(), i.as_str()))
+        .map(|a| (a.kind.as_str(), a.id.as_str()))
         .unzip();
     let rows = tx
         .query(&schema.sql(APPLIED), &[&subscriber, &types, &ids])
@@ -54,7 +52,10 @@ pub async fn applied_versions(
         .map(|r| {
             let r = r.of("aggregate_version");
             Ok((
-                (r.col("aggregate_type")?, r.col("aggregate_id")?),
+                Aggregate {
+                    kind: r.col("aggregate_type")?,
+                    id: r.col("aggregate_id")?,
+                },
                 r.col("version")?,
             ))
         })
@@ -62,17 +63,17 @@ pub async fn applied_versions(
 }
 
 /// Records the last applied version of each aggregate, in the caller's transaction.
-pub async fn record_versions(
+pub(crate) async fn record_versions(
     tx: &impl GenericClient,
     schema: &Schema,
     subscriber: &str,
-    versions: &[(AggregateRef, i64)],
+    versions: &[(Aggregate, i64)],
 ) -> Result<(), StoreError> {
     if versions.is_empty() {
         return Ok(());
     }
-    let types: Vec<&str> = versions.iter().map(|((t, _), _)| t.as_str()).collect();
-    let ids: Vec<&str> = versions.iter().map(|((_, i), _)| i.as_str()).collect();
+    let types: Vec<&str> = versions.iter().map(|(a, _)| a.kind.as_str()).collect();
+    let ids: Vec<&str> = versions.iter().map(|(a, _)| a.id.as_str()).collect();
     let numbers: Vec<i64> = versions.iter().map(|(_, v)| *v).collect();
     tx.execute(&schema.sql(RECORD), &[&subscriber, &types, &ids, &numbers])
         .await

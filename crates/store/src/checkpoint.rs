@@ -86,7 +86,7 @@ pub struct Checkpoints {
 }
 
 impl Checkpoints {
-    pub async fn prepare(
+    pub(crate) async fn prepare(
         client: &Client,
         schema: &Schema,
         subscriber: &str,
@@ -201,7 +201,7 @@ impl Checkpoints {
     }
 
     /// Where `partition` resumes (after [`Checkpoints::reconcile`]).
-    pub async fn position(
+    pub(crate) async fn position(
         client: &Client,
         schema: &Schema,
         subscriber: &str,
@@ -214,9 +214,9 @@ impl Checkpoints {
             .map_or(Ok(0), |r| r.of("checkpoint").col("position"))
     }
 
-    /// Saves a partition's position and adds `stats` (in the batch's transaction; the
-    /// projector's unit of work is the only caller).
-    pub async fn save(
+    /// Saves a partition's position and adds `stats` (in the batch's transaction;
+    /// [`crate::SubscriberTx::commit`] is the only caller).
+    pub(crate) async fn save(
         &self,
         tx: &Transaction<'_>,
         partition: u32,
@@ -240,10 +240,7 @@ impl Checkpoints {
                 ],
             )
             .await
-            .map_err(StoreError::db(format!(
-                "saving checkpoint of {}",
-                self.subscriber
-            )))?;
+            .map_err(StoreError::db("saving the checkpoint"))?;
         if saved == 0 {
             // Another instance runs this subscriber with another parallelism: positions
             // of different partitionings must never mix. Retry; a reload reconciles.

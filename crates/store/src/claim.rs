@@ -22,13 +22,13 @@ const UNCLAIM: &str =
     "delete from {schema}.processed_message where subscriber_id = $1 and message_id = any($2)";
 
 /// The claim statement for `schema`; prepare it once per connection.
-pub fn claim_sql(schema: &Schema) -> String {
+pub(crate) fn claim_sql(schema: &Schema) -> String {
     schema.sql(CLAIM)
 }
 
 /// Claims `ids` for `subscriber` inside `tx`; returns the IDs this transaction claimed.
 /// The rest were already processed by this subscriber and must be skipped.
-pub async fn claim(
+pub(crate) async fn claim(
     tx: &Transaction<'_>,
     statement: &tokio_postgres::Statement,
     subscriber: &str,
@@ -40,7 +40,7 @@ pub async fn claim(
     let rows = tx
         .query(statement, &[&subscriber, &ids])
         .await
-        .map_err(StoreError::db(format!("claiming events for {subscriber}")))?;
+        .map_err(StoreError::db("claiming events"))?;
     rows.iter()
         .map(|r| r.of("processed_message").col("message_id"))
         .collect()
@@ -49,7 +49,7 @@ pub async fn claim(
 /// Takes back claims made earlier in `tx` for events that were not applied after all
 /// (a strict projection's events that wait for a missing version): they are claimed
 /// again in the transaction that applies them. Only ever in the claiming transaction.
-pub async fn unclaim(
+pub(crate) async fn unclaim(
     tx: &Transaction<'_>,
     schema: &Schema,
     subscriber: &str,
@@ -60,6 +60,6 @@ pub async fn unclaim(
     }
     tx.execute(&schema.sql(UNCLAIM), &[&subscriber, &ids])
         .await
-        .map_err(StoreError::db(format!("releasing claims of {subscriber}")))?;
+        .map_err(StoreError::db("releasing claims"))?;
     Ok(())
 }

@@ -70,6 +70,15 @@ pub enum StoreError {
         "this instance no longer leads (another instance took over); the write was not committed"
     )]
     Fenced,
+    /// One of a subscriber's statements failed (see [`crate::subscriber`]): for which
+    /// subscriber and partition; `source` says what it was doing.
+    #[error("subscriber {subscriber}, partition {partition}: {source}")]
+    Subscriber {
+        subscriber: std::sync::Arc<str>,
+        partition: u32,
+        #[source]
+        source: Box<StoreError>,
+    },
     #[error("{context}: {}", describe(source))]
     Db {
         context: String,
@@ -156,7 +165,9 @@ impl StoreError {
             StoreError::Busy(_) | StoreError::Fenced | StoreError::NoAnswer { .. } => {
                 ErrorKind::Transient
             }
-            StoreError::Server { source, .. } => source.kind(),
+            StoreError::Server { source, .. } | StoreError::Subscriber { source, .. } => {
+                source.kind()
+            }
             StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
             // The URL is wrong: retrying through the same pooler cannot help.
             StoreError::Url { .. }
@@ -188,7 +199,9 @@ impl StoreError {
             StoreError::Connect { source, .. }
             | StoreError::Db { source, .. }
             | StoreError::Migrate { source, .. } => Some(source),
-            StoreError::Server { source, .. } => source.pg(),
+            StoreError::Server { source, .. } | StoreError::Subscriber { source, .. } => {
+                source.pg()
+            }
             _ => None,
         }
     }

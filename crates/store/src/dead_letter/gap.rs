@@ -3,7 +3,7 @@
 //! an open dead letter of its own (no event: the versions are missing).
 
 use tokio_postgres::{Client, GenericClient, Row};
-use walfold_event::{DeadLetter, DeadLetterStatus, Reason};
+use walfold_event::{Aggregate, DeadLetter, DeadLetterStatus, Reason};
 
 use super::retry::RetryItem;
 use super::DeadLetters;
@@ -73,6 +73,13 @@ pub struct Gap {
     pub since_unix: f64,
 }
 
+impl Gap {
+    /// The aggregate that waits.
+    pub fn aggregate(&self) -> Aggregate {
+        Aggregate::new(&self.aggregate_type, &self.aggregate_id)
+    }
+}
+
 impl FromRow for Gap {
     fn from_row(row: &Row) -> Result<Self, StoreError> {
         let r = row.of("parked_aggregate");
@@ -89,18 +96,18 @@ impl FromRow for Gap {
 impl DeadLetters {
     /// The events of `aggregates` (as (type, id)) waiting for a missing version for
     /// `subscriber`, in log order.
-    pub async fn waiting(
+    pub(crate) async fn waiting(
         tx: &impl GenericClient,
         schema: &Schema,
         subscriber: &str,
-        aggregates: &[(String, String)],
+        aggregates: &[Aggregate],
     ) -> Result<Vec<RetryItem>, StoreError> {
         if aggregates.is_empty() {
             return Ok(Vec::new());
         }
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
             .iter()
-            .map(|(t, i)| (t.as_str(), i.as_str()))
+            .map(|a| (a.kind.as_str(), a.id.as_str()))
             .unzip();
         let rows = tx
             .query(
@@ -120,7 +127,7 @@ impl DeadLetters {
 
     /// Deletes the letters of waiting events that went through, in the caller's
     /// transaction (after any park pointing at them moved).
-    pub async fn forget_waiting(
+    pub(crate) async fn forget_waiting(
         tx: &impl GenericClient,
         schema: &Schema,
         ids: &[i64],
@@ -140,19 +147,19 @@ impl DeadLetters {
     /// Points a gap's park at its first waiting event, unless it points at the gap's own
     /// letter (an open gap); the gap's age counts from then (a later version is missing
     /// now).
-    pub async fn repark_waiting(
+    pub(crate) async fn repark_waiting(
         tx: &impl GenericClient,
         schema: &Schema,
         subscriber: &str,
-        aggregate: &(String, String),
+        aggregate: &Aggregate,
         letter: i64,
     ) -> Result<(), StoreError> {
         tx.execute(
             &schema.sql(REPARK),
             &[
                 &subscriber,
-                &aggregate.0,
-                &aggregate.1,
+                &aggregate.kind,
+                &aggregate.id,
                 &letter,
                 &DeadLetterStatus::Waiting,
             ],
@@ -163,7 +170,7 @@ impl DeadLetters {
     }
 
     /// The gaps of `subscriber`'s strict projection.
-    pub async fn gaps(
+    pub(crate) async fn gaps(
         client: &Client,
         schema: &Schema,
         subscriber: &str,
@@ -177,7 +184,7 @@ impl DeadLetters {
 
     /// A gap outlived its timeout: records it as an open dead letter (no event: the
     /// versions are missing) and points the park at it, in the caller's transaction.
-    pub async fn open_gap(
+    pub(crate) async fn open_gap(
         &self,
         tx: &impl GenericClient,
         subscriber: &str,
@@ -209,19 +216,19 @@ impl DeadLetters {
     }
 
     /// Resolves the open gap letter of an aggregate whose missing versions arrived.
-    pub async fn resolve_gap(
+    pub(crate) async fn resolve_gap(
         tx: &impl GenericClient,
         schema: &Schema,
         subscriber: &str,
-        aggregate: &(String, String),
+        aggregate: &Aggregate,
         resolution: &str,
     ) -> Result<(), StoreError> {
         tx.execute(
             &schema.sql(RESOLVE_GAP),
             &[
                 &subscriber,
-                &aggregate.0,
-                &aggregate.1,
+                &aggregate.kind,
+                &aggregate.id,
                 &resolution,
                 &DeadLetterStatus::Discarded,
                 &DeadLetterStatus::Retried,
@@ -240,7 +247,7 @@ impl DeadLetters {
     }
 
     /// A retried gap whose versions are still missing is open again.
-    pub async fn gap_still_open(
+    pub(crate) async fn gap_still_open(
         tx: &impl GenericClient,
         schema: &Schema,
         letter: i64,

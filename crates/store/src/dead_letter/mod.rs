@@ -13,7 +13,7 @@ use tokio_postgres::types::PgLsn;
 use tokio_postgres::{Client, GenericClient, Row, Statement};
 use uuid::Uuid;
 use walfold_event::json::{escape_nul, storable};
-use walfold_event::{DeadLetter, DeadLetterStatus, Reason, RowOrigin};
+use walfold_event::{Aggregate, DeadLetter, DeadLetterStatus, Reason, RowOrigin};
 
 use crate::error::StoreError;
 use crate::jsonb;
@@ -185,17 +185,16 @@ impl DeadLetters {
     }
 
     /// Parks an aggregate for a subscriber (in the caller's transaction).
-    pub async fn park(
+    pub(crate) async fn park(
         &self,
         tx: &impl GenericClient,
         subscriber: &str,
-        aggregate_type: &str,
-        aggregate_id: &str,
+        aggregate: &Aggregate,
         dead_letter_id: i64,
     ) -> Result<(), StoreError> {
         tx.execute(
             &self.park,
-            &[&subscriber, &aggregate_type, &aggregate_id, &dead_letter_id],
+            &[&subscriber, &aggregate.kind, &aggregate.id, &dead_letter_id],
         )
         .await
         .map_err(StoreError::db("parking an aggregate"))?;
@@ -203,29 +202,28 @@ impl DeadLetters {
     }
 
     /// Releases a parked aggregate (in the transaction that applied its last waiting event).
-    pub async fn unpark(
+    pub(crate) async fn unpark(
         tx: &impl GenericClient,
         schema: &Schema,
         subscriber: &str,
-        aggregate_type: &str,
-        aggregate_id: &str,
+        aggregate: &Aggregate,
     ) -> Result<(), StoreError> {
         tx.execute(
             &schema.sql(UNPARK),
-            &[&subscriber, &aggregate_type, &aggregate_id],
+            &[&subscriber, &aggregate.kind, &aggregate.id],
         )
         .await
         .map_err(StoreError::db("releasing a parked aggregate"))?;
         Ok(())
     }
 
-    /// The aggregates parked for `subscriber`, as (aggregate_type, aggregate_id, whether
-    /// they wait for a missing version rather than behind a failure).
-    pub async fn parked(
+    /// The aggregates parked for `subscriber`, each with whether it waits for a missing
+    /// version rather than behind a failure.
+    pub(crate) async fn parked(
         client: &Client,
         schema: &Schema,
         subscriber: &str,
-    ) -> Result<Vec<(String, String, bool)>, StoreError> {
+    ) -> Result<Vec<(Aggregate, bool)>, StoreError> {
         let rows = client
             .query(&schema.sql(PARKED), &[&subscriber, &Reason::VersionGap])
             .await
@@ -234,8 +232,10 @@ impl DeadLetters {
             .map(|r| {
                 let r = r.of("parked_aggregate");
                 Ok((
-                    r.col("aggregate_type")?,
-                    r.col("aggregate_id")?,
+                    Aggregate {
+                        kind: r.col("aggregate_type")?,
+                        id: r.col("aggregate_id")?,
+                    },
                     r.col("gap")?,
                 ))
             })
@@ -265,11 +265,11 @@ impl DeadLetters {
     /// The aggregates of `subscriber` parked behind a dead letter an operator discarded,
     /// with nothing else of theirs waiting: nothing would ever release them, since
     /// there is nothing left to retry. Their projector releases them.
-    pub async fn discarded_parks(
+    pub(crate) async fn discarded_parks(
         client: &Client,
         schema: &Schema,
         subscriber: &str,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<Aggregate>, StoreError> {
         let rows = client
             .query(
                 &schema.sql(DISCARDED_PARKS),
@@ -287,7 +287,10 @@ impl DeadLetters {
         rows.iter()
             .map(|r| {
                 let r = r.of("parked_aggregate");
-                Ok((r.col("aggregate_type")?, r.col("aggregate_id")?))
+                Ok(Aggregate {
+                    kind: r.col("aggregate_type")?,
+                    id: r.col("aggregate_id")?,
+                })
             })
             .collect()
     }

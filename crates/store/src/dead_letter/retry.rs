@@ -3,7 +3,7 @@
 //! aggregate, and records how each went.
 
 use tokio_postgres::{Client, GenericClient, Row};
-use walfold_event::{DeadLetterStatus, Reason};
+use walfold_event::{Aggregate, DeadLetterStatus, Reason};
 
 use super::DeadLetters;
 use crate::error::StoreError;
@@ -77,6 +77,13 @@ pub struct RetryItem {
     pub seq: i64,
     pub aggregate_type: String,
     pub aggregate_id: String,
+}
+
+impl RetryItem {
+    /// The aggregate of its event.
+    pub fn aggregate(&self) -> Aggregate {
+        Aggregate::new(&self.aggregate_type, &self.aggregate_id)
+    }
 }
 
 impl FromRow for RetryItem {
@@ -191,11 +198,11 @@ impl DeadLetters {
 
     /// The aggregates of `subscriber` with a retry requested (`walfold dead-letters
     /// retry`), as (aggregate_type, aggregate_id).
-    pub async fn retry_aggregates(
+    pub(crate) async fn retry_aggregates(
         client: &Client,
         schema: &Schema,
         subscriber: &str,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<Aggregate>, StoreError> {
         let rows = client
             .query(
                 &schema.sql(RETRY_AGGREGATES),
@@ -206,18 +213,21 @@ impl DeadLetters {
         rows.iter()
             .map(|r| {
                 let r = r.of("dead_letter");
-                Ok((r.col("aggregate_type")?, r.col("aggregate_id")?))
+                Ok(Aggregate {
+                    kind: r.col("aggregate_type")?,
+                    id: r.col("aggregate_id")?,
+                })
             })
             .collect()
     }
 
     /// The next `limit` dead letters of an aggregate to retry, after `after_seq`: every
     /// open or retrying one, in log order (the aggregate's whole chain goes through).
-    pub async fn retry_page(
+    pub(crate) async fn retry_page(
         client: &Client,
         schema: &Schema,
         subscriber: &str,
-        aggregate: (&str, &str),
+        aggregate: &Aggregate,
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<RetryItem>, StoreError> {
@@ -226,8 +236,8 @@ impl DeadLetters {
                 &schema.sql(RETRY_PAGE),
                 &[
                     &subscriber,
-                    &aggregate.0,
-                    &aggregate.1,
+                    &aggregate.kind,
+                    &aggregate.id,
                     &after_seq,
                     &limit,
                     &DeadLetterStatus::OPEN_OR_RETRYING,
@@ -239,7 +249,7 @@ impl DeadLetters {
     }
 
     /// Records that a retried dead letter went through (in the transaction that applied it).
-    pub async fn retried(
+    pub(crate) async fn retried(
         tx: &impl GenericClient,
         schema: &Schema,
         id: i64,
@@ -256,11 +266,11 @@ impl DeadLetters {
 
     /// A retry failed again at dead letter `head`: it gets the new error, and the
     /// aggregate's chain is open again (the aggregate stays parked).
-    pub async fn retry_failed(
+    pub(crate) async fn retry_failed(
         client: &impl GenericClient,
         schema: &Schema,
         subscriber: &str,
-        aggregate: (&str, &str),
+        aggregate: &Aggregate,
         head: i64,
         error: &str,
     ) -> Result<(), StoreError> {
@@ -269,8 +279,8 @@ impl DeadLetters {
                 &schema.sql(RETRY_FAILED),
                 &[
                     &subscriber,
-                    &aggregate.0,
-                    &aggregate.1,
+                    &aggregate.kind,
+                    &aggregate.id,
                     &head,
                     &error,
                     &DeadLetterStatus::Open,
