@@ -99,10 +99,6 @@ impl EngineError {
         }
     }
 
-    pub(crate) fn store(context: &'static str) -> impl FnOnce(StoreError) -> Self {
-        move |source| EngineError::Store { context, source }
-    }
-
     /// Whose fault it is. walfold's own statements cannot fail because of an event, so
     /// their data errors count as environment.
     pub fn kind(&self) -> ErrorKind {
