@@ -213,7 +213,7 @@ impl<'c> Work<'c> {
     /// applied in this transaction; the rest were processed before (duplicates).
     async fn claim<'e>(&mut self, events: &[&'e Event]) -> Result<Vec<&'e Event>, EngineError> {
         self.events += events.len();
-        let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id).collect();
+        let ids: Vec<(uuid::Uuid, i64)> = events.iter().map(|e| (e.id, e.claim_seq)).collect();
         let claimed = claim(
             &self.tx,
             &self.statements.claim,
@@ -380,8 +380,8 @@ impl<'c> Work<'c> {
             );
             self.dead_letter(&letter, false).await?;
         }
-        let waiting_ids: Vec<uuid::Uuid> = order.waiting.iter().map(|e| e.id).collect();
-        walfold_store::unclaim(&self.tx, schema, subscriber, &waiting_ids)
+        let waiting: Vec<i64> = order.waiting.iter().map(|e| e.claim_seq).collect();
+        walfold_store::unclaim(&self.tx, schema, subscriber, &waiting)
             .await
             .map_err(EngineError::store("releasing claims"))?;
         let done: Vec<i64> = order
