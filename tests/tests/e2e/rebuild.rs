@@ -1185,15 +1185,19 @@ on conflict (order_id) do update set total = t.total + excluded.total
         total("short_total").await == 25
     })
     .await;
-    eventually(Duration::from_secs(30), "order_total to pass it", || async {
-        count(
-            &client,
-            "select count(*) from walfold.checkpoint where subscriber_id = 'orders.total.v1' \
+    eventually(
+        Duration::from_secs(30),
+        "order_total to pass it",
+        || async {
+            count(
+                &client,
+                "select count(*) from walfold.checkpoint where subscriber_id = 'orders.total.v1' \
              and position >= (select max(seq) from walfold.event_log)",
-        )
-        .await
-            == 2
-    })
+            )
+            .await
+                == 2
+        },
+    )
     .await;
     assert_eq!(
         count(
