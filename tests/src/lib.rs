@@ -416,15 +416,11 @@ pub fn lines_of(
 }
 
 /// walfold's status, read in the test database (schema `walfold`, slot `walfold`).
-pub async fn status(client: &tokio_postgres::Client) -> Option<walfold_store::Status> {
-    walfold_store::status(
-        client,
-        client,
-        &walfold_store::Schema::new("walfold"),
-        "walfold",
-    )
-    .await
-    .ok()
+pub async fn status(client: &tokio_postgres::Client) -> Option<walfold_store::operator::Status> {
+    walfold_store::Operator::new(client, &walfold_store::Schema::new("walfold"))
+        .status_of_slot(client, "walfold")
+        .await
+        .ok()
 }
 
 /// Waits until `events` events are in the log (sequence numbers may have gaps) and
@@ -457,7 +453,7 @@ async fn log_read_by(
     client: &tokio_postgres::Client,
     events: i64,
     what: &str,
-    done: impl Fn(&walfold_store::Status) -> bool,
+    done: impl Fn(&walfold_store::operator::Status) -> bool,
 ) {
     let in_log = || async {
         client

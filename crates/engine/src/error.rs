@@ -15,6 +15,10 @@ pub enum EngineError {
         #[source]
         source: StoreError,
     },
+    /// One of walfold's own statements failed; the error says what, and for whom (a
+    /// subscriber's store names its subscriber and partition).
+    #[error(transparent)]
+    Own(#[from] StoreError),
     /// A projection could not apply events or install itself.
     #[error("projection {projection}: {source}")]
     Apply {
@@ -82,7 +86,9 @@ impl EngineError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             EngineError::Source(e) => e.kind(),
-            EngineError::Store { source, .. } => source.kind().own_statement(),
+            EngineError::Store { source, .. } | EngineError::Own(source) => {
+                source.kind().own_statement()
+            }
             EngineError::Unreachable { source, .. } => {
                 walfold_event::unreachable_target(source.kind().own_statement())
             }
@@ -94,7 +100,9 @@ impl EngineError {
     /// The SQLSTATE behind it, if any.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            EngineError::Store { source, .. } | EngineError::Unreachable { source, .. } => {
+            EngineError::Store { source, .. }
+            | EngineError::Own(source)
+            | EngineError::Unreachable { source, .. } => {
                 source.pg().and_then(walfold_store::sqlstate)
             }
             EngineError::Apply { source, .. } => source.sqlstate(),
@@ -125,7 +133,8 @@ impl EngineError {
             EngineError::Store {
                 source: StoreError::Refused(m),
                 ..
-            } => Some(m.clone()),
+            }
+            | EngineError::Own(StoreError::Refused(m)) => Some(m.clone()),
             EngineError::Source(walfold_source::SourceError::Store {
                 source: StoreError::Refused(m),
                 ..
@@ -134,6 +143,7 @@ impl EngineError {
                 source: e @ StoreError::Pooled { .. },
                 ..
             }
+            | EngineError::Own(e @ StoreError::Pooled { .. })
             | EngineError::Source(walfold_source::SourceError::Store {
                 source: e @ StoreError::Pooled { .. },
                 ..

@@ -20,4 +20,5 @@ pub use sql::SqlProjection;
 pub use target::Target;
 pub use walfold_config::{Config, ProjectionConfig};
 pub use walfold_event::Event;
-pub use walfold_store::{connect, Pruned, Rebuild};
+pub use walfold_store::operator::Pruned;
+pub use walfold_store::{connect, Rebuild};

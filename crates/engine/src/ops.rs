@@ -2,14 +2,15 @@
 //! abort and finish a rebuild, prune. Whatever changes what the leader runs (aborting a
 //! replaying rebuild) is done by the leader; when no daemon leads, the command leads
 //! for the moment it takes. A projection's rebuild runs on its own target (`database`);
-//! pruning reads every target.
+//! pruning reads every target. Every statement goes through the operator's handle
+//! ([`Operator`]), bound to the leader's fence whenever this process leads; its errors
+//! say what failed, so they pass up with `?` ([`EngineError::Own`]).
 
 use std::time::Duration;
 
 use walfold_config::{Config, ProjectionConfig};
-use walfold_store::{
-    rebuild, Fence, Leadership, PrunePolicy, Pruned, Rebuild, RebuildState, Schema, StoreError,
-};
+use walfold_store::operator::{PrunePolicy, Pruned};
+use walfold_store::{Fence, Leadership, Operator, Rebuild, RebuildState, Schema, StoreError};
 
 pub use walfold_source::{backfill, BackfillReport, SourceError};
 
@@ -31,18 +32,11 @@ fn refused(message: String) -> EngineError {
     }
 }
 
-async fn connect(config: &Config) -> Result<tokio_postgres::Client, EngineError> {
-    connect_to(&Target::main(config)).await
-}
-
-/// A connection to `target`, with walfold's schema there created or upgraded first.
-pub(crate) async fn connect_to(target: &Target) -> Result<tokio_postgres::Client, EngineError> {
-    walfold_store::migrate(&target.url, &target.schema)
-        .await
-        .map_err(EngineError::store("creating walfold's schema"))?;
-    walfold_store::connect(&target.url)
-        .await
-        .map_err(EngineError::store("connecting to the target"))
+/// The operator's handle on `target`, with walfold's schema there created or upgraded
+/// first.
+async fn connect_to(target: &Target) -> Result<Operator, EngineError> {
+    walfold_store::migrate(&target.url, &target.schema).await?;
+    Ok(Operator::connect(&target.url, &target.schema).await?)
 }
 
 /// The fence on `target` of a leader whose fence on the main target is `fence`: the
@@ -55,10 +49,7 @@ async fn fence_on(
     if !target.is_extra() {
         return Ok((fence.clone(), None));
     }
-    let lease = fence
-        .extend_to(&target.url, &target.schema)
-        .await
-        .map_err(EngineError::store("taking over the target"))?;
+    let lease = fence.extend_to(&target.url, &target.schema).await?;
     Ok((lease.fence(), Some(lease)))
 }
 
@@ -127,10 +118,7 @@ pub async fn start_rebuild_with(
     // its holders after taking the lock).
     let main = Target::main(config);
     let mut guard = connect_to(&main).await?;
-    if !walfold_store::try_hold_off_pruning(&guard, &main.schema)
-        .await
-        .map_err(EngineError::store("taking the prune lock"))?
-    {
+    if !guard.try_hold_off_pruning().await? {
         return Err(refused(
             "a prune pass is running on the event log; start the rebuild again once it has \
              ended"
@@ -138,12 +126,7 @@ pub async fn start_rebuild_with(
         ));
     }
     if history == History::Whole {
-        let pruned = walfold_store::log_pruned(&guard, &main.schema)
-            .await
-            .map_err(EngineError::store(
-                "reading how far the event log was pruned",
-            ))?;
-        if let Some(p) = pruned {
+        if let Some(p) = guard.log_pruned().await? {
             let how = if p.at_unix.is_some() {
                 "retention.event_log has pruned the event log"
             } else {
@@ -160,11 +143,10 @@ pub async fn start_rebuild_with(
     let target = Target::of(config, options);
     for other in Target::all(config).iter().filter(|t| **t != target) {
         let used = if other.is_extra() {
-            rebuild::subscriber_used(&connect_to(other).await?, &other.schema, subscriber).await
+            connect_to(other).await?.subscriber_used(subscriber).await?
         } else {
-            rebuild::subscriber_used(&guard, &other.schema, subscriber).await
-        }
-        .map_err(EngineError::store("checking the subscriber ID"))?;
+            guard.subscriber_used(subscriber).await?
+        };
         if used {
             return Err(refused(format!(
                 "subscriber ID {subscriber} has been used on target {} before; a rebuild \
@@ -179,15 +161,10 @@ pub async fn start_rebuild_with(
     } else {
         None
     };
-    let client = own.as_mut().unwrap_or(&mut guard);
-    let schema = &target.schema;
-    let previous = walfold_store::active_subscriber(client, schema, name, &options.subscriber)
-        .await
-        .map_err(EngineError::store("resolving the active subscriber"))?;
+    let op = own.as_mut().unwrap_or(&mut guard);
+    let previous = op.active_subscriber(name, &options.subscriber).await?;
     // Recorded (or not), the prune lock goes with `guard`'s session when it is dropped.
-    rebuild::start(client, schema, name, &live, &previous, subscriber)
-        .await
-        .map_err(EngineError::store("starting a rebuild"))
+    Ok(op.start_rebuild(name, &live, &previous, subscriber).await?)
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's
@@ -198,27 +175,27 @@ pub async fn abort_rebuild(
     wait: Duration,
 ) -> Result<Rebuild, EngineError> {
     let target = Target::of(config, projection(config, name)?);
-    let mut client = connect_to(&target).await?;
-    let schema = &target.schema;
-    let r = rebuild::request_abort(&client, schema, name)
-        .await
-        .map_err(EngineError::store("aborting a rebuild"))?;
-    if let Some(leader) = Leadership::try_acquire(config.target_url(), &Target::main(config).schema)
-        .await
-        .map_err(EngineError::store("taking the leader lock"))?
+    let op = connect_to(&target).await?;
+    let r = op.request_abort(name).await?;
+    if let Some(leader) =
+        Leadership::try_acquire(config.target_url(), &Target::main(config).schema).await?
     {
         let (fence, lease) = fence_on(&leader.fence(), &target).await?;
-        end_abort(&mut client, schema, &r, &fence).await?;
+        let mut op = op.leading(fence);
+        op.abort_rebuild(&r).await?;
+        aborted(&r);
         drop(lease);
         drop(leader);
         return Ok(r);
     }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let open = rebuild::open(&client, schema)
-            .await
-            .map_err(EngineError::store("reading rebuilds"))?;
-        if !open.iter().any(|o| o.subscriber == r.subscriber) {
+        if !op
+            .rebuilds()
+            .await?
+            .iter()
+            .any(|o| o.subscriber == r.subscriber)
+        {
             return Ok(r);
         }
         if tokio::time::Instant::now() >= deadline {
@@ -234,12 +211,10 @@ pub async fn abort_rebuild(
 /// Drops the table a switched rebuild retired, with the previous subscriber's state.
 pub async fn finish_rebuild(config: &Config, name: &str) -> Result<Rebuild, EngineError> {
     let target = Target::of(config, projection(config, name)?);
-    let mut client = connect_to(&target).await?;
-    let schema = &target.schema;
-    let r = rebuild::finish(&mut client, schema, name, None)
-        .await
-        .map_err(EngineError::store("finishing a rebuild"))?;
-    forget(&client, schema, &r.previous).await;
+    let mut op = connect_to(&target).await?;
+    // Beside a leading daemon, unfenced: see `Operator::finish_rebuild`.
+    let r = op.finish_rebuild(name).await?;
+    forget_with(&op, &r.previous).await;
     Ok(r)
 }
 
@@ -253,14 +228,12 @@ pub async fn prune(
     config: &Config,
     projections: &[ProjectionConfig],
 ) -> Result<Pruned, EngineError> {
-    drop(connect(config).await?);
+    drop(connect_to(&Target::main(config)).await?);
     // An extra target that is down is reported by the pass (and holds the log).
     for target in Target::all(config).iter().filter(|t| t.is_extra()) {
         drop(connect_to(target).await);
     }
-    let leader = Leadership::try_acquire(config.target_url(), &Target::main(config).schema)
-        .await
-        .map_err(EngineError::store("taking the leader lock"))?;
+    let leader = Leadership::try_acquire(config.target_url(), &Target::main(config).schema).await?;
     let fence = leader.as_ref().map(Leadership::fence);
     prune_fenced(config, projections, fence.as_ref()).await
 }
@@ -274,14 +247,13 @@ pub(crate) async fn prune_fenced(
     fence: Option<&Fence>,
 ) -> Result<Pruned, EngineError> {
     let main = Target::main(config);
-    let mut client = walfold_store::connect(&main.url)
-        .await
-        .map_err(EngineError::store("connecting to the target"))?;
+    let mut log = Operator::connect(&main.url, &main.schema).await?;
+    if let Some(fence) = fence {
+        log = log.leading(fence.clone());
+    }
     // Held for the whole pass (this connection's session): a rebuild never starts
     // between the pass reading what holds the log and its deletes.
-    walfold_store::lock_pruning(&client, &main.schema)
-        .await
-        .map_err(EngineError::store("waiting for the prune lock"))?;
+    log.lock_pruning().await?;
     let mut pruned = Pruned::default();
     let mut held_elsewhere: Option<i64> = None;
     let mut holds: Vec<(String, Option<i64>)> = Vec::new();
@@ -293,7 +265,7 @@ pub(crate) async fn prune_fenced(
             .filter(|p| Target::of(config, p) == *target)
             .cloned()
             .collect();
-        match prune_extra(config, target, &here, &client, fence).await {
+        match prune_extra(config, target, &here, &log, fence).await {
             Ok((p, held)) => {
                 pruned.claims += p.claims;
                 holds.push((target.label().to_owned(), held));
@@ -315,10 +287,7 @@ pub(crate) async fn prune_fenced(
         }
     }
     // A target taken out of the config still holds the log where it last did.
-    let (recorded, removed) =
-        walfold_store::record_holds(&mut client, &main.schema, &holds, &configured, fence)
-            .await
-            .map_err(EngineError::store("recording target holds"))?;
+    let (recorded, removed) = log.record_holds(&holds, &configured).await?;
     if let Some(r) = recorded {
         held_elsewhere = Some(held_elsewhere.map_or(r, |h| h.min(r)));
     }
@@ -337,11 +306,9 @@ pub(crate) async fn prune_fenced(
         .filter(|p| !Target::of(config, p).is_extra())
         .cloned()
         .collect();
-    let mut policy = policy(config, &mut client, &main.schema, &here).await?;
+    let mut policy = policy(config, &mut log, &here).await?;
     policy.held_elsewhere = held_elsewhere;
-    let p = walfold_store::prune(&mut client, &main.schema, &policy, fence)
-        .await
-        .map_err(EngineError::store("pruning"))?;
+    let p = log.prune(&policy).await?;
     pruned.claims += p.claims;
     pruned.events += p.events;
     Ok(pruned)
@@ -352,33 +319,21 @@ async fn prune_extra(
     config: &Config,
     target: &Target,
     projections: &[ProjectionConfig],
-    log: &tokio_postgres::Client,
+    log: &Operator,
     fence: Option<&Fence>,
 ) -> Result<(Pruned, Option<i64>), EngineError> {
-    let mut client = walfold_store::connect(&target.url)
-        .await
-        .map_err(EngineError::store("connecting to the target"))?;
-    let (fence, _lease) = match fence {
+    let mut op = Operator::connect(&target.url, &target.schema).await?;
+    let _lease = match fence {
         Some(f) => {
             let (f, lease) = fence_on(f, target).await?;
-            (Some(f), lease)
+            op = op.leading(f);
+            lease
         }
-        None => (None, None),
+        None => None,
     };
-    let policy = policy(config, &mut client, &target.schema, projections).await?;
-    let pruned = walfold_store::prune_claims_elsewhere(
-        &mut client,
-        &target.schema,
-        log,
-        &Target::main(config).schema,
-        &policy,
-        fence.as_ref(),
-    )
-    .await
-    .map_err(EngineError::store("pruning"))?;
-    let held = walfold_store::hold(&client, &target.schema)
-        .await
-        .map_err(EngineError::store("pruning"))?;
+    let policy = policy(config, &mut op, projections).await?;
+    let pruned = op.prune_claims(log, &policy).await?;
+    let held = op.hold().await?;
     Ok((pruned, held))
 }
 
@@ -386,18 +341,13 @@ async fn prune_extra(
 /// active subscriber holds the events it has not passed, with or without a retention).
 async fn policy(
     config: &Config,
-    client: &mut tokio_postgres::Client,
-    schema: &walfold_store::Schema,
+    op: &mut Operator,
     projections: &[ProjectionConfig],
 ) -> Result<PrunePolicy, EngineError> {
-    let open = rebuild::open(client, schema)
-        .await
-        .map_err(EngineError::store("reading rebuilds"))?;
+    let open = op.rebuilds().await?;
     let mut claims = Vec::new();
     for p in projections {
-        let active = walfold_store::active_subscriber(client, schema, &p.name, &p.subscriber)
-            .await
-            .map_err(EngineError::store("resolving the active subscriber"))?;
+        let active = op.active_subscriber(&p.name, &p.subscriber).await?;
         let Some(retention) = p.dedup_retention.after() else {
             continue;
         };
@@ -433,16 +383,19 @@ pub(crate) async fn end_abort(
     r: &Rebuild,
     fence: &Fence,
 ) -> Result<(), EngineError> {
-    rebuild::abort(client, schema, r, fence)
-        .await
-        .map_err(EngineError::store("aborting a rebuild"))?;
-    tracing::info!(projection = %r.projection, subscriber = %r.subscriber, "rebuild aborted; shadow table dropped");
+    let mut op = Operator::new(client, schema).leading(fence.clone());
+    op.abort_rebuild(r).await?;
+    aborted(r);
     Ok(())
 }
 
+fn aborted(r: &Rebuild) {
+    tracing::info!(projection = %r.projection, subscriber = %r.subscriber, "rebuild aborted; shadow table dropped");
+}
+
 /// Deletes a retired subscriber's claims; what is left is deleted next time.
-pub(crate) async fn forget(client: &tokio_postgres::Client, schema: &Schema, subscriber: &str) {
-    if let Err(e) = rebuild::forget_claims(client, schema, subscriber, 10_000).await {
+async fn forget_with(op: &Operator, subscriber: &str) {
+    if let Err(e) = op.forget_claims(subscriber, 10_000).await {
         tracing::warn!(subscriber, error = %e, "could not delete a retired subscriber's claims");
     }
 }

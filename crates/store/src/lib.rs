@@ -1,6 +1,8 @@
 //! walfold's durable state in the target database: the event log, dedup claims,
 //! checkpoints and dead letters, plus the connection and retry rules every component
 //! shares. What the rows mean (events, positions, reasons) is `walfold-event`.
+//! Operators (status, events, dead letters, phantoms, rebuilds, pruning) go through
+//! one handle, [`Operator`], with the types it reads in [`operator`].
 
 mod aggregate_version;
 mod answer;
@@ -19,6 +21,7 @@ mod large_payload;
 mod leader;
 mod log_order;
 mod migrate;
+pub mod operator;
 mod pause;
 mod phantom;
 mod pooler;
@@ -42,15 +45,10 @@ pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
 pub use claim::{claim, claim_sql, unclaim};
 pub use connect::{connect, ConnectOptions, WORKER_SESSION};
-pub use dead_letter::{DeadLetterEntry, DeadLetters, Gap, RetryItem, RetryRequest};
+pub use dead_letter::{DeadLetters, Gap, RetryItem};
 pub use error::{describe, kind_of, sqlstate, StoreError};
 pub use event_log::{
     read_events, read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page,
-};
-pub use event_trail::{
-    checkpointed_subscribers, knows_subscriber, log_page, log_time, log_time_ago, projection_of,
-    recorded_for, subscriber_has_read, Claim, DeadLetterAt, LogFilter, LoggedEvent,
-    PartitionPosition, Recorded,
 };
 pub use failover::{failover_summary, Failover, FailoverSummary};
 pub use ingest_position::{
@@ -59,22 +57,14 @@ pub use ingest_position::{
 pub use leader::{Fence, Leadership, PreparedFence};
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, SchemaAccess};
+pub use operator::Operator;
 pub use pause::{clear_pause, clear_pauses, record_ingest_pause, record_pause};
-pub use phantom::{accept_phantoms, claimed, list_phantoms, Accept, PhantomEntry};
 pub use pooler::{pooler_fix, pooling, refuse_pooling, Pooling};
-pub use prune::{
-    hold, lock_pruning, log_pruned, prune, prune_claims_elsewhere, record_holds, register_target,
-    try_hold_off_pruning, LogPruned, PrunePolicy, Pruned,
-};
+pub use prune::register_target;
 pub use rebuild::{Rebuild, RebuildState};
-pub use registry::{active_projections, active_subscriber, active_subscribers};
+pub use registry::active_subscriber;
 pub use row::{Column, Columns, FromRow, RowExt};
 pub use schema::Schema;
-pub use status::{
-    event_log_estimate, metrics_reading, status, status_of, target_status, IngestPause,
-    IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus, Status,
-    SubscriberStatus, TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
-};
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 pub use target_lease::TargetLease;
 pub use tls::{client_config as tls_client_config, SslMode};

@@ -96,20 +96,6 @@ pub async fn active_subscriber(
     Ok(active)
 }
 
-/// The subscriber IDs serving projections now.
-pub async fn active_subscribers(
-    client: &Client,
-    schema: &Schema,
-) -> Result<Vec<String>, StoreError> {
-    client
-        .query(&schema.sql(ALL), &[])
-        .await
-        .map_err(StoreError::db("reading the projection registry"))?
-        .iter()
-        .map(|r| r.of("projection").col("subscriber_id"))
-        .collect()
-}
-
 /// The registry as (projection name, active subscriber) pairs.
 pub async fn active_projections(
     client: &Client,

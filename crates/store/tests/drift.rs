@@ -5,7 +5,7 @@
 
 use tokio_postgres::Client;
 use walfold_event::ErrorKind;
-use walfold_store::{DeadLetters, RowExt, Schema, StoreError};
+use walfold_store::{Operator, RowExt, Schema, StoreError};
 use walfold_tempdb::Cluster;
 
 /// A fresh database with walfold's schema: its name, a connection and the schema.
@@ -48,7 +48,8 @@ async fn status_names_an_ingest_position_column_altered_to_another_type_and_reco
         "insert into walfold.ingest_position (slot, lsn, appended) values ('drift', '0/10', 7); \
          alter table walfold.ingest_position alter column appended type text",
     );
-    let e = walfold_store::status(&client, &client, &schema, "drift")
+    let e = Operator::new(&client, &schema)
+        .status_of_slot(&client, "drift")
         .await
         .expect_err("a column of another type");
     assert_unreadable(
@@ -63,7 +64,8 @@ async fn status_names_an_ingest_position_column_altered_to_another_type_and_reco
         &db,
         "alter table walfold.ingest_position alter column appended type bigint using appended::bigint",
     );
-    let status = walfold_store::status(&client, &client, &schema, "drift")
+    let status = Operator::new(&client, &schema)
+        .status_of_slot(&client, "drift")
         .await
         .expect("the column restored");
     assert_eq!(status.ingest.expect("the ingest position").appended, 7);
@@ -78,7 +80,8 @@ async fn status_names_a_column_that_holds_a_null_walfold_never_writes() {
          alter table walfold.ingest_position alter column malformed drop not null; \
          update walfold.ingest_position set malformed = null",
     );
-    let e = walfold_store::status(&client, &client, &schema, "drift")
+    let e = Operator::new(&client, &schema)
+        .status_of_slot(&client, "drift")
         .await
         .expect_err("a null");
     assert_unreadable(&e, "ingest_position", "malformed", "NULL");
@@ -92,7 +95,8 @@ async fn dead_letter_list_names_a_column_altered_to_another_type() {
         "insert into walfold.dead_letter (reason, error) values ('malformed', 'no id'); \
          alter table walfold.dead_letter alter column attempts type text",
     );
-    let e = DeadLetters::list(&client, &schema, None, true, 10)
+    let e = Operator::new(&client, &schema)
+        .dead_letters(None, true, 10)
         .await
         .expect_err("a column of another type");
     assert_unreadable(

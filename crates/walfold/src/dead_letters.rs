@@ -4,7 +4,8 @@
 
 use walfold_config::Config;
 use walfold_engine::Target;
-use walfold_store::{DeadLetters, RetryRequest};
+use walfold_store::operator::{DeadLetterEntry, RetryRequest};
+use walfold_store::Operator;
 
 use crate::cli::DeadLetterCommand;
 use crate::{run::load, Failure};
@@ -30,10 +31,8 @@ fn target(config: &Config, name: Option<&str>) -> Result<Target, Failure> {
     }
 }
 
-async fn connect(t: &Target) -> Result<tokio_postgres::Client, Failure> {
-    walfold_store::connect_for_command(&t.url, &format!("target {}", t.label()))
-        .await
-        .map_err(Failure::runtime)
+async fn connect(t: &Target) -> Result<Operator, Failure> {
+    Ok(Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema).await?)
 }
 
 pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
@@ -48,11 +47,10 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             let config = load(&config)?;
             let mut listed = Vec::new();
             for t in Target::all(&config) {
-                let client = connect(&t).await?;
-                let entries =
-                    DeadLetters::list(&client, &t.schema, subscriber.as_deref(), all, limit)
-                        .await
-                        .map_err(Failure::runtime)?;
+                let entries = connect(&t)
+                    .await?
+                    .dead_letters(subscriber.as_deref(), all, limit)
+                    .await?;
                 listed.extend(entries.into_iter().map(|e| (t.label().to_owned(), e)));
             }
             listed.sort_by(|a, b| {
@@ -90,7 +88,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             // The source column only with several sources: the source of a row rejected
             // at ingest (a projector's letters name their subscriber).
             let sources = config.sources().len() > 1;
-            let source_col = |e: Option<&walfold_store::DeadLetterEntry>| match (sources, e) {
+            let source_col = |e: Option<&DeadLetterEntry>| match (sources, e) {
                 (false, _) => String::new(),
                 (true, None) => format!("{:<10} ", "source"),
                 (true, Some(e)) if e.subscriber_id.is_none() => format!("{:<10} ", e.source),
@@ -137,14 +135,12 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             };
             let mut n = 0;
             for t in &targets {
-                let client = connect(t).await?;
+                let op = connect(t).await?;
                 let request = match (id, all) {
                     (Some(id), false) => RetryRequest::One(id),
                     _ => RetryRequest::All(subscriber.as_deref()),
                 };
-                n += DeadLetters::request_retry(&client, &t.schema, request)
-                    .await
-                    .map_err(crate::store_failure)?;
+                n += op.retry(request).await?;
             }
             println!("{n} dead letter(s) queued for retry; the leading daemon applies them within a second (`walfold dead-letters list --all` shows the outcome)");
             Ok(())
@@ -160,11 +156,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
                 return Err(Failure::config("--reason must say why it is discarded"));
             }
             let t = target(&config, name.as_deref())?;
-            let client = connect(&t).await?;
-            if DeadLetters::discard(&client, &t.schema, id, &reason)
-                .await
-                .map_err(Failure::runtime)?
-            {
+            if connect(&t).await?.discard(id, &reason).await? {
                 println!("dead letter {id} discarded");
                 Ok(())
             } else {

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::builder::ConfigBuilder;
 use walfold_config::{Config, LogConfig};
 use walfold_engine::Pipeline;
-use walfold_store::RowExt;
+use walfold_store::{Operator, RowExt};
 use walfold_tempdb::{Cluster, Options};
 
 use crate::{telemetry, Failure};
@@ -144,13 +144,9 @@ pub async fn demo() -> Result<(), Failure> {
         .await
         .map_err(Failure::runtime)?;
     let caught_up = wait_for(Duration::from_secs(60), || async {
-        let Ok(s) = walfold_store::status(
-            &client,
-            &client,
-            &walfold_store::Schema::new("walfold"),
-            "walfold_demo",
-        )
-        .await
+        let Ok(s) = Operator::new(&client, &walfold_store::Schema::new("walfold"))
+            .status_of_slot(&client, "walfold_demo")
+            .await
         else {
             return false;
         };
@@ -213,8 +209,9 @@ pub async fn demo() -> Result<(), Failure> {
             r.col::<Option<i64>>(2)?.unwrap_or(0)
         );
     }
-    let schema = walfold_store::Schema::new("walfold");
-    let s = walfold_store::status(&client, &client, &schema, "walfold_demo")
+    let op = Operator::new(&client, &walfold_store::Schema::new("walfold"));
+    let s = op
+        .status_of_slot(&client, "walfold_demo")
         .await
         .map_err(Failure::runtime)?;
     if let Some(i) = &s.ingest {
@@ -229,13 +226,15 @@ pub async fn demo() -> Result<(), Failure> {
             sub.subscriber, sub.applied, sub.stale, sub.duplicates
         );
     }
-    let letters = walfold_store::DeadLetters::list(&client, &schema, None, true, i64::MAX)
+    let letters = op
+        .dead_letters(None, true, i64::MAX)
         .await
         .map_err(Failure::runtime)?;
     // Listed newest first; the demo tells them in the order they happened.
     for letter in letters.iter().rev() {
         println!("dead letter: {} — {}", letter.reason, letter.error);
     }
+    drop(op);
     drop(client);
     tokio::task::spawn_blocking(move || drop(cluster))
         .await

@@ -20,13 +20,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use tokio_postgres::Client;
 use walfold_config::{Config, ProjectionConfig, ProjectionKind};
 use walfold_event::{DeadLetterStatus, Reason};
-use walfold_store::{LogFilter, Schema};
+use walfold_store::operator::LogFilter;
+use walfold_store::{Operator, Schema};
 
 use crate::run::load;
-use crate::{store_failure, Failure};
+use crate::Failure;
 
 /// What `walfold events` was asked for.
 #[derive(Debug, Clone)]
@@ -56,10 +56,13 @@ const MAX_TRACKED: usize = 1_000_000;
 
 pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
     let config = load(path)?;
-    let client = walfold_store::connect_for_command(config.target_url(), "target main")
-        .await
-        .map_err(Failure::runtime)?;
-    let schema = Schema::new(&config.target.schema);
+    let log = Operator::for_command(
+        config.target_url(),
+        "target main",
+        &Schema::new(&config.target.schema),
+    )
+    .await
+    .map_err(Failure::runtime)?;
     if let Some(source) = &q.source {
         // Not refused: the log keeps the events of a source taken out of the config.
         if config.sources().iter().all(|s| s.name != *source) {
@@ -70,7 +73,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         }
     }
     let since = match &q.since {
-        Some(s) => Some(since(&client, s).await?),
+        Some(s) => Some(since(&log, s).await?),
         None => None,
     };
     // The subscriber's state lives on its projection's target (the log on the main one).
@@ -78,12 +81,9 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         Some(s) => home_of(&config, s).await?,
         None => None,
     };
-    let (state, state_schema) = match &home {
-        Some((c, schema)) => (c, schema),
-        None => (&client, &schema),
-    };
+    let state = home.as_ref().unwrap_or(&log);
     let subscriber = match &q.subscriber {
-        Some(s) => Some(Subscriber::resolve(state, &config, state_schema, s).await?),
+        Some(s) => Some(Subscriber::resolve(state, &config, s).await?),
         None => None,
     };
     // Applied-or-stale needs each aggregate's claimed history from the log's start:
@@ -97,8 +97,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         since: if history { None } else { since.clone() },
     };
     let mut reader = Reader {
-        client: &client,
-        schema: &schema,
+        log: &log,
         position: if history { 0 } else { q.after },
         filter: sql_filter,
     };
@@ -126,7 +125,7 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
         }
         if !queue.is_empty() {
             let outcomes = match &subscriber {
-                Some(s) => s.outcomes(state, state_schema, &queue).await?,
+                Some(s) => s.outcomes(state, &queue).await?,
                 None => vec![Outcome::None; queue.len()],
             };
             // In log order; with --follow a pending event (and what follows it) waits up
@@ -172,10 +171,10 @@ pub async fn events(path: &Path, q: Query) -> Result<(), Failure> {
 
 /// `--since`: a duration ago or a timestamp, as the server's `timestamptz` text (so it
 /// compares with the log's times as the server orders them).
-async fn since(client: &Client, text: &str) -> Result<String, Failure> {
+async fn since(log: &Operator, text: &str) -> Result<String, Failure> {
     let at = match walfold_config::parse_retention(text).ok().flatten() {
-        Some(ago) => walfold_store::log_time_ago(client, ago).await,
-        None => walfold_store::log_time(client, text).await,
+        Some(ago) => log.log_time_ago(ago).await,
+        None => log.log_time(text).await,
     };
     at.map_err(|_| {
         Failure::config(format!(
@@ -204,18 +203,14 @@ struct Queued {
 }
 
 struct Reader<'a> {
-    client: &'a Client,
-    schema: &'a Schema,
+    log: &'a Operator,
     position: i64,
     filter: LogFilter,
 }
 
 impl Reader<'_> {
     async fn next_page(&mut self) -> Result<Vec<Row>, Failure> {
-        let events =
-            walfold_store::log_page(self.client, self.schema, self.position, &self.filter, PAGE)
-                .await
-                .map_err(store_failure)?;
+        let events = self.log.log_page(self.position, &self.filter, PAGE).await?;
         let page: Vec<Row> = events
             .into_iter()
             .map(|e| Row {
@@ -243,12 +238,11 @@ impl Reader<'_> {
 /// The extra target holding `subscriber`'s state, connected (`None`: the main target):
 /// its projection's `database`, else the extra target that knows the ID (a rebuild's or
 /// a replaced one).
-async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, Schema)>, Failure> {
+async fn home_of(config: &Config, subscriber: &str) -> Result<Option<Operator>, Failure> {
     let connect = |t: walfold_engine::Target| async move {
-        let client = walfold_store::connect_for_command(&t.url, &format!("target {}", t.label()))
-            .await
-            .map_err(Failure::runtime)?;
-        Ok::<_, Failure>((client, t.schema))
+        Ok::<_, Failure>(
+            Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema).await?,
+        )
     };
     if let Some(p) = config
         .projection
@@ -266,12 +260,9 @@ async fn home_of(config: &Config, subscriber: &str) -> Result<Option<(Client, Sc
         .into_iter()
         .filter(walfold_engine::Target::is_extra)
     {
-        let (client, schema) = connect(t).await?;
-        let known = walfold_store::knows_subscriber(&client, &schema, subscriber)
-            .await
-            .map_err(store_failure)?;
-        if known {
-            return Ok(Some((client, schema)));
+        let home = connect(t).await?;
+        if home.knows_subscriber(subscriber).await? {
+            return Ok(Some(home));
         }
     }
     Ok(None)
@@ -305,19 +296,10 @@ enum Outcome {
 }
 
 impl Subscriber {
-    async fn resolve(
-        client: &Client,
-        config: &Config,
-        schema: &Schema,
-        id: &str,
-    ) -> Result<Subscriber, Failure> {
-        let known = walfold_store::subscriber_has_read(client, schema, id)
-            .await
-            .map_err(store_failure)?;
+    async fn resolve(home: &Operator, config: &Config, id: &str) -> Result<Subscriber, Failure> {
+        let known = home.subscriber_has_read(id).await?;
         if !known {
-            let names = walfold_store::checkpointed_subscribers(client, schema)
-                .await
-                .map_err(store_failure)?;
+            let names = home.checkpointed_subscribers().await?;
             eprintln!(
                 "walfold: subscriber {id} has read nothing yet (known subscribers: {})",
                 if names.is_empty() {
@@ -335,9 +317,7 @@ impl Subscriber {
             .find(|p| p.subscriber == id)
             .cloned();
         if projection.is_none() {
-            let name = walfold_store::projection_of(client, schema, id)
-                .await
-                .map_err(store_failure)?;
+            let name = home.projection_of(id).await?;
             projection = name.and_then(|n| config.projection.iter().find(|p| p.name == n).cloned());
         }
         let guarded = projection
@@ -353,15 +333,12 @@ impl Subscriber {
     /// What was recorded for each queued event (a few indexed reads per page).
     async fn outcomes(
         &self,
-        client: &Client,
-        schema: &Schema,
+        home: &Operator,
         queue: &VecDeque<Queued>,
     ) -> Result<Vec<Outcome>, Failure> {
         let ids: Vec<uuid::Uuid> = queue.iter().map(|q| q.row.event_id).collect();
         let seqs: Vec<i64> = queue.iter().map(|q| q.row.seq).collect();
-        let recorded = walfold_store::recorded_for(client, schema, &self.id, &ids, &seqs)
-            .await
-            .map_err(store_failure)?;
+        let recorded = home.recorded_for(&self.id, &ids, &seqs).await?;
         let claims: HashMap<uuid::Uuid, Value> = recorded
             .claims
             .into_iter()

@@ -6,6 +6,7 @@
 //! closes one after 20 s (5 s to send its headers), so no client can take the daemon's
 //! file descriptors or hold its tasks.
 
+use std::borrow::Borrow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use tokio::sync::Mutex;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walfold_config::Config;
-use walfold_store::SourceProbe;
+use walfold_store::operator::{SourceProbe, TargetStatus};
+use walfold_store::Operator;
 use walfold_telemetry::metrics::metrics;
 
 /// Connections reused across scrapes; reopened after an error.
@@ -238,11 +240,11 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &walfold_engine::Target::main(&state.config).schema;
     let refresh = async {
         let unreachable = with_clients(state, async |sources, target| {
-            let (extra, active) = every_target(&state.config, target).await?;
-            let reading =
-                walfold_store::metrics_reading(sources, target, schema, extra, &active).await?;
+            let log = Operator::new(target, schema);
+            let (extra, active) = every_target(&state.config, &log).await?;
+            let reading = log.metrics_reading(sources, extra, &active).await?;
             metrics().set_database(&reading);
-            metrics().set_event_log_rows(walfold_store::event_log_estimate(target, schema).await?);
+            metrics().set_event_log_rows(log.event_log_estimate().await?);
             Ok(reading
                 .sources
                 .iter()
@@ -283,10 +285,10 @@ const EXTRA_TARGET_TIMEOUT: Duration = Duration::from_secs(2);
 async fn serving(
     config: &Config,
     label: &str,
-    client: &Client,
-    schema: &walfold_store::Schema,
+    target: &Operator<impl Borrow<Client>>,
 ) -> Result<Vec<(String, String)>, walfold_store::StoreError> {
-    Ok(walfold_store::active_projections(client, schema)
+    Ok(target
+        .active_projections()
         .await?
         .into_iter()
         .filter(|(name, _)| {
@@ -303,10 +305,9 @@ async fn serving(
 /// projection now on every target, the main one (`log`) included.
 async fn every_target(
     config: &Config,
-    log: &Client,
-) -> Result<(Vec<walfold_store::TargetStatus>, Vec<(String, String)>), walfold_store::StoreError> {
-    let main = walfold_engine::Target::main(config);
-    let mut active = serving(config, main.label(), log, &main.schema).await?;
+    log: &Operator<&Client>,
+) -> Result<(Vec<TargetStatus>, Vec<(String, String)>), walfold_store::StoreError> {
+    let mut active = serving(config, "main", log).await?;
     let (parts, more) = extra_parts(config, log).await;
     active.extend(more);
     Ok((parts, active))
@@ -317,8 +318,8 @@ async fn every_target(
 /// projections already count as paused (`walfold_projection_paused`).
 async fn extra_parts(
     config: &Config,
-    log: &Client,
-) -> (Vec<walfold_store::TargetStatus>, Vec<(String, String)>) {
+    log: &Operator<&Client>,
+) -> (Vec<TargetStatus>, Vec<(String, String)>) {
     let mut parts = Vec::new();
     let mut active = Vec::new();
     for t in walfold_engine::Target::all(config)
@@ -326,16 +327,9 @@ async fn extra_parts(
         .filter(walfold_engine::Target::is_extra)
     {
         let read = async {
-            let client = walfold_store::connect(&t.url).await?;
-            let part = walfold_store::target_status(
-                log,
-                &walfold_engine::Target::main(config).schema,
-                &client,
-                &t.schema,
-                t.label(),
-            )
-            .await?;
-            let subscribers = serving(config, t.label(), &client, &t.schema).await?;
+            let extra = Operator::connect(&t.url, &t.schema).await?;
+            let part = log.target_status(&extra, t.label()).await?;
+            let subscribers = serving(config, t.label(), &extra).await?;
             Ok::<_, walfold_store::StoreError>((part, subscribers))
         };
         match tokio::time::timeout(EXTRA_TARGET_TIMEOUT, read).await {
@@ -383,8 +377,9 @@ async fn ready(state: &State) -> Result<(), String> {
     }
     let schema = &walfold_engine::Target::main(&state.config).schema;
     let check = with_clients(state, async |sources, target| {
-        let mut status = walfold_store::status_of(target, schema, sources).await?;
-        let (parts, active) = every_target(&state.config, target).await?;
+        let log = Operator::new(target, schema);
+        let mut status = log.status(sources).await?;
+        let (parts, active) = every_target(&state.config, &log).await?;
         for part in parts {
             status.add(part);
         }

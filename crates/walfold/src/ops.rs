@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 use walfold_config::Config;
 use walfold_engine::ops;
-use walfold_store::{RebuildState, RowExt, Schema};
+use walfold_store::{Operator, RebuildState, RowExt, Schema};
 
 use crate::progress::{Progress, Snapshot, POLL};
 use crate::run::load;
@@ -120,10 +120,9 @@ async fn follow_rebuild(
             || walfold_engine::Target::main(config),
             |p| walfold_engine::Target::of(config, p),
         );
-    let home_client =
-        walfold_store::connect_for_command(&home.url, &format!("target {}", home.label()))
-            .await
-            .map_err(Failure::runtime)?;
+    let home = Operator::for_command(&home.url, &format!("target {}", home.label()), &home.schema)
+        .await
+        .map_err(Failure::runtime)?;
     let mut progress: Option<Progress> = None;
     let mut last = Snapshot::default();
     let mut moved = Instant::now();
@@ -162,9 +161,7 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = walfold_store::rebuild::state_of(&home_client, &home.schema, s)
-                .await
-                .map_err(Failure::runtime)?;
+            let state = home.rebuild_state(s).await?;
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.map_or("gone", RebuildState::as_str));
             }

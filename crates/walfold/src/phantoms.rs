@@ -5,15 +5,14 @@
 use uuid::Uuid;
 use walfold_config::Config;
 use walfold_engine::Target;
-use walfold_store::{Accept, PhantomEntry};
+use walfold_store::operator::{Accept, PhantomEntry};
+use walfold_store::Operator;
 
 use crate::cli::PhantomCommand;
 use crate::{run::load, Failure};
 
-async fn connect(t: &Target) -> Result<tokio_postgres::Client, Failure> {
-    walfold_store::connect_for_command(&t.url, &format!("target {}", t.label()))
-        .await
-        .map_err(Failure::runtime)
+async fn connect(t: &Target) -> Result<Operator, Failure> {
+    Ok(Operator::for_command(&t.url, &format!("target {}", t.label()), &t.schema).await?)
 }
 
 /// The slot of the [[source]] named `name`.
@@ -49,11 +48,7 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
             let config = load(&config)?;
             let slot = slot_of(&config, source.as_deref())?;
             let main = Target::main(&config);
-            let client = connect(&main).await?;
-            let mut phantoms =
-                walfold_store::list_phantoms(&client, &main.schema, slot, all, limit)
-                    .await
-                    .map_err(Failure::runtime)?;
+            let mut phantoms = connect(&main).await?.phantoms(slot, all, limit).await?;
             reached_elsewhere(&config, &mut phantoms).await?;
             if json {
                 println!(
@@ -117,10 +112,7 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
                 Accept::Ids(&ids)
             };
             let main = Target::main(&config);
-            let client = connect(&main).await?;
-            let n = walfold_store::accept_phantoms(&client, &main.schema, what, &reason)
-                .await
-                .map_err(Failure::runtime)?;
+            let n = connect(&main).await?.accept_phantoms(what, &reason).await?;
             if n == 0 {
                 return Err(Failure::config(
                     "no open phantom matched (`walfold phantoms list` shows the open ones)",
@@ -146,10 +138,7 @@ async fn reached_elsewhere(config: &Config, phantoms: &mut [PhantomEntry]) -> Re
         return Ok(());
     }
     for t in Target::all(config).into_iter().filter(|t| t.name.is_some()) {
-        let client = connect(&t).await?;
-        let claims = walfold_store::claimed(&client, &t.schema, &ids)
-            .await
-            .map_err(Failure::runtime)?;
+        let claims = connect(&t).await?.claimed(&ids).await?;
         for (id, subscriber) in claims {
             if let Some(p) = phantoms.iter_mut().find(|p| p.event_id == id) {
                 p.reached.push(format!("{subscriber}@{}", t.label()));

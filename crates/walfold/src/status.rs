@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 use walfold_config::Config;
-use walfold_store::RowExt;
+use walfold_store::operator::{SourceProbe, Status, TargetReach, SOURCE_READ_TIMEOUT};
+use walfold_store::{Operator, RowExt};
 
 use crate::{run::load, Failure};
 
@@ -46,30 +47,26 @@ impl Connections {
 /// The status of the sources and the main target, with every extra target's
 /// subscribers, rebuilds and dead letters added (an unreachable one is listed as such,
 /// not an error).
-pub(crate) async fn read(
-    config: &Config,
-    c: &Connections,
-) -> Result<walfold_store::Status, Failure> {
-    let probes: Vec<walfold_store::SourceProbe<'_>> = config
+pub(crate) async fn read(config: &Config, c: &Connections) -> Result<Status, Failure> {
+    let probes: Vec<SourceProbe<'_>> = config
         .sources()
         .iter()
         .zip(&c.sources)
-        .map(|(s, client)| walfold_store::SourceProbe {
+        .map(|(s, client)| SourceProbe {
             name: &s.name,
             slot: &s.slot,
             client: client.as_ref().map_err(Clone::clone),
         })
         .collect();
-    let target = &c.target;
     let main = walfold_engine::Target::main(config);
+    let log = Operator::new(&c.target, &main.schema);
     // The sources' slots are each bounded on their own (SOURCE_READ_TIMEOUT).
-    let within =
-        walfold_store::STATEMENT_TIMEOUT + walfold_store::SOURCE_READ_TIMEOUT * probes.len() as u32;
+    let within = walfold_store::STATEMENT_TIMEOUT + SOURCE_READ_TIMEOUT * probes.len() as u32;
     let mut status = walfold_store::answer_within(
         config.target_url(),
         "target main",
         within,
-        walfold_store::status_of(target, &main.schema, &probes),
+        log.status(&probes),
     )
     .await
     .map_err(Failure::runtime)?;
@@ -79,12 +76,12 @@ pub(crate) async fn read(
     {
         let server = format!("target {}", t.label());
         let part = async {
-            let client = walfold_store::connect_for_command(&t.url, &server).await?;
+            let extra = Operator::for_command(&t.url, &server, &t.schema).await?;
             walfold_store::answer_within(
                 &t.url,
                 &server,
                 walfold_store::STATEMENT_TIMEOUT,
-                walfold_store::target_status(target, &main.schema, &client, &t.schema, t.label()),
+                log.target_status(&extra, t.label()),
             )
             .await
         };
@@ -95,7 +92,7 @@ pub(crate) async fn read(
             }
             Err(e) => Some(e.to_string()),
         };
-        status.targets.push(walfold_store::TargetReach {
+        status.targets.push(TargetReach {
             name: t.label().to_owned(),
             reachable: reach.is_none(),
             error: reach,
@@ -105,7 +102,7 @@ pub(crate) async fn read(
 }
 
 /// Exit 1 (after the report) when a source or an extra target could not be read.
-fn unreachable(s: &walfold_store::Status) -> Result<(), Failure> {
+fn unreachable(s: &Status) -> Result<(), Failure> {
     let mut down: Vec<String> = s
         .sources
         .iter()
@@ -206,7 +203,7 @@ pub async fn watch(path: &Path) -> Result<(), Failure> {
 }
 
 /// The status as `walfold status` prints it.
-fn render(config: &Config, s: &walfold_store::Status) -> String {
+fn render(config: &Config, s: &Status) -> String {
     let mut out = String::new();
     macro_rules! println {
         ($($arg:tt)*) => {{

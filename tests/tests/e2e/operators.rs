@@ -714,3 +714,87 @@ async fn an_event_pruned_during_an_append_is_appended_not_lost() {
         "1"
     );
 }
+
+/// Guarantee 9 for the operator's handle: a write of the leader's work (ending a
+/// rebuild, pruning) made through a handle bound to a leader that has since been
+/// deposed is refused inside its transaction, and nothing of it lands; the new
+/// leader's handle then does the same work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_handle_of_a_deposed_leader_cannot_write() {
+    use walfold_config::QualifiedName;
+    use walfold_store::operator::PrunePolicy;
+    use walfold_store::{Leadership, Operator, RebuildState, Schema, StoreError};
+    let db = TestDb::new("opfence");
+    let schema = Schema::new("walfold");
+    walfold_store::migrate(&db.url(), &schema).await.unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let a = Leadership::acquire(&db.url(), &schema, &cancel)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut op_a = Operator::connect(&db.url(), &schema)
+        .await
+        .unwrap()
+        .leading(a.fence());
+    let live = QualifiedName::parse("public.order_total").unwrap();
+    op_a.start_rebuild("order_total", &live, "orders.total.v1", "orders.total.v2")
+        .await
+        .unwrap();
+    let r = op_a.request_abort("order_total").await.unwrap();
+    // A claim past its retention, whose event is gone from the log: prunable.
+    db.psql(
+        "insert into walfold.processed_message (subscriber_id, message_id, processed_at) \
+         values ('orders.total.v1', gen_random_uuid(), now() - interval '1 hour')",
+    );
+    let policy = PrunePolicy {
+        event_log: None,
+        claims: vec![("orders.total.v1".into(), Duration::from_secs(1))],
+        batch: 100,
+        held_elsewhere: None,
+    };
+    // A loses its session; B leads.
+    drop(a);
+    let b = Leadership::acquire(&db.url(), &schema, &cancel)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let e = op_a.abort_rebuild(&r).await.expect_err("A no longer leads");
+    assert!(matches!(e, StoreError::Fenced), "{e:?}");
+    let e = op_a.prune(&policy).await.expect_err("A no longer leads");
+    assert!(matches!(e, StoreError::Fenced), "{e:?}");
+    // Nothing of A's landed: the rebuild still waits to be ended, its shadow table and
+    // the claim are still there.
+    let client = db.client().await;
+    assert_eq!(
+        op_a.rebuild_state("orders.total.v2").await.unwrap(),
+        Some(RebuildState::Aborting)
+    );
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from pg_class where relname = 'order_total__rebuild'"
+        )
+        .await,
+        1
+    );
+    let claims = "select count(*) from walfold.processed_message";
+    assert_eq!(count(&client, claims).await, 1);
+    // Without a fence the leader's work is refused outright.
+    let mut unbound = Operator::connect(&db.url(), &schema).await.unwrap();
+    let e = unbound.abort_rebuild(&r).await.expect_err("no fence bound");
+    assert!(matches!(e, StoreError::Refused(_)), "{e:?}");
+
+    let mut op_b = Operator::connect(&db.url(), &schema)
+        .await
+        .unwrap()
+        .leading(b.fence());
+    op_b.abort_rebuild(&r).await.unwrap();
+    assert_eq!(op_b.prune(&policy).await.unwrap().claims, 1);
+    assert_eq!(
+        op_b.rebuild_state("orders.total.v2").await.unwrap(),
+        Some(RebuildState::Aborted)
+    );
+    assert_eq!(count(&client, claims).await, 0);
+    drop(b);
+}

@@ -58,7 +58,7 @@ sql = "insert into no_such_table values (:aggregate_id) returning aggregate_id"
     );
 
     let s = status(&client).await.unwrap();
-    let sub = |s: &walfold_store::Status, name: &str| {
+    let sub = |s: &walfold_store::operator::Status, name: &str| {
         s.subscribers
             .iter()
             .find(|x| x.subscriber == name)

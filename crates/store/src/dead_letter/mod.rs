@@ -342,7 +342,7 @@ impl FromRow for DeadLetterEntry {
 impl DeadLetters {
     /// Dead letters, newest first: open ones unless `all`; of one subscriber when given
     /// (`ingest` selects rows rejected before any subscriber).
-    pub async fn list(
+    pub(crate) async fn list(
         client: &Client,
         schema: &Schema,
         subscriber: Option<&str>,
@@ -361,7 +361,7 @@ impl DeadLetters {
 
     /// Marks an open dead letter discarded with the operator's reason. Returns false when
     /// there is no open dead letter with that ID. A parked aggregate stays parked.
-    pub async fn discard(
+    pub(crate) async fn discard(
         client: &Client,
         schema: &Schema,
         id: i64,

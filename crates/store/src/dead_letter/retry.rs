@@ -119,7 +119,7 @@ impl DeadLetters {
     /// Marks dead letters `retrying`; the running projector of their subscriber applies
     /// them through the normal claim and guard, in order per aggregate, and un-parks the
     /// aggregate when all succeeded. Returns how many were marked.
-    pub async fn request_retry(
+    pub(crate) async fn request_retry(
         client: &Client,
         schema: &Schema,
         request: RetryRequest<'_>,

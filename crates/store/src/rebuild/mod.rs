@@ -242,7 +242,7 @@ async fn read_open(
 }
 
 /// The state of the rebuild under subscriber ID `subscriber` (`None`: no such rebuild).
-pub async fn state_of(
+pub(crate) async fn state_of(
     client: &impl GenericClient,
     schema: &Schema,
     subscriber: &str,
@@ -257,7 +257,7 @@ pub async fn state_of(
 
 /// Whether subscriber ID `subscriber` has left any trace in `schema` (a rebuild needs a
 /// new one: its claims must start empty).
-pub async fn subscriber_used(
+pub(crate) async fn subscriber_used(
     client: &impl GenericClient,
     schema: &Schema,
     subscriber: &str,
@@ -273,7 +273,7 @@ pub async fn subscriber_used(
 /// Starts a rebuild of `projection` (whose live table is `live`, served by `previous`)
 /// under the unused subscriber ID `subscriber`: creates the shadow table from the live
 /// table's definition and records the rebuild, in one transaction.
-pub async fn start(
+pub(crate) async fn start(
     client: &mut Client,
     schema: &Schema,
     projection: &str,
@@ -559,7 +559,7 @@ pub async fn switch_failed(
 
 /// Asks the leader to abort the running rebuild of `projection` (it stops the rebuild's
 /// projectors first, then calls [`abort`]).
-pub async fn request_abort(
+pub(crate) async fn request_abort(
     client: &Client,
     schema: &Schema,
     projection: &str,
@@ -733,7 +733,7 @@ async fn discard_unresolved(
 
 /// Deletes a retired subscriber's claims in batches of `batch` rows (short transactions,
 /// no long locks); returns how many.
-pub async fn forget_claims(
+pub(crate) async fn forget_claims(
     client: &Client,
     schema: &Schema,
     subscriber: &str,
