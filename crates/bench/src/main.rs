@@ -33,15 +33,32 @@ pub struct Args {
     /// protocol 1, one with 2; 0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     pub stream_txn: u64,
-    /// Run only one scenario: `protocols` (one big transaction, protocol 1 and 2) or
-    /// `sources` (a backlog drained from one source, then the same split over two).
-    /// `history` (the same drain into an empty log and after `--history-events` earlier
-    /// events and their claims, at the server's default shared_buffers).
+    /// Run only one scenario: `protocols` (one big transaction, protocol 1 and 2),
+    /// `sources` (a backlog drained from one source, then the same split over two), or
+    /// `history` (a drain into an empty walfold schema, then `--history` earlier events
+    /// and their claims seeded set-based, then the same drain again; on the cluster
+    /// `--history-cluster` names).
     #[arg(long, value_parser = ["protocols", "sources", "history"])]
     pub only: Option<String>,
     /// Earlier events (each claimed by both drain projections) of the history scenario.
-    #[arg(long, default_value_t = 5_000_000)]
+    #[arg(
+        long = "history",
+        alias = "history-events",
+        default_value_t = 5_000_000
+    )]
     pub history_events: u64,
+    /// Events in each of the history scenario's two drains.
+    #[arg(long, default_value_t = 200_000)]
+    pub history_drain: u64,
+    /// The history scenario's cluster: `default` (the server's defaults but fsync on:
+    /// shared_buffers 128MB, max_wal_size 1GB, checkpoint_timeout 5min) or `tuned` (the
+    /// other scenarios' cluster: shared_buffers 512MB, max_wal_size 8GB, 30min).
+    #[arg(long, default_value = "default", value_parser = ["default", "tuned"])]
+    pub history_cluster: String,
+    /// Extra `name=value` server settings of the history scenario's cluster, repeatable
+    /// (experiments such as `wal_compression=lz4`, `max_wal_size=8GB`).
+    #[arg(long = "set")]
+    pub settings: Vec<String>,
     /// Outbox rows in the several-sources drain (split evenly over two sources).
     #[arg(long, default_value_t = 200_000)]
     pub sources_events: u64,

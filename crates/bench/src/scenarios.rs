@@ -26,10 +26,19 @@ struct Line {
 }
 
 pub async fn run_all(args: Args) -> Result<(), BoxError> {
+    let mut lines = Vec::new();
+    if args.only.as_deref() == Some("history") {
+        let (kind, extra) = (args.history_cluster.clone(), args.settings.clone());
+        let cluster = blocking(move || setup::start_history_cluster(&kind, &extra)).await?;
+        let cluster: &'static Cluster = Box::leak(Box::new(cluster));
+        eprintln!("cluster on port {}", cluster.port());
+        history(cluster, &args, &mut lines).await?;
+        print_table(&lines);
+        return Ok(());
+    }
     let fsync = args.fsync.clone();
     let cluster = tokio::task::spawn_blocking(move || setup::start_cluster(&fsync)).await??;
     let cluster: &'static Cluster = Box::leak(Box::new(cluster));
-    let mut lines = Vec::new();
     eprintln!("cluster on port {}, fsync={}", cluster.port(), args.fsync);
 
     if args.only.is_none() {
@@ -41,26 +50,25 @@ pub async fn run_all(args: Args) -> Result<(), BoxError> {
     }
     if args.only.as_deref() == Some("sources") {
         several_sources(cluster, args.sources_events, &mut lines).await?;
-    } else if args.only.as_deref() == Some("history") {
-        let history_cluster = blocking(setup::start_default_buffers_cluster).await?;
-        let history_cluster: &'static Cluster = Box::leak(Box::new(history_cluster));
-        history(history_cluster, &args, &mut lines).await?;
     } else if args.stream_txn > 0 {
         for protocol in [1, 2] {
             one_transaction(cluster, args.stream_txn, protocol, &mut lines).await?;
         }
     }
+    print_table(&lines);
+    Ok(())
+}
 
+fn print_table(lines: &[Line]) {
     println!();
     println!("| scenario | walfold | limit (same run) | ratio | walfold CPU s | peak RSS MiB |");
     println!("|---|---|---|---|---|---|");
-    for l in &lines {
+    for l in lines {
         println!(
             "| {} | {} | {} | {} | {} | {} |",
             l.scenario, l.walfold, l.limit, l.ratio, l.cpu, l.rss
         );
     }
-    Ok(())
 }
 
 async fn blocking<T: Send + 'static>(
@@ -735,12 +743,14 @@ async fn several_sources(
     Ok(())
 }
 
-/// What the server did during one drain: WAL, full-page images, and buffer reads and
+/// What the server did so far: WAL, full-page images, checkpoints, and buffer reads and
 /// hits of the two indexes every event probes (the event ID's, the claims' key).
 #[derive(Debug, Default, Clone, Copy)]
 struct ServerWork {
     wal_bytes: f64,
     wal_fpi: i64,
+    checkpoints_timed: i64,
+    checkpoints_req: i64,
     index_reads: i64,
     index_hits: i64,
 }
@@ -749,6 +759,8 @@ async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxE
     let row = client
         .query_one(
             "select (select wal_bytes::float8 from pg_stat_wal), (select wal_fpi from pg_stat_wal), \
+             (select checkpoints_timed from pg_stat_bgwriter), \
+             (select checkpoints_req from pg_stat_bgwriter), \
              coalesce(sum(idx_blks_read), 0)::int8, coalesce(sum(idx_blks_hit), 0)::int8 \
              from pg_statio_all_indexes where schemaname = 'walfold' \
              and indexrelname in ('event_log_event_id_key', 'processed_message_by_seq', \
@@ -759,57 +771,96 @@ async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxE
     Ok(ServerWork {
         wal_bytes: row.get(0),
         wal_fpi: row.get(1),
-        index_reads: row.get(2),
-        index_hits: row.get(3),
+        checkpoints_timed: row.get(2),
+        checkpoints_req: row.get(3),
+        index_reads: row.get(4),
+        index_hits: row.get(5),
     })
 }
 
-/// The drain of `n` events into an empty walfold schema, and the same drain after
-/// `history` earlier events whose claims (both projections') are in `processed_message`,
-/// on a cluster with the server's default shared_buffers: what history costs per event.
+/// The server settings that decide what history costs, as one line.
+async fn wal_settings(client: &tokio_postgres::Client) -> Result<String, BoxError> {
+    let mut out = Vec::new();
+    for name in [
+        "fsync",
+        "shared_buffers",
+        "max_wal_size",
+        "checkpoint_timeout",
+        "full_page_writes",
+        "wal_compression",
+    ] {
+        let v: String = client.query_one(&format!("show {name}"), &[]).await?.get(0);
+        out.push(format!("{name}={v}"));
+    }
+    Ok(out.join(" "))
+}
+
+/// One drain of the history scenario: runs the pipeline until both drain projections
+/// have read the log up to `upto`; the rate of `n` events and the server's work per event.
+async fn history_drain(
+    config: Config,
+    client: &tokio_postgres::Client,
+    n: u64,
+    upto: u64,
+) -> Result<(f64, f64, String), BoxError> {
+    let before = server_work(client).await?;
+    let span = Span::start();
+    let (cancel, task) = start(config);
+    wait_subscribers(client, upto as i64, 2, Duration::from_secs(7200)).await?;
+    let (wall, cpu, _) = span.stop();
+    let after = server_work(client).await?;
+    cancel.cancel();
+    task.await??;
+    let per = |x: f64| x / n as f64;
+    let work = format!(
+        "WAL {:.0} B/event, {:.3} FPI/event, checkpoints {} timed + {} requested, \
+         index blocks read {:.2} / hit {:.1} per event",
+        per(after.wal_bytes - before.wal_bytes),
+        per((after.wal_fpi - before.wal_fpi) as f64),
+        after.checkpoints_timed - before.checkpoints_timed,
+        after.checkpoints_req - before.checkpoints_req,
+        per((after.index_reads - before.index_reads) as f64),
+        per((after.index_hits - before.index_hits) as f64),
+    );
+    Ok((n as f64 / wall, cpu, work))
+}
+
+/// A drain of `n` events (event log + the two drain projections) into an empty walfold
+/// schema; then `history` earlier events and their claims for both subscribers, seeded
+/// set-based ([`setup::seed_history`]), and a checkpoint; then the same drain of `n`
+/// more events: what a year-old deployment costs per event, at the cluster's settings.
 async fn history(
     cluster: &'static Cluster,
     args: &Args,
     lines: &mut Vec<Line>,
 ) -> Result<(), BoxError> {
-    let n = args.sources_events;
+    let n = args.history_drain;
     let h = args.history_events;
+    let db = "history";
     blocking(move || {
-        for db in ["hist_empty", "hist_full"] {
-            setup::create_db(cluster, db)?;
-            setup::create_slot(cluster, db, &format!("walfold_{db}"))?;
-            setup::write_backlog(cluster, db, n)?;
-        }
-        Ok(())
+        setup::create_db(cluster, db)?;
+        setup::create_slot(cluster, db, "walfold_history")?;
+        setup::write_backlog(cluster, db, n)?;
+        settle(cluster, db)
     })
     .await?;
-    let url = |db: &str| format!("{}?sslmode=disable", cluster.url(db));
-    walfold_store::migrate(&url("hist_full"), &walfold_store::Schema::new("walfold")).await?;
+    let client = connect(cluster, db).await?;
+    let settings = wal_settings(&client).await?;
+    let label = format!("{} cluster: {settings}", args.history_cluster);
+    eprintln!("history scenario on the {label}");
+    let config = || setup::config(cluster, db, "walfold_history", setup::DRAIN_PROJECTIONS);
+
+    let (empty_rate, empty_cpu, empty_work) = history_drain(config()?, &client, n, n).await?;
+    eprintln!("empty schema: {n} events at {empty_rate:.0} ev/s; {empty_work}");
+
     let started = Instant::now();
     blocking(move || {
-        cluster.psql(
-            "hist_full",
-            &format!(
-                "insert into walfold.event_log (seq, event_id, aggregate_type, aggregate_id, \
-                 event_type, version, payload, partition_hash, source_lsn, committed_at) \
-                 select i, gen_random_uuid(), 'order', 'old-' || (i % 100000), 'OrderPaid', \
-                 i / 100000 + 1, '{{\"status\": \"paid\", \"amount\": \"1.25\"}}', \
-                 (hashtext('old-' || i) & 2147483647), '0/0', now() \
-                 from generate_series(1, {h}) as i;\
-                 insert into walfold.processed_message (subscriber_id, seq, message_id) \
-                 select s, seq, event_id from walfold.event_log, \
-                 unnest(array['bench.state', 'bench.sum']) as s;\
-                 insert into walfold.checkpoint (subscriber_id, partition, partitions, position) \
-                 values ('bench.state', 0, 1, {h}), ('bench.sum', 0, 1, {h});\
-                 vacuum analyze walfold.event_log; vacuum analyze walfold.processed_message;\
-                 checkpoint;"
-            ),
-        )?;
-        Ok(())
+        setup::seed_history(cluster, db, h)?;
+        setup::write_backlog_from(cluster, db, n, n)?;
+        settle(cluster, db)
     })
     .await?;
-    let size: String = connect(cluster, "hist_full")
-        .await?
+    let size: String = client
         .query_one(
             "select pg_size_pretty(pg_total_relation_size('walfold.event_log') + \
              pg_total_relation_size('walfold.processed_message'))",
@@ -818,53 +869,28 @@ async fn history(
         .await?
         .get(0);
     eprintln!(
-        "preloaded {h} events and {} claims ({size}) in {:.0} s",
+        "seeded {h} events and {} claims ({size} with the first drain's) in {:.0} s",
         2 * h,
         started.elapsed().as_secs_f64()
     );
-    let mut rates = Vec::new();
-    for (label, db, behind) in [
-        ("empty log", "hist_empty", 0),
-        ("after history", "hist_full", h),
-    ] {
-        let text = format!(
-            "[source]\nurl = \"{}\"\nslot = \"walfold_{db}\"\n\n[[outbox]]\ntable = \"public.outbox\"\n\n\
-             [log]\nlevel = \"warn\"\n{}",
-            url(db),
-            setup::DRAIN_PROJECTIONS
-        );
-        let config = Config::from_toml(&text, Vec::<(String, String)>::new())?;
-        let client = connect(cluster, db).await?;
-        let before = server_work(&client).await.unwrap_or_default();
-        let span = Span::start();
-        let (cancel, task) = start(config);
-        wait_subscribers(&client, (behind + n) as i64, 2, Duration::from_secs(3600)).await?;
-        let (wall, cpu, _) = span.stop();
-        let after = server_work(&client).await.unwrap_or_default();
-        cancel.cancel();
-        task.await??;
-        let per = |x: f64| x / n as f64;
-        let work = format!(
-            "WAL {:.0} B/event, {:.2} full-page images/event, index blocks read {:.2} / hit {:.1} per event",
-            per(after.wal_bytes - before.wal_bytes),
-            per((after.wal_fpi - before.wal_fpi) as f64),
-            per((after.index_reads - before.index_reads) as f64),
-            per((after.index_hits - before.index_hits) as f64),
-        );
-        eprintln!("{label}: {n} events in {wall:.1} s; {work}");
-        rates.push(n as f64 / wall);
-        lines.push(Line {
-            scenario: format!("9. drain {n} events (log + 2 projections), {label}"),
-            walfold: format!("{:.0} ev/s; {work}", n as f64 / wall),
-            limit: if rates.len() == 1 {
-                "the empty-log drain of the same run".into()
-            } else {
-                format!("{:.0} ev/s (empty log; target ≥ 0.8×)", rates[0])
-            },
-            ratio: format!("{:.2}×", rates[rates.len() - 1] / rates[0]),
-            cpu: format!("{cpu:.1}"),
-            rss: "—".into(),
-        });
-    }
+
+    let (full_rate, full_cpu, full_work) = history_drain(config()?, &client, n, 2 * n + h).await?;
+    eprintln!("after history: {n} events at {full_rate:.0} ev/s; {full_work}");
+    lines.push(Line {
+        scenario: format!("9. drain {n} events (log + 2 projections), empty schema; {label}"),
+        walfold: format!("{empty_rate:.0} ev/s; {empty_work}"),
+        limit: "—".into(),
+        ratio: "1.00×".into(),
+        cpu: format!("{empty_cpu:.1}"),
+        rss: "—".into(),
+    });
+    lines.push(Line {
+        scenario: format!("9. the same drain after {h} events and {} claims", 2 * h),
+        walfold: format!("{full_rate:.0} ev/s; {full_work}"),
+        limit: format!("{empty_rate:.0} ev/s (empty schema, same run; target ≥ 0.9×)"),
+        ratio: format!("{:.2}×", full_rate / empty_rate),
+        cpu: format!("{full_cpu:.1}"),
+        rss: "—".into(),
+    });
     Ok(())
 }

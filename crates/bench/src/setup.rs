@@ -37,22 +37,32 @@ pub fn start_cluster(fsync: &str) -> Result<Cluster, BoxError> {
     })?)
 }
 
-/// A cluster with fsync on and the server's default shared_buffers (128 MB), as a
-/// deployment that was never tuned runs: the history scenario's indexes outgrow it.
-pub fn start_default_buffers_cluster() -> Result<Cluster, BoxError> {
-    let extra = [
-        ("fsync", "on"),
-        ("max_wal_size", "8GB"),
-        ("checkpoint_timeout", "30min"),
-        ("track_commit_timestamp", "on"),
-        ("synchronous_commit", "on"),
-    ]
-    .iter()
+/// The history scenario's cluster: `default` is the server's defaults with fsync on
+/// (shared_buffers 128MB, max_wal_size 1GB, checkpoint_timeout 5min, full_page_writes
+/// on), as a deployment that was never tuned runs; `tuned` is [`start_cluster`]'s.
+/// `extra` (`name=value`) is added last, so it wins.
+pub fn start_history_cluster(kind: &str, extra: &[String]) -> Result<Cluster, BoxError> {
+    let mut settings: Vec<(String, String)> = match kind {
+        "tuned" => vec![
+            ("shared_buffers", "512MB"),
+            ("max_wal_size", "8GB"),
+            ("checkpoint_timeout", "30min"),
+        ],
+        _ => vec![],
+    }
+    .into_iter()
+    .chain([("fsync", "on"), ("synchronous_commit", "on")])
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
+    for kv in extra {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--set {kv}: expected name=value"))?;
+        settings.push((k.trim().to_string(), v.trim().to_string()));
+    }
     Ok(Cluster::start(Options {
         tls: false,
-        extra_settings: extra,
+        extra_settings: settings,
         ..Options::default()
     })?)
 }
@@ -108,6 +118,17 @@ pub fn create_slot(cluster: &Cluster, db: &str, slot: &str) -> Result<(), BoxErr
 /// Writes `rows` outbox rows in 100-row transactions (server-side, no walfold code),
 /// over 10 000 aggregates with rising versions.
 pub fn write_backlog(cluster: &Cluster, db: &str, rows: u64) -> Result<(), BoxError> {
+    write_backlog_from(cluster, db, 0, rows)
+}
+
+/// [`write_backlog`] for rows `first..first + rows`: a later backlog whose versions
+/// continue the earlier one's, so a guarded upsert applies every event again.
+pub fn write_backlog_from(
+    cluster: &Cluster,
+    db: &str,
+    first: u64,
+    rows: u64,
+) -> Result<(), BoxError> {
     let batches = rows.div_ceil(100);
     cluster.psql(
         db,
@@ -115,9 +136,37 @@ pub fn write_backlog(cluster: &Cluster, db: &str, rows: u64) -> Result<(), BoxEr
             "do $$ begin for b in 0..{last} loop \
                insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
                select gen_random_uuid(), 'order', 'o-' || (i % 10000), 'OrderPaid', i / 10000 + 1, {PAYLOAD_SQL} \
-               from generate_series(b * 100, b * 100 + 99) as i; \
+               from generate_series({first} + b * 100, {first} + b * 100 + 99) as i; \
                commit; end loop; end $$;",
             last = batches - 1
+        ),
+    )?;
+    Ok(())
+}
+
+/// Seeds `events` earlier events after the log's head, each claimed by both drain
+/// projections' subscribers, and moves their checkpoints past them: a deployment's
+/// history, written set-based by the server (random event IDs in random order, as the
+/// appender's inserts arrive). The one place the bench writes walfold's log and claim
+/// layout; a new layout changes this function.
+pub fn seed_history(cluster: &Cluster, db: &str, events: u64) -> Result<(), BoxError> {
+    cluster.psql(
+        db,
+        &format!(
+            "create temp table seed_head as select coalesce(max(seq), 0) as head from walfold.event_log; \
+             insert into walfold.event_log (seq, event_id, aggregate_type, aggregate_id, event_type, \
+               version, payload, partition_hash, source_lsn, committed_at, bytes) \
+             select head + i, gen_random_uuid(), 'order', 'old-' || (i % 100000), 'OrderPaid', \
+               i / 100000 + 1, p.payload, hashtext('old-' || (i % 100000)) & 2147483647, '0/0', \
+               now(), length(p.payload::text) \
+             from seed_head, generate_series(1, {events}) as i, \
+               lateral (select {PAYLOAD_SQL} as payload) as p; \
+             insert into walfold.processed_message (subscriber_id, seq, message_id) \
+             select s, e.seq, e.event_id from walfold.event_log e, seed_head, \
+               unnest(array['bench.state', 'bench.sum']) as s where e.seq > head; \
+             update walfold.checkpoint set position = (select max(seq) from walfold.event_log) \
+             where subscriber_id in ('bench.state', 'bench.sum'); \
+             vacuum analyze walfold.event_log; vacuum analyze walfold.processed_message;"
         ),
     )?;
     Ok(())

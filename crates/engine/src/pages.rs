@@ -8,14 +8,24 @@
 //! is as good as a fresh read. Unfiltered readers asking for the same page at the same
 //! time wait for one read. A partition with filters (a hash partition, event types)
 //! takes its events from consecutive kept pages. A miss reads the log as before.
+//!
+//! Read-ahead: when a reader takes a full unfiltered page, the next one (same limit) is
+//! read in the background on a connection of the pool, so the reader's next take is a
+//! hit instead of a read in series with its apply. At most one read-ahead is in flight;
+//! its page is kept under the same rules (full pages only, within the byte bound).
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
 use walfold_event::Event;
-use walfold_store::{Filter, Page};
+use walfold_store::{read_page, Filter, Page, StoreError};
+
+use futures::TryFutureExt;
+
+use crate::pool::{Lease, Pool};
 
 /// Pages kept (each up to one batch of events), newest last.
 const KEPT: usize = 8;
@@ -29,6 +39,8 @@ pub(crate) struct SharedPages {
     /// Most payload bytes a page holds (`pipeline.page_bytes`); kept pages hold at most
     /// twice that together.
     page_bytes: usize,
+    /// A read-ahead is in flight (at most one page ahead).
+    ahead: AtomicBool,
 }
 
 impl SharedPages {
@@ -36,6 +48,7 @@ impl SharedPages {
         SharedPages {
             pages: Mutex::default(),
             page_bytes,
+            ahead: AtomicBool::new(false),
         }
     }
 
@@ -80,6 +93,113 @@ impl SharedPages {
             self.trim();
         }
         Ok((page, !read_here))
+    }
+
+    /// After a reader with `filter` took `page` (asked for at most `limit` events): when
+    /// it is a full unfiltered page, reads the next one on a connection of `pool` with
+    /// the page read `sql`, in the background.
+    pub(crate) fn read_ahead(
+        self: &Arc<Self>,
+        page: &Page,
+        filter: &Filter,
+        limit: i64,
+        pool: &Arc<Pool>,
+        sql: &Arc<str>,
+    ) {
+        if !filter.is_everything() || page.caught_up || page.events.len() as i64 != limit {
+            return;
+        }
+        let (pool, sql, filter) = (pool.clone(), sql.clone(), filter.clone());
+        let (after, max_bytes) = (page.position, self.page_bytes());
+        self.ahead_with(
+            after,
+            limit,
+            async move { pool.lease().await },
+            move |lease: Lease| async move {
+                let page = read_page(&lease, &sql, after, &filter, limit, max_bytes).await?;
+                lease.release();
+                Ok::<_, StoreError>(page)
+            },
+            Lease::release,
+        );
+    }
+
+    /// Reads the unfiltered page `(after, limit)` in the background and keeps it if
+    /// full, unless a read-ahead is in flight. First `connect` (a connection of the pool:
+    /// no slot exists while it waits, so no reader that holds one waits for it), then,
+    /// unless the page is kept or being read by then, `read` it on that connection (a
+    /// reader asking for it meanwhile waits for this read); an unused connection goes
+    /// to `unused`.
+    fn ahead_with<C, E, P, F>(
+        self: &Arc<Self>,
+        after: i64,
+        limit: i64,
+        connect: P,
+        read: impl FnOnce(C) -> F + Send + 'static,
+        unused: impl FnOnce(C) + Send + 'static,
+    ) where
+        C: Send + 'static,
+        P: Future<Output = Result<C, E>> + Send + 'static,
+        F: Future<Output = Result<Page, E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        if self.ahead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pages = self.clone();
+        tokio::spawn(async move {
+            pages.ahead_once(after, limit, connect, read, unused).await;
+            pages.ahead.store(false, Ordering::Release);
+        });
+    }
+
+    async fn ahead_once<C, E, P, F>(
+        &self,
+        after: i64,
+        limit: i64,
+        connect: P,
+        read: impl FnOnce(C) -> F,
+        unused: impl FnOnce(C),
+    ) where
+        P: Future<Output = Result<C, E>>,
+        F: Future<Output = Result<Page, E>>,
+    {
+        let Ok(conn) = connect.await else { return };
+        let slot = {
+            let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+            if pages.iter().any(|(k, _)| *k == (after, limit)) {
+                None
+            } else {
+                if pages.len() == KEPT {
+                    pages.pop_front();
+                }
+                let slot = Slot::default();
+                pages.push_back(((after, limit), slot.clone()));
+                Some(slot)
+            }
+        };
+        let mut conn = Some(conn);
+        let Some(slot) = slot else {
+            unused(conn.take().expect("not taken"));
+            return;
+        };
+        let full = match slot
+            .get_or_try_init(|| read(conn.take().expect("taken once")).map_ok(Arc::new))
+            .await
+        {
+            Ok(page) => !page.caught_up && page.events.len() as i64 == limit,
+            Err(_) => false,
+        };
+        if let Some(conn) = conn {
+            // A reader came first and read it on its own connection.
+            unused(conn);
+        }
+        if full {
+            self.trim();
+        } else {
+            // At the head, cut for its bytes, or failed: the next reader reads.
+            self.forget(&slot);
+        }
     }
 
     /// The slot of an unfiltered page, made (and the oldest dropped) if new.
@@ -272,6 +392,54 @@ mod tests {
             assert_eq!(t.await.unwrap().0.position, 4);
         }
         assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// A read-ahead of the page after `after` (limit 4) that reads `db`.
+    fn ahead(pages: &Arc<SharedPages>, after: i64, db: Result<Page, ()>) {
+        pages.ahead_with(
+            after,
+            4,
+            async { Ok::<_, ()>(()) },
+            move |()| async move { db },
+            |()| {},
+        );
+    }
+
+    #[tokio::test]
+    async fn the_next_full_page_is_read_ahead_and_a_page_at_the_head_is_not_kept() {
+        let pages = Arc::new(SharedPages::new(4 << 20));
+        let (first, _) = read(&pages, 0, &all(), 4, page(1, 4, false)).await;
+        assert_eq!(first.position, 4);
+        ahead(&pages, 4, Ok(page(5, 8, false)));
+        // Only one page ahead: a second read-ahead while one is in flight does nothing.
+        ahead(&pages, 8, Ok(page(9, 12, false)));
+        tokio::task::yield_now().await;
+        // The next take waits for the read-ahead instead of reading.
+        let (next, shared) = read(&pages, 4, &all(), 4, page(100, 103, false)).await;
+        assert!(shared);
+        assert_eq!(next.events[0].seq, 5);
+        while pages.ahead.load(Ordering::Acquire) {
+            tokio::task::yield_now().await;
+        }
+        let (own, shared) = read(&pages, 8, &all(), 4, page(9, 12, false)).await;
+        assert!(!shared, "the second read-ahead was not started");
+        assert_eq!(own.position, 12);
+        // A read-ahead that reaches the head is dropped: the next reader reads again.
+        ahead(&pages, 12, Ok(page(13, 13, true)));
+        while pages.ahead.load(Ordering::Acquire) {
+            tokio::task::yield_now().await;
+        }
+        let (fresh, shared) = read(&pages, 12, &all(), 4, page(13, 14, true)).await;
+        assert!(!shared);
+        assert_eq!(fresh.position, 14);
+        // A failed read-ahead leaves the page to the reader.
+        ahead(&pages, 14, Err(()));
+        while pages.ahead.load(Ordering::Acquire) {
+            tokio::task::yield_now().await;
+        }
+        let (mine, shared) = read(&pages, 14, &all(), 4, page(15, 18, false)).await;
+        assert!(!shared);
+        assert_eq!(mine.position, 18);
     }
 
     #[test]

@@ -942,6 +942,9 @@ impl Partition {
                 })
                 .await
                 .map_err(EngineError::store("reading the event log"))?;
+            let pool = self.log_pool.as_ref().unwrap_or(&self.pool);
+            self.pages
+                .read_ahead(&page, &filter, limit, pool, &conn.read);
             Signal::PageRead { shared }.report();
             if page.bytes > self.pages.page_bytes() as usize {
                 // An event larger than a page: this turn's buffers grow to it.

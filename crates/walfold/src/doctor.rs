@@ -12,6 +12,7 @@ use crate::run::load;
 use crate::Failure;
 
 mod ha;
+mod wal;
 
 /// What stops the checks: a statement that failed, or a row that could not be read.
 type CheckError = Box<dyn std::error::Error + Send + Sync>;
@@ -144,6 +145,9 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
                 .map_err(Failure::runtime)?;
             abandoned_slots(r, config, t).await;
             failover_leftovers(r, config, t).await;
+            wal::wal_checks(r, t, walfold_engine::Target::main(config).schema.quoted())
+                .await
+                .map_err(Failure::runtime)?;
         }
         Err(e) => r.check(
             Level::Fail,

@@ -125,3 +125,71 @@ sql = "insert into folded (projection, event_id) values ('p{p}', :event_id)"
     assert!(!d.log_text().contains("53300"), "{}", d.log_text());
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }
+
+/// `walfold doctor` states what the target's WAL settings cost (full-page images,
+/// compression, checkpoints against the event rate) and warns, without failing, when
+/// requested checkpoints outnumber the timed ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_the_wal_settings_and_checkpoints_against_the_event_rate() {
+    let cluster: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options {
+            extra_settings: vec![("max_wal_size".into(), "32MB".into())],
+            ..Options::default()
+        })
+        .expect("start a cluster"),
+    ));
+    let db = TestDb::on(cluster, "walcost");
+    let config = config_builder(&db.url()).to_toml();
+    let (mut d, _client) = Daemon::streaming(&db, &config).await;
+    for i in 1..=3 {
+        db.psql(&insert_event(
+            &format!("00000000-0000-4000-8000-{i:012}"),
+            "o-1",
+            "OrderPaid",
+            i,
+            "{}",
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eventually(
+        Duration::from_secs(60),
+        "three events in the log",
+        || async { db.psql("select count(*) from walfold.event_log") == "3" },
+    )
+    .await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+
+    let doctor = || walfold_tests::walfold(&["doctor", "-c", d.config_path()], &[]);
+    let (code, out, err) = doctor();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(
+            "ok    target WAL: full_page_writes = on, wal_compression = off, \
+             max_wal_size = 32MB, checkpoint_timeout = 5min; the first change of a page"
+        ),
+        "{out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.contains("target checkpoints in the"))
+        .unwrap_or_else(|| panic!("no checkpoint line in:\n{out}"));
+    assert!(line.starts_with("ok "), "{out}");
+    assert!(line.contains("events/s on average"), "{out}");
+
+    // Requested checkpoints (CHECKPOINT here; WAL reaching max_wal_size in a deployment)
+    // outnumber the timed ones: a warning with the fix, still no failure.
+    for _ in 0..3 {
+        db.psql("checkpoint");
+    }
+    let (code, out, err) = doctor();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("requested checkpoints dominate") && out.contains("fix: raise max_wal_size"),
+        "{out}"
+    );
+    let warn = out
+        .lines()
+        .find(|l| l.contains("target checkpoints in the"))
+        .unwrap();
+    assert!(warn.starts_with("warn"), "{out}");
+}
