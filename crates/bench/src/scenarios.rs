@@ -120,7 +120,7 @@ async fn decode_and_drain(
 
         let config = setup::config(cluster, db, &format!("walfold_{k}"), "")?;
         let span = Span::start();
-        let stats = walfold_source::decode_only(&config, end).await?;
+        let stats = walfold_source::decode_only(&config.source_views()[0], end).await?;
         let (wall, own, _) = span.stop();
         if stats.events != n {
             return Err(format!("decode saw {} events, expected {n}", stats.events).into());

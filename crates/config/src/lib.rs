@@ -2,6 +2,7 @@
 //! environment variables, validated as a whole so every problem is reported at once.
 
 pub mod builder;
+mod compile;
 pub mod conninfo;
 pub mod defaults;
 mod duration;
@@ -9,9 +10,13 @@ mod env;
 mod error;
 mod ident;
 mod model;
+mod outbox;
 pub mod presets;
+mod raw;
 mod redact;
 mod template;
+mod validate;
+mod view;
 
 pub use duration::{parse_retention, Retention};
 pub use error::{ConfigError, Problem};
@@ -23,6 +28,7 @@ pub use model::{
 };
 pub use redact::{redact_url, without_password};
 pub use template::{ParamType, Placeholder, Template, TemplateError, Upsert};
+pub use view::SourceView;
 
 use std::path::Path;
 

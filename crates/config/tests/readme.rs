@@ -1,5 +1,5 @@
 //! The README's configuration tables are generated from the doc comments of the serde
-//! structs in `src/model.rs`, so the two cannot drift: each field's doc comment is its
+//! structs in `src/model.rs` and `src/raw.rs`, so the two cannot drift: each field's doc comment is its
 //! row's meaning, and its last paragraph, `Default: …`, the row's default.
 //! `WALFOLD_BLESS=1 cargo test -p walfold-config --test readme` rewrites README.md.
 
@@ -34,7 +34,11 @@ fn rows(source: &str, name: &str) -> Vec<Row> {
     let start = format!("struct {name} {{");
     let mut lines = source
         .lines()
-        .skip_while(|l| !l.trim_start_matches("pub ").starts_with(&start))
+        .skip_while(|l| {
+            !l.trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub ")
+                .starts_with(&start)
+        })
         .skip(1);
     let mut rows = Vec::new();
     let mut doc: Vec<&str> = Vec::new();
@@ -62,7 +66,7 @@ fn rows(source: &str, name: &str) -> Vec<Row> {
     }
     assert!(
         !rows.is_empty(),
-        "no struct {name} with fields in src/model.rs"
+        "no struct {name} with fields in src/model.rs or src/raw.rs"
     );
     rows
 }
@@ -123,10 +127,17 @@ fn render(readme: &str, source: &str) -> String {
     out
 }
 
+/// The files holding the structs of [`SECTIONS`]: the shape, and the keys as written.
+fn structs(dir: &Path) -> String {
+    ["src/model.rs", "src/raw.rs"]
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
+        .join("\n")
+}
+
 #[test]
 fn the_readme_tables_are_the_doc_comments() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let source = std::fs::read_to_string(dir.join("src/model.rs")).unwrap();
+    let source = structs(dir);
     let path = dir.join("../../README.md");
     let readme = std::fs::read_to_string(&path).unwrap();
     let rendered = render(&readme, &source);
@@ -142,7 +153,7 @@ fn the_readme_tables_are_the_doc_comments() {
             .unwrap_or(0);
         panic!(
             "README.md's configuration tables differ from the doc comments in \
-             crates/config/src/model.rs (first at README.md line {}):\n  README:    {}\n  \
+             crates/config/src/{{model,raw}}.rs (first at README.md line {}):\n  README:    {}\n  \
              generated: {}\nEdit the doc comment, then regenerate with \
              `WALFOLD_BLESS=1 cargo test -p walfold-config --test readme`",
             first + 1,
@@ -174,7 +185,7 @@ fn constant(defaults: &str, function: &str) -> String {
 #[test]
 fn the_documented_defaults_are_the_constants() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let source = std::fs::read_to_string(dir.join("src/model.rs")).unwrap();
+    let source = structs(dir);
     let defaults = std::fs::read_to_string(dir.join("src/defaults.rs")).unwrap();
     // `2_000` is `2000`, `"walfold"` is `walfold`: compare without quotes and `_`.
     let plain = |s: &str| s.replace(['`', '"', '_'], "");

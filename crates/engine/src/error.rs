@@ -19,6 +19,13 @@ pub enum EngineError {
     /// subscriber's store names its subscriber and partition).
     #[error(transparent)]
     Own(#[from] StoreError),
+    /// The config, or a projection added in Rust, is invalid: checked before the
+    /// pipeline touches a database.
+    #[error(transparent)]
+    Config(#[from] walfold_config::ConfigError),
+    /// A task panicked (a bug, walfold's or a Rust projection's): it stops the pipeline.
+    #[error("task {task} panicked: {message}")]
+    Panicked { task: String, message: String },
     /// A projection could not apply events or install itself.
     #[error("projection {projection}: {source}")]
     Apply {
@@ -77,6 +84,21 @@ impl ProjectionError {
 }
 
 impl EngineError {
+    /// A task's panic, with the message it panicked with.
+    pub(crate) fn panicked(task: &str, payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = match payload.downcast_ref::<&str>() {
+            Some(s) => (*s).to_owned(),
+            None => payload
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_else(|| "a panic without a message".to_owned()),
+        };
+        EngineError::Panicked {
+            task: task.to_owned(),
+            message,
+        }
+    }
+
     pub(crate) fn store(context: &'static str) -> impl FnOnce(StoreError) -> Self {
         move |source| EngineError::Store { context, source }
     }
@@ -93,7 +115,9 @@ impl EngineError {
                 walfold_event::unreachable_target(source.kind().own_statement())
             }
             EngineError::Apply { source, .. } => source.kind(),
-            EngineError::Projection { .. } => ErrorKind::Definite,
+            EngineError::Projection { .. }
+            | EngineError::Config(_)
+            | EngineError::Panicked { .. } => ErrorKind::Definite,
         }
     }
 
@@ -106,7 +130,10 @@ impl EngineError {
                 source.pg().and_then(walfold_store::sqlstate)
             }
             EngineError::Apply { source, .. } => source.sqlstate(),
-            EngineError::Source(_) | EngineError::Projection { .. } => None,
+            EngineError::Source(_)
+            | EngineError::Projection { .. }
+            | EngineError::Config(_)
+            | EngineError::Panicked { .. } => None,
         }
     }
 

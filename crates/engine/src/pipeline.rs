@@ -12,10 +12,13 @@
 //! generation; while it cannot be reached its projections are paused (logged once per
 //! cause, `walfold_projection_paused`, `/readyz`) and everything else goes on.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
@@ -128,6 +131,8 @@ impl Pipeline {
     /// Runs until `cancel`; then finishes in-flight batches, sends final feedback and
     /// returns. A definite error (e.g. wal_level is not logical) stops everything.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), EngineError> {
+        let code: Vec<ProjectionConfig> = self.custom.iter().map(|(o, _)| o.clone()).collect();
+        self.config.validate_with(&code)?;
         let config = self.config;
         let schema = Target::main(&config).schema;
         let mut defined = Vec::new();
@@ -150,19 +155,7 @@ impl Pipeline {
                         return Ok(());
                     }
                 }
-                Err(e) => return Err(EngineError::store("creating walfold's schema")(e)),
-            }
-        }
-        for (options, _) in &self.custom {
-            if let Some(database) = options.database.as_deref() {
-                if !config.targets.contains_key(database) {
-                    return Err(EngineError::Projection {
-                        projection: options.name.clone(),
-                        message: format!(
-                            "database = \"{database}\" names no [targets.{database}] in the config"
-                        ),
-                    });
-                }
+                Err(e) => return Err(e.into()),
             }
         }
         defined.extend(self.custom.into_iter().map(|(options, live)| Defined {
@@ -172,9 +165,7 @@ impl Pipeline {
             index: None,
         }));
         loop {
-            let Some(leader) = Leadership::acquire(config.target_url(), &schema, &cancel)
-                .await
-                .map_err(EngineError::store("waiting for leadership"))?
+            let Some(leader) = Leadership::acquire(config.target_url(), &schema, &cancel).await?
             else {
                 return Ok(());
             };
@@ -295,7 +286,7 @@ async fn lead(
         stop.clone(),
         fence.clone(),
     ));
-    let mut targets: JoinSet<Result<(), EngineError>> = JoinSet::new();
+    let mut targets: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
     for (target, pools) in TargetPools::all(config) {
         let here: Vec<Defined> = defined
             .iter()
@@ -316,7 +307,7 @@ async fn lead(
             head: head_rx.clone(),
             pools,
         };
-        targets.spawn(run.run());
+        targets.spawn(named(format!("target {}", run.target.label()), run.run()));
     }
     let mut first_error = None;
     tokio::select! {
@@ -336,12 +327,9 @@ async fn lead(
         }
     }
     pruner.abort();
-    let ingest_result = ingest.await.unwrap_or_else(|join| {
-        Err(EngineError::Projection {
-            projection: "ingest".into(),
-            message: format!("task panicked: {join}"),
-        })
-    });
+    let ingest_result = ingest
+        .await
+        .unwrap_or_else(|join| Err(joined_error("ingest", join)));
     if let Err(e) = ingest_result {
         tracing::error!(error = %e, "ingest failed; stopping");
         first_error.get_or_insert(e);
@@ -353,15 +341,37 @@ async fn lead(
 }
 
 fn target_failure(
-    joined: Result<Result<(), EngineError>, tokio::task::JoinError>,
+    joined: Result<(String, Result<(), EngineError>), tokio::task::JoinError>,
 ) -> Option<EngineError> {
     match joined {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e),
-        Err(join) => Some(EngineError::Projection {
-            projection: "pipeline".into(),
-            message: format!("task panicked: {join}"),
-        }),
+        Ok((_, Ok(()))) => None,
+        Ok((_, Err(e))) => Some(e),
+        Err(join) => Some(joined_error("a target's projectors", join)),
+    }
+}
+
+/// Runs `task` as `name`: a panic becomes [`EngineError::Panicked`] naming it, so the
+/// joining side knows which task it was.
+async fn named(
+    name: String,
+    task: impl Future<Output = Result<(), EngineError>>,
+) -> (String, Result<(), EngineError>) {
+    let result = AssertUnwindSafe(task)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|payload| Err(EngineError::panicked(&name, &*payload)));
+    (name, result)
+}
+
+/// A task that ended without its result: it panicked (outside [`named`]) or was
+/// cancelled with the runtime. Either way a stop.
+fn joined_error(task: &str, join: tokio::task::JoinError) -> EngineError {
+    match join.try_into_panic() {
+        Ok(payload) => EngineError::panicked(task, &*payload),
+        Err(join) => EngineError::Panicked {
+            task: task.to_owned(),
+            message: join.to_string(),
+        },
     }
 }
 
@@ -483,7 +493,7 @@ impl Projecting {
             let mut tasks: JoinSet<(String, Result<(), EngineError>)> = JoinSet::new();
             for (name, worker) in generation.workers.iter().cloned() {
                 let (this, head) = (this.clone(), head_rx.clone());
-                tasks.spawn(async move { (name, worker.run(this, head).await) });
+                tasks.spawn(named(name, worker.run(this, head)));
             }
             let next = watch_generation(
                 &mut client,
@@ -582,20 +592,17 @@ async fn take_over(
         .await
         .map_err(|e| match e {
             // A newer leader wrote there: this instance stands down (not a pause).
-            walfold_store::StoreError::Fenced => EngineError::store("taking over a target")(e),
+            walfold_store::StoreError::Fenced => e.into(),
             other => unreachable(other),
         })?;
-    let mut log = walfold_store::connect(config.target_url())
-        .await
-        .map_err(EngineError::store("connecting to the target"))?;
+    let mut log = walfold_store::connect(config.target_url()).await?;
     walfold_store::register_target(
         &mut log,
         &Target::main(config).schema,
         target.label(),
         fence,
     )
-    .await
-    .map_err(EngineError::store("registering the target"))?;
+    .await?;
     let fence = lease.fence();
     Ok((Extra { _lease: lease }, fence))
 }
@@ -672,10 +679,7 @@ fn failure(
             tracing::error!(task = %task, error = %e, "projector failed; stopping");
             Some(e)
         }
-        Err(join) => Some(EngineError::Projection {
-            projection: "pipeline".into(),
-            message: format!("task panicked: {join}"),
-        }),
+        Err(join) => Some(joined_error("a projector", join)),
     }
 }
 
@@ -697,14 +701,10 @@ async fn plan(
                 target: target.label().to_owned(),
                 source,
             },
-            false => EngineError::store("connecting to the target")(source),
+            false => source.into(),
         })?;
-    let open = rebuild::open_settled(&client, schema)
-        .await
-        .map_err(EngineError::store("reading rebuilds"))?;
-    walfold_store::clear_pauses(&mut client, fence, schema)
-        .await
-        .map_err(EngineError::store("clearing pauses"))?;
+    let open = rebuild::open_settled(&client, schema).await?;
+    walfold_store::clear_pauses(&mut client, fence, schema).await?;
     let now = unix_now();
     let retire_after: Vec<RetireAfter> = defined
         .iter()
@@ -731,9 +731,7 @@ async fn plan(
             }
         }
     }
-    let open = rebuild::open_settled(&client, schema)
-        .await
-        .map_err(EngineError::store("reading rebuilds"))?;
+    let open = rebuild::open_settled(&client, schema).await?;
     let mut generation = Generation {
         workers: Vec::new(),
         pools: pools.clone(),
@@ -752,12 +750,9 @@ async fn plan(
             &options.name,
             &options.subscriber,
         )
-        .await
-        .map_err(EngineError::store("resolving the active subscriber"))?;
+        .await?;
         if options.version_mode == VersionMode::Strict
-            && walfold_store::ran_without_versions(&client, schema, &options.subscriber)
-                .await
-                .map_err(EngineError::store("reading applied versions"))?
+            && walfold_store::ran_without_versions(&client, schema, &options.subscriber).await?
         {
             return Err(EngineError::Projection {
                 projection: options.name.clone(),
@@ -839,8 +834,7 @@ async fn push_workers(
         options.parallelism,
         fence,
     )
-    .await
-    .map_err(EngineError::store("reconciling checkpoints"))?;
+    .await?;
     for partition in 0..options.parallelism {
         generation.workers.push((
             format!("{name}[{partition}]"),
@@ -894,7 +888,7 @@ async fn catch_up(
         let mut worker = worker.clone();
         worker.until = Some(*until);
         let (name, cancel, head) = (name.clone(), cancel.clone(), head.clone());
-        tasks.spawn(async move { (name, worker.run(cancel, head).await) });
+        tasks.spawn(named(name, worker.run(cancel, head)));
     }
     let joined = async {
         while let Some(done) = tasks.join_next().await {
@@ -949,9 +943,7 @@ async fn control_check(
     schema: &walfold_store::Schema,
     generation: &Generation,
 ) -> Result<Option<Next>, EngineError> {
-    let open = rebuild::open(client, schema)
-        .await
-        .map_err(EngineError::store("reading rebuilds"))?;
+    let open = rebuild::open(client, schema).await?;
     if Planned::of(&open) != generation.planned {
         return Ok(Some(Next::Replan));
     }
@@ -968,10 +960,7 @@ async fn control_check(
         if backing_off {
             continue;
         }
-        match rebuild::readiness(client, schema, r, *partitions, *slack)
-            .await
-            .map_err(EngineError::store("reading a rebuild's progress"))?
-        {
+        match rebuild::readiness(client, schema, r, *partitions, *slack).await? {
             Readiness::Ready => return Ok(Some(Next::Switch(r.clone()))),
             Readiness::Blocked(n) if !generation.warned.swap(true, Ordering::Relaxed) => {
                 tracing::warn!(projection = %r.projection, subscriber = %r.subscriber, dead_letters = n, "the rebuild has caught up but waits: it has open dead letters (retry or discard them)");

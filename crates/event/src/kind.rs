@@ -1,7 +1,9 @@
 //! The one place that decides whose fault an error is, and so what happens next. Every
 //! caller (the projector, the appender, the supervisors, the binary) reads the
 //! [`ErrorKind`] of an error; nobody else interprets SQLSTATEs (`walfold-store` only
-//! reads them off PostgreSQL errors).
+//! reads them off PostgreSQL errors). The few that mean more than their kind (a lock not
+//! available, a unique violation, an undefined object, a missing privilege) are asked
+//! for by name here too. Codes are tokio-postgres's typed [`SqlState`] constants.
 //!
 //! - *Transient*: the connection or the transaction failed, not the work (connection
 //!   lost, server shutting down, serialization failure, deadlock, a lock or slot still
@@ -20,6 +22,8 @@
 //! A statement timeout (57014) counts as environment: most often a lock held by
 //! someone else, and pausing a projection is recoverable without anyone retrying
 //! thousands of dead letters by hand.
+
+use tokio_postgres::error::SqlState;
 
 /// Whose fault an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,28 +55,71 @@ impl ErrorKind {
     }
 }
 
+/// Admin or crash shutdown, cannot connect now: the server is going or coming.
+const SHUTTING_DOWN: [SqlState; 3] = [
+    SqlState::ADMIN_SHUTDOWN,
+    SqlState::CRASH_SHUTDOWN,
+    SqlState::CANNOT_CONNECT_NOW,
+];
+
+/// Serialization failure, deadlock, statement completion unknown, lock not available,
+/// object in use (a slot still held by an exiting walsender), snapshot too old.
+const TRY_AGAIN: [SqlState; 6] = [
+    SqlState::T_R_SERIALIZATION_FAILURE,
+    SqlState::T_R_DEADLOCK_DETECTED,
+    SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN,
+    SqlState::LOCK_NOT_AVAILABLE,
+    SqlState::OBJECT_IN_USE,
+    SqlState::SNAPSHOT_TOO_OLD,
+];
+
 /// Maps a SQLSTATE (none: an I/O or protocol error) to its kind.
 pub fn kind_for_code(code: Option<&str>) -> ErrorKind {
     let Some(c) = code else {
         return ErrorKind::Transient;
     };
     let class = c.get(..2).unwrap_or("");
-    match (class, c) {
-        // Connection exceptions; admin/crash shutdown, cannot connect now.
-        ("08", _) | (_, "57P01" | "57P02" | "57P03") => ErrorKind::Transient,
-        // Serialization failure, deadlock, statement completion unknown, lock not
-        // available, object in use (a slot still held by an exiting walsender).
-        (_, "40001" | "40P01" | "40003" | "55P03" | "55006" | "72000") => ErrorKind::Transient,
+    let one_of = |states: &[SqlState]| states.iter().any(|s| s.code() == c);
+    match class {
+        // Connection exceptions.
+        "08" => ErrorKind::Transient,
+        _ if one_of(&SHUTTING_DOWN) || one_of(&TRY_AGAIN) => ErrorKind::Transient,
         // Data exception, integrity constraint, cardinality (a statement meeting the
         // same row twice), program limit (an index row too large), trigger-raised
         // exceptions, routine exceptions, with check option.
-        ("22" | "23" | "21" | "54" | "P0" | "2F" | "38" | "39" | "27" | "44", _) => ErrorKind::Data,
+        "22" | "23" | "21" | "54" | "P0" | "2F" | "38" | "39" | "27" | "44" => ErrorKind::Data,
         // Everything else is about the server or the statement, not the event:
         // 42 (privileges, missing objects, syntax), 53 (resources), 58 (system),
         // 25006 (read-only), 3D/3F (no such database/schema), 28 (authentication),
         // 0A (feature not supported), 57014 (statement timeout), XX (internal).
         _ => ErrorKind::Environment,
     }
+}
+
+/// Whether the code is `state`.
+fn is(code: Option<&str>, state: SqlState) -> bool {
+    code == Some(state.code())
+}
+
+/// A lock asked for without waiting (or within `lock_timeout`) is held by another
+/// session (55P03).
+pub fn is_lock_not_available(code: Option<&str>) -> bool {
+    is(code, SqlState::LOCK_NOT_AVAILABLE)
+}
+
+/// A row with the same key exists (23505).
+pub fn is_unique_violation(code: Option<&str>) -> bool {
+    is(code, SqlState::UNIQUE_VIOLATION)
+}
+
+/// The object named does not exist, e.g. a slot or publication (42704).
+pub fn is_undefined_object(code: Option<&str>) -> bool {
+    is(code, SqlState::UNDEFINED_OBJECT)
+}
+
+/// The role lacks a privilege (42501).
+pub fn is_insufficient_privilege(code: Option<&str>) -> bool {
+    is(code, SqlState::INSUFFICIENT_PRIVILEGE)
 }
 
 /// The kind of a failure to reach an extra target (`[targets.NAME]`) at all: a target
@@ -89,6 +136,7 @@ pub fn unreachable_target(kind: ErrorKind) -> ErrorKind {
 /// Whether a SQLSTATE says the server ran short of something (disk, memory,
 /// connections): a batch that hits it is tried again smaller.
 pub fn is_resource_code(code: Option<&str>) -> bool {
+    // Class 53: insufficient resources.
     code.is_some_and(|c| c.starts_with("53"))
 }
 
@@ -103,7 +151,13 @@ mod tests {
             (None, Transient),
             (Some("08006"), Transient),
             (Some("57P01"), Transient),
+            (Some("57P02"), Transient),
+            (Some("57P03"), Transient),
             (Some("40001"), Transient),
+            (Some("40P01"), Transient),
+            (Some("40003"), Transient),
+            (Some("55P03"), Transient),
+            (Some("72000"), Transient),
             (Some("55006"), Transient),
             (Some("23505"), Data),
             (Some("22P02"), Data),
@@ -127,6 +181,11 @@ mod tests {
         }
         assert!(is_resource_code(Some("53100")));
         assert!(!is_resource_code(Some("42501")));
+        assert!(is_lock_not_available(Some("55P03")));
+        assert!(is_unique_violation(Some("23505")));
+        assert!(is_undefined_object(Some("42704")));
+        assert!(is_insufficient_privilege(Some("42501")));
+        assert!(!is_insufficient_privilege(Some("42704")) && !is_undefined_object(None));
         assert_eq!(Data.own_statement(), Environment);
         assert_eq!(unreachable_target(Transient), Environment);
         assert_eq!(unreachable_target(Definite), Definite);

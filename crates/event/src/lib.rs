@@ -16,7 +16,10 @@ pub use event::{
     partition_hash, producer_event_id, Event, NewEvent, RowOrigin, PRODUCER_ID_NAMESPACE,
 };
 pub use json_text::JsonText;
-pub use kind::{is_resource_code, kind_for_code, unreachable_target, ErrorKind};
+pub use kind::{
+    is_insufficient_privilege, is_lock_not_available, is_resource_code, is_undefined_object,
+    is_unique_violation, kind_for_code, unreachable_target, ErrorKind,
+};
 pub use lsn::Lsn;
 #[cfg(any(test, feature = "test-util"))]
 pub use stored_enum::assert_round_trips;

@@ -60,9 +60,7 @@ pub(crate) struct Reopen {
 
 impl Reopen {
     pub(crate) async fn open(&self) -> Result<EventLog, SourceError> {
-        let target = walfold_store::connect(&self.url)
-            .await
-            .map_err(SourceError::store("connecting to the target"))?;
+        let target = walfold_store::connect(&self.url).await?;
         let mut log = EventLog::open(
             target,
             &self.schema,
@@ -70,11 +68,8 @@ impl Reopen {
             &self.source,
             self.order.clone(),
         )
-        .await
-        .map_err(SourceError::store("opening the event log"))?;
-        log.fence_with(&self.fence)
-            .await
-            .map_err(SourceError::store("preparing the leadership check"))?;
+        .await?;
+        log.fence_with(&self.fence).await?;
         Ok(log)
     }
 }
@@ -185,8 +180,7 @@ impl Appender {
                     let n = self
                         .log
                         .discard_staged(xid, (subxid != xid).then_some(subxid))
-                        .await
-                        .map_err(SourceError::store("discarding an aborted transaction"))?;
+                        .await?;
                     tracing::debug!(xid, subxid, rows = n, "streamed transaction aborted");
                 }
                 Item::StreamCommit {
@@ -222,10 +216,9 @@ impl Appender {
                 tracing::warn!(error = %e, "the event log refused a streamed transaction; moving its events one by one");
                 self.log
                     .commit_staged(commit, self.batch_size, true)
-                    .await
-                    .map_err(SourceError::store("committing a streamed transaction"))?
+                    .await?
             }
-            Err(e) => return Err(SourceError::store("committing a streamed transaction")(e)),
+            Err(e) => return Err(e.into()),
         };
         let outcome = moved.outcome;
         if outcome.appended > 0 {
@@ -266,7 +259,7 @@ impl Appender {
                     tracing::warn!(error = %e, "the event log refused streamed changes; staging them one by one");
                     self.stage_isolated(staged).await?;
                 }
-                Err(e) => return Err(SourceError::store("staging streamed changes")(e)),
+                Err(e) => return Err(e.into()),
             }
             // Crash window: a streamed transaction partly staged.
             failpoint::hit("after_stage");
@@ -293,10 +286,7 @@ impl Appender {
             // new marker. The recorded position is refreshed at most every 10 s.
             if let Some(lsn) = through {
                 if self.position_written.elapsed() >= POSITION_REFRESH {
-                    self.log
-                        .append(&[], &[], Some(lsn), counts)
-                        .await
-                        .map_err(SourceError::store("recording the ingest position"))?;
+                    self.log.append(&[], &[], Some(lsn), counts).await?;
                     self.position_written = tokio::time::Instant::now();
                 }
                 self.durable.committed_through(lsn);
@@ -310,7 +300,7 @@ impl Appender {
                 tracing::warn!(error = %e, "the event log refused a batch; appending its events one by one");
                 self.isolate(events, dead, through, counts).await?
             }
-            Err(e) => return Err(SourceError::store("appending to the event log")(e)),
+            Err(e) => return Err(e.into()),
         };
         if outcome.appended > 0 {
             // Crash window: events durable in the log, slot not yet acknowledged.
@@ -419,13 +409,10 @@ impl Appender {
                     counts.malformed += 1;
                     dead.push(DeadLetter::refused(&event, &e.to_string()));
                 }
-                Err(e) => return Err(SourceError::store("appending to the event log")(e)),
+                Err(e) => return Err(e.into()),
             }
         }
-        self.log
-            .append(&[], &dead, through, counts)
-            .await
-            .map_err(SourceError::store("appending to the event log"))?;
+        self.log.append(&[], &dead, through, counts).await?;
         Ok(total)
     }
 }
@@ -439,7 +426,7 @@ impl Appender {
             let refused = match self.log.stage(std::slice::from_ref(&change)).await {
                 Ok(()) => continue,
                 Err(e) if is_data_error(&e) => e,
-                Err(e) => return Err(SourceError::store("staging streamed changes")(e)),
+                Err(e) => return Err(e.into()),
             };
             let StagedRow::Event(event) = &change.row else {
                 // A rejected row is staged in a form that cannot be refused.
@@ -455,10 +442,7 @@ impl Appender {
             .report();
             change.row =
                 StagedRow::Rejected(Box::new(DeadLetter::refused(event, &refused.to_string())));
-            self.log
-                .stage(std::slice::from_ref(&change))
-                .await
-                .map_err(SourceError::store("staging streamed changes"))?;
+            self.log.stage(std::slice::from_ref(&change)).await?;
         }
         Ok(())
     }

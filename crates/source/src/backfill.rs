@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use tokio_postgres::Client;
 use uuid::Uuid;
-use walfold_config::{quote_ident, Config, OutboxConfig};
+use walfold_config::{quote_ident, OutboxConfig, SourceView};
 use walfold_event::{Lsn, RowOrigin};
 use walfold_pgoutput::{oid, Column, Relation, RelationColumn, Tuple};
 use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
@@ -44,7 +44,7 @@ pub struct BackfillReport {
 /// Imports `table`'s rows (one of the configured outboxes) in pages of `batch`,
 /// ordered by `order_by` (default: the ID column) and then the ID column.
 pub async fn backfill(
-    config: &Config,
+    config: &SourceView<'_>,
     table: &str,
     order_by: Option<&str>,
     batch: i64,
@@ -56,8 +56,7 @@ pub async fn backfill(
             .collect();
         SourceError::NoSuchOutbox(
             if config
-                .outbox
-                .iter()
+                .outboxes()
                 .any(|o| o.message_prefix.as_deref() == Some(table))
             {
                 format!(
@@ -73,22 +72,20 @@ pub async fn backfill(
             },
         )
     })?;
-    let target = connect(config.target_url())
-        .await
-        .map_err(SourceError::store("connecting to the target"))?;
+    let target = connect(config.target_url()).await?;
     let schema = walfold_store::Schema::new(config.target.schema.as_str());
     let order = LogOrder::acquire(config.target_url(), &schema)
         .await
         .map_err(|e| match e {
             StoreError::Busy(_) => SourceError::Store {
-                context: "backfill".into(),
+                context: Some("backfill".into()),
                 source: StoreError::Refused(
                     "a walfold daemon is appending to the event log; stop it for the backfill \
                      (its slot keeps every change meanwhile) and start it again afterwards"
                         .into(),
                 ),
             },
-            other => SourceError::store("opening the event log")(other),
+            other => other.into(),
         })?;
     let mut log = EventLog::open(
         target,
@@ -97,8 +94,7 @@ pub async fn backfill(
         &config.source().name,
         std::sync::Arc::new(order),
     )
-    .await
-    .map_err(SourceError::store("opening the event log"))?;
+    .await?;
     let source = source_session(config).await?;
     // The slot exists from here on: whatever commits later is in its stream.
     prepare_source(&source, config, &mut log).await?;
@@ -115,17 +111,15 @@ pub async fn backfill(
 }
 
 /// A source session that renders values as the replication stream does.
-pub(crate) async fn source_session(config: &Config) -> Result<Client, SourceError> {
-    let source = connect(&config.source().url)
-        .await
-        .map_err(SourceError::store("connecting to the source"))?;
+pub(crate) async fn source_session(config: &SourceView<'_>) -> Result<Client, SourceError> {
+    let source = connect(&config.source().url).await?;
     // Values as text exactly as the replication stream renders them (its session sets
     // the same), whatever the role's defaults: the same mapping applies, and a row's
     // digest is the same on every run.
     source
         .batch_execute("set datestyle = 'ISO'; set timezone = 'UTC'; set extra_float_digits = 3")
         .await
-        .map_err(|e| SourceError::store("configuring the source session")(db(e)))?;
+        .map_err(StoreError::db("configuring the source session"))?;
     Ok(source)
 }
 
@@ -140,25 +134,22 @@ const GAP_BATCH: i64 = 1000;
 /// reports its progress (logs, `slot_gap.scanned`). A gap is then closed as filled,
 /// unless a message outbox follows the source: its events in the gap existed only in
 /// WAL that is gone, so the gap stays open.
-pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(), SourceError> {
-    let gaps = log
-        .unfilled_gaps()
-        .await
-        .map_err(SourceError::store("reading slot gaps"))?;
+pub(crate) async fn fill_gaps(
+    config: &SourceView<'_>,
+    log: &mut EventLog,
+) -> Result<(), SourceError> {
+    let gaps = log.unfilled_gaps().await?;
     let Some(&(from, _)) = gaps.first() else {
         return Ok(());
     };
     let to = gaps.last().map_or(from, |g| g.1);
     let slot = &config.source().slot;
     let messages: Vec<&str> = config
-        .outbox
-        .iter()
+        .outboxes()
         .filter_map(|o| o.message_prefix.as_deref())
         .collect();
     let source = source_session(config).await?;
-    let bound = crate::horizon::bound(log, &source, from)
-        .await
-        .map_err(SourceError::store("reading the source's horizon"))?;
+    let bound = crate::horizon::bound(log, &source, from).await?;
     match bound {
         Some((at, xid)) => {
             tracing::warn!(slot = %slot, from = %from, to = %to, horizon = %at, since_xid = xid, "backfilling the slot gap: reading outbox rows of transactions from xid {xid} on (the oldest running at {at}, before the gap)")
@@ -175,9 +166,7 @@ pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(),
         appended: 0,
         reported: std::time::Instant::now(),
     };
-    log.gap_progress(0, since)
-        .await
-        .map_err(SourceError::store("reporting a gap backfill's progress"))?;
+    log.gap_progress(0, since).await?;
     for (outbox, table) in config.table_outboxes() {
         tracing::warn!(slot = %slot, from = %from, to = %to, outbox = %table, "backfilling the outbox over the slot gap");
         let report = import(
@@ -193,13 +182,9 @@ pub(crate) async fn fill_gaps(config: &Config, log: &mut EventLog) -> Result<(),
         tracing::warn!(slot = %slot, outbox = %table, rows = report.rows, appended = report.appended, duplicates = report.duplicates, "backfilled the outbox over the slot gap");
     }
     let appended = progress.appended;
-    log.gap_progress(progress.scanned as i64, since)
-        .await
-        .map_err(SourceError::store("reporting a gap backfill's progress"))?;
+    log.gap_progress(progress.scanned as i64, since).await?;
     let filled = messages.is_empty();
-    log.fill_gaps(appended as i64, filled)
-        .await
-        .map_err(SourceError::store("marking slot gaps filled"))?;
+    log.fill_gaps(appended as i64, filled).await?;
     if filled {
         tracing::warn!(slot = %slot, from = %from, to = %to, scanned = progress.scanned, appended, "slot gap filled: every table outbox was backfilled over it");
     } else {
@@ -244,11 +229,9 @@ async fn import(
             report.skipped = source
                 .query_one(&pager.skipped, &[])
                 .await
-                .map_err(|e| SourceError::store("counting skipped rows")(db(e)))?
+                .map_err(StoreError::db("counting skipped rows"))?
                 .of("the outbox")
-                .col::<i64>(0)
-                .map_err(SourceError::store("counting skipped rows"))?
-                as u64;
+                .col::<i64>(0)? as u64;
             return Ok(report);
         }
         report.pages += 1;
@@ -275,10 +258,7 @@ async fn import(
             malformed: dead.len() as u64,
             ignored_changes: 0,
         };
-        let outcome = log
-            .append(&events, &dead, None, counts)
-            .await
-            .map_err(SourceError::store("appending backfilled events"))?;
+        let outcome = log.append(&events, &dead, None, counts).await?;
         report.appended += outcome.appended;
         report.duplicates += outcome.duplicates;
         report.id_conflicts += outcome.id_conflicts;
@@ -289,9 +269,7 @@ async fn import(
             if p.reported.elapsed() >= PROGRESS_EVERY {
                 p.reported = std::time::Instant::now();
                 tracing::warn!(slot = %p.slot, outbox = %pager.table, scanned = p.scanned, appended = p.appended, "backfilling the slot gap");
-                log.gap_progress(p.scanned as i64, p.since_xid)
-                    .await
-                    .map_err(SourceError::store("reporting a gap backfill's progress"))?;
+                log.gap_progress(p.scanned as i64, p.since_xid).await?;
             }
         }
         cursor = Some(pager.after(&rows));
@@ -374,15 +352,14 @@ impl Pager {
                 &[&table.quoted()],
             )
             .await
-            .map_err(|e| SourceError::store("reading the outbox's columns")(db(e)))?;
+            .map_err(StoreError::db("reading the outbox's columns"))?;
         let columns: Vec<(String, u32, String)> = rows
             .iter()
             .map(|r| {
                 let r = r.of("pg_attribute");
                 Ok((r.col(0)?, r.col::<i64>(1)? as u32, r.col(2)?))
             })
-            .collect::<Result<_, StoreError>>()
-            .map_err(SourceError::store("reading the outbox's columns"))?;
+            .collect::<Result<_, StoreError>>()?;
         let position = |name: &str| columns.iter().position(|c| c.0 == name);
         let relation = Relation {
             xid: None,
@@ -555,16 +532,17 @@ impl Pager {
             )
             .await
             .map_err(|e| {
-                let context = if walfold_store::sqlstate(&e) == Some("42501") {
-                    format!(
-                        "reading an outbox page (grant select on {} to the source role, then \
+                let context =
+                    if walfold_event::is_insufficient_privilege(walfold_store::sqlstate(&e)) {
+                        format!(
+                            "reading an outbox page (grant select on {} to the source role, then \
                          run the backfill again; what it appended is recognised)",
-                        self.table
-                    )
-                } else {
-                    "reading an outbox page".into()
-                };
-                SourceError::store(context)(db(e))
+                            self.table
+                        )
+                    } else {
+                        "reading an outbox page".into()
+                    };
+                SourceError::from(StoreError::db(context)(e))
             })?;
         rows.iter()
             .map(|row| {
@@ -580,13 +558,6 @@ impl Pager {
                 })
             })
             .collect::<Result<_, StoreError>>()
-            .map_err(SourceError::store("reading an outbox page"))
-    }
-}
-
-fn db(source: tokio_postgres::Error) -> StoreError {
-    StoreError::Db {
-        context: "backfill".into(),
-        source,
+            .map_err(SourceError::from)
     }
 }

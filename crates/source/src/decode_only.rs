@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use walfold_config::Config;
+use walfold_config::SourceView;
 use walfold_event::Lsn;
 
 use crate::error::SourceError;
@@ -22,7 +22,10 @@ pub struct DecodeStats {
 
 /// Streams `config.source().slot` from its confirmed position until a transaction at or
 /// after `stop_at` begins. The slot is not moved.
-pub async fn decode_only(config: &Config, stop_at: Lsn) -> Result<DecodeStats, SourceError> {
+pub async fn decode_only(
+    config: &SourceView<'_>,
+    stop_at: Lsn,
+) -> Result<DecodeStats, SourceError> {
     let (durable, ack) = feedback::channel();
     drop(durable);
     let (tx, mut rx) = mpsc::channel(config.pipeline.channel_capacity);

@@ -17,9 +17,11 @@ pub enum SourceError {
     NoSuchOutbox(String),
     #[error("replication slot {slot} {problem}")]
     Slot { slot: String, problem: String },
-    #[error("{context}: {source}")]
+    /// A failure of walfold's own statements. The store's error says what it was doing;
+    /// `context` only where it alone would not (which setting, why it matters here).
+    #[error("{}{source}", context.as_deref().map(|c| format!("{c}: ")).unwrap_or_default())]
     Store {
-        context: String,
+        context: Option<String>,
         #[source]
         source: StoreError,
     },
@@ -117,7 +119,10 @@ impl SourceError {
 
     pub(crate) fn store(context: impl Into<String>) -> impl FnOnce(StoreError) -> Self {
         let context = context.into();
-        move |source| SourceError::Store { context, source }
+        move |source| SourceError::Store {
+            context: Some(context),
+            source,
+        }
     }
 
     /// Whose fault it is; the supervisor stops on definite errors and retries the rest.
@@ -136,7 +141,7 @@ impl SourceError {
             SourceError::Store { source, .. } => source.kind().own_statement(),
             // The slot or the publication does not exist (any more).
             SourceError::Replication(W::Server { code, .. })
-                if code.as_deref() == Some("42704") =>
+                if walfold_event::is_undefined_object(code.as_deref()) =>
             {
                 ErrorKind::Definite
             }
@@ -151,6 +156,16 @@ impl SourceError {
             // durable point is the only safe move, and it is logged loudly.
             SourceError::Decode(_) => ErrorKind::Transient,
             SourceError::StreamEnded => ErrorKind::Transient,
+        }
+    }
+}
+
+/// A store error whose own context says what walfold was doing (`?` on a store call).
+impl From<StoreError> for SourceError {
+    fn from(source: StoreError) -> Self {
+        SourceError::Store {
+            context: None,
+            source,
         }
     }
 }

@@ -44,32 +44,21 @@ pub(crate) async fn slot_after_failover(
     ingested: Lsn,
     confirmed: Option<Lsn>,
 ) -> Result<(), SourceError> {
-    let store = SourceError::store;
-    let Some(fork) = log
-        .unchecked_failover_slot()
-        .await
-        .map_err(store("reading the last failover"))?
-    else {
+    let Some(fork) = log.unchecked_failover_slot().await? else {
         return Ok(());
     };
     match confirmed {
         Some(at) if at > ingested => {
             tracing::error!(slot, fork = %fork, from = %ingested, to = %at, "the slot on the new primary starts past walfold's position at the fork (a slot created after the promotion, e.g. a Patroni permanent slot): what the new primary committed between is not in it; recorded as a slot gap and backfilled");
-            log.open_gap(ingested, "failover")
-                .await
-                .map_err(store("recording a slot gap"))?;
-            log.close_gap(at)
-                .await
-                .map_err(store("recording a slot gap"))?;
+            log.open_gap(ingested, "failover").await?;
+            log.close_gap(at).await?;
         }
         Some(at) => {
             tracing::warn!(slot, fork = %fork, slot_position = %at, ingested = %ingested, "the slot survived the failover (a failover slot, or a Patroni permanent slot) at or before walfold's position: what it streams again is recognised as duplicates; phantoms are still checked");
         }
         None => {}
     }
-    log.failover_slot_checked()
-        .await
-        .map_err(store("recording the slot's check"))
+    Ok(log.failover_slot_checked().await?)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use walfold_config::Config;
+use walfold_config::{Config, SourceConfig, SourceView};
 use walfold_event::ErrorKind;
 use walfold_store::{connect, Backoff, Fence, LogOrder};
 use walfold_telemetry::signal::Signal;
@@ -40,9 +40,15 @@ pub async fn run_ingest(
     let head = Arc::new(head);
     let stop = cancel.child_token();
     let mut sources = JoinSet::new();
-    for view in config.source_views() {
+    for source in config.sources() {
         let (stop, head, fence, order) = (stop.clone(), head.clone(), fence.clone(), order.clone());
-        sources.spawn(follow(Arc::new(view), stop, head, fence, order));
+        let (config, name) = (config.clone(), source.name.clone());
+        sources.spawn(async move {
+            match config.for_source(&name) {
+                Some(view) => follow(&view, stop, head, fence, order).await,
+                None => Ok(()),
+            }
+        });
     }
     let mut first_error = None;
     while let Some(done) = sources.join_next().await {
@@ -84,9 +90,9 @@ async fn same_database(config: &Config) -> Result<(), SourceError> {
     Ok(())
 }
 
-/// Follows one source (`config` is its view, see [`Config::for_source`]).
+/// Follows one source.
 async fn follow(
-    config: Arc<Config>,
+    config: &SourceView<'_>,
     cancel: CancellationToken,
     head: Arc<watch::Sender<i64>>,
     fence: Fence,
@@ -98,7 +104,7 @@ async fn follow(
     let mut reported: Option<String> = None;
     loop {
         let started = tokio::time::Instant::now();
-        let result = attempt(&config, &cancel, &head, &fence, &order).await;
+        let result = attempt(config, &cancel, &head, &fence, &order).await;
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.kind().retries() && !cancel.is_cancelled() => {
@@ -117,7 +123,7 @@ async fn follow(
                             error: &e,
                         }
                         .report();
-                        record_pause(&config, &fence, &message).await;
+                        record_pause(config, &fence, &message).await;
                         reported = Some(message);
                     }
                 } else {
@@ -133,7 +139,7 @@ async fn follow(
             }
             Err(e) => {
                 tracing::error!(source = %name, slot = %config.source().slot, error = %e, "ingest of this source stopped");
-                return Err(explain(e, &config));
+                return Err(explain(e, config));
             }
         }
     }
@@ -141,7 +147,7 @@ async fn follow(
 
 /// Records why ingest is paused for `walfold status`; best effort (the error that paused
 /// ingest may keep this write from landing too: the log and the gauge say it as well).
-async fn record_pause(config: &Config, fence: &Fence, error: &str) {
+async fn record_pause(config: &SourceView<'_>, fence: &Fence, error: &str) {
     let schema = walfold_store::Schema::new(config.target.schema.as_str());
     let record = async {
         let mut client = connect(config.target_url()).await?;
@@ -163,12 +169,13 @@ async fn record_pause(config: &Config, fence: &Fence, error: &str) {
 
 /// A definite error, with what the operator can do about it where the server's message
 /// does not say.
-fn explain(e: SourceError, config: &Config) -> SourceError {
+fn explain(e: SourceError, config: &SourceView<'_>) -> SourceError {
     use crate::wire::WireError;
     let source = config.source();
     match &e {
         SourceError::Replication(WireError::Server { code, message })
-            if code.as_deref() == Some("42704") && message.contains("publication") =>
+            if walfold_event::is_undefined_object(code.as_deref())
+                && message.contains("publication") =>
         {
             SourceError::Slot {
                 slot: source.slot.clone(),
@@ -188,7 +195,7 @@ fn explain(e: SourceError, config: &Config) -> SourceError {
 }
 
 async fn attempt(
-    config: &Config,
+    config: &SourceView<'_>,
     cancel: &CancellationToken,
     head: &Arc<watch::Sender<i64>>,
     fence: &Fence,
@@ -200,8 +207,7 @@ async fn attempt(
         &config.source().url,
         &format!("the url of source {}", config.source().name),
     )
-    .await
-    .map_err(SourceError::store("checking the source url"))?;
+    .await?;
     let reopen = Reopen {
         url: config.target_url().to_owned(),
         schema: walfold_store::Schema::new(config.target.schema.as_str()),
@@ -215,22 +221,14 @@ async fn attempt(
     let (identity, _) = crate::timeline::check(config, &cfg, &log).await?;
     // The stream must come from the server checked here (not one promoted meanwhile).
     cfg.expect = Some((identity.system_id, identity.timeline));
-    let source = connect(&config.source().url)
-        .await
-        .map_err(SourceError::store("connecting to the source"))?;
+    let source = connect(&config.source().url).await?;
     prepare_source(&source, config, &mut log).await?;
     drop(source);
     crate::backfill::fill_gaps(config, &mut log).await?;
     crate::phantoms::check(config, &log).await?;
-    let ingested = log
-        .durable_lsn()
-        .await
-        .map_err(SourceError::store("reading the ingest position"))?;
+    let ingested = log.durable_lsn().await?;
     // The server sends every unfinished transaction again from its first segment.
-    let cleared = log
-        .clear_staged()
-        .await
-        .map_err(SourceError::store("clearing staged changes"))?;
+    let cleared = log.clear_staged().await?;
     if cleared > 0 {
         tracing::info!(
             rows = cleared,
@@ -256,7 +254,7 @@ async fn attempt(
     };
     let reader = Reader::new(config, items_tx, ingested);
     cfg.budget = Some(budget);
-    let _heartbeat = heartbeat(Arc::new(config.clone()), horizon_tx);
+    let _heartbeat = heartbeat(config.source().clone(), horizon_tx);
     let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
@@ -270,11 +268,11 @@ async fn attempt(
 /// bounds a later gap's backfill (see `horizon`), for the appender to record. The task
 /// ends with the streaming attempt that owns the guard.
 fn heartbeat(
-    config: Arc<Config>,
+    source: SourceConfig,
     horizon: watch::Sender<Option<(walfold_event::Lsn, i64)>>,
 ) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
-        let interval_s = config.source().heartbeat_interval_s;
+        let interval_s = source.heartbeat_interval_s;
         let period = Duration::from_secs(if interval_s == 0 { 10 } else { interval_s });
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -285,7 +283,7 @@ fn heartbeat(
                 .as_ref()
                 .is_none_or(tokio_postgres::Client::is_closed)
             {
-                client = match connect(&config.source().url).await {
+                client = match connect(&source.url).await {
                     Ok(c) => Some(c),
                     Err(e) => {
                         tracing::warn!(error = %e, "heartbeat cannot connect to the source");
@@ -305,7 +303,7 @@ fn heartbeat(
                     tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
                 }
             }
-            match crate::horizon::read(c, &config.source().slot).await {
+            match crate::horizon::read(c, &source.slot).await {
                 Ok(Some(pair)) => {
                     horizon.send_replace(Some(pair));
                 }

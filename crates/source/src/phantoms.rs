@@ -12,19 +12,15 @@
 
 use std::collections::HashMap;
 
-use walfold_config::Config;
+use walfold_config::SourceView;
 use walfold_store::EventLog;
 
 use crate::backfill::{confirm, source_session};
 use crate::error::SourceError;
 
 /// Checks the events past the last failover's fork, once per failover.
-pub(crate) async fn check(config: &Config, log: &EventLog) -> Result<(), SourceError> {
-    let Some((failover, events)) = log
-        .phantom_candidates()
-        .await
-        .map_err(SourceError::store("reading the events past the fork"))?
-    else {
+pub(crate) async fn check(config: &SourceView<'_>, log: &EventLog) -> Result<(), SourceError> {
+    let Some((failover, events)) = log.phantom_candidates().await? else {
         return Ok(());
     };
     let read = events.len();
@@ -37,14 +33,12 @@ pub(crate) async fn check(config: &Config, log: &EventLog) -> Result<(), SourceE
     }
     let mut phantoms: Vec<_> = candidates.into_iter().collect();
     phantoms.sort_by_key(|(_, seq)| *seq);
-    log.record_phantoms(failover, &phantoms)
-        .await
-        .map_err(SourceError::store("recording phantoms"))?;
+    log.record_phantoms(failover, &phantoms).await?;
     let slot = &config.source().slot;
     if phantoms.is_empty() {
         tracing::warn!(slot = %slot, read, "every event read past the failover's fork is on the new primary");
     } else {
-        let messages = config.outbox.iter().any(|o| o.message_prefix.is_some());
+        let messages = config.outboxes().any(|o| o.message_prefix.is_some());
         tracing::error!(slot = %slot, read, phantoms = phantoms.len(), first_seq = phantoms[0].1, "phantoms: events read from the old primary past the failover's fork that no outbox table of the new primary holds; they may be in read models already. Rebuild the projections they reached (`walfold rebuild`, which skips them), or accept those that are right (`walfold phantoms accept EVENT_ID --reason …`) if the application deleted their rows{}", if messages { "; events of message outboxes cannot be confirmed and are counted among them" } else { "" });
     }
     Ok(())

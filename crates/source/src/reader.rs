@@ -1,23 +1,22 @@
-//! The reader: alone owns the replication connection. It decodes pgoutput, maps outbox
-//! inserts to events, sends them in order to the appender through a bounded channel
-//! (a full channel stops reading, so back-pressure reaches the server), and forwards
-//! durable positions as feedback.
+//! The reader: alone owns the replication connection. It reads the pgoutput messages the
+//! wire layer decoded (`wire/change.rs`), maps outbox inserts to events, sends them in
+//! order to the appender through a bounded channel (a full channel stops reading, so
+//! back-pressure reaches the server), and forwards durable positions as feedback.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use walfold_config::Config;
+use walfold_config::SourceView;
 use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
-use walfold_pgoutput::{decode, Message};
 use walfold_store::{ConnectOptions, StagedChange, StagedRow};
 
 use crate::budget::Held;
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
 use crate::outbox::{pg_time, Mapped, Mapping, MessageMapping, TxContext};
-use crate::wire::{ReplicationClient, ReplicationEvent, WireConfig};
+use crate::wire::{Change, ReplicationClient, ReplicationEvent, WireConfig, WireError};
 
 /// What the reader hands the appender, in stream order.
 // Events are nearly every item: boxing them would cost an allocation per event.
@@ -47,7 +46,7 @@ pub enum Item {
 }
 
 /// The replication connection settings for the source URL.
-pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
+pub fn replication_config(config: &SourceView<'_>) -> Result<WireConfig, SourceError> {
     let options = ConnectOptions::parse(&config.source().url)
         .map_err(SourceError::store("reading source.url"))?;
     let pg = options
@@ -106,8 +105,7 @@ pub fn replication_config(config: &Config) -> Result<WireConfig, SourceError> {
         // message in a savepoint rolled back after it streamed could not be told apart,
         // so message outboxes are read with protocol 1 (config refuses an explicit 2).
         protocol: config.source().protocol.or(config
-            .outbox
-            .iter()
+            .outboxes()
             .any(|o| o.message_prefix.is_some())
             .then_some(1)),
         // Deterministic text output for the values we parse.
@@ -134,7 +132,7 @@ struct Relation {
 }
 
 pub(crate) struct Reader<'a> {
-    config: &'a Config,
+    config: &'a SourceView<'a>,
     relations: HashMap<u32, Relation>,
     messages: Vec<MessageMapping>,
     /// Prefixes of transactional messages that are no outbox's, warned about once.
@@ -142,9 +140,6 @@ pub(crate) struct Reader<'a> {
     tx: Option<TxContext>,
     /// The WAL record of the last insert and how many rows it held before this one.
     change: Option<(Lsn, i32)>,
-    /// Protocol 2: the top-level xid of the streamed block being read (between Stream
-    /// Start and Stream Stop).
-    stream: Option<u32>,
     /// Protocol 2: streamed transactions not yet committed or aborted.
     streamed: HashMap<u32, Streamed>,
     items: mpsc::Sender<(Item, Held)>,
@@ -172,21 +167,23 @@ struct Streamed {
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(config: &'a Config, items: mpsc::Sender<(Item, Held)>, durable: Lsn) -> Self {
+    pub(crate) fn new(
+        config: &'a SourceView<'a>,
+        items: mpsc::Sender<(Item, Held)>,
+        durable: Lsn,
+    ) -> Self {
         Reader {
             durable,
             config,
             relations: HashMap::new(),
             messages: config
-                .outbox
-                .iter()
+                .outboxes()
                 .filter_map(MessageMapping::new)
                 .map(|m| m.with_max_bytes(config.pipeline.max_event_bytes))
                 .collect(),
             unknown_prefixes: HashSet::new(),
             tx: None,
             change: None,
-            stream: None,
             streamed: HashMap::new(),
             items,
             held: Held::default(),
@@ -229,6 +226,7 @@ impl<'a> Reader<'a> {
                         }
                     }
                     Ok(None) => break Err(SourceError::StreamEnded),
+                    Err(WireError::Decode(e)) => break Err(SourceError::Decode(e.to_string())),
                     Err(e) => break Err(e.into()),
                 },
             }
@@ -249,21 +247,6 @@ impl<'a> Reader<'a> {
 
     async fn handle(&mut self, event: ReplicationEvent) -> Result<(), SourceError> {
         match event {
-            ReplicationEvent::Begin {
-                final_lsn,
-                commit_time_micros,
-                ..
-            } => {
-                self.tx = Some(TxContext {
-                    commit_lsn: Lsn(final_lsn.as_u64()),
-                    commit_time: pg_time(commit_time_micros),
-                });
-                self.change = None;
-            }
-            ReplicationEvent::Commit { end_lsn, .. } => {
-                self.tx = None;
-                self.send(Item::Through(Lsn(end_lsn.as_u64()))).await?;
-            }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
                 // Between transactions everything the server decoded up to wal_end has
                 // reached us, so once it is durable the slot may move there (an idle or
@@ -272,19 +255,11 @@ impl<'a> Reader<'a> {
                     self.send(Item::Through(Lsn(wal_end.as_u64()))).await?;
                 }
             }
-            ReplicationEvent::XLogData {
-                wal_start, data, ..
-            } => self.data(Lsn(wal_start.as_u64()), &data).await?,
-            ReplicationEvent::Message {
-                transactional,
-                lsn,
-                prefix,
-                content,
-                xid,
-            } => {
-                self.message(transactional, Lsn(lsn.as_u64()), &prefix, &content, xid)
-                    .await?
-            }
+            ReplicationEvent::Change {
+                wal_start,
+                change,
+                stream,
+            } => self.read(Lsn(wal_start.as_u64()), change, stream).await?,
             ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
@@ -300,9 +275,9 @@ impl<'a> Reader<'a> {
         at: Lsn,
         prefix: &str,
         content: &[u8],
-        xid: Option<u32>,
+        (xid, stream): (Option<u32>, Option<u32>),
     ) -> Result<(), SourceError> {
-        let streamed = match (transactional, self.stream) {
+        let streamed = match (transactional, stream) {
             (true, Some(top)) => Some((top, xid.unwrap_or(top))),
             _ => None,
         };
@@ -369,22 +344,45 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// `at`: where the server says the message is; for a change, its WAL record's LSN.
-    async fn data(&mut self, at: Lsn, data: &[u8]) -> Result<(), SourceError> {
-        let message =
-            decode(data, self.stream.is_some()).map_err(|e| SourceError::Decode(e.to_string()))?;
-        match message {
+    /// One decoded message. `at`: where the server says it is; for a change, its WAL
+    /// record's LSN. `stream`: the top-level xid of the streamed block it is in.
+    async fn read(
+        &mut self,
+        at: Lsn,
+        change: Change,
+        stream: Option<u32>,
+    ) -> Result<(), SourceError> {
+        match change {
+            Change::Begin(begin) => {
+                self.tx = Some(TxContext {
+                    commit_lsn: Lsn(begin.final_lsn),
+                    commit_time: pg_time(begin.commit_time),
+                });
+                self.change = None;
+            }
+            Change::Commit(commit) => {
+                self.tx = None;
+                self.send(Item::Through(Lsn(commit.end_lsn))).await?;
+            }
+            Change::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+                xid,
+            } => {
+                self.message(transactional, Lsn(lsn), &prefix, &content, (xid, stream))
+                    .await?
+            }
             // What an earlier session staged was cleared when this one began (the
             // server sends every unfinished transaction again from its first segment),
             // so a first segment has nothing to replace.
-            Message::StreamStart(start) => {
-                self.stream = Some(start.xid);
+            Change::StreamStart(start) => {
                 if start.first_segment {
                     self.streamed.insert(start.xid, Streamed::default());
                 }
             }
-            Message::StreamStop => self.stream = None,
-            Message::StreamAbort(abort) => {
+            Change::StreamAbort(abort) => {
                 let staged = self.streamed.get(&abort.xid).is_some_and(|s| s.ord > 0);
                 if abort.subxid == abort.xid {
                     self.streamed.remove(&abort.xid);
@@ -404,7 +402,7 @@ impl<'a> Reader<'a> {
                     .await?;
                 }
             }
-            Message::StreamCommit(commit) => {
+            Change::StreamCommit(commit) => {
                 let state = self.streamed.remove(&commit.xid).unwrap_or_default();
                 let commit_lsn = Lsn(commit.commit_lsn);
                 if let Some((_, problem)) = state.problem {
@@ -432,11 +430,10 @@ impl<'a> Reader<'a> {
             }
             // A partition's own Relation message comes beside its root's even when the
             // publication publishes through the root: only a change for it is a problem.
-            Message::Relation(rel) => {
+            Change::Relation(rel) => {
                 let mapping = self
                     .config
-                    .outbox
-                    .iter()
+                    .outboxes()
                     .find(|o| {
                         o.table_name()
                             .is_some_and(|t| t.schema == rel.namespace && t.name == rel.name)
@@ -447,13 +444,17 @@ impl<'a> Reader<'a> {
                 let name = format!("{}.{}", rel.namespace, rel.name);
                 self.relations.insert(rel.id, Relation { name, mapping });
             }
-            Message::Insert(insert) => {
-                let streamed = self.stream.map(|xid| (xid, insert.xid.unwrap_or(xid)));
+            Change::Insert {
+                xid,
+                relation_id,
+                row,
+            } => {
+                let streamed = stream.map(|top| (top, xid.unwrap_or(top)));
                 let origin = match streamed {
                     Some((xid, _)) => origin(&mut self.streamed.entry(xid).or_default().change, at),
                     None => origin(&mut self.change, at),
                 };
-                let mapping = match self.mapping(insert.relation_id, "an insert") {
+                let mapping = match self.mapping(relation_id, "an insert") {
                     Ok(m) => m,
                     Err(e) => return self.defer(streamed, e),
                 };
@@ -493,7 +494,7 @@ impl<'a> Reader<'a> {
                     };
                     return self.defer(streamed, e);
                 }
-                let mapped = mapping.map(&insert.new, tx, origin);
+                let mapped = mapping.map(&row.tuple(), tx, origin);
                 if let Mapped::Filtered = mapped {
                     // `where` is not true for it: counted with the other changes that are
                     // no events.
@@ -520,22 +521,22 @@ impl<'a> Reader<'a> {
                     self.emit(streamed, item).await?;
                 }
             }
-            Message::Update(u) => {
-                let streamed = self.stream.map(|xid| (xid, u.xid.unwrap_or(xid)));
-                if let Err(e) = self.mapping(u.relation_id, "an update") {
+            Change::Update { xid, relation_id } => {
+                let streamed = stream.map(|top| (top, xid.unwrap_or(top)));
+                if let Err(e) = self.mapping(relation_id, "an update") {
                     return self.defer(streamed, e);
                 }
                 self.send(Item::Ignored).await?;
             }
-            Message::Delete(d) => {
-                let streamed = self.stream.map(|xid| (xid, d.xid.unwrap_or(xid)));
-                if let Err(e) = self.mapping(d.relation_id, "a delete") {
+            Change::Delete { xid, relation_id } => {
+                let streamed = stream.map(|top| (top, xid.unwrap_or(top)));
+                if let Err(e) = self.mapping(relation_id, "a delete") {
                     return self.defer(streamed, e);
                 }
                 self.send(Item::Ignored).await?;
             }
             // A truncate removes rows, it writes none: never an event, whatever the table.
-            Message::Truncate(t) => {
+            Change::Truncate(t) => {
                 for id in t.relation_ids {
                     match self.relations.get(&id) {
                         Some(Relation {
@@ -554,8 +555,8 @@ impl<'a> Reader<'a> {
                     self.send(Item::Ignored).await?;
                 }
             }
-            // Begin/Commit arrive as boundary events; the rest carries nothing for us.
-            _ => {}
+            // The end of a streamed block, an origin, a type: nothing for us.
+            Change::StreamStop | Change::Other => {}
         }
         Ok(())
     }
@@ -666,12 +667,12 @@ mod tests {
     #[test]
     fn a_source_url_may_name_several_hosts() {
         let hosts = |url: &str| {
-            let c = Config::from_toml(
+            let c = walfold_config::Config::from_toml(
                 &format!("[source]\nurl = \"{url}\"\n[[outbox]]\ntable = \"outbox\"\n"),
                 vec![],
             )
             .unwrap();
-            let w = replication_config(&c).unwrap();
+            let w = replication_config(&c.source_views()[0]).unwrap();
             (w.hosts, w.read_write)
         };
         let two = vec![("a".to_owned(), 5432), ("b".to_owned(), 5433)];

@@ -14,7 +14,7 @@
 //! or columns, one that names a partitioned outbox's rows by partition.
 
 use tokio_postgres::{Client, Row};
-use walfold_config::{quote_ident, Config, OnSlotLost, OutboxConfig, QualifiedName};
+use walfold_config::{quote_ident, OnSlotLost, OutboxConfig, QualifiedName, SourceView};
 use walfold_event::Lsn;
 use walfold_store::{EventLog, FromRow, IngestCounts, RowExt, StoreError};
 
@@ -33,23 +33,14 @@ use crate::error::{Refusal, SourceError};
 /// exists, else the lost-slot procedure.
 async fn check_publication(
     source: &Client,
-    config: &Config,
+    config: &SourceView<'_>,
     recorded: Option<&str>,
     exists: bool,
     publishes_every_outbox: bool,
 ) -> Result<(), SourceError> {
     let slot = &config.source().slot;
     let publication = &config.source().publication;
-    let read = |source| SourceError::Store {
-        context: "reading the slot and the publications".into(),
-        source,
-    };
-    let db = |e| {
-        read(StoreError::Db {
-            context: "source".into(),
-            source: e,
-        })
-    };
+    let db = |e| SourceError::from(StoreError::db("reading the slot and the publications")(e));
     if exists && recorded.is_none_or(|r| r == publication) {
         return Ok(());
     }
@@ -83,17 +74,12 @@ async fn check_publication(
         return Ok(());
     };
     let slot_row = slot_row.of("pg_replication_slots");
-    let lost = slot_row
-        .col::<Option<String>>("wal_status")
-        .map_err(read)?
-        .as_deref()
-        == Some("lost");
+    let lost = slot_row.col::<Option<String>>("wal_status")?.as_deref() == Some("lost");
     if lost && config.source().on_slot_lost == OnSlotLost::Recreate {
         // Recreated below: its new changes are read through the configured publication.
         return Ok(());
     }
-    if publishes_every_outbox && slot_row.col::<Option<bool>>("older").map_err(read)? == Some(true)
-    {
+    if publishes_every_outbox && slot_row.col::<Option<bool>>("older")? == Some(true) {
         return Ok(());
     }
     let usable: Vec<String> = match recorded {
@@ -107,7 +93,11 @@ async fn check_publication(
             .await
             .map_err(db)?
             .iter()
-            .map(|r| r.of("pg_publication").col("publication").map_err(read))
+            .map(|r| {
+                r.of("pg_publication")
+                    .col("publication")
+                    .map_err(SourceError::from)
+            })
             .collect::<Result<_, _>>()?,
         None => source
             .query(
@@ -119,7 +109,11 @@ async fn check_publication(
             .await
             .map_err(db)?
             .iter()
-            .map(|r| r.of("pg_publication").col("publication").map_err(read))
+            .map(|r| {
+                r.of("pg_publication")
+                    .col("publication")
+                    .map_err(SourceError::from)
+            })
             .collect::<Result<_, _>>()?,
     };
     let what = if exists {
@@ -156,7 +150,7 @@ const PUBLISH: &str = "publish = 'insert, truncate', publish_via_partition_root 
 
 /// The statement that creates `source.publication` over the table outboxes (message
 /// outboxes need no table: the publication then starts empty).
-pub fn create_publication(config: &Config) -> String {
+pub fn create_publication(config: &SourceView<'_>) -> String {
     let tables: Vec<String> = config.table_outboxes().map(|(_, t)| t.quoted()).collect();
     let for_tables = if tables.is_empty() {
         String::new()
@@ -177,36 +171,21 @@ pub fn create_publication(config: &Config) -> String {
 /// WAL range is recorded in `log` (opened before the slot is created, closed after).
 pub async fn prepare_source(
     source: &Client,
-    config: &Config,
+    config: &SourceView<'_>,
     log: &mut EventLog,
 ) -> Result<(), SourceError> {
-    let ingested_through = log
-        .durable_lsn()
-        .await
-        .map_err(SourceError::store("reading the ingest position"))?;
-    let db = |ctx: &str| {
-        let ctx = ctx.to_owned();
-        move |e| SourceError::Store {
-            context: ctx,
-            source: walfold_store::StoreError::Db {
-                context: "source".into(),
-                source: e,
-            },
-        }
-    };
+    let ingested_through = log.durable_lsn().await?;
+    let db = |context: &'static str| move |e| SourceError::from(StoreError::db(context)(e));
     let wal_level: String = source
         .query_one("select current_setting('wal_level')", &[])
         .await
         .map_err(db("reading wal_level"))?
         .of("pg_settings")
-        .col(0)
-        .map_err(SourceError::store("reading wal_level"))?;
+        .col(0)?;
     if wal_level != "logical" {
         return Err(SourceError::WalLevel(wal_level));
     }
-    let shape = inspect(source, config)
-        .await
-        .map_err(SourceError::store("reading the catalog"))?;
+    let shape = inspect(source, config).await?;
     for warning in &shape.warnings {
         tracing::warn!("{warning}");
     }
@@ -231,10 +210,7 @@ pub async fn prepare_source(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let recorded = log
-        .publication()
-        .await
-        .map_err(SourceError::store("reading the slot's publication"))?;
+    let recorded = log.publication().await?;
     if ingested_through != Lsn::ZERO {
         check_publication(
             source,
@@ -283,8 +259,7 @@ pub async fn prepare_source(
             .await
             .map_err(db("creating the replication slot"))?
             .of("pg_create_logical_replication_slot")
-            .col(0)
-            .map_err(SourceError::store("creating the replication slot"))?;
+            .col(0)?;
         tracing::info!(slot = %slot, lsn = %lsn, "created replication slot");
         lsn.parse::<Lsn>()
             .map_err(|_| SourceError::Decode(format!("the server returned LSN {lsn}")))
@@ -300,15 +275,14 @@ pub async fn prepare_source(
             // Crash window: the slot exists, the gap is open; the next start closes it.
             walfold_telemetry::failpoint::hit("after_slot_recreated");
             close_gap(log, slot, to).await?;
-            log_gap(log.failover_slot_checked().await)?;
+            log.failover_slot_checked().await?;
             return record_publication(log, publication).await;
         }
         None if ingested_through > Lsn::ZERO => {
             // After a failover the position is the fork (or before it): say so.
             let failover = log
                 .last_failover()
-                .await
-                .map_err(SourceError::store("reading the last failover"))?
+                .await?
                 .filter(|f| ingested_through <= f.fork);
             let since = match &failover {
                 Some(f) if f.ingested > f.fork => format!(
@@ -337,7 +311,7 @@ pub async fn prepare_source(
                      in the log are recognised) if the outbox still holds the rows, and \
                      restart{messages}",
                     name = config.source().name,
-                    messages = if config.outbox.iter().any(|o| o.message_prefix.is_some()) {
+                    messages = if config.outboxes().any(|o| o.message_prefix.is_some()) {
                         ". Message outboxes cannot be backfilled: their events in the gap are \
                          lost; on_slot_lost = \"recreate\" records the gap in slot_gap"
                     } else {
@@ -350,10 +324,7 @@ pub async fn prepare_source(
             // A new slot name for a source that ingested through another slot, which
             // still exists: the events written since wait there, and a new slot would
             // start after them.
-            let others = log
-                .other_slots()
-                .await
-                .map_err(SourceError::store("reading the source's other slots"))?;
+            let others = log.other_slots().await?;
             for (old, through) in others {
                 let waiting: bool = source
                     .query_one(
@@ -364,8 +335,7 @@ pub async fn prepare_source(
                     .await
                     .map_err(db("reading the slot"))?
                     .of("pg_replication_slots")
-                    .col(0)
-                    .map_err(SourceError::store("reading the slot"))?;
+                    .col(0)?;
                 if waiting {
                     return Err(SourceError::Slot {
                         slot: slot.clone(),
@@ -390,7 +360,7 @@ pub async fn prepare_source(
                 same_db,
                 wal_status,
                 confirmed,
-            } = ExistingSlot::from_row(&row).map_err(SourceError::store("reading the slot"))?;
+            } = ExistingSlot::from_row(&row)?;
             if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
                 return Err(SourceError::Slot {
                     slot: slot.clone(),
@@ -405,7 +375,7 @@ pub async fn prepare_source(
                     .map_err(db("dropping the invalidated slot"))?;
                 let to = create().await?;
                 close_gap(log, slot, to).await?;
-                log_gap(log.failover_slot_checked().await)?;
+                log.failover_slot_checked().await?;
                 return record_publication(log, publication).await;
             }
             if wal_status.as_deref() == Some("lost") {
@@ -457,9 +427,7 @@ impl FromRow for ExistingSlot {
 
 /// Records the publication the slot is read through, once the checks above passed.
 async fn record_publication(log: &EventLog, publication: &str) -> Result<(), SourceError> {
-    log.record_publication(publication)
-        .await
-        .map_err(SourceError::store("recording the slot's publication"))
+    Ok(log.record_publication(publication).await?)
 }
 
 /// Records a slot's start as the ingest position when walfold created the slot. Until
@@ -468,24 +436,19 @@ async fn record_publication(log: &EventLog, publication: &str) -> Result<(), Sou
 /// committed in between skipped. From here on its loss is detected like any other.
 async fn record_start(log: &mut EventLog, start: Lsn) -> Result<(), SourceError> {
     log.append(&[], &[], Some(start), IngestCounts::default())
-        .await
-        .map_err(SourceError::store("recording the slot's start"))?;
+        .await?;
     Ok(())
-}
-
-fn log_gap<T>(r: Result<T, walfold_store::StoreError>) -> Result<T, SourceError> {
-    r.map_err(SourceError::store("recording a slot gap"))
 }
 
 /// Records the start of a slot gap before the new slot is created.
 async fn open_gap(log: &EventLog, slot: &str, from: Lsn, reason: &str) -> Result<(), SourceError> {
     tracing::error!(slot, from = %from, reason, "the slot was lost; recreating it (on_slot_lost = recreate): outbox rows committed after this LSN, until the new slot's start, may be missing; recorded in slot_gap");
-    log_gap(log.open_gap(from, reason).await)
+    Ok(log.open_gap(from, reason).await?)
 }
 
 /// Closes an open slot gap at the new slot's start, saying what it covers.
 async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<(), SourceError> {
-    if let Some(from) = log_gap(log.close_gap(to).await)? {
+    if let Some(from) = log.close_gap(to).await? {
         if to < from {
             tracing::error!(slot, from = %from, to = %to, "the new slot starts before walfold's ingest position (a failover to a server that was behind?): the ingest position moved back; events after it are streamed again and recognised as duplicates");
         } else {
@@ -542,7 +505,7 @@ pub struct SourceShape {
 /// a partition, with the required columns) and the publication (membership compared
 /// with what was added to it, `pg_publication_rel`, not with `pg_publication_tables`,
 /// which lists the partitions of a partitioned table).
-pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, StoreError> {
+pub async fn inspect(source: &Client, config: &SourceView<'_>) -> Result<SourceShape, StoreError> {
     let db = |source| StoreError::Db {
         context: "source".into(),
         source,
@@ -555,7 +518,7 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
         .of("pg_settings")
         .col(0)?;
     let mut outboxes = Vec::new();
-    for (i, outbox) in config.outbox.iter().enumerate() {
+    for (i, outbox) in config.outboxes().enumerate() {
         let Some(name) = outbox.table_name() else {
             continue;
         };
@@ -738,7 +701,7 @@ pub async fn inspect(source: &Client, config: &Config) -> Result<SourceShape, St
 
     let emit = crate::writers::public_emit(
         source,
-        &config.outbox,
+        config.outboxes(),
         config.source().heartbeat_interval_s > 0,
     )
     .await?;

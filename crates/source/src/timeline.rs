@@ -13,7 +13,7 @@
 //! walfold read ends on the new one. The failover is recorded and the ingest position
 //! moves back to the fork, so a slot lost with the old primary opens its gap there.
 
-use walfold_config::Config;
+use walfold_config::SourceView;
 use walfold_event::Lsn;
 use walfold_store::EventLog;
 
@@ -31,22 +31,17 @@ pub(crate) struct Failover {
 /// Compares the source's identity with the recorded one; records a failover (and the
 /// new timeline) when there was one. Returns the server's identity.
 pub(crate) async fn check(
-    config: &Config,
+    config: &SourceView<'_>,
     cfg: &WireConfig,
     log: &EventLog,
 ) -> Result<(Identity, Option<Failover>), SourceError> {
-    let store = |what: &'static str| SourceError::store(what);
-    let recorded = log
-        .source_identity()
-        .await
-        .map_err(store("reading the source's timeline"))?;
+    let recorded = log.source_identity().await?;
     let known = recorded.as_ref().and_then(|(_, t)| u32::try_from(*t).ok());
     let (identity, history) = probe(cfg, known).await?;
     let slot = &config.source().slot;
     let Some((system_id, timeline)) = recorded else {
         log.record_source_identity(&identity.system_id, identity.timeline.into())
-            .await
-            .map_err(store("recording the source's timeline"))?;
+            .await?;
         return Ok((identity, None));
     };
     if system_id != identity.system_id {
@@ -90,8 +85,7 @@ pub(crate) async fn check(
             identity.timeline.into(),
             fork,
         )
-        .await
-        .map_err(store("recording a failover"))?;
+        .await?;
     if ingested > fork {
         tracing::error!(slot = %slot, host = %identity.host, from_timeline = timeline, to_timeline = identity.timeline, fork = %fork, ingested = %ingested, "the source failed over: walfold had ingested past the fork, so events it read from the old primary after {fork} may be on no surviving server (phantoms); the ingest position moved back to the fork");
     } else {

@@ -42,14 +42,11 @@ pub(crate) struct PublicEmit {
 /// Checks `pg_logical_emit_message`'s grants when `outboxes` has message outboxes.
 pub(crate) async fn public_emit(
     source: &Client,
-    outboxes: &[OutboxConfig],
+    outboxes: impl Iterator<Item = &OutboxConfig>,
     heartbeats: bool,
 ) -> Result<PublicEmit, StoreError> {
     let mut found = PublicEmit::default();
-    let messages: Vec<&OutboxConfig> = outboxes
-        .iter()
-        .filter(|o| o.message_prefix.is_some())
-        .collect();
+    let messages: Vec<&OutboxConfig> = outboxes.filter(|o| o.message_prefix.is_some()).collect();
     if messages.is_empty() {
         return Ok(found);
     }

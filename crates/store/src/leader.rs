@@ -279,7 +279,7 @@ impl Leadership {
                 .await
             {
                 Ok(_) => break,
-                Err(e) if crate::error::sqlstate(&e) == Some("55P03") => {
+                Err(e) if walfold_event::is_lock_not_available(crate::error::sqlstate(&e)) => {
                     tracing::warn!(
                         schema = schema.name(),
                         "waiting for the previous leader's transactions to end before taking over"

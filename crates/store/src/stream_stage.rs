@@ -381,7 +381,7 @@ impl EventLog {
                         head += n as i64;
                         break;
                     }
-                    Err(e) if crate::error::sqlstate(&e) == Some("23505") => {
+                    Err(e) if walfold_event::is_unique_violation(crate::error::sqlstate(&e)) => {
                         sp.rollback()
                             .await
                             .map_err(StoreError::db("committing a streamed transaction"))?;

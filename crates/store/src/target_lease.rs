@@ -73,7 +73,7 @@ impl Fence {
         loop {
             match self.take_over(url, schema).await {
                 Err(StoreError::Db { ref source, .. })
-                    if crate::error::sqlstate(source) == Some("55P03") =>
+                    if walfold_event::is_lock_not_available(crate::error::sqlstate(source)) =>
                 {
                     tracing::warn!(target = %walfold_config::redact_url(url), schema = schema.name(), "waiting for the previous leader's transactions on this target to end before taking it over");
                 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use tokio_postgres::Client;
-use walfold_config::Config;
+use walfold_config::{Config, SourceView};
 use walfold_store::RowExt;
 
 use crate::run::load;
@@ -242,7 +242,7 @@ async fn setting(c: &Client, name: &str) -> Result<String, CheckError> {
 
 async fn source_checks(
     r: &mut Report,
-    config: &Config,
+    config: &SourceView<'_>,
     source: &Client,
     target: Option<&Client>,
     max_retained_mb: i64,
@@ -400,8 +400,7 @@ async fn source_checks(
         }
     }
     let message_outboxes: Vec<_> = config
-        .outbox
-        .iter()
+        .outboxes()
         .filter(|o| o.message_prefix.is_some())
         .collect();
     let version: i32 = if message_outboxes.is_empty() {
@@ -647,7 +646,7 @@ async fn writers_of_table(
 /// from PUBLIC, the role needs its own grant (or no heartbeats).
 async fn heartbeat_right(
     r: &mut Report,
-    config: &Config,
+    config: &SourceView<'_>,
     source: &Client,
     role: &str,
 ) -> Result<(), CheckError> {
@@ -685,7 +684,7 @@ async fn heartbeat_right(
 
 /// The table outboxes (that exist) whose owner the source role is not: it cannot put
 /// them in a publication.
-async fn not_owned(source: &Client, config: &Config) -> Result<Vec<String>, CheckError> {
+async fn not_owned(source: &Client, config: &SourceView<'_>) -> Result<Vec<String>, CheckError> {
     let mut out = Vec::new();
     for (_, t) in config.table_outboxes() {
         let owns: Option<bool> = source

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
-use walfold_config::Config;
+use walfold_config::{Config, SourceView};
 use walfold_engine::ops;
 use walfold_store::{Operator, RebuildState, RowExt, Schema};
 
@@ -254,40 +254,52 @@ pub async fn backfill(
     order_by: Option<&str>,
     batch: i64,
 ) -> Result<(), Failure> {
-    let config = load(path)?;
+    let whole = load(path)?;
     if !(1..=100_000).contains(&batch) {
         return Err(Failure::config("--batch must be between 1 and 100000"));
     }
     // The backfill reads the database of the source that holds the outbox.
+    let views = whole.source_views();
     let config = match source {
-        Some(name) => config.for_source(name).ok_or_else(|| {
+        Some(name) => whole.for_source(name).ok_or_else(|| {
             Failure::config(format!(
                 "--source: no [[source]] is named `{name}` (sources: {})",
-                source_names(&config)
+                source_names(&whole)
             ))
         })?,
         None => {
-            let owners: Vec<String> = config
-                .source_views()
-                .into_iter()
+            let owners: Vec<SourceView<'_>> = views
+                .iter()
                 .filter(|v| v.table_outbox(outbox).is_some())
-                .map(|v| v.source().name.clone())
+                .copied()
                 .collect();
             match owners.as_slice() {
-                [one] => config.for_source(one).expect("a source of the config"),
-                [] => config,
+                [one] => *one,
+                // No source has it as a table: the backfill says so, of the source whose
+                // message outbox it may name, else of the first.
+                [] => views
+                    .iter()
+                    .find(|v| {
+                        v.outboxes()
+                            .any(|o| o.message_prefix.as_deref() == Some(outbox))
+                    })
+                    .or(views.first())
+                    .copied()
+                    .ok_or_else(|| Failure::config("the config has no [source]"))?,
                 several => {
+                    let names: Vec<&str> =
+                        several.iter().map(|v| v.source().name.as_str()).collect();
                     return Err(Failure::config(format!(
                         "--outbox {outbox} is an outbox of the sources {}: name one with --source",
-                        several.join(", ")
-                    )))
+                        names.join(", ")
+                    )));
                 }
             }
         }
     };
     walfold_store::migrate(
         config.target_url(),
-        &walfold_engine::Target::main(&config).schema,
+        &walfold_engine::Target::main(&whole).schema,
     )
     .await
     .map_err(Failure::runtime)?;
@@ -358,7 +370,7 @@ struct BackfillWatcher {
 
 impl BackfillWatcher {
     /// `None` when progress cannot be read (the backfill itself then says what is wrong).
-    async fn open(config: &Config, outbox: &str) -> Option<BackfillWatcher> {
+    async fn open(config: &SourceView<'_>, outbox: &str) -> Option<BackfillWatcher> {
         let target = walfold_store::connect_for_command(config.target_url(), "target main")
             .await
             .ok()?;
@@ -399,7 +411,7 @@ impl BackfillWatcher {
 
 /// The planner's estimate of a table's rows (a partitioned table's partitions summed);
 /// `None` while it was never analyzed.
-async fn row_estimate(config: &Config, quoted_table: &str) -> Option<u64> {
+async fn row_estimate(config: &SourceView<'_>, quoted_table: &str) -> Option<u64> {
     let source = walfold_store::connect_for_command(&config.source().url, "source")
         .await
         .ok()?;

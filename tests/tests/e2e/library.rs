@@ -54,3 +54,72 @@ async fn a_rust_projection_credits_once_and_respects_versions() {
     cancel.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// A projection whose `apply` panics: a bug, not an event's fault.
+struct Panics;
+
+impl walfold_engine::Projection for Panics {
+    fn apply<'a>(
+        &'a self,
+        _tx: &'a tokio_postgres::Transaction<'a>,
+        _event: &'a walfold_engine::Event,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<walfold_engine::Applied, walfold_engine::ProjectionError>,
+    > {
+        Box::pin(async { panic!("the projection's bug") })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_projection_is_validated_like_a_config_projection() {
+    let toml =
+        "[source]\nurl = \"postgresql://walfold@localhost/app\"\n[[outbox]]\ntable = \"outbox\"\n";
+    let config = Config::from_toml(toml, Vec::<(String, String)>::new()).unwrap();
+    let mut options = ProjectionConfig::new("panics", "panics.v1");
+    options.parallelism = 0;
+    // Refused before any database is touched (none answers at that URL).
+    let err = Pipeline::new(config)
+        .with_projection(options, Arc::new(Panics))
+        .run(tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, walfold_engine::EngineError::Config(c)
+            if c.problems().iter().any(|p| p.key == "with_projection(\"panics\").parallelism")),
+        "{err}"
+    );
+    assert_eq!(err.kind(), walfold_event::ErrorKind::Definite);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_rust_projection_stops_the_pipeline_naming_its_task() {
+    let db = TestDb::new("library_panic");
+    let config = Config::from_toml(&db.config(""), Vec::<(String, String)>::new()).unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(
+        Pipeline::new(config)
+            .with_projection(
+                ProjectionConfig::new("panics", "panics.v1"),
+                Arc::new(Panics),
+            )
+            .run(cancel.clone()),
+    );
+    let client = db.client().await;
+    slot_active(&client).await;
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) values \
+         ('00000000-0000-4000-8000-000000000001', 'account', 'acc-1', 'AccountCredited', 1, '{}');",
+    );
+    let result = tokio::time::timeout(std::time::Duration::from_secs(60), task)
+        .await
+        .expect("the pipeline stops")
+        .unwrap();
+    match result {
+        Err(walfold_engine::EngineError::Panicked { task, message }) => {
+            assert_eq!(task, "panics[0]");
+            assert_eq!(message, "the projection's bug");
+        }
+        other => panic!("expected a panic of the projector, got {other:?}"),
+    }
+}

@@ -7,20 +7,24 @@
 //! disk meanwhile. This client speaks pgoutput 1 and 2 (`streaming 'on'`).
 //!
 //! ```text
-//!  socket ──frames──► worker task ──events (bounded)──► reader
+//!  socket ──frames──► worker task ──decoded events (bounded)──► reader
 //!                       ▲    │
 //!   applied LSN ────────┘    └──► standby status update every status_interval,
 //!   (update_applied_lsn)          at once when the server asks, and while the
 //!                                 reader pushes back (the channel is full)
 //! ```
 //!
-//! The worker alone owns the socket. When the reader is slow the worker stops reading
+//! The worker decodes each XLogData once ([`change`]); the reader reads the decoded
+//! messages. The worker alone owns the socket. When the reader is slow the worker stops reading
 //! (TCP pushes back to the server) but keeps sending status updates, so the server's
 //! `wal_sender_timeout` never ends a session that is merely busy.
 
+mod change;
 mod identify;
 mod session;
 mod stream;
+
+pub use change::Change;
 
 pub use identify::{probe, Identity};
 
@@ -28,7 +32,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::{mpsc, watch, Notify};
 use walfold_event::Lsn;
 use walfold_store::SslMode;
@@ -109,8 +112,8 @@ impl WireConfig {
     }
 }
 
-/// What the server sent, in stream order. Transaction boundaries and logical messages
-/// are told apart here; every other pgoutput message comes as [`ReplicationEvent::XLogData`].
+/// What the server sent, in stream order: every XLogData decoded once (see
+/// [`change`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicationEvent {
     /// A server keepalive; a reply, when asked for, has been sent already.
@@ -119,33 +122,12 @@ pub enum ReplicationEvent {
         reply_requested: bool,
         server_time_micros: i64,
     },
-    /// pgoutput Begin.
-    Begin {
-        final_lsn: Lsn,
-        xid: u32,
-        commit_time_micros: i64,
-    },
-    /// Any other pgoutput message, undecoded (`wal_start`: the change's WAL record).
-    XLogData {
+    /// One pgoutput message (`wal_start`: for a change, its WAL record).
+    Change {
         wal_start: Lsn,
-        wal_end: Lsn,
-        server_time_micros: i64,
-        data: Bytes,
-    },
-    /// pgoutput Commit.
-    Commit {
-        lsn: Lsn,
-        end_lsn: Lsn,
-        commit_time_micros: i64,
-    },
-    /// A logical decoding message (`pg_logical_emit_message`). Inside a streamed
-    /// transaction (protocol 2) it carries that transaction's xid.
-    Message {
-        transactional: bool,
-        lsn: Lsn,
-        prefix: String,
-        content: Bytes,
-        xid: Option<u32>,
+        change: Change,
+        /// The top-level xid of the streamed block (protocol 2) the message is in.
+        stream: Option<u32>,
     },
     /// The configured stop position was reached; nothing follows.
     StoppedAt { reached: Lsn },
@@ -171,6 +153,9 @@ pub enum WireError {
     },
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A pgoutput message walfold cannot read.
+    #[error("{0}")]
+    Decode(walfold_pgoutput::DecodeError),
     #[error("{0}")]
     Unsupported(String),
     /// None of the configured hosts answered as a primary (a failover in progress).

@@ -9,8 +9,8 @@ use postgres_protocol::message::frontend;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use walfold_event::Lsn;
-use walfold_pgoutput::{decode, Message};
 
+use super::change::{Change, Decoder};
 use super::session::{parse, server_error, Conn, Frame};
 use super::{Delivered, Progress, ReplicationEvent, WireConfig, WireError};
 use crate::budget::Held;
@@ -28,8 +28,8 @@ pub(crate) struct Worker {
     last_status: Instant,
     /// When the server was last heard from (or reading resumed after back-pressure).
     last_heard: Instant,
-    /// Between Stream Start and Stream Stop (protocol 2): messages carry an xid.
-    in_stream: bool,
+    /// Decodes each XLogData once, knowing whether it is inside a streamed block.
+    decoder: Decoder,
     /// The budget taken for a large message before reading it (see [`Worker::stream`]).
     reserved: Option<Held>,
 }
@@ -65,7 +65,7 @@ impl Worker {
             reported: Lsn::ZERO,
             last_status,
             last_heard: Instant::now(),
-            in_stream: false,
+            decoder: Decoder::default(),
             reserved: None,
         }
     }
@@ -173,10 +173,9 @@ impl Worker {
                     return Err(short());
                 }
                 let wal_start = Lsn(data.get_u64());
-                let wal_end = Lsn(data.get_u64());
-                let server_time_micros = data.get_i64();
-                self.xlog(wal_start, wal_end, server_time_micros, data)
-                    .await
+                // wal_end and the server's clock: nothing walfold reads.
+                data.advance(16);
+                self.xlog(wal_start, data).await
             }
             b'k' => {
                 if data.len() < 17 {
@@ -209,60 +208,28 @@ impl Worker {
         }
     }
 
-    async fn xlog(
-        &mut self,
-        wal_start: Lsn,
-        wal_end: Lsn,
-        server_time_micros: i64,
-        data: Bytes,
-    ) -> Result<Option<End>, WireError> {
-        let mut boundary = None;
-        let event = match decode(&data, self.in_stream) {
-            Ok(Message::Begin(b)) => {
-                boundary = Some(Lsn(b.final_lsn));
-                ReplicationEvent::Begin {
-                    final_lsn: Lsn(b.final_lsn),
-                    xid: b.xid,
-                    commit_time_micros: b.commit_time,
-                }
-            }
-            Ok(Message::Commit(c)) => {
-                boundary = Some(Lsn(c.end_lsn));
-                ReplicationEvent::Commit {
-                    lsn: Lsn(c.commit_lsn),
-                    end_lsn: Lsn(c.end_lsn),
-                    commit_time_micros: c.commit_time,
-                }
-            }
-            Ok(Message::LogicalMessage(m)) => ReplicationEvent::Message {
-                transactional: m.transactional,
-                lsn: Lsn(m.lsn),
-                prefix: m.prefix.to_owned(),
-                content: data.slice_ref(m.content),
-                xid: m.xid,
-            },
-            other => {
-                match other {
-                    Ok(Message::StreamStart(_)) => self.in_stream = true,
-                    Ok(Message::StreamStop) => self.in_stream = false,
-                    Ok(Message::StreamCommit(c)) => boundary = Some(Lsn(c.end_lsn)),
-                    // The reader decodes again and reports what it cannot read.
-                    _ => {}
-                }
-                ReplicationEvent::XLogData {
-                    wal_start,
-                    wal_end,
-                    server_time_micros,
-                    data,
-                }
-            }
+    async fn xlog(&mut self, wal_start: Lsn, data: Bytes) -> Result<Option<End>, WireError> {
+        let (change, stream) = self.decoder.decode(&data).map_err(WireError::Decode)?;
+        let boundary = change.boundary().map(Lsn);
+        // What the message holds of the budget: nothing for a transaction's bounds, a
+        // logical message's content, else the whole payload (a row borrows from it).
+        let bytes = match &change {
+            Change::Begin(_) | Change::Commit(_) => 0,
+            Change::Message { content, .. } => content.len(),
+            _ => data.len(),
         };
-        if !self.forward(event).await? {
+        drop(data);
+        let event = ReplicationEvent::Change {
+            wal_start,
+            change,
+            stream,
+        };
+        if !self.forward(event, bytes).await? {
             return Ok(Some(End::Stopped));
         }
         if let (Some(stop), Some(reached)) = (self.cfg.stop_lsn, boundary) {
             if reached >= stop {
-                self.forward(ReplicationEvent::StoppedAt { reached })
+                self.forward(ReplicationEvent::StoppedAt { reached }, 0)
                     .await?;
                 return Ok(Some(End::Reached));
             }
@@ -272,18 +239,13 @@ impl Worker {
 
     /// Takes the event's bytes from the budget, waiting while what is in flight holds
     /// it (status updates go on meanwhile). `None`: stop.
-    async fn take(&mut self, event: &ReplicationEvent) -> Result<Option<Held>, WireError> {
+    async fn take(&mut self, bytes: usize) -> Result<Option<Held>, WireError> {
         let Some(budget) = self.cfg.budget.clone() else {
             return Ok(Some(Held::default()));
         };
         if let Some(held) = self.reserved.take() {
             return Ok(Some(held));
         }
-        let bytes = match event {
-            ReplicationEvent::XLogData { data, .. } => data.len(),
-            ReplicationEvent::Message { content, .. } => content.len(),
-            _ => 0,
-        };
         if let Some(held) = budget.try_take(bytes) {
             return Ok(Some(held));
         }
@@ -302,8 +264,8 @@ impl Worker {
     /// Hands an event to the reader. While the reader pushes back, status updates go on
     /// every `status_interval`, so the server keeps seeing a live client; the socket is
     /// not read meanwhile (TCP pushes back to the server). `false`: stop.
-    async fn forward(&mut self, event: ReplicationEvent) -> Result<bool, WireError> {
-        let Some(held) = self.take(&event).await? else {
+    async fn forward(&mut self, event: ReplicationEvent, bytes: usize) -> Result<bool, WireError> {
+        let Some(held) = self.take(bytes).await? else {
             return Ok(false);
         };
         let event = (event, held);

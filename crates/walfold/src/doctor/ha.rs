@@ -4,7 +4,7 @@
 //! an older position, e.g. Patroni's permanent slot). See README, After a failover.
 
 use tokio_postgres::Client;
-use walfold_config::{Config, OnSlotLost};
+use walfold_config::{OnSlotLost, SourceView};
 use walfold_event::Lsn;
 use walfold_store::RowExt;
 
@@ -13,7 +13,7 @@ use super::{setting, CheckError, Level, Report};
 /// Checks `slot` (existing on `source`) for what happens to it at a failover.
 pub(super) async fn slot_checks(
     r: &mut Report,
-    config: &Config,
+    config: &SourceView<'_>,
     source: &Client,
     ingested: Option<&str>,
 ) -> Result<(), CheckError> {
@@ -107,7 +107,7 @@ pub(super) async fn slot_checks(
 /// With several hosts in the source's URL, asks each one what it is: the primary, or a
 /// standby, and whether that standby keeps a copy of the slot (a synced failover slot
 /// on 17, a manager's permanent slot) so the slot survives its promotion.
-pub(super) async fn hosts(r: &mut Report, config: &Config) -> Result<(), CheckError> {
+pub(super) async fn hosts(r: &mut Report, config: &SourceView<'_>) -> Result<(), CheckError> {
     let Some(hosts) = walfold_config::conninfo::per_host(&config.source().url) else {
         return Ok(());
     };
