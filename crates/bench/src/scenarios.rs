@@ -180,8 +180,8 @@ async fn decode_and_drain(
     let batches = n / 1000;
     let script = "select nextval('raw_batch') - 1 as b \\gset\n\
         begin;\n\
-        insert into walfold.processed_message (subscriber_id, message_id, processed_at) \
-          select 'raw', event_id, now() from walfold.event_log \
+        insert into walfold.processed_message (subscriber_id, seq, message_id, processed_at) \
+          select 'raw', seq, event_id, now() from walfold.event_log \
           where seq > :b * 1000 and seq <= (:b + 1) * 1000 on conflict do nothing;\n\
         insert into raw_state as c (order_id, status, amount, version) \
           select aggregate_id, payload->>'status', (payload->>'amount')::numeric, version \
@@ -211,14 +211,14 @@ async fn decode_and_drain(
         "select nextval('raw_all_batch') - 1 as b \\gset\n\
          begin;\n\
          insert into raw_log select * {range};\n\
-         insert into walfold.processed_message (subscriber_id, message_id, processed_at) \
-           select 'raw.state', event_id, now() {range} on conflict do nothing;\n\
+         insert into walfold.processed_message (subscriber_id, seq, message_id, processed_at) \
+           select 'raw.state', seq, event_id, now() {range} on conflict do nothing;\n\
          insert into raw_state2 as c (order_id, status, amount, version) \
            select aggregate_id, payload->>'status', (payload->>'amount')::numeric, version {range} \
            on conflict (order_id) do update set status = excluded.status, amount = excluded.amount, \
            version = excluded.version where c.version < excluded.version;\n\
-         insert into walfold.processed_message (subscriber_id, message_id, processed_at) \
-           select 'raw.sum', event_id, now() {range} on conflict do nothing;\n\
+         insert into walfold.processed_message (subscriber_id, seq, message_id, processed_at) \
+           select 'raw.sum', seq, event_id, now() {range} on conflict do nothing;\n\
          insert into raw_sum as c (order_id, total) \
            select aggregate_id, (payload->>'amount')::numeric {range} \
            on conflict (order_id) do update set total = c.total + excluded.total;\n\
@@ -763,7 +763,8 @@ async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxE
              (select checkpoints_req from pg_stat_bgwriter), \
              coalesce(sum(idx_blks_read), 0)::int8, coalesce(sum(idx_blks_hit), 0)::int8 \
              from pg_statio_all_indexes where schemaname = 'walfold' \
-             and indexrelname in ('event_log_event_id_key', 'processed_message_pkey')",
+             and indexrelname in ('event_log_event_id_key', 'processed_message_by_seq', \
+             'processed_message_by_id')",
             &[],
         )
         .await?;

@@ -161,8 +161,8 @@ pub fn seed_history(cluster: &Cluster, db: &str, events: u64) -> Result<(), BoxE
                now(), length(p.payload::text) \
              from seed_head, generate_series(1, {events}) as i, \
                lateral (select {PAYLOAD_SQL} as payload) as p; \
-             insert into walfold.processed_message (subscriber_id, message_id) \
-             select s, e.event_id from walfold.event_log e, seed_head, \
+             insert into walfold.processed_message (subscriber_id, seq, message_id) \
+             select s, e.seq, e.event_id from walfold.event_log e, seed_head, \
                unnest(array['bench.state', 'bench.sum']) as s where e.seq > head; \
              update walfold.checkpoint set position = (select max(seq) from walfold.event_log) \
              where subscriber_id in ('bench.state', 'bench.sum'); \

@@ -359,9 +359,17 @@ async fn policy(
             claims.push((r.subscriber.clone(), retention));
         }
     }
+    // Claims of every target may carry a pruned event's seq: its identity is kept as
+    // long as the longest claim retention (forever if any projection keeps claims so).
+    let identities = config
+        .projection
+        .iter()
+        .map(|p| p.dedup_retention.after())
+        .try_fold(std::time::Duration::ZERO, |max, r| r.map(|r| max.max(r)));
     Ok(PrunePolicy {
         event_log: config.retention.event_log.after(),
         claims,
+        identities,
         batch: config.retention.prune_batch_size,
         held_elsewhere: None,
     })

@@ -285,6 +285,7 @@ mod tests {
     fn event(seq: i64, aggregate: &str) -> Event {
         Event {
             seq,
+            claim_seq: seq,
             id: uuid::Uuid::from_u64_pair(0, seq as u64),
             aggregate_type: "order".into(),
             aggregate_id: aggregate.into(),

@@ -89,6 +89,7 @@ mod tests {
     fn event(seq: i64, aggregate: &str, version: i64) -> Event {
         Event {
             seq,
+            claim_seq: seq,
             id: uuid::Uuid::from_u64_pair(0, seq as u64),
             aggregate_type: "account".into(),
             aggregate_id: aggregate.into(),

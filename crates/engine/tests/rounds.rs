@@ -33,6 +33,7 @@ fn projection(table: &str, columns: &[(&str, &str)]) -> SqlProjection {
 fn event(seq: i64, order: &str, version: i64, status: &str, note: &str) -> Event {
     Event {
         seq,
+        claim_seq: seq,
         id: Uuid::from_u128(seq as u128),
         aggregate_type: "order".into(),
         aggregate_id: order.into(),

@@ -38,6 +38,7 @@ fn projection(table: &str, key: &str, columns: &[(&str, String)]) -> SqlProjecti
 fn ev(seq: i64, id: &str, version: i64, payload: Value) -> Event {
     Event {
         seq,
+        claim_seq: seq,
         id: Uuid::from_u128(seq as u128),
         aggregate_type: "order".into(),
         aggregate_id: id.into(),

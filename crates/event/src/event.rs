@@ -107,6 +107,9 @@ impl NewEvent {
 pub struct Event {
     /// Position in the event log (commit order).
     pub seq: i64,
+    /// The seq its dedup claims carry: `seq`, or for an event delivered again after
+    /// pruning deleted it, the seq of its first delivery (see `walfold_store::claim`).
+    pub claim_seq: i64,
     pub id: Uuid,
     pub aggregate_type: String,
     pub aggregate_id: String,

@@ -75,11 +75,13 @@ const RENAME_SOURCE: &str =
      select source from old";
 
 /// Inserts a batch's events (arrays `$1`…`$12`, `$14` and `$15`, source `$13`) whose IDs
-/// are not in the log yet; returns the inserted IDs.
+/// are not in the log yet; returns the inserted IDs. An ID pruning retired keeps its
+/// first delivery's claim seq (see `claim`).
 const INSERT_EVENTS: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
                  event_type, version, payload, headers, occurred_at, partition_hash, \
-                 source_lsn, committed_at, bytes, producer_id, source) \
-                 select u.*, $13::text from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
+                 source_lsn, committed_at, bytes, producer_id, source, claim_seq) \
+                 select u.*, $13::text, (select r.claim_seq from {schema}.retired_identity r \
+                 where r.event_id = u.event_id) from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
                  $12::timestamptz[], $14::int4[], $15::text[]) as u(seq, event_id) \
@@ -90,10 +92,11 @@ const INSERT_EVENTS: &str = "insert into {schema}.event_log (seq, event_id, aggr
 /// [`INSERT_EVENTS`] for a batch with payloads sent by COPY (see `large_payload`).
 const INSERT_EVENTS_LARGE: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, \
                  aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-                 source_lsn, committed_at, bytes, producer_id, source) \
+                 source_lsn, committed_at, bytes, producer_id, source, claim_seq) \
                  select u.seq, u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, \
                  u.version, {payload}, u.headers, u.occurred_at, u.partition_hash, u.source_lsn, \
-                 u.committed_at, u.bytes, u.producer_id, $13::text \
+                 u.committed_at, u.bytes, u.producer_id, $13::text, (select r.claim_seq \
+                 from {schema}.retired_identity r where r.event_id = u.event_id) \
                  from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
@@ -751,7 +754,7 @@ impl Filter {
 /// and how many the cut left out (one row with null event columns when none passes).
 /// An event appended before `bytes` was recorded counts as its stored size.
 const READ_PAGE: &str = "with head as (select coalesce(max(seq), 0) as h from {schema}.event_log) \
-     select head.h, e.seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
+     select head.h, e.seq, e.claim_seq, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
      e.version, e.payload, e.headers, e.occurred_at, e.source_lsn, e.committed_at, \
      e.source, e.left_out \
      from head left join lateral ( \
@@ -759,7 +762,10 @@ const READ_PAGE: &str = "with head as (select coalesce(max(seq), 0) as h from {s
          select p.*, sum(p.size) over (order by p.seq) as through, \
            row_number() over (order by p.seq) as n, count(*) over () as matched \
          from ( \
-           select l.*, coalesce(l.bytes, pg_column_size(l.payload)) as size \
+           select l.seq, coalesce(l.claim_seq, l.seq) as claim_seq, l.event_id, l.aggregate_type, \
+             l.aggregate_id, l.event_type, l.version, l.payload, l.headers, l.occurred_at, \
+             l.source_lsn, l.committed_at, l.source, \
+             coalesce(l.bytes, pg_column_size(l.payload)) as size \
            from {schema}.event_log l \
            where l.seq > $1 and l.seq <= $8 and l.seq <= head.h \
              and ($2::int4 = 1 or l.partition_hash % $2::int4 = $3::int4) \
@@ -774,9 +780,9 @@ const READ_PAGE: &str = "with head as (select coalesce(max(seq), 0) as h from {s
 
 /// The events with the seqs `$1`, in seq order.
 const READ_EVENTS: &str =
-    "select seq, event_id, aggregate_type, aggregate_id, event_type, version, \
-     payload, headers, occurred_at, source_lsn, committed_at, source \
-     from {schema}.event_log where seq = any($1) order by seq";
+    "select seq, coalesce(claim_seq, seq) as claim_seq, event_id, aggregate_type, \
+     aggregate_id, event_type, version, payload, headers, occurred_at, source_lsn, \
+     committed_at, source from {schema}.event_log where seq = any($1) order by seq";
 
 /// The page read of [`read_page`].
 pub fn read_sql(schema: &Schema) -> String {
@@ -869,6 +875,7 @@ fn event_from_row(row: &Row) -> Result<Event, StoreError> {
     let r = row.of("event_log");
     Ok(Event {
         seq: r.col("seq")?,
+        claim_seq: r.col("claim_seq")?,
         id: r.col("event_id")?,
         aggregate_type: r.col("aggregate_type")?,
         aggregate_id: r.col("aggregate_id")?,

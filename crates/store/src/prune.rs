@@ -36,20 +36,30 @@ const PRUNE_CLAIMS: &str = "delete from {schema}.processed_message where ctid = 
      limit $3))";
 
 /// Deletes a batch (`$3`) of events up to seq `$1` older than `$2` seconds that no
-/// unresolved (`$4`) dead letter needs, and raises the recorded pruning horizon to the
-/// highest seq deleted, in the same statement; returns how many it deleted.
+/// unresolved (`$4`) dead letter needs, retires their identities (see `claim`) and
+/// raises the recorded pruning horizon to the highest seq deleted, in the same
+/// statement; returns how many it deleted.
 const PRUNE_EVENTS: &str = "with gone as (delete from {schema}.event_log where seq = any(array( \
      select e.seq from {schema}.event_log e \
      where e.seq <= $1 and e.appended_at < now() - make_interval(secs => $2) \
        and not exists (select 1 from {schema}.dead_letter d where d.seq = e.seq \
                        and d.subscriber_id is not null and d.status = any($4)) \
-     order by e.seq limit $3)) returning seq), \
+     order by e.seq limit $3)) returning seq, event_id, claim_seq), \
+     retired as (insert into {schema}.retired_identity (event_id, claim_seq, retired_at) \
+       select event_id, coalesce(claim_seq, seq), now() from gone \
+       on conflict (event_id) do update set claim_seq = excluded.claim_seq, \
+       retired_at = excluded.retired_at), \
      noted as (insert into {schema}.event_log_pruned (through, pruned_at) \
        select max(seq), now() from gone having count(*) > 0 \
        on conflict (one) do update set \
        through = greatest({schema}.event_log_pruned.through, excluded.through), \
        pruned_at = excluded.pruned_at) \
      select count(*) as deleted from gone";
+
+/// A batch (`$2`) of retired identities older than `$1` seconds: no claim on them is kept.
+const PRUNE_IDENTITIES: &str = "delete from {schema}.retired_identity where ctid = any(array( \
+     select ctid from {schema}.retired_identity \
+     where retired_at < now() - make_interval(secs => $1) limit $2))";
 
 /// How far pruning has deleted the event log, if it has.
 const PRUNED_THROUGH: &str =
@@ -117,6 +127,9 @@ pub struct PrunePolicy {
     pub event_log: Option<Duration>,
     /// Subscribers whose claims expire, with their retention.
     pub claims: Vec<(String, Duration)>,
+    /// How long a pruned event's identity is kept (see `claim`): at least the longest
+    /// claim retention of any subscriber on any target; `None` keeps it forever.
+    pub identities: Option<Duration>,
     /// Rows per delete.
     pub batch: i64,
     /// The highest seq the extra targets let go of (see [`hold`]); `None`: no extra
@@ -217,6 +230,12 @@ pub async fn prune(
         .await?;
     }
     pruned.claims += delete_retired_claims(client, fence, schema, policy.batch).await?;
+    if let Some(keep) = policy.identities {
+        let sql = schema.sql(PRUNE_IDENTITIES);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&keep.as_secs_f64(), &policy.batch];
+        delete_batches(client, fence, &sql, &params, policy.batch, Count::Affected).await?;
+    }
     let Some(retention) = policy.event_log else {
         return Ok(pruned);
     };

@@ -109,15 +109,16 @@ const READ_STAGED: &str =
              order by ord limit $4";
 
 /// Moves every event slot `$1` staged for transaction `$2` into the log after seq `$3`,
-/// with commit LSN `$4`, commit time `$5` and source `$6`.
+/// with commit LSN `$4`, commit time `$5` and source `$6` (claim seqs as in the append).
 const MOVE_ALL: &str =
     "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
              event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
-             committed_at, source, bytes, producer_id) \
+             committed_at, source, bytes, producer_id, claim_seq) \
              select $3 + row_number() over (order by ord), event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-             $4, $5, $6::text, octet_length(payload::text), producer_id from {schema}.stream_stage \
-             where slot = $1 and xid = $2 and rejected is null";
+             $4, $5, $6::text, octet_length(payload::text), producer_id, \
+             (select r.claim_seq from {schema}.retired_identity r where r.event_id = s.event_id) \
+             from {schema}.stream_stage s where slot = $1 and xid = $2 and rejected is null";
 
 impl EventLog {
     /// Deletes everything staged for this slot (a new session: the server sends every

@@ -749,6 +749,7 @@ async fn an_operator_handle_of_a_deposed_leader_cannot_write() {
     let policy = PrunePolicy {
         event_log: None,
         claims: vec![("orders.total.v1".into(), Duration::from_secs(1))],
+        identities: None,
         batch: 100,
         held_elsewhere: None,
     };

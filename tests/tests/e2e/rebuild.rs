@@ -1085,3 +1085,176 @@ async fn a_retired_subscriber_exports_no_lag() {
         "the retired subscriber exports lag:\n{body}"
     );
 }
+
+/// Claims are keyed by seq (issue 28): an event delivered again after pruning deleted
+/// it from the log is appended under a new seq but carries its first delivery's claim
+/// seq, so a subscriber that keeps its claim skips it and one whose claim expired
+/// applies it again (README, "Retention as replay policy"); a rebuild under a new
+/// subscriber replays it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_delivered_again_after_pruning_meets_the_claims_that_are_kept() {
+    let db = TestDb::new("claimseq");
+    db.psql("create table short_total (order_id text primary key, total numeric not null)");
+    let text = builder(&db)
+        .set("retention", "event_log", "1s")
+        .text(
+            r#"
+[[projection]]
+name = "short_total"
+subscriber = "short.total.v1"
+dedup_retention = "2s"
+sql = """
+insert into short_total as t (order_id, total) values (:aggregate_id, :payload.amount::numeric)
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+"#,
+        )
+        .to_toml();
+    let (d, client) = Daemon::streaming(&db, &text).await;
+    let cfg = d.config_path().to_owned();
+    let insert = |id: &str, amount: &str| {
+        let payload = format!(r#"{{"amount": "{amount}"}}"#);
+        db.psql(&walfold_tests::insert_event(
+            id,
+            "o-1",
+            "OrderChanged",
+            1,
+            &payload,
+        ))
+    };
+    let total = |table: &'static str| {
+        let client = &client;
+        async move {
+            count(
+                client,
+                &format!("select coalesce(sum(total), 0)::int8 from {table}"),
+            )
+            .await
+        }
+    };
+    let old = "00000000-0000-4000-8000-0000000000a1";
+    let recent = "00000000-0000-4000-8000-0000000000a2";
+    insert(old, "10");
+    eventually(Duration::from_secs(30), "the old event", || async {
+        total("order_total").await == 10 && total("short_total").await == 10
+    })
+    .await;
+    let first_seq = count(
+        &client,
+        &format!("select seq from walfold.event_log where event_id = '{old}'"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    insert(recent, "5");
+    eventually(Duration::from_secs(30), "the recent event", || async {
+        total("order_total").await == 15 && total("short_total").await == 15
+    })
+    .await;
+    subscriber_caught_up(&client, "orders.total.v1", 30).await;
+    subscriber_caught_up(&client, "short.total.v1", 30).await;
+
+    // The old event leaves the log; short_total's claim on it expired, order_total's is
+    // kept forever: the identity stays retired with its claim seq.
+    let (code, out, err) = walfold(&["prune", "-c", &cfg], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("and 1 events"), "{out}");
+    assert_eq!(
+        count(
+            &client,
+            &format!("select claim_seq from walfold.retired_identity where event_id = '{old}'")
+        )
+        .await,
+        first_seq
+    );
+    assert_eq!(
+        count(
+            &client,
+            &format!(
+                "select count(*) from walfold.processed_message where message_id = '{old}' \
+                 and subscriber_id = 'short.total.v1'"
+            )
+        )
+        .await,
+        0,
+        "short_total's claim went (2 s window)"
+    );
+
+    // The producer delivers it again: under a new seq, with its first claim seq.
+    insert(old, "10");
+    eventually(Duration::from_secs(30), "the redelivery", || async {
+        total("short_total").await == 25
+    })
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "order_total to pass it",
+        || async {
+            count(
+                &client,
+                "select count(*) from walfold.checkpoint where subscriber_id = 'orders.total.v1' \
+             and position >= (select max(seq) from walfold.event_log)",
+            )
+            .await
+                == 2
+        },
+    )
+    .await;
+    assert_eq!(
+        count(
+            &client,
+            &format!(
+                "select count(*) from walfold.event_log where event_id = '{old}' \
+                 and seq > {first_seq} and claim_seq = {first_seq}"
+            )
+        )
+        .await,
+        1
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        total("order_total").await,
+        15,
+        "order_total kept its claim: a duplicate"
+    );
+    assert_eq!(
+        total("short_total").await,
+        25,
+        "short_total's claim expired: new"
+    );
+
+    // A rebuild under a new subscriber replays the retained log: the redelivered event
+    // once, under its claim seq.
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "order_total",
+            "--subscriber",
+            "orders.total.v2",
+            "--from-retained-log",
+            "-c",
+            &cfg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually(Duration::from_secs(60), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await == "switched"
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the rebuilt total", || async {
+        total("order_total").await == 15
+    })
+    .await;
+    assert_eq!(
+        count(
+            &client,
+            &format!(
+                "select count(*) from walfold.processed_message \
+                 where subscriber_id = 'orders.total.v2' and seq = {first_seq}"
+            )
+        )
+        .await,
+        1,
+        "the new subscriber claimed the first delivery's seq"
+    );
+}

@@ -961,3 +961,92 @@ async fn a_projection_moved_off_a_target_leaves_readiness_to_where_it_serves() {
     )
     .await;
 }
+
+/// Claims on a second target are keyed by the main log's seqs (issue 28): an event
+/// delivered again after pruning deleted it from the log carries its first delivery's
+/// claim seq, which the second target's kept claim meets: a duplicate there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_delivered_again_after_pruning_is_a_duplicate_on_a_second_target() {
+    let second: &'static Cluster = Box::leak(Box::new(
+        Cluster::start(Options::default()).expect("second cluster"),
+    ));
+    let db = TestDb::new("claimseq2");
+    let reporting = TestDb::on(second, "reporting");
+    let text = db.config(&format!(
+        "[retention]\nprune_interval_s = 0\nevent_log = \"1s\"\n\n[targets.reporting]\nurl = \"{}\"\n{REMOVED_TARGET}",
+        reporting.url()
+    ));
+    let d = Daemon::start(&text, &[]);
+    let main = db.client().await;
+    slot_active(&main).await;
+    let rep = reporting.client().await;
+    let insert = |id: &str, amount: &str| {
+        let payload = format!(r#"{{"amount": "{amount}"}}"#);
+        db.psql(&walfold_tests::insert_event(
+            id,
+            "o-1",
+            "OrderChanged",
+            1,
+            &payload,
+        ))
+    };
+    let old = "00000000-0000-4000-8000-0000000000b1";
+    insert(old, "10");
+    eventually(
+        Duration::from_secs(60),
+        "the old event on reporting",
+        || async { sum(&rep).await == 1000 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    insert("00000000-0000-4000-8000-0000000000b2", "5");
+    eventually(
+        Duration::from_secs(60),
+        "the recent event on reporting",
+        || async { sum(&rep).await == 1500 },
+    )
+    .await;
+    reporting_caught_up(&main, &rep, 2, &["reporting.total.v1"]).await;
+    let (code, out, err) = walfold(&["prune", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        count(
+            &main,
+            &format!("select count(*) from walfold.event_log where event_id = '{old}'")
+        )
+        .await,
+        0,
+        "the old event left the log: {out}"
+    );
+
+    insert(old, "10");
+    eventually(
+        Duration::from_secs(60),
+        "the redelivery in the log",
+        || async {
+            count(
+                &main,
+                &format!("select count(*) from walfold.event_log where event_id = '{old}'"),
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    reporting_caught_up(&main, &rep, 2, &["reporting.total.v1"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        sum(&rep).await,
+        1500,
+        "the second target's kept claim met it"
+    );
+    assert!(
+        count(
+            &rep,
+            "select coalesce(sum(duplicates), 0)::int8 from walfold.checkpoint \
+             where subscriber_id = 'reporting.total.v1'"
+        )
+        .await
+            >= 1
+    );
+}

@@ -153,8 +153,8 @@ where
             );
             self.dead_letter(&letter, false).await?;
         }
-        let waiting_ids: Vec<uuid::Uuid> = order.waiting.iter().map(|e| e.id).collect();
-        self.tx.unclaim(&waiting_ids).await?;
+        let waiting: Vec<i64> = order.waiting.iter().map(|e| e.claim_seq).collect();
+        self.tx.unclaim(&waiting).await?;
         let done: Vec<i64> = order
             .apply
             .iter()

@@ -82,6 +82,7 @@ impl Apply<MemoryStore> for Fake {
 fn event(seq: i64, aggregate: &str, version: Option<i64>) -> Event {
     Event {
         seq,
+        claim_seq: seq,
         id: uuid::Uuid::from_u64_pair(0, seq as u64),
         aggregate_type: "account".into(),
         aggregate_id: aggregate.into(),
@@ -172,7 +173,7 @@ async fn a_strict_event_ahead_of_a_missing_version_waits_then_applies_when_it_ar
         let s = store.state();
         // Version 3 waits: its claim was given back, it is set aside as waiting and its
         // aggregate parked behind it; the checkpoint moved past it.
-        assert!(s.claims.contains(&v1.id) && !s.claims.contains(&v3.id));
+        assert!(s.claims.contains(&v1.claim_seq) && !s.claims.contains(&v3.claim_seq));
         assert_eq!(s.versions[&account("a")], 1);
         let waiting: Vec<_> = s.letters.values().collect();
         assert_eq!(waiting.len(), 1);
@@ -195,7 +196,7 @@ async fn a_strict_event_ahead_of_a_missing_version_waits_then_applies_when_it_ar
     assert_eq!(fake.applied(), [1, 4, 3, 2]);
     let s = store.state();
     assert_eq!(s.versions[&account("a")], 3);
-    assert!(s.claims.contains(&v2.id) && s.claims.contains(&v3.id));
+    assert!(s.claims.contains(&v2.claim_seq) && s.claims.contains(&v3.claim_seq));
     assert!(
         s.letters.is_empty(),
         "waiting letters are forgotten once applied"

@@ -118,7 +118,7 @@ where
     /// applied in this transaction; the rest were processed before (duplicates).
     pub async fn claim<'e>(&mut self, events: &[&'e Event]) -> Result<Vec<&'e Event>, EngineError> {
         self.events += events.len();
-        let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id).collect();
+        let ids: Vec<(uuid::Uuid, i64)> = events.iter().map(|e| (e.id, e.claim_seq)).collect();
         let claimed = self.tx.claim(&ids).await?;
         self.stats.duplicates += (ids.len() - claimed.len()) as i64;
         Ok(events

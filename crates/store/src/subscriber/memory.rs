@@ -30,8 +30,8 @@ pub struct Letter {
 pub struct State {
     /// The event log, by seq.
     pub log: BTreeMap<i64, Event>,
-    /// Claimed event IDs (`processed_message`).
-    pub claims: HashSet<Uuid>,
+    /// Claimed claim seqs (`processed_message`, keyed by `Event::claim_seq`).
+    pub claims: HashSet<i64>,
     /// Last applied version per aggregate (`aggregate_version`).
     pub versions: HashMap<Aggregate, i64>,
     /// Dead letters by ID.
@@ -247,21 +247,21 @@ impl SubscriberStore for MemoryStore {
 impl SubscriberTx for MemoryTx<'_> {
     fn claim<'a>(
         &'a mut self,
-        ids: &'a [Uuid],
+        ids: &'a [(Uuid, i64)],
     ) -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>> {
         Box::pin(async move {
             Ok(ids
                 .iter()
-                .copied()
-                .filter(|id| self.state.claims.insert(*id))
+                .filter(|(_, seq)| self.state.claims.insert(*seq))
+                .map(|(id, _)| *id)
                 .collect())
         })
     }
 
-    fn unclaim<'a>(&'a mut self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn unclaim<'a>(&'a mut self, seqs: &'a [i64]) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            for id in ids {
-                self.state.claims.remove(id);
+            for seq in seqs {
+                self.state.claims.remove(seq);
             }
             Ok(())
         })

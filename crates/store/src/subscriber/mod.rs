@@ -72,14 +72,17 @@ pub trait SubscriberStore: Send {
 /// One transaction of a projector partition. Dropped without [`SubscriberTx::commit`],
 /// nothing of it lands.
 pub trait SubscriberTx {
-    /// Claims `ids` for the subscriber; returns those this transaction claimed. The rest
-    /// were processed before: duplicates, to be skipped.
-    fn claim<'a>(&'a mut self, ids: &'a [Uuid])
-        -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>>;
+    /// Claims the events `ids` (event ID, claim seq: `Event::claim_seq`) for the
+    /// subscriber; returns the IDs this transaction claimed. The rest were processed
+    /// before: duplicates, to be skipped.
+    fn claim<'a>(
+        &'a mut self,
+        ids: &'a [(Uuid, i64)],
+    ) -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>>;
 
-    /// Gives back claims made earlier in this transaction for events not applied after
-    /// all (waiting for a missing version): claimed again when they apply.
-    fn unclaim<'a>(&'a mut self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Gives back claims (by claim seq) made earlier in this transaction for events not
+    /// applied after all (waiting for a missing version): claimed again when they apply.
+    fn unclaim<'a>(&'a mut self, seqs: &'a [i64]) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The last applied version of each of `aggregates` that has one.
     fn applied_versions<'a>(

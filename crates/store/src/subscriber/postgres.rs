@@ -329,7 +329,7 @@ where
 impl SubscriberTx for PgSubscriberTx<'_> {
     fn claim<'a>(
         &'a mut self,
-        ids: &'a [Uuid],
+        ids: &'a [(Uuid, i64)],
     ) -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>> {
         Box::pin(async move {
             let b = self.bound;
@@ -339,10 +339,10 @@ impl SubscriberTx for PgSubscriberTx<'_> {
         })
     }
 
-    fn unclaim<'a>(&'a mut self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn unclaim<'a>(&'a mut self, seqs: &'a [i64]) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let b = self.bound;
-            claim::unclaim(&self.tx, &b.schema, &b.subscriber, ids)
+            claim::unclaim(&self.tx, &b.schema, &b.subscriber, seqs)
                 .await
                 .map_err(|e| b.wrap(e))
         })
