@@ -10,6 +10,14 @@ alter table processed_message drop constraint processed_message_pkey;
 create unique index processed_message_by_seq on processed_message (subscriber_id, seq);
 create unique index processed_message_by_id on processed_message (subscriber_id, message_id)
     where seq is null;
+-- A binary from before this migration claims without a seq, which no longer meets the
+-- claims made by seq: refused (an environment error that pauses it) instead of applying
+-- an event again. `not valid`: the claims made before keep their null.
+alter table processed_message add constraint processed_message_claimed_by_seq
+    check (seq is not null) not valid;
+-- Without its primary key the table has no replica identity; a target that is also a
+-- published source (`for all tables`) must still be able to delete claims.
+alter table processed_message replica identity full;
 
 -- The seq an event's claims carry when it is not its own: an event appended again after
 -- pruning had deleted it carries the seq of its first delivery (from `retired_identity`).

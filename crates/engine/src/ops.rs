@@ -308,10 +308,34 @@ pub(crate) async fn prune_fenced(
         .collect();
     let mut policy = policy(config, &mut log, &here).await?;
     policy.held_elsewhere = held_elsewhere;
+    policy.identities = identity_retention(&log, projections).await?;
     let p = log.prune(&policy).await?;
     pruned.claims += p.claims;
     pruned.events += p.events;
     Ok(pruned)
+}
+
+/// How long a pruned event's identity is kept (see the store's `claim.rs`): as long as
+/// the longest claim retention of every projection that may hold claims on its seq, on
+/// any target. Those are the projections given (a daemon's include its Rust ones) and
+/// every projection the log's registry knows: one it knows that is not given (taken out
+/// of the config, or a Rust projection a command does not see) keeps its claims forever,
+/// as does one without `dedup_retention`, and then identities are kept forever (`None`).
+async fn identity_retention(
+    log: &Operator,
+    projections: &[ProjectionConfig],
+) -> Result<Option<std::time::Duration>, EngineError> {
+    let known = log.active_projections().await?;
+    if known
+        .iter()
+        .any(|(name, _)| !projections.iter().any(|p| p.name == *name))
+    {
+        return Ok(None);
+    }
+    Ok(projections
+        .iter()
+        .map(|p| p.dedup_retention.after())
+        .try_fold(std::time::Duration::ZERO, |max, r| r.map(|r| max.max(r))))
 }
 
 /// Claims on an extra target, and how far it lets go of the log.
@@ -359,17 +383,10 @@ async fn policy(
             claims.push((r.subscriber.clone(), retention));
         }
     }
-    // Claims of every target may carry a pruned event's seq: its identity is kept as
-    // long as the longest claim retention (forever if any projection keeps claims so).
-    let identities = config
-        .projection
-        .iter()
-        .map(|p| p.dedup_retention.after())
-        .try_fold(std::time::Duration::ZERO, |max, r| r.map(|r| max.max(r)));
     Ok(PrunePolicy {
         event_log: config.retention.event_log.after(),
         claims,
-        identities,
+        identities: None,
         batch: config.retention.prune_batch_size,
         held_elsewhere: None,
     })

@@ -19,7 +19,7 @@ use crate::schema::Schema;
 /// the log, so on a big log they scan it (once, page by page), like any ad-hoc query.
 /// `at` is in the format of [`SINCE_AGO`] and [`SINCE_TIME`], which it is compared with.
 const PAGE: &str =
-    "select seq, event_id, aggregate_type, aggregate_id, event_type, version, partition_hash, \
+    "select seq, coalesce(claim_seq, seq) as claim_seq, event_id, aggregate_type, aggregate_id, event_type, version, partition_hash, \
      to_char(coalesce(committed_at, appended_at) at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') as at, \
      json_build_object('seq', seq, 'event_id', event_id, 'producer_id', producer_id, \
        'aggregate_type', aggregate_type, \
@@ -70,10 +70,13 @@ const PROJECTION_OF: &str = "select projection from {schema}.rebuild \
      union all select name from {schema}.projection where subscriber_id = $1 \
      limit 1";
 
-/// Subscriber `$1`'s claims on the event IDs `$2`.
+/// Subscriber `$1`'s claims on the events with IDs `$2` and claim seqs `$3`: by seq, or
+/// (a claim made before claims had seqs) by ID. Two indexed reads.
 const CLAIMS: &str = "select message_id, to_json(processed_at) as processed_at \
+     from {schema}.processed_message where subscriber_id = $1 and seq = any($3) \
+     union all select message_id, to_json(processed_at) as processed_at \
      from {schema}.processed_message \
-     where subscriber_id = $1 and message_id = any($2)";
+     where subscriber_id = $1 and seq is null and message_id = any($2)";
 
 /// Subscriber `$1`'s dead letters of the seqs `$2`, oldest first.
 const DEAD_LETTERS: &str =
@@ -100,6 +103,9 @@ pub struct LogFilter {
 #[derive(Debug, Clone)]
 pub struct LoggedEvent {
     pub seq: i64,
+    /// The seq its claims are on (its first delivery's, for an event delivered again
+    /// after pruning; see the store's `claim.rs`).
+    pub claim_seq: i64,
     pub event_id: Uuid,
     pub aggregate_type: String,
     pub aggregate_id: String,
@@ -144,6 +150,7 @@ impl FromRow for LoggedEvent {
         let r = row.of("event_log");
         Ok(LoggedEvent {
             seq: r.col("seq")?,
+            claim_seq: r.col("claim_seq")?,
             event_id: r.col("event_id")?,
             aggregate_type: r.col("aggregate_type")?,
             aggregate_id: r.col("aggregate_id")?,
@@ -268,17 +275,18 @@ pub struct PartitionPosition {
     pub position: i64,
 }
 
-/// `subscriber`'s claims on `event_ids`, its dead letters of `seqs`, and its checkpoints
-/// (three indexed reads).
+/// `subscriber`'s claims on the events `event_ids` (claim seqs `claim_seqs`), its dead
+/// letters of `seqs`, and its checkpoints (indexed reads).
 pub async fn recorded_for(
     client: &Client,
     schema: &Schema,
     subscriber: &str,
     event_ids: &[Uuid],
+    claim_seqs: &[i64],
     seqs: &[i64],
 ) -> Result<Recorded, StoreError> {
     let claims = client
-        .query(&schema.sql(CLAIMS), &[&subscriber, &event_ids])
+        .query(&schema.sql(CLAIMS), &[&subscriber, &event_ids, &claim_seqs])
         .await
         .map_err(StoreError::db("reading claims"))?;
     let dead_letters = client

@@ -192,14 +192,25 @@ impl<C: Borrow<Client>> Operator<C> {
         event_trail::projection_of(self.client(), &self.schema, subscriber).await
     }
 
-    /// What `subscriber` recorded for these events (claims, dead letters, positions).
+    /// What `subscriber` recorded for these events (claims, by ID and claim seq; dead
+    /// letters, by seq; positions).
     pub async fn recorded_for(
         &self,
         subscriber: &str,
         event_ids: &[Uuid],
+        claim_seqs: &[i64],
         seqs: &[i64],
     ) -> Result<Recorded, StoreError> {
-        event_trail::recorded_for(self.client(), &self.schema, subscriber, event_ids, seqs).await
+        let schema = &self.schema;
+        event_trail::recorded_for(
+            self.client(),
+            schema,
+            subscriber,
+            event_ids,
+            claim_seqs,
+            seqs,
+        )
+        .await
     }
 
     // Dead letters.

@@ -120,6 +120,16 @@ const MOVE_ALL: &str =
              (select r.claim_seq from {schema}.retired_identity r where r.event_id = s.event_id) \
              from {schema}.stream_stage s where slot = $1 and xid = $2 and rejected is null";
 
+/// Gives the events `MOVE_ALL` put in the log after seq `$1` (up to `$2`) their claim
+/// seqs from identities retired meanwhile. `MOVE_ALL` reads `retired_identity` in its
+/// snapshot, taken before its insert waited on the unique index for a prune that was
+/// deleting the same ID (and retiring it): that prune's identity is visible only to a
+/// later statement. Without it, the ID would be claimed on its new seq and applied again.
+const CLAIM_SEQS_RETIRED_MEANWHILE: &str =
+    "update {schema}.event_log l set claim_seq = r.claim_seq \
+     from {schema}.retired_identity r \
+     where l.seq > $1 and l.seq <= $2 and l.claim_seq is null and r.event_id = l.event_id";
+
 impl EventLog {
     /// Deletes everything staged for this slot (a new session: the server sends every
     /// unfinished transaction again). Returns the number of rows deleted.
@@ -377,8 +387,15 @@ impl EventLog {
                         sp.commit()
                             .await
                             .map_err(StoreError::db("committing a streamed transaction"))?;
+                        let moved_to = head + n as i64;
+                        tx.execute(
+                            &parts.schema.sql(CLAIM_SEQS_RETIRED_MEANWHILE),
+                            &[&head, &moved_to],
+                        )
+                        .await
+                        .map_err(StoreError::db("moving staged events"))?;
                         result.outcome.appended += n;
-                        head += n as i64;
+                        head = moved_to;
                         break;
                     }
                     Err(e) if walfold_event::is_unique_violation(crate::error::sqlstate(&e)) => {

@@ -186,6 +186,8 @@ async fn since(log: &Operator, text: &str) -> Result<String, Failure> {
 /// One event of the log, with its JSON rendering.
 struct Row {
     seq: i64,
+    /// The seq its claims are on (see `LoggedEvent::claim_seq`).
+    claim_seq: i64,
     event_id: uuid::Uuid,
     aggregate_type: String,
     aggregate_id: String,
@@ -219,6 +221,7 @@ impl Reader<'_> {
                     _ => Map::new(),
                 },
                 seq: e.seq,
+                claim_seq: e.claim_seq,
                 event_id: e.event_id,
                 aggregate_type: e.aggregate_type,
                 aggregate_id: e.aggregate_id,
@@ -337,8 +340,11 @@ impl Subscriber {
         queue: &VecDeque<Queued>,
     ) -> Result<Vec<Outcome>, Failure> {
         let ids: Vec<uuid::Uuid> = queue.iter().map(|q| q.row.event_id).collect();
+        let claim_seqs: Vec<i64> = queue.iter().map(|q| q.row.claim_seq).collect();
         let seqs: Vec<i64> = queue.iter().map(|q| q.row.seq).collect();
-        let recorded = home.recorded_for(&self.id, &ids, &seqs).await?;
+        let recorded = home
+            .recorded_for(&self.id, &ids, &claim_seqs, &seqs)
+            .await?;
         let claims: HashMap<uuid::Uuid, Value> = recorded
             .claims
             .into_iter()

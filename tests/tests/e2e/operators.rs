@@ -743,8 +743,8 @@ async fn an_operator_handle_of_a_deposed_leader_cannot_write() {
     let r = op_a.request_abort("order_total").await.unwrap();
     // A claim past its retention, whose event is gone from the log: prunable.
     db.psql(
-        "insert into walfold.processed_message (subscriber_id, message_id, processed_at) \
-         values ('orders.total.v1', gen_random_uuid(), now() - interval '1 hour')",
+        "insert into walfold.processed_message (subscriber_id, seq, message_id, processed_at) \
+         values ('orders.total.v1', 1, gen_random_uuid(), now() - interval '1 hour')",
     );
     let policy = PrunePolicy {
         event_log: None,

@@ -1258,3 +1258,88 @@ on conflict (order_id) do update set total = t.total + excluded.total
         "the new subscriber claimed the first delivery's seq"
     );
 }
+
+/// A pruned event's identity (its claim seq) is kept while any projection may keep claims
+/// on it: the config's longest `dedup_retention`, unless the registry knows a projection
+/// the config does not name (taken out of it, or a library's Rust projection a command
+/// does not see), which keeps its claims forever; then the identity stays.
+#[tokio::test]
+async fn a_pruned_events_identity_stays_while_a_projection_outside_the_config_may_hold_claims() {
+    let db = TestDb::new("identkeep");
+    db.psql("create table short_total (order_id text primary key, total numeric not null)");
+    let text = walfold_tests::config_builder(&db.url())
+        .set("retention", "prune_interval_s", 0)
+        .set("retention", "event_log", "1s")
+        .text(
+            r#"
+[[projection]]
+name = "short_total"
+subscriber = "short.total.v1"
+dedup_retention = "1s"
+sql = """
+insert into short_total as t (order_id, total) values (:aggregate_id, :payload.amount::numeric)
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+"#,
+        )
+        .to_toml();
+    let (d, client) = Daemon::streaming(&db, &text).await;
+    let cfg = d.config_path().to_owned();
+    let old = "00000000-0000-4000-8000-0000000000b1";
+    db.psql(&walfold_tests::insert_event(
+        old,
+        "o-1",
+        "OrderChanged",
+        1,
+        r#"{"amount": "10"}"#,
+    ));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    db.psql(&walfold_tests::insert_event(
+        "00000000-0000-4000-8000-0000000000b2",
+        "o-1",
+        "OrderChanged",
+        2,
+        r#"{"amount": "5"}"#,
+    ));
+    subscriber_caught_up(&client, "short.total.v1", 30).await;
+    let retired = || {
+        let client = &client;
+        async move {
+            count(
+                client,
+                &format!("select count(*) from walfold.retired_identity where event_id = '{old}'"),
+            )
+            .await
+        }
+    };
+    let prune = || {
+        let (code, out, err) = walfold(&["prune", "-c", &cfg], &[]);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let out = prune();
+    assert!(out.contains("and 1 events"), "{out}");
+    assert_eq!(retired().await, 1, "the pruned event's identity is retired");
+
+    // A projection the registry knows and the config does not may keep claims forever.
+    db.psql(
+        "insert into walfold.projection (name, subscriber_id, configured_subscriber) \
+         values ('gone', 'gone.v1', 'gone.v1')",
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    prune();
+    assert_eq!(
+        retired().await,
+        1,
+        "kept past the config's 1 s: 'gone' may hold claims"
+    );
+
+    // Without it, the config's longest claim retention (1 s) bounds the identity.
+    db.psql("delete from walfold.projection where name = 'gone'");
+    prune();
+    assert_eq!(
+        retired().await,
+        0,
+        "past every claim retention: the identity goes"
+    );
+}
