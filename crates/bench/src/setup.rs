@@ -54,6 +54,13 @@ pub fn start_history_cluster(kind: &str, extra: &[String]) -> Result<Cluster, Bo
     .chain([("fsync", "on"), ("synchronous_commit", "on")])
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
+    if statements_enabled() {
+        settings.push((
+            "shared_preload_libraries".into(),
+            "pg_stat_statements".into(),
+        ));
+        settings.push(("pg_stat_statements.track".into(), "all".into()));
+    }
     for kv in extra {
         let (k, v) = kv
             .split_once('=')
