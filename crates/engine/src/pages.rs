@@ -5,14 +5,21 @@
 //! Only full pages of an unfiltered read are kept: all events with a seq in
 //! `(after, position]`. Such a range never changes (one appender numbers and commits the
 //! log in order; pruning deletes only what every subscriber has passed), so a kept page
-//! is as good as a fresh read. Unfiltered readers asking for the same page at the same
-//! time wait for one read. A partition with filters (a hash partition, event types)
-//! takes its events from consecutive kept pages. A miss reads the log as before.
+//! is as good as a fresh read, and so is any part of it: a reader whose position falls
+//! inside a kept page takes the rest of it and of the kept pages that follow. Readers
+//! seldom stand at the same positions (a page read at the head ends where the head was,
+//! so each subscriber's pages start at other seqs from then on): taking from inside a
+//! page is what lets the slower subscriber take what the faster one read. An unfiltered
+//! reader takes from kept pages when they hold its whole batch (`limit` events); readers
+//! asking for the same page at the same time wait for one read. A partition with
+//! filters (a hash partition, event types) takes its events from consecutive kept pages.
+//! A miss reads the log as before.
 //!
-//! Read-ahead: when a reader takes a full unfiltered page, the next one (same limit) is
-//! read in the background on a connection of the pool, so the reader's next take is a
-//! hit instead of a read in series with its apply. At most one read-ahead is in flight;
-//! its page is kept under the same rules (full pages only, within the byte bound).
+//! Read-ahead: when a reader takes a full unfiltered page, the page after what the kept
+//! pages hold for its next batch is read in the background on a connection of the pool,
+//! so the reader's next take is a hit instead of a read in series with its apply. At
+//! most one read-ahead is in flight; its page is kept under the same rules (full pages
+//! only, within the byte bound).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -27,8 +34,12 @@ use futures::TryFutureExt;
 
 use crate::pool::{Lease, Pool};
 
-/// Pages kept (each up to one batch of events), newest last.
-const KEPT: usize = 8;
+/// Pages kept (each up to one batch of events), newest last; within the byte bound.
+const KEPT: usize = 64;
+
+/// What an event held in a kept page costs beside its payload (its strings, IDs and
+/// times), for the byte bound.
+const EVENT_OVERHEAD: usize = 256;
 
 type Slot = Arc<OnceCell<Arc<Page>>>;
 
@@ -76,6 +87,28 @@ impl SharedPages {
             }
             return Ok((Arc::new(read().await?), false));
         }
+        // The page itself (kept, or being read) is taken as it is; else the kept pages
+        // around it, if they hold the batch. Where they end short of it at a page being
+        // read (another reader's, a read-ahead), that read is waited for.
+        for _ in 0..KEPT {
+            if self.has(after, limit) {
+                break;
+            }
+            if let Some(page) = self.take(after, filter, limit) {
+                return Ok((page, true));
+            }
+            let Some(reading) = self.reading_after(after) else {
+                break;
+            };
+            // Waits for that read; initializes nothing (a failed read leaves it unset).
+            if reading
+                .get_or_try_init(|| async { Err::<Arc<Page>, ()>(()) })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
         let slot = self.slot(after, limit);
         let mut read_here = false;
         let page = slot
@@ -109,8 +142,13 @@ impl SharedPages {
         if !filter.is_everything() || page.caught_up || page.events.len() as i64 != limit {
             return;
         }
+        // The kept pages may hold the reader's next batch, or its start: read what
+        // follows them.
+        let Some(after) = self.ahead_from(page.position, limit) else {
+            return;
+        };
         let (pool, sql, filter) = (pool.clone(), sql.clone(), filter.clone());
-        let (after, max_bytes) = (page.position, self.page_bytes());
+        let max_bytes = self.page_bytes();
         self.ahead_with(
             after,
             limit,
@@ -167,7 +205,7 @@ impl SharedPages {
         let Ok(conn) = connect.await else { return };
         let slot = {
             let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-            if pages.iter().any(|(k, _)| *k == (after, limit)) {
+            if pages.iter().any(|((a, _), _)| *a == after) {
                 None
             } else {
                 if pages.len() == KEPT {
@@ -202,6 +240,26 @@ impl SharedPages {
         }
     }
 
+    /// A page being read that starts where the kept full pages continuing from `after`
+    /// end.
+    fn reading_after(&self, after: i64) -> Option<Slot> {
+        let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let mut end = after;
+        while let Some(page) = covering(&pages, end) {
+            end = page.position;
+        }
+        pages
+            .iter()
+            .find(|((a, _), slot)| *a == end && !slot.initialized())
+            .map(|(_, slot)| slot.clone())
+    }
+
+    /// Whether the unfiltered page `(after, limit)` is kept or being read.
+    fn has(&self, after: i64, limit: i64) -> bool {
+        let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        pages.iter().any(|(k, _)| *k == (after, limit))
+    }
+
     /// The slot of an unfiltered page, made (and the oldest dropped) if new.
     fn slot(&self, after: i64, limit: i64) -> Slot {
         let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
@@ -223,7 +281,7 @@ impl SharedPages {
             pages
                 .iter()
                 .filter_map(|(_, s)| s.get())
-                .map(|p| p.bytes)
+                .map(|p| p.bytes + p.events.len() * EVENT_OVERHEAD)
                 .sum()
         };
         while pages.len() > 1 && bytes(&pages) > 2 * self.page_bytes {
@@ -236,31 +294,49 @@ impl SharedPages {
         pages.retain(|(_, s)| !Arc::ptr_eq(s, slot));
     }
 
-    /// A filtered reader's events from consecutive kept full pages starting at `after`.
-    fn take(&self, after: i64, filter: &Filter, limit: i64) -> Option<Arc<Page>> {
+    /// Where a read-ahead for a reader at `position` (batches of `limit`) starts: after
+    /// the kept full pages that continue from `position`; `None` when they hold its
+    /// next batch already, or a page starting there is kept or being read.
+    fn ahead_from(&self, position: i64, limit: i64) -> Option<i64> {
         let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let full = |slot: &Slot| {
-            slot.get()
-                .filter(|p| !p.caught_up && !p.events.is_empty())
-                .cloned()
-        };
+        let mut end = position;
+        let mut events = 0i64;
+        while let Some(page) = covering(&pages, end) {
+            events += page.events.iter().filter(|e| e.seq > end).count() as i64;
+            end = page.position;
+            if events >= limit {
+                return None;
+            }
+        }
+        if pages.iter().any(|((a, _), _)| *a == end) {
+            return None;
+        }
+        Some(end)
+    }
+
+    /// A reader's events from consecutive kept full pages, the first holding `after`
+    /// (its start, or inside it). An unfiltered reader takes them only when they hold
+    /// its whole batch (`limit` events); a filtered one whenever a page holds `after`.
+    fn take(&self, after: i64, filter: &Filter, limit: i64) -> Option<Arc<Page>> {
+        let everything = filter.is_everything();
+        let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
         let mut events = Vec::new();
         let mut position = after;
         let mut covered = false;
-        loop {
-            let next = pages
-                .iter()
-                .find(|((a, _), slot)| *a == position && full(slot).is_some())
-                .and_then(|(_, slot)| full(slot));
-            let Some(page) = next else { break };
+        while let Some(page) = covering(&pages, position) {
             covered = true;
-            events.extend(page.events.iter().filter(|e| filter.matches(e)).cloned());
+            events.extend(
+                page.events
+                    .iter()
+                    .filter(|e| e.seq > position && filter.matches(e))
+                    .cloned(),
+            );
             position = page.position;
             if events.len() as i64 >= limit {
                 break;
             }
         }
-        if !covered {
+        if !covered || (everything && (events.len() as i64) < limit) {
             return None;
         }
         if events.len() as i64 > limit {
@@ -276,6 +352,17 @@ impl SharedPages {
             bytes,
         }))
     }
+}
+
+/// The kept full page holding `position`: its range `(after, position]` starts at or
+/// before it and ends after it.
+fn covering(pages: &VecDeque<((i64, i64), Slot)>, position: i64) -> Option<Arc<Page>> {
+    pages
+        .iter()
+        .filter(|((a, _), _)| *a <= position)
+        .filter_map(|(_, slot)| slot.get())
+        .find(|p| !p.caught_up && !p.events.is_empty() && p.position > position)
+        .cloned()
 }
 
 #[cfg(test)]
@@ -392,6 +479,56 @@ mod tests {
             assert_eq!(t.await.unwrap().0.position, 4);
         }
         assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_reader_inside_kept_pages_takes_the_rest_of_them() {
+        let pages = Arc::new(SharedPages::new(4 << 20));
+        read(&pages, 0, &all(), 4, page(1, 4, false)).await;
+        read(&pages, 4, &all(), 4, page(5, 8, false)).await;
+        // A reader whose pages started elsewhere (at 2): the rest of the first page and
+        // the start of the next, from memory.
+        let (mine, shared) = read(&pages, 2, &all(), 4, page(100, 103, false)).await;
+        assert!(shared);
+        let seqs: Vec<i64> = mine.events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [3, 4, 5, 6]);
+        assert_eq!(mine.position, 6);
+        assert!(!mine.caught_up);
+        // The kept pages hold less than its batch: it reads the log.
+        let (own, shared) = read(&pages, 6, &all(), 4, page(7, 10, false)).await;
+        assert!(!shared);
+        assert_eq!(own.position, 10);
+        // Its read-ahead starts after what the kept pages hold for its next batch.
+        assert_eq!(pages.ahead_from(6, 4), None, "(6, 10] is kept");
+        assert_eq!(pages.ahead_from(7, 4), Some(10));
+        assert_eq!(pages.ahead_from(10, 4), Some(10));
+    }
+
+    #[tokio::test]
+    async fn a_reader_whose_kept_pages_end_at_a_page_being_read_waits_for_it() {
+        let pages = Arc::new(SharedPages::new(4 << 20));
+        read(&pages, 0, &all(), 4, page(1, 4, false)).await;
+        // Another reader is reading (4, 8].
+        let reading = {
+            let pages = pages.clone();
+            tokio::spawn(async move {
+                pages
+                    .page(4, &all(), 4, || async {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        Ok::<_, ()>(page(5, 8, false))
+                    })
+                    .await
+                    .unwrap()
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        // A reader at 2 takes the rest of (0, 4] and the start of (4, 8] once read,
+        // instead of reading (2, 6] itself.
+        let (mine, shared) = read(&pages, 2, &all(), 4, page(100, 103, false)).await;
+        assert!(shared);
+        let seqs: Vec<i64> = mine.events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [3, 4, 5, 6]);
+        assert_eq!(reading.await.unwrap().0.position, 8);
     }
 
     /// A read-ahead of the page after `after` (limit 4) that reads `db`.
