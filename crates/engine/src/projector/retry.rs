@@ -85,11 +85,25 @@ where
     S: SubscriberStore,
     A: Apply<S> + ?Sized,
 {
-    let (waiting, live): (Vec<&Event>, Vec<&Event>) = events
-        .iter()
-        .partition(|e| held.failed.contains(&Aggregate::of(e)));
+    // Nothing parked (the usual case): no aggregate to look up per event.
+    let (waiting, live): (Vec<&Event>, Vec<&Event>) = if held.failed.is_empty() {
+        (Vec::new(), events.iter().collect())
+    } else {
+        events
+            .iter()
+            .partition(|e| held.failed.contains(&Aggregate::of(e)))
+    };
     let mut work = Work::begin(store, rules).await?;
-    let strict = work.process(&live, held).await?;
+    let strict = match work.process_all_new(&live).await? {
+        Some(true) => Default::default(),
+        Some(false) => {
+            // Duplicates among them: nothing of this transaction may land.
+            drop(work);
+            work = Work::begin(store, rules).await?;
+            work.process(&live, held).await?
+        }
+        None => work.process(&live, held).await?,
+    };
     for e in &waiting {
         work.dead_letter(&waiting_letter(rules.subscriber(), e), false)
             .await?;

@@ -151,6 +151,51 @@ where
         Ok(results)
     }
 
+    /// Claims and applies `events` of a projection in log order in one round trip: the
+    /// claim and, sent with it, the apply of every event, on the bet that none was
+    /// claimed before (a duplicate is rare: a redelivery, a re-read after a restart or a
+    /// changed partition count). `Some(true)`: all were new, the apply's outcomes are
+    /// theirs. `Some(false)`: some were claimed before and the apply ran on them too, so
+    /// this transaction must not commit: drop it (nothing of it lands) and process the
+    /// batch again with [`Work::process`]. `None`: nothing was run (a strict
+    /// projection, or a store that cannot send both at once): use [`Work::process`].
+    pub async fn process_all_new(
+        &mut self,
+        events: &[&Event],
+    ) -> Result<Option<bool>, EngineError> {
+        if self.rules.options.version_mode != VersionMode::Guard || events.is_empty() {
+            return Ok(None);
+        }
+        let ids: Vec<(uuid::Uuid, i64)> = events.iter().map(|e| (e.id, e.claim_seq)).collect();
+        let tx = &self.tx;
+        let apply = self.rules.projection.apply(tx, events);
+        let Some(both) = tx.claim_alongside(&ids, apply) else {
+            return Ok(None);
+        };
+        let (claimed, applied) = both.await;
+        if claimed?.len() != ids.len() {
+            // The apply's outcome (or error) is of events that may be duplicates.
+            return Ok(Some(false));
+        }
+        let results = applied.map_err(|source| EngineError::Apply {
+            projection: self.rules.options.name.clone(),
+            source,
+        })?;
+        if results.len() != events.len() {
+            return Err(self
+                .rules
+                .invalid("the projection returned outcomes for other events than it was given"));
+        }
+        self.events += events.len();
+        for r in &results {
+            match r {
+                Applied::Changed => self.stats.applied += 1,
+                Applied::Stale => self.stats.stale += 1,
+            }
+        }
+        Ok(Some(true))
+    }
+
     /// Claims and applies `events` by the projection's version mode: in log order behind
     /// the projection's own guard, or strictly in version order (see `strict.rs`).
     pub async fn process(

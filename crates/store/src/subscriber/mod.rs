@@ -29,6 +29,9 @@ use crate::error::StoreError;
 
 pub use postgres::{PgSubscriber, PgSubscriberTx, Prepared, Subscriber};
 
+/// What a claim answers: the IDs it claimed.
+pub type Claimed = Result<HashSet<Uuid>, StoreError>;
+
 /// A projector partition's store between transactions.
 pub trait SubscriberStore: Send {
     /// One transaction of the partition.
@@ -79,6 +82,19 @@ pub trait SubscriberTx {
         &'a mut self,
         ids: &'a [(Uuid, i64)],
     ) -> BoxFuture<'a, Result<HashSet<Uuid>, StoreError>>;
+
+    /// [`SubscriberTx::claim`] with `alongside`, another statement of this transaction
+    /// that does not wait for the claim's answer, sent in the same round trip (the claim
+    /// first); `None` when this store cannot overlap them (nothing was run). The caller
+    /// decides what `alongside` may do before it knows which events are duplicates.
+    fn claim_alongside<'a, T: Send + 'a>(
+        &'a self,
+        ids: &'a [(Uuid, i64)],
+        alongside: BoxFuture<'a, T>,
+    ) -> Option<BoxFuture<'a, (Claimed, T)>> {
+        let _ = (ids, alongside);
+        None
+    }
 
     /// Gives back claims (by claim seq) made earlier in this transaction for events not
     /// applied after all (waiting for a missing version): claimed again when they apply.

@@ -12,7 +12,7 @@ use tokio_postgres::{Client, Statement, Transaction};
 use uuid::Uuid;
 use walfold_event::{Aggregate, DeadLetter, Event};
 
-use super::{SubscriberStore, SubscriberTx};
+use super::{Claimed, SubscriberStore, SubscriberTx};
 use crate::checkpoint::{Checkpoints, PartitionStats};
 use crate::dead_letter::{DeadLetters, Gap, RetryItem};
 use crate::error::StoreError;
@@ -337,6 +337,24 @@ impl SubscriberTx for PgSubscriberTx<'_> {
                 .await
                 .map_err(|e| b.wrap(e))
         })
+    }
+
+    fn claim_alongside<'a, T: Send + 'a>(
+        &'a self,
+        ids: &'a [(Uuid, i64)],
+        alongside: BoxFuture<'a, T>,
+    ) -> Option<BoxFuture<'a, (Claimed, T)>> {
+        Some(Box::pin(async move {
+            let b = self.bound;
+            let claim = async {
+                claim::claim(&self.tx, &self.prepared.claim, &b.subscriber, ids)
+                    .await
+                    .map_err(|e| b.wrap(e))
+            };
+            // Polled in this order, the claim is sent first: the server runs them in
+            // that order, one round trip for both.
+            futures::join!(claim, alongside)
+        }))
     }
 
     fn unclaim<'a>(&'a mut self, seqs: &'a [i64]) -> BoxFuture<'a, Result<(), StoreError>> {
