@@ -504,7 +504,10 @@ impl<'a> Reader<'a> {
                     };
                     return self.defer(streamed, e);
                 }
-                let mapped = mapping.map(&row.tuple(), tx, origin);
+                let tuple = row
+                    .tuple()
+                    .map_err(|e| SourceError::Decode(e.to_string()))?;
+                let mapped = mapping.map(&tuple, tx, origin);
                 if let Mapped::Filtered = mapped {
                     // `where` is not true for it: counted with the other changes that are
                     // no events.
