@@ -165,11 +165,9 @@ fn string(b: &[u8], i: &mut usize) -> bool {
                     match b.get(j + 1) {
                         Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => j += 2,
                         Some(b'u') => match b.get(j + 2..j + 6) {
-                            Some(hex)
-                                if hex.iter().all(u8::is_ascii_hexdigit) && hex != b"0000" =>
-                            {
-                                j += 6
-                            }
+                            // Not `\u0000`, and not a surrogate: a lone one is not
+                            // storable, and a pair is left to the full checks to judge.
+                            Some(hex) if escape_is_plain(hex) => j += 6,
                             _ => return false,
                         },
                         _ => return false,
@@ -181,6 +179,16 @@ fn string(b: &[u8], i: &mut usize) -> bool {
             }
         }
     }
+}
+
+/// Whether a `\u` escape's four bytes are hex digits of a code point other than U+0000
+/// and the surrogates (U+D800 to U+DFFF).
+fn escape_is_plain(hex: &[u8]) -> bool {
+    std::str::from_utf8(hex)
+        .ok()
+        .filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))
+        .and_then(|h| u16::from_str_radix(h, 16).ok())
+        .is_some_and(|c| c != 0 && !(0xD800..=0xDFFF).contains(&c))
 }
 
 /// Whether any of eight bytes may be a quote, a backslash or below 0x20 (never `false`
@@ -655,6 +663,11 @@ mod tests {
             "[1}",
             r#"{"a": 1]"#,
             "\u{feff}{}",
+            // jsonb refuses a lone surrogate; serde_json a lone one and reads a pair.
+            r#""\ud800""#,
+            r#""\uDC00""#,
+            r#"["\ud800\u0041"]"#,
+            r#""\ud83d\ude00""#,
         ] {
             assert!(!agrees(not), "{not:?} is left to the full checks");
         }
