@@ -269,6 +269,18 @@ fn read<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
     Ok(value)
 }
 
+const SURROGATE: &str =
+    "holds a lone Unicode surrogate escape (\\uD800 to \\uDFFF without its pair), which jsonb cannot store";
+
+/// The code unit of a `\uXXXX` escape starting at `bytes[at]`, if one starts there.
+fn escaped_unit(bytes: &[u8], at: usize) -> Option<u16> {
+    if bytes.get(at..at + 2) != Some(b"\\u") {
+        return None;
+    }
+    let hex = std::str::from_utf8(bytes.get(at + 2..at + 6)?).ok()?;
+    u16::from_str_radix(hex, 16).ok()
+}
+
 /// [`check_jsonb`] for valid JSON text, read as text: numbers outside strings, escapes
 /// inside them.
 pub fn check_jsonb_text(text: &str) -> Result<(), String> {
@@ -280,10 +292,17 @@ pub fn check_jsonb_text(text: &str) -> Result<(), String> {
                 i += 1;
                 while i < bytes.len() && bytes[i] != b'"' {
                     if bytes[i] == b'\\' {
-                        if bytes.get(i + 1) == Some(&b'u')
-                            && bytes.get(i + 2..i + 6) == Some(b"0000")
-                        {
-                            return Err(NUL.into());
+                        match escaped_unit(bytes, i) {
+                            Some(0) => return Err(NUL.into()),
+                            // A high surrogate and the low one after it: one character.
+                            Some(0xD800..=0xDBFF)
+                                if escaped_unit(bytes, i + 6)
+                                    .is_some_and(|low| (0xDC00..=0xDFFF).contains(&low)) =>
+                            {
+                                i += 6;
+                            }
+                            Some(0xD800..=0xDFFF) => return Err(SURROGATE.into()),
+                            _ => {}
                         }
                         i += 1;
                     }
@@ -612,6 +631,22 @@ mod tests {
             );
         }
         storable
+    }
+
+    #[test]
+    fn a_lone_surrogate_escape_is_refused_and_a_pair_is_not() {
+        for lone in [
+            r#""\ud800""#,
+            r#""\uDC00x""#,
+            r#"["\ud800\u0041"]"#,
+            r#""\udbff""#,
+        ] {
+            let why = check_jsonb_text(lone).unwrap_err();
+            assert!(why.contains("lone Unicode surrogate"), "{lone}: {why}");
+        }
+        for ok in [r#""\ud83d\ude00""#, r#""\uD7FF\uE000""#, r#""\\ud800""#] {
+            assert_eq!(check_jsonb_text(ok), Ok(()), "{ok}");
+        }
     }
 
     #[test]
