@@ -39,6 +39,220 @@ pub fn validate(bytes: &[u8]) -> Result<(), JsonError> {
     read::<serde::de::IgnoredAny>(bytes).map(drop)
 }
 
+/// Whether `text` is JSON that `jsonb` stores as written, judged in one pass: valid JSON
+/// (RFC 8259, which [`validate`] accepts), nested at most [`STORABLE_DEPTH`] levels, no
+/// `\u0000` escape and every number within `numeric`'s range (what [`check_jsonb_text`]
+/// finds nothing in). `false` says only that those checks must tell why, or find nothing
+/// (deeper nesting is left to them): the hot path's payloads take this one pass instead of
+/// a depth scan, a parse and a check.
+pub fn is_storable(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    // One bit per open container, innermost lowest: 1 an object, 0 an array.
+    let mut open: u64 = 0;
+    let mut depth = 0;
+    'value: loop {
+        skip_whitespace(b, &mut i);
+        match b.get(i) {
+            Some(&c @ (b'{' | b'[')) => {
+                if depth == STORABLE_DEPTH {
+                    return false;
+                }
+                let object = c == b'{';
+                open = open << 1 | u64::from(object);
+                depth += 1;
+                i += 1;
+                skip_whitespace(b, &mut i);
+                let close = if object { b'}' } else { b']' };
+                if b.get(i) == Some(&close) {
+                    i += 1;
+                    open >>= 1;
+                    depth -= 1;
+                } else if object {
+                    if !key(b, &mut i) {
+                        return false;
+                    }
+                    continue 'value;
+                } else {
+                    continue 'value;
+                }
+            }
+            Some(b'"') => {
+                if !string(b, &mut i) {
+                    return false;
+                }
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                if !number(text, &mut i) {
+                    return false;
+                }
+            }
+            Some(b't') if b[i..].starts_with(b"true") => i += 4,
+            Some(b'f') if b[i..].starts_with(b"false") => i += 5,
+            Some(b'n') if b[i..].starts_with(b"null") => i += 4,
+            _ => return false,
+        }
+        // After a value: its containers close, or a comma leads to the next value.
+        loop {
+            skip_whitespace(b, &mut i);
+            if depth == 0 {
+                return i == b.len();
+            }
+            let object = open & 1 == 1;
+            match b.get(i) {
+                Some(b',') => {
+                    i += 1;
+                    if object {
+                        skip_whitespace(b, &mut i);
+                        if !key(b, &mut i) {
+                            return false;
+                        }
+                    }
+                    continue 'value;
+                }
+                Some(b'}') if object => {}
+                Some(b']') if !object => {}
+                _ => return false,
+            }
+            i += 1;
+            open >>= 1;
+            depth -= 1;
+        }
+    }
+}
+
+/// How deep [`is_storable`] reads; deeper JSON is left to the full checks.
+pub const STORABLE_DEPTH: u32 = 64;
+
+fn skip_whitespace(b: &[u8], i: &mut usize) {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(*i) {
+        *i += 1;
+    }
+}
+
+/// An object's key and its colon, at `b[*i]`.
+fn key(b: &[u8], i: &mut usize) -> bool {
+    if b.get(*i) != Some(&b'"') || !string(b, i) {
+        return false;
+    }
+    skip_whitespace(b, i);
+    if b.get(*i) != Some(&b':') {
+        return false;
+    }
+    *i += 1;
+    true
+}
+
+/// A string at `b[*i]` (its opening quote) without a `\u0000` escape.
+fn string(b: &[u8], i: &mut usize) -> bool {
+    let mut j = *i + 1;
+    loop {
+        // Eight ordinary bytes at a time: none a quote, a backslash or a control byte.
+        while let Some(&chunk) = b.get(j..).and_then(|r| r.first_chunk::<8>()) {
+            if special(u64::from_le_bytes(chunk)) {
+                break;
+            }
+            j += 8;
+        }
+        // Then byte by byte up to the quote or escape that stopped it.
+        loop {
+            match b.get(j) {
+                Some(b'"') => {
+                    *i = j + 1;
+                    return true;
+                }
+                Some(b'\\') => {
+                    match b.get(j + 1) {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => j += 2,
+                        Some(b'u') => match b.get(j + 2..j + 6) {
+                            // Not `\u0000`, and not a surrogate: a lone one is not
+                            // storable, and a pair is left to the full checks to judge.
+                            Some(hex) if escape_is_plain(hex) => j += 6,
+                            _ => return false,
+                        },
+                        _ => return false,
+                    }
+                    break;
+                }
+                Some(&c) if c >= 0x20 => j += 1,
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// Whether a `\u` escape's four bytes are hex digits of a code point other than U+0000
+/// and the surrogates (U+D800 to U+DFFF).
+fn escape_is_plain(hex: &[u8]) -> bool {
+    std::str::from_utf8(hex)
+        .ok()
+        .filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()))
+        .and_then(|h| u16::from_str_radix(h, 16).ok())
+        .is_some_and(|c| c != 0 && !(0xD800..=0xDFFF).contains(&c))
+}
+
+/// Whether any of eight bytes may be a quote, a backslash or below 0x20 (never `false`
+/// when one is; a `true` is checked byte by byte).
+fn special(x: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // A byte below n sets its high bit here (n <= 0x80): zero is `below(x, 1)`.
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
+    let quote = x ^ (ONES * u64::from(b'"'));
+    let backslash = x ^ (ONES * u64::from(b'\\'));
+    below(quote, 1) | below(backslash, 1) | below(x, 0x20) != 0
+}
+
+/// A number at `text[*i..]` (RFC 8259's grammar) that `numeric` holds.
+fn number(text: &str, i: &mut usize) -> bool {
+    let b = text.as_bytes();
+    let start = *i;
+    let mut j = start;
+    if b.get(j) == Some(&b'-') {
+        j += 1;
+    }
+    let digits = |j: &mut usize| {
+        let from = *j;
+        while b.get(*j).is_some_and(u8::is_ascii_digit) {
+            *j += 1;
+        }
+        *j - from
+    };
+    let integer = match b.get(j) {
+        Some(b'0') => {
+            j += 1;
+            1
+        }
+        Some(b'1'..=b'9') => digits(&mut j),
+        _ => return false,
+    };
+    let mut fraction = 0;
+    if b.get(j) == Some(&b'.') {
+        j += 1;
+        fraction = digits(&mut j);
+        if fraction == 0 {
+            return false;
+        }
+    }
+    let mut exponent = false;
+    if let Some(b'e' | b'E') = b.get(j) {
+        j += 1;
+        if let Some(b'+' | b'-') = b.get(j) {
+            j += 1;
+        }
+        if digits(&mut j) == 0 {
+            return false;
+        }
+        exponent = true;
+    }
+    *i = j;
+    // Without an exponent, numeric's limits are digit counts (see `numeric_fits`).
+    if !exponent && integer <= 131_072 && fraction <= 16383 {
+        return true;
+    }
+    numeric_fits(&text[start..j])
+}
+
 /// Reads `bytes` as a `T`, once their depth is known to be at most [`MAX_DEPTH`] (so
 /// the recursion serde_json is then allowed cannot overflow the stack), and checks
 /// that nothing but whitespace follows.
@@ -55,6 +269,18 @@ fn read<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
     Ok(value)
 }
 
+const SURROGATE: &str =
+    "holds a lone Unicode surrogate escape (\\uD800 to \\uDFFF without its pair), which jsonb cannot store";
+
+/// The code unit of a `\uXXXX` escape starting at `bytes[at]`, if one starts there.
+fn escaped_unit(bytes: &[u8], at: usize) -> Option<u16> {
+    if bytes.get(at..at + 2) != Some(b"\\u") {
+        return None;
+    }
+    let hex = std::str::from_utf8(bytes.get(at + 2..at + 6)?).ok()?;
+    u16::from_str_radix(hex, 16).ok()
+}
+
 /// [`check_jsonb`] for valid JSON text, read as text: numbers outside strings, escapes
 /// inside them.
 pub fn check_jsonb_text(text: &str) -> Result<(), String> {
@@ -66,10 +292,17 @@ pub fn check_jsonb_text(text: &str) -> Result<(), String> {
                 i += 1;
                 while i < bytes.len() && bytes[i] != b'"' {
                     if bytes[i] == b'\\' {
-                        if bytes.get(i + 1) == Some(&b'u')
-                            && bytes.get(i + 2..i + 6) == Some(b"0000")
-                        {
-                            return Err(NUL.into());
+                        match escaped_unit(bytes, i) {
+                            Some(0) => return Err(NUL.into()),
+                            // A high surrogate and the low one after it: one character.
+                            Some(0xD800..=0xDBFF)
+                                if escaped_unit(bytes, i + 6)
+                                    .is_some_and(|low| (0xDC00..=0xDFFF).contains(&low)) =>
+                            {
+                                i += 6;
+                            }
+                            Some(0xD800..=0xDFFF) => return Err(SURROGATE.into()),
+                            _ => {}
                         }
                         i += 1;
                     }
@@ -384,6 +617,154 @@ mod tests {
         }
         assert!(validate(b"{\"a\": [1, 2]}").is_ok());
         assert!(validate(b"{\"a\": [1, 2]").is_err());
+    }
+
+    /// What the one pass accepts, the full checks accept and find nothing in.
+    fn agrees(text: &str) -> bool {
+        let storable = is_storable(text);
+        if storable {
+            assert!(parse(text).is_ok(), "{text:?} is JSON");
+            assert!(check_jsonb_text(text).is_ok(), "{text:?} is storable");
+            assert!(
+                check_jsonb(&parse(text).unwrap()).is_ok(),
+                "{text:?} is storable"
+            );
+        }
+        storable
+    }
+
+    #[test]
+    fn a_lone_surrogate_escape_is_refused_and_a_pair_is_not() {
+        for lone in [
+            r#""\ud800""#,
+            r#""\uDC00x""#,
+            r#"["\ud800\u0041"]"#,
+            r#""\udbff""#,
+        ] {
+            let why = check_jsonb_text(lone).unwrap_err();
+            assert!(why.contains("lone Unicode surrogate"), "{lone}: {why}");
+        }
+        for ok in [r#""\ud83d\ude00""#, r#""\uD7FF\uE000""#, r#""\\ud800""#] {
+            assert_eq!(check_jsonb_text(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn one_pass_accepts_only_what_the_full_checks_accept() {
+        for ok in [
+            r#"{"status": "paid", "amount": "1.25", "n": -0.5e3, "a": [1, true, false, null, {}], "e": []}"#,
+            " \t\n\r[ 0 , -0, 1E5, 2e+5, 3e-5, 0.0, \"\\u00e9\\n\\\"\\\\u0000\" ] ",
+            "\"x\"",
+            "12345678901234567890e131052",
+            "null",
+            r#"{"": {"": [[[]]]}}"#,
+            "\"é ✓\"",
+        ] {
+            assert!(agrees(ok), "{ok:?} in one pass");
+        }
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        assert!(agrees(&deep(64)));
+        for not in [
+            "",
+            " ",
+            "{",
+            "}",
+            "[1,]",
+            "[,1]",
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            r#"{1: 2}"#,
+            "{} x",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "-",
+            "1e",
+            "1e+",
+            "NaN",
+            "tru",
+            "nul",
+            "\"a",
+            "\"\\x\"",
+            "\"\\u00g0\"",
+            "\"\\u000\"",
+            "\"\t\"",
+            r#"{"a": "x\u0000"}"#,
+            r#"{"a\u0000": 1}"#,
+            r#"[1e1000000]"#,
+            r#"[-1e-16384]"#,
+            "[1]]",
+            "[1}",
+            r#"{"a": 1]"#,
+            "\u{feff}{}",
+            // jsonb refuses a lone surrogate; serde_json a lone one and reads a pair.
+            r#""\ud800""#,
+            r#""\uDC00""#,
+            r#"["\ud800\u0041"]"#,
+            r#""\ud83d\ude00""#,
+        ] {
+            assert!(!agrees(not), "{not:?} is left to the full checks");
+        }
+        assert!(!agrees(&deep(65)), "deeper than the one pass reads");
+    }
+
+    #[test]
+    fn eight_bytes_at_a_time_miss_no_special_byte() {
+        for c in 0..=255u8 {
+            let is_special = c == b'"' || c == b'\\' || c < 0x20;
+            for at in 0..8 {
+                for fill in [b'a', 0x7f, 0xff, 0x20, 0x80] {
+                    let mut bytes = [fill; 8];
+                    bytes[at] = c;
+                    if is_special {
+                        assert!(special(u64::from_le_bytes(bytes)), "{c:#x} at {at}");
+                    }
+                }
+            }
+            if !is_special {
+                assert!(!special(u64::from_le_bytes([c; 8])), "{c:#x}");
+            }
+        }
+        // Strings longer than eight bytes, their quotes and escapes anywhere.
+        for n in 0..40 {
+            let s = "x".repeat(n);
+            assert!(is_storable(&format!("[\"{s}\", \"{s}\\n{s}\"]")), "{n}");
+            assert!(!is_storable(&format!("[\"{s}\u{1}{s}\"]")), "{n}");
+            assert!(!is_storable(&format!("[\"{s}\\u0000{s}\"]")), "{n}");
+            assert!(!is_storable(&format!("[\"{s}")), "{n}");
+        }
+    }
+
+    #[test]
+    fn one_pass_never_accepts_what_the_full_checks_refuse() {
+        // Every prefix and single-byte change of JSON texts with every kind of token.
+        let seeds = [
+            r#"{"a": [1, -2.5e-3, "x\"\\\u00e9", true, false, null], "b": {"c": 0}}"#,
+            r#"[{"k": "\u0000"}, 1e131072, 0.1, "\\u0000"]"#,
+        ];
+        let alphabet = b"{}[]\",:\\u0123456789eE+-. tfnrl\t\n";
+        let mut accepted = 0;
+        for seed in seeds {
+            for end in 0..=seed.len() {
+                if let Some(prefix) = seed.get(..end) {
+                    accepted += usize::from(agrees(prefix));
+                }
+            }
+            for at in 0..seed.len() {
+                for &c in alphabet {
+                    let mut bytes = seed.as_bytes().to_vec();
+                    bytes[at] = c;
+                    if let Ok(text) = String::from_utf8(bytes) {
+                        accepted += usize::from(agrees(&text));
+                    }
+                }
+            }
+        }
+        assert!(
+            accepted > 100,
+            "the mutations include storable JSON: {accepted}"
+        );
     }
 
     #[test]

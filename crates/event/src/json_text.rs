@@ -19,9 +19,24 @@ pub struct JsonText(Box<str>);
 impl JsonText {
     /// Validates `text` without building its tree.
     pub fn parse(text: impl Into<String>) -> Result<JsonText, JsonError> {
-        let text = text.into();
+        let text = match JsonText::storable(text.into()) {
+            Ok(json) => return Ok(json),
+            Err(text) => text,
+        };
         json::validate(text.as_bytes())?;
         Ok(JsonText(text.into_boxed_str()))
+    }
+
+    /// `text`, when one pass ([`json::is_storable`]) shows that it is JSON `jsonb` stores
+    /// as written: what [`JsonText::parse`] accepts and [`JsonText::check_jsonb`] finds
+    /// nothing in. `Err` gives the text back, for those two to tell why (or to accept it:
+    /// the one pass leaves deep nesting to them).
+    pub fn storable(text: String) -> Result<JsonText, String> {
+        if json::is_storable(&text) {
+            Ok(JsonText(text.into_boxed_str()))
+        } else {
+            Err(text)
+        }
     }
 
     /// The text of a value.

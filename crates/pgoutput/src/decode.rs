@@ -3,10 +3,10 @@
 use crate::cursor::Cursor;
 use crate::error::DecodeError;
 use crate::message::{
-    Begin, Commit, Delete, Insert, LogicalMessage, Message, Origin, Relation, RelationColumn,
-    StreamAbort, StreamCommit, StreamStart, Truncate, TypeMessage, Update,
+    Begin, Commit, Delete, Insert, InsertAt, LogicalMessage, Message, Origin, Relation,
+    RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage, Update,
 };
-use crate::tuple::read_tuple;
+use crate::tuple::{read_tuple, skip_tuple};
 
 /// Decode one pgoutput message (the payload of one XLogData).
 ///
@@ -37,6 +37,36 @@ pub fn decode(buf: &[u8], in_stream: bool) -> Result<Message<'_>, DecodeError> {
     };
     c.finish()?;
     Ok(message)
+}
+
+/// [`decode`] of an Insert (`I`) without collecting its row: the same checks and the
+/// same errors, and where the row's TupleData starts, to be read later with
+/// [`decode_tuple`] (no allocation until then).
+pub fn decode_insert(buf: &[u8], in_stream: bool) -> Result<InsertAt, DecodeError> {
+    let mut c = Cursor::new(buf);
+    let tag = c.u8().map_err(|_| DecodeError::Empty)?;
+    if tag != b'I' {
+        return Err(DecodeError::UnknownTag(tag));
+    }
+    let xid = stream_xid(&mut c, in_stream)?;
+    let relation_id = c.u32()?;
+    marker(&mut c, b"N")?;
+    let tuple_at = c.position();
+    skip_tuple(&mut c)?;
+    c.finish()?;
+    Ok(InsertAt {
+        xid,
+        relation_id,
+        tuple_at,
+    })
+}
+
+/// One TupleData filling `buf` (an Insert's row from [`InsertAt::tuple_at`] on).
+pub fn decode_tuple(buf: &[u8]) -> Result<Tuple<'_>, DecodeError> {
+    let mut c = Cursor::new(buf);
+    let tuple = read_tuple(&mut c)?;
+    c.finish()?;
+    Ok(tuple)
 }
 
 fn stream_xid(c: &mut Cursor<'_>, in_stream: bool) -> Result<Option<u32>, DecodeError> {

@@ -1,6 +1,6 @@
 //! Unit tests for [`decode`](super::decode) over hand-built messages of every type.
 
-use super::decode;
+use super::{decode, decode_insert, decode_tuple};
 use crate::error::DecodeError;
 use crate::message::{
     Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, Origin, Relation,
@@ -221,6 +221,57 @@ fn insert() {
     );
     let buf = W::tag(b'I').u32(5).u32(16384).u8(b'N').i16(0).0;
     assert!(matches!(ok(&buf, true), Message::Insert(i) if i.xid == Some(5)));
+}
+
+/// `decode_insert` reads what `decode` reads of an insert: the same result (its row read
+/// by `decode_tuple`) and the same error, for every prefix and one trailing byte.
+#[test]
+fn decode_insert_agrees_with_decode() {
+    let agree =
+        |buf: &[u8], in_stream: bool| match (decode(buf, in_stream), decode_insert(buf, in_stream))
+        {
+            (Ok(Message::Insert(i)), Ok(at)) => {
+                assert_eq!((at.xid, at.relation_id), (i.xid, i.relation_id));
+                let row = buf.get(at.tuple_at..).expect("in the message");
+                assert_eq!(decode_tuple(row), Ok(i.new));
+            }
+            (Err(e), Err(f)) => assert_eq!(e, f, "{buf:?}"),
+            (a, b) => panic!("{buf:?}: {a:?} against {b:?}"),
+        };
+    let row = |w: W| {
+        w.u8(b'N')
+            .i16(4)
+            .text(b"42")
+            .u8(b'n')
+            .u8(b'u')
+            .u8(b'b')
+            .i32(2)
+            .raw(&[0, 1])
+    };
+    let messages = [
+        (row(W::tag(b'I').u32(16384)).0, false),
+        (row(W::tag(b'I').u32(9).u32(16384)).0, true),
+        (W::tag(b'I').u32(1).u8(b'N').i16(0).0, false),
+        (W::tag(b'I').u32(1).u8(b'K').i16(0).0, false),
+        (W::tag(b'I').u32(1).u8(b'N').i16(1).u8(b'x').0, false),
+        (
+            W::tag(b'I').u32(1).u8(b'N').i16(1).u8(b't').i32(-1).0,
+            false,
+        ),
+        (W::tag(b'I').u32(1).u8(b'N').i16(-1).0, false),
+    ];
+    for (buf, in_stream) in messages {
+        for len in 0..=buf.len() {
+            agree(buf.get(..len).expect("in range"), in_stream);
+        }
+        let mut longer = buf.clone();
+        longer.push(0);
+        agree(&longer, in_stream);
+    }
+    assert_eq!(
+        decode_insert(&W::tag(b'U').0, false),
+        Err(DecodeError::UnknownTag(b'U'))
+    );
 }
 
 #[test]

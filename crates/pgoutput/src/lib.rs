@@ -15,10 +15,10 @@ mod timestamp;
 mod tuple;
 mod value;
 
-pub use decode::decode;
+pub use decode::{decode, decode_insert, decode_tuple};
 pub use error::{DecodeError, ValueError};
 pub use message::{
-    Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, Origin, Relation,
+    Begin, Column, Commit, Delete, Insert, InsertAt, LogicalMessage, Message, Origin, Relation,
     RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage, Update,
 };
 pub use timestamp::parse_time;

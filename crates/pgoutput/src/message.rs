@@ -127,6 +127,17 @@ pub struct Insert<'a> {
     pub new: Tuple<'a>,
 }
 
+/// `I` as [`decode_insert`](crate::decode_insert) reads it: checked, its row not collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertAt {
+    /// Transaction (or subtransaction) id, present only inside a streamed block.
+    pub xid: Option<u32>,
+    /// OID of the relation, as sent in a prior [`Relation`].
+    pub relation_id: u32,
+    /// Where the new row's TupleData starts in the message.
+    pub tuple_at: usize,
+}
+
 /// `U`: a row was updated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Update<'a> {

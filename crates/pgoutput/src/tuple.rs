@@ -15,6 +15,15 @@ pub(crate) fn read_tuple<'a>(c: &mut Cursor<'a>) -> Result<Tuple<'a>, DecodeErro
     Ok(Tuple { columns })
 }
 
+/// Checks TupleData as [`read_tuple`] reads it (the same errors), collecting nothing.
+pub(crate) fn skip_tuple(c: &mut Cursor<'_>) -> Result<(), DecodeError> {
+    let count = c.count16()?;
+    for _ in 0..count {
+        read_column(c)?;
+    }
+    Ok(())
+}
+
 fn read_column<'a>(c: &mut Cursor<'a>) -> Result<Column<'a>, DecodeError> {
     let offset = c.position();
     match c.u8()? {

@@ -8,6 +8,7 @@
 //! per relation (its Relation message, or the catalog for a backfill), so a streamed
 //! row and a backfilled one are mapped by the same [`Mapping`] to the same event IDs.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -92,8 +93,14 @@ trait Fields {
     fn scope(&self) -> &str;
     /// A field's text; `None` for null, or for an optional field that is absent.
     fn text(&self, field: usize, required: bool) -> Result<Option<String>, String>;
-    /// A JSON field (payload, headers), as its text.
-    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String>;
+    /// [`Fields::text`], borrowed where it can be (a column's text): for fields read,
+    /// not kept.
+    fn text_ref(&self, field: usize, required: bool) -> Result<Option<Cow<'_, str>>, String> {
+        Ok(self.text(field, required)?.map(Cow::Owned))
+    }
+    /// A JSON field (payload, headers), as its text, and whether one pass found it
+    /// storable as written (then [`JsonText::check_jsonb`] has nothing to find).
+    fn json(&self, field: usize, required: bool) -> Result<Option<(JsonText, bool)>, String>;
     /// A time without an offset is UTC (a `timestamp without time zone` column).
     fn naive_time_is_utc(&self) -> bool;
 
@@ -145,7 +152,7 @@ fn build<F: Fields>(f: &F, tx: TxContext, origin: Option<RowOrigin>) -> Result<N
     let aggregate_type = required(AGGREGATE_TYPE)?;
     let aggregate_id = required(AGGREGATE_ID)?;
     let event_type = required(EVENT_TYPE)?;
-    let version = match f.text(VERSION, false)? {
+    let version = match f.text_ref(VERSION, false)? {
         None => None,
         Some(v) => Some(v.trim().parse::<i64>().map_err(|_| {
             format!(
@@ -155,20 +162,25 @@ fn build<F: Fields>(f: &F, tx: TxContext, origin: Option<RowOrigin>) -> Result<N
             )
         })?),
     };
-    let payload = f
+    let (payload, payload_storable) = f
         .json(PAYLOAD, true)?
-        .filter(|p| p.as_str().trim() != "null")
+        .filter(|(p, _)| p.as_str().trim() != "null")
         .ok_or_else(|| format!("{} is null", f.describe(PAYLOAD)))?;
     let headers = f.json(HEADERS, false)?;
     // Valid JSON that jsonb refuses would fail the event log's insert: set aside here.
-    for (field, value) in [(PAYLOAD, Some(&payload)), (HEADERS, headers.as_ref())] {
-        if let Some(value) = value {
+    let headers_checked = headers.as_ref().map(|(h, storable)| (h, *storable));
+    for (field, value) in [
+        (PAYLOAD, Some((&payload, payload_storable))),
+        (HEADERS, headers_checked),
+    ] {
+        if let Some((value, false)) = value {
             value
                 .check_jsonb()
                 .map_err(|e| format!("{} {e}", f.describe(field)))?;
         }
     }
-    let occurred_at = match f.text(OCCURRED_AT, false)? {
+    let headers = headers.map(|(h, _)| h);
+    let occurred_at = match f.text_ref(OCCURRED_AT, false)? {
         None => None,
         Some(t) => match parse_time(&t, f.naive_time_is_utc()) {
             // PostgreSQL's infinities are no time an event occurred, and no SystemTime.
@@ -314,6 +326,8 @@ pub struct Mapping {
     missing: Option<(&'static str, String)>,
     /// `pipeline.max_event_bytes`.
     max_bytes: usize,
+    /// [`Mapping::unreadable`], found once: every row of the relation asks.
+    unreadable: Option<crate::error::Refusal>,
 }
 
 impl Mapping {
@@ -403,7 +417,7 @@ impl Mapping {
                 }
             }
         }
-        Mapping {
+        let mut mapping = Mapping {
             scope: table.to_string(),
             table,
             columns,
@@ -416,7 +430,10 @@ impl Mapping {
             keys: OutboxConfig::KEYS,
             missing,
             max_bytes: usize::MAX,
-        }
+            unreadable: None,
+        };
+        mapping.unreadable = mapping.find_unreadable();
+        mapping
     }
 
     /// A row larger than `max_bytes` becomes a `too_large` dead letter.
@@ -435,6 +452,10 @@ impl Mapping {
     /// field names it or an expression (`where`, `expand` included) reads it: the
     /// refusal, naming the config key, the column and why.
     pub fn unreadable(&self) -> Option<crate::error::Refusal> {
+        self.unreadable.clone()
+    }
+
+    fn find_unreadable(&self) -> Option<crate::error::Refusal> {
         let sources = self.ids.iter().map(|s| ("id", s)).chain(
             self.keys
                 .iter()
@@ -753,7 +774,16 @@ impl Fields for RowFields<'_, '_> {
         }
     }
 
-    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
+    fn text_ref(&self, field: usize, required: bool) -> Result<Option<Cow<'_, str>>, String> {
+        match self.source(field) {
+            Source::Column(i) => Ok(self
+                .column_text(*i, || self.describe(field))?
+                .map(Cow::Borrowed)),
+            _ => Ok(self.text(field, required)?.map(Cow::Owned)),
+        }
+    }
+
+    fn json(&self, field: usize, required: bool) -> Result<Option<(JsonText, bool)>, String> {
         let describe = || self.describe(field);
         let text = match self.source(field) {
             Source::Column(i) => {
@@ -764,7 +794,12 @@ impl Fields for RowFields<'_, '_> {
                     utf8_json(bytea(text).map_err(|e| format!("{} {e}", describe()))?)
                         .map_err(|e| format!("{} {e}", describe()))?
                 } else {
-                    text.to_owned()
+                    // The common case in one pass: JSON jsonb stores as written (no
+                    // `\u0000`, valid, storable), what the checks below would each find.
+                    match JsonText::storable(text.to_owned()) {
+                        Ok(json) => return Ok(Some((json, true))),
+                        Err(text) => text,
+                    }
                 }
             }
             Source::Expr(e) => match self.eval(e, describe)? {
@@ -781,14 +816,14 @@ impl Fields for RowFields<'_, '_> {
             Source::Absent | Source::Constant(_) => {
                 return self.text(field, required)?.map_or(Ok(None), |t| {
                     JsonText::parse(t)
-                        .map(Some)
+                        .map(|j| Some((j, false)))
                         .map_err(|e| format!("{} {e}", describe()))
                 })
             }
         };
-        refuse_nul(&text, &describe())?;
+        refuse_nul(&text, describe)?;
         JsonText::parse(text)
-            .map(Some)
+            .map(|j| Some((j, false)))
             .map_err(|e| format!("{} {e}", describe()))
     }
 
@@ -801,6 +836,14 @@ impl Fields for RowFields<'_, '_> {
     }
 
     fn identity(&self) -> Result<(Uuid, Option<String>), String> {
+        if let [Source::Column(i)] = self.mapping.ids[..] {
+            // A UUID column, the common case: read in place (anything else as below).
+            if let Ok(Some(text)) = self.column_text(i, || self.describe_id(0)) {
+                if let Ok(id) = Uuid::try_parse(text.trim()) {
+                    return Ok((id, None));
+                }
+            }
+        }
         if self.mapping.ids.len() == 1 {
             let text = self
                 .id_part(0)?
@@ -956,7 +999,7 @@ type Object<'a> = HashMap<String, &'a RawValue>;
 
 fn parse_message(content: &[u8]) -> Result<Object<'_>, String> {
     let text = std::str::from_utf8(content).map_err(|_| "message content is not UTF-8")?;
-    refuse_nul(text, "the message")?;
+    refuse_nul(text, || "the message".into())?;
     walfold_event::json::validate(content).map_err(|e| format!("message content {e}"))?;
     let kind = match text.trim_start().as_bytes().first() {
         Some(b'{') => None,
@@ -1024,9 +1067,13 @@ impl Fields for JsonFields<'_> {
         }
     }
 
-    fn json(&self, field: usize, required: bool) -> Result<Option<JsonText>, String> {
+    fn json(&self, field: usize, required: bool) -> Result<Option<(JsonText, bool)>, String> {
         self.raw(field, required)?
-            .map(|raw| JsonText::parse(raw).map_err(|e| format!("key `{}` {e}", self.names[field])))
+            .map(|raw| {
+                JsonText::parse(raw)
+                    .map(|j| (j, false))
+                    .map_err(|e| format!("key `{}` {e}", self.names[field]))
+            })
             .transpose()
     }
 
@@ -1063,9 +1110,12 @@ fn unix_micros(us: i64) -> SystemTime {
 
 /// jsonb cannot hold `\u0000`; a `json` or `text` column can. Such a row would make the
 /// event-log insert fail, so it is rejected here with its reason.
-fn refuse_nul(text: &str, what: &str) -> Result<(), String> {
+fn refuse_nul(text: &str, what: impl FnOnce() -> String) -> Result<(), String> {
     if has_nul_escape(text) {
-        Err(format!("{what} contains \\u0000, which jsonb cannot store"))
+        Err(format!(
+            "{} contains \\u0000, which jsonb cannot store",
+            what()
+        ))
     } else {
         Ok(())
     }

@@ -203,34 +203,44 @@ impl<'a> Reader<'a> {
         tracing::info!(source = %name, slot = %self.config.source().slot, host = %client.identity.host, timeline = client.identity.timeline, protocol = client.protocol, server_version = client.server_version, "streaming from slot");
         let metrics = walfold_telemetry::metrics::metrics();
         metrics.set_streaming(&name, true);
-        let result = loop {
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break Ok(()),
-                Some(lsn) = ack.next() => ack.acknowledge(&client, lsn),
-                // The appender failed: stop now, even on an idle stream.
-                _ = self.items.closed() => break Err(SourceError::StreamEnded),
-                event = client.recv() => match event {
-                    Ok(Some((ReplicationEvent::StoppedAt { reached }, _))) => {
-                        tracing::info!(lsn = %Lsn(reached.as_u64()), "reached the stop position");
-                        break Ok(());
-                    }
-                    Ok(Some((event, held))) => {
-                        self.held = held;
-                        let handled = self.handle(event).await;
-                        // What no item took is given back now: the next message may
-                        // need the whole budget.
-                        self.held = Held::default();
-                        if let Err(e) = handled {
-                            break Err(e);
+        // One waiter each for the whole stream, not one per message: the cancellation,
+        // and the appender failing (stop now, even on an idle stream). The clone of the
+        // sender goes with the loop, before the appender is let finish.
+        let cancelled = cancel.cancelled();
+        tokio::pin!(cancelled);
+        let appender = self.items.clone();
+        let result = {
+            let appender_gone = appender.closed();
+            tokio::pin!(appender_gone);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut cancelled => break Ok(()),
+                    Some(lsn) = ack.next() => ack.acknowledge(&client, lsn),
+                    _ = &mut appender_gone => break Err(SourceError::StreamEnded),
+                    event = client.recv() => match event {
+                        Ok(Some((ReplicationEvent::StoppedAt { reached }, _))) => {
+                            tracing::info!(lsn = %Lsn(reached.as_u64()), "reached the stop position");
+                            break Ok(());
                         }
-                    }
-                    Ok(None) => break Err(SourceError::StreamEnded),
-                    Err(WireError::Decode(e)) => break Err(SourceError::Decode(e.to_string())),
-                    Err(e) => break Err(e.into()),
-                },
+                        Ok(Some((event, held))) => {
+                            self.held = held;
+                            let handled = self.handle(event).await;
+                            // What no item took is given back now: the next message may
+                            // need the whole budget.
+                            self.held = Held::default();
+                            if let Err(e) = handled {
+                                break Err(e);
+                            }
+                        }
+                        Ok(None) => break Err(SourceError::StreamEnded),
+                        Err(WireError::Decode(e)) => break Err(SourceError::Decode(e.to_string())),
+                        Err(e) => break Err(e.into()),
+                    },
+                }
             }
         };
+        drop(appender);
         metrics.set_streaming(&name, false);
         // Let the appender finish what it has, then report its final position.
         drop(self.items);
@@ -494,18 +504,27 @@ impl<'a> Reader<'a> {
                     };
                     return self.defer(streamed, e);
                 }
-                let mapped = mapping.map(&row.tuple(), tx, origin);
+                let tuple = row
+                    .tuple()
+                    .map_err(|e| SourceError::Decode(e.to_string()))?;
+                let mapped = mapping.map(&tuple, tx, origin);
                 if let Mapped::Filtered = mapped {
                     // `where` is not true for it: counted with the other changes that are
                     // no events.
                     tracing::debug!(table = %mapping.table, change_lsn = %at, "outbox row filtered out by where");
                     return self.send(Item::Ignored).await;
                 }
-                let table = mapping.table.to_string();
                 for outcome in mapped {
                     let item = match outcome {
                         Ok(event) => Item::Event(event),
                         Err(dead) => {
+                            // Named here, not per row: most rows make no dead letter.
+                            let table = self
+                                .relations
+                                .get(&relation_id)
+                                .and_then(|r| r.mapping.as_ref())
+                                .map(|m| m.table.to_string())
+                                .unwrap_or_default();
                             match streamed {
                                 // Its commit LSN is not known yet: name the change instead.
                                 Some((xid, _)) => {

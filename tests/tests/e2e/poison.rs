@@ -294,6 +294,8 @@ async fn text_that_is_not_utf8_from_a_sql_ascii_source_is_a_dead_letter() {
         bad(1, "aggregate_id", r"E'u-\xff'"),
         bad(2, "payload", r#"E'{"status": "\xc3\x28"}'"#),
         bad(3, "event_type", r"E'Order\x80'"),
+        // UTF-8, but a lone surrogate escape: JSON jsonb refuses to store.
+        bad(4, "payload", r#"'{"status": "\ud800"}'"#),
     ];
     survives_on(&source, &utf8, &poisons).await;
     assert_letters(
@@ -302,6 +304,7 @@ async fn text_that_is_not_utf8_from_a_sql_ascii_source_is_a_dead_letter() {
             "malformed: column `aggregate_id` is not UTF-8",
             "malformed: column `payload` is not UTF-8",
             "malformed: column `event_type` is not UTF-8",
+            "malformed: column `payload` holds a lone Unicode surrogate escape",
         ],
     );
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
