@@ -40,6 +40,14 @@ pub trait Projection: Send + Sync + 'static {
         None
     }
 
+    /// Whether `apply` has no effect beyond its writes through `tx` (no other
+    /// connection, no state of its own): the engine may then send a batch's apply
+    /// beside its claim, before it knows which events are duplicates, and roll the
+    /// transaction back when some were. The default, `false`, claims first.
+    fn writes_only_through_tx(&self) -> bool {
+        false
+    }
+
     /// Applies one event.
     fn apply<'a>(
         &'a self,

@@ -583,6 +583,12 @@ fn as_text(v: Option<Value>) -> Option<String> {
 }
 
 impl Projection for SqlProjection {
+    /// The statement runs in the engine's transaction (what it calls is the user's:
+    /// a sequence it advances stays advanced when a batch is rolled back).
+    fn writes_only_through_tx(&self) -> bool {
+        true
+    }
+
     /// Asks the server whether the statement returns rows (it fails like the statement
     /// would when its table or a right is missing), then creates the matching function
     /// unless it exists. Its name is a hash of its body, so an existing one is the same

@@ -29,6 +29,12 @@ pub(crate) trait Apply<S: SubscriberStore>: Sync {
     where
         't: 'a,
         S: 't;
+
+    /// Whether the apply may run beside the claim and be rolled back with it (see
+    /// [`Projection::writes_only_through_tx`]).
+    fn writes_only_through_tx(&self) -> bool {
+        false
+    }
 }
 
 impl<'p, C> Apply<PgSubscriber<C>> for dyn Projection + 'p
@@ -45,6 +51,10 @@ where
         PgSubscriber<C>: 't,
     {
         self.apply_batch(tx.transaction(), events)
+    }
+
+    fn writes_only_through_tx(&self) -> bool {
+        Projection::writes_only_through_tx(self)
     }
 }
 
@@ -158,12 +168,16 @@ where
     /// theirs. `Some(false)`: some were claimed before and the apply ran on them too, so
     /// this transaction must not commit: drop it (nothing of it lands) and process the
     /// batch again with [`Work::process`]. `None`: nothing was run (a strict
-    /// projection, or a store that cannot send both at once): use [`Work::process`].
+    /// projection, one that may have effects outside the transaction, or a store that
+    /// cannot send both at once): use [`Work::process`].
     pub async fn process_all_new(
         &mut self,
         events: &[&Event],
     ) -> Result<Option<bool>, EngineError> {
-        if self.rules.options.version_mode != VersionMode::Guard || events.is_empty() {
+        if self.rules.options.version_mode != VersionMode::Guard
+            || events.is_empty()
+            || !self.rules.projection.writes_only_through_tx()
+        {
             return Ok(None);
         }
         let ids: Vec<(uuid::Uuid, i64)> = events.iter().map(|e| (e.id, e.claim_seq)).collect();
