@@ -846,10 +846,12 @@ async fn history_drain(
         .get(0);
     eprintln!("the slot's restart_lsn is {behind} behind the WAL's end before the drain to {upto}");
     let before = server_work(client).await?;
+    let server_cpu = crate::measure::server_cpu(cluster.data_dir());
     let span = Span::start();
     let (cancel, task) = start(config);
     wait_subscribers(client, upto as i64, 2, Duration::from_secs(7200)).await?;
     let (wall, cpu, _) = span.stop();
+    let server_cpu = crate::measure::server_cpu(cluster.data_dir()) - server_cpu;
     let after = server_work(client).await?;
     cancel.cancel();
     task.await??;
@@ -876,8 +878,9 @@ async fn history_drain(
     }
     let per = |x: f64| x / n as f64;
     let work = format!(
-        "WAL {:.0} B/event, {:.3} FPI/event, checkpoints {} timed + {} requested, \
+        "server CPU {:.1} µs/event, WAL {:.0} B/event, {:.3} FPI/event, checkpoints {} timed + {} requested, \
          index blocks read {:.2} / hit {:.1} per event, buffers written {:.3} ({:.3} by backends) per event, WAL syncs {:.4} per event",
+        per(server_cpu * 1e6),
         per(after.wal_bytes - before.wal_bytes),
         per((after.wal_fpi - before.wal_fpi) as f64),
         after.checkpoints_timed - before.checkpoints_timed,
