@@ -59,6 +59,10 @@ pub struct Args {
     /// (experiments such as `wal_compression=lz4`, `max_wal_size=8GB`).
     #[arg(long = "set")]
     pub settings: Vec<String>,
+    /// The producers' event IDs in the history scenario (seeded and drained): `v4`
+    /// (random) or `v7` (time-ordered, as UUIDv7).
+    #[arg(long, default_value = "v4", value_parser = ["v4", "v7"])]
+    pub history_ids: String,
     /// Outbox rows in the several-sources drain (split evenly over two sources).
     #[arg(long, default_value_t = 200_000)]
     pub sources_events: u64,

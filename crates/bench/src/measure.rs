@@ -74,3 +74,39 @@ pub fn median(mut v: Vec<f64>) -> f64 {
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
+
+/// CPU seconds the server whose postmaster writes `data_dir/postmaster.pid` has used so
+/// far: the postmaster's own and its exited children's, plus every live child's (its
+/// backends, walsenders, checkpointer, autovacuum). Less disturbed by other load on the
+/// machine than wall time.
+pub fn server_cpu(data_dir: &std::path::Path) -> f64 {
+    let ticks = 100.0; // CLK_TCK on Linux
+    let field = |stat: &str, n: usize| -> u64 {
+        // Fields after the command's closing parenthesis, numbered as in proc(5).
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(n - 3))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let Some(pm) = std::fs::read_to_string(data_dir.join("postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+    else {
+        return 0.0;
+    };
+    let mut total = 0u64;
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pm}/stat")) {
+        total += field(&stat, 14) + field(&stat, 15) + field(&stat, 16) + field(&stat, 17);
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            if field(&stat, 4) == pm as u64 {
+                total += field(&stat, 14) + field(&stat, 15);
+            }
+        }
+    }
+    total as f64 / ticks
+}

@@ -753,6 +753,13 @@ struct ServerWork {
     checkpoints_req: i64,
     index_reads: i64,
     index_hits: i64,
+    /// Dirty buffers written out: by checkpoints, the background writer, backends.
+    buffers_written: i64,
+    /// Of those, written by backends (a backend that needs a buffer evicts a dirty one;
+    /// if its last change is not yet in flushed WAL, it flushes WAL first).
+    buffers_backend: i64,
+    /// WAL syncs (commits, and backends flushing WAL to write out a buffer).
+    wal_sync: i64,
 }
 
 async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxError> {
@@ -761,7 +768,9 @@ async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxE
             "select (select wal_bytes::float8 from pg_stat_wal), (select wal_fpi from pg_stat_wal), \
              (select checkpoints_timed from pg_stat_bgwriter), \
              (select checkpoints_req from pg_stat_bgwriter), \
-             coalesce(sum(idx_blks_read), 0)::int8, coalesce(sum(idx_blks_hit), 0)::int8 \
+             coalesce(sum(idx_blks_read), 0)::int8, coalesce(sum(idx_blks_hit), 0)::int8, \
+             (select buffers_checkpoint + buffers_clean + buffers_backend from pg_stat_bgwriter), \
+             (select buffers_backend from pg_stat_bgwriter), (select wal_sync from pg_stat_wal) \
              from pg_statio_all_indexes where schemaname = 'walfold' \
              and indexrelname in ('event_log_event_id_key', 'processed_message_by_seq', \
              'processed_message_by_id')",
@@ -775,6 +784,9 @@ async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxE
         checkpoints_req: row.get(3),
         index_reads: row.get(4),
         index_hits: row.get(5),
+        buffers_written: row.get(6),
+        buffers_backend: row.get(7),
+        wal_sync: row.get(8),
     })
 }
 
@@ -804,37 +816,80 @@ async fn history_drain(
     n: u64,
     upto: u64,
 ) -> Result<(f64, f64, String), BoxError> {
-    if setup::statements_enabled() {
-        blocking(move || {
-            cluster.psql(db, "create extension if not exists pg_stat_statements")?;
-            Ok(cluster.psql(db, "select pg_stat_statements_reset()")?)
-        })
-        .await?;
-    }
+    // With statements: also each relation's buffer reads and its WAL and full-page
+    // images (the drain's WAL kept by a physical slot for pg_waldump).
+    let start_lsn = if setup::statements_enabled() {
+        Some(
+            blocking(move || {
+                cluster.psql(db, "create extension if not exists pg_stat_statements")?;
+                cluster.psql(db, "select pg_stat_statements_reset(), pg_stat_reset()")?;
+                Ok(cluster.psql(
+                    db,
+                    "select lsn from pg_create_physical_replication_slot('bench_hold', true) \
+                     as s(name, lsn)",
+                )?)
+            })
+            .await?
+            .trim()
+            .to_owned(),
+        )
+    } else {
+        None
+    };
+    let behind: String = client
+        .query_one(
+            "select pg_size_pretty(pg_current_wal_lsn() - restart_lsn) from pg_replication_slots \
+             where slot_name = 'walfold_history'",
+            &[],
+        )
+        .await?
+        .get(0);
+    eprintln!("the slot's restart_lsn is {behind} behind the WAL's end before the drain to {upto}");
     let before = server_work(client).await?;
+    let server_cpu = crate::measure::server_cpu(cluster.data_dir());
     let span = Span::start();
     let (cancel, task) = start(config);
     wait_subscribers(client, upto as i64, 2, Duration::from_secs(7200)).await?;
     let (wall, cpu, _) = span.stop();
+    let server_cpu = crate::measure::server_cpu(cluster.data_dir()) - server_cpu;
     let after = server_work(client).await?;
     cancel.cancel();
     task.await??;
-    if setup::statements_enabled() {
+    if let Some(start) = start_lsn {
+        let end: String = client
+            .query_one("select pg_current_wal_lsn()::text", &[])
+            .await?
+            .get(0);
         eprintln!(
             "busiest statements during the drain to {upto}:\n{}",
             blocking(move || setup::top_statements(cluster, db)).await?
         );
+        eprintln!(
+            "buffer reads and hits during the drain to {upto}:\n{}",
+            blocking(move || setup::relation_io(cluster, db)).await?
+        );
+        let wal = blocking(move || {
+            let table = setup::wal_by_relation(cluster, db, &start, &end);
+            cluster.psql(db, "select pg_drop_replication_slot('bench_hold')")?;
+            table
+        })
+        .await?;
+        eprintln!("WAL by relation during the drain to {upto}:\n{wal}");
     }
     let per = |x: f64| x / n as f64;
     let work = format!(
-        "WAL {:.0} B/event, {:.3} FPI/event, checkpoints {} timed + {} requested, \
-         index blocks read {:.2} / hit {:.1} per event",
+        "server CPU {:.1} µs/event, WAL {:.0} B/event, {:.3} FPI/event, checkpoints {} timed + {} requested, \
+         index blocks read {:.2} / hit {:.1} per event, buffers written {:.3} ({:.3} by backends) per event, WAL syncs {:.4} per event",
+        per(server_cpu * 1e6),
         per(after.wal_bytes - before.wal_bytes),
         per((after.wal_fpi - before.wal_fpi) as f64),
         after.checkpoints_timed - before.checkpoints_timed,
         after.checkpoints_req - before.checkpoints_req,
         per((after.index_reads - before.index_reads) as f64),
         per((after.index_hits - before.index_hits) as f64),
+        per((after.buffers_written - before.buffers_written) as f64),
+        per((after.buffers_backend - before.buffers_backend) as f64),
+        per((after.wal_sync - before.wal_sync) as f64),
     );
     Ok((n as f64 / wall, cpu, work))
 }
@@ -851,16 +906,20 @@ async fn history(
     let n = args.history_drain;
     let h = args.history_events;
     let db = "history";
+    let ids = setup::Ids::parse(&args.history_ids)?;
     blocking(move || {
         setup::create_db(cluster, db)?;
         setup::create_slot(cluster, db, "walfold_history")?;
-        setup::write_backlog(cluster, db, n)?;
+        setup::write_backlog_from(cluster, db, 0, n, ids)?;
         settle(cluster, db)
     })
     .await?;
     let client = connect(cluster, db).await?;
     let settings = wal_settings(&client).await?;
-    let label = format!("{} cluster: {settings}", args.history_cluster);
+    let label = format!(
+        "{} cluster: {settings}, event IDs {}",
+        args.history_cluster, args.history_ids
+    );
     eprintln!("history scenario on the {label}");
     let config = || setup::config(cluster, db, "walfold_history", setup::DRAIN_PROJECTIONS);
 
@@ -870,15 +929,9 @@ async fn history(
 
     let started = Instant::now();
     blocking(move || {
-        setup::seed_history(cluster, db, h)?;
-        // The slot passes the seeding's WAL before the drain, as a deployment's slot
-        // passed its history's long ago: otherwise the measured drain would include the
-        // walsender decoding (and spilling) gigabytes of seeded rows it then filters out.
-        cluster.psql(
-            db,
-            "select pg_replication_slot_advance('walfold_history', pg_current_wal_lsn())",
-        )?;
-        setup::write_backlog_from(cluster, db, n, n)?;
+        setup::seed_history(cluster, db, h, ids)?;
+        setup::pass_history(cluster, db, "walfold_history")?;
+        setup::write_backlog_from(cluster, db, n, n, ids)?;
         settle(cluster, db)
     })
     .await?;

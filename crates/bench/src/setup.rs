@@ -93,6 +93,90 @@ pub fn top_statements(cluster: &Cluster, db: &str) -> Result<String, BoxError> {
     )?)
 }
 
+/// Records, full-page images and WAL bytes per relation between WAL positions `start`
+/// and `end` (from `pg_waldump`; a record counts for the relation of its first block),
+/// the most WAL first, as a table. `start` must still be in `pg_wal` (hold it with a
+/// physical slot).
+pub fn wal_by_relation(
+    cluster: &Cluster,
+    db: &str,
+    start: &str,
+    end: &str,
+) -> Result<String, BoxError> {
+    let out = tool(cluster, "pg_waldump")
+        .arg("-p")
+        .arg(cluster.data_dir().join("pg_wal"))
+        .args(["-s", start, "-e", end])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // relfilenode -> (records, FPI, bytes)
+    let mut by_rel: std::collections::HashMap<String, (u64, u64, u64)> = Default::default();
+    for line in text.lines() {
+        let tot = line
+            .split_once("len (rec/tot):")
+            .and_then(|(_, r)| r.split(',').next())
+            .and_then(|r| r.split('/').nth(1))
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        let mut first = true;
+        for blk in line.split("blkref #").skip(1) {
+            let rel = blk
+                .split_once("rel ")
+                .and_then(|(_, r)| r.split([' ', ',']).next())
+                .and_then(|r| r.rsplit('/').next())
+                .unwrap_or("?")
+                .to_owned();
+            let e = by_rel.entry(rel).or_default();
+            if first {
+                e.0 += 1;
+                e.2 += tot;
+                first = false;
+            }
+            if blk.contains("FPW") {
+                e.1 += 1;
+            }
+        }
+        if first && tot > 0 {
+            let e = by_rel.entry("(no block)".into()).or_default();
+            e.0 += 1;
+            e.2 += tot;
+        }
+    }
+    let names = cluster.psql(
+        db,
+        "select relfilenode || ' ' || relname from pg_class where relfilenode <> 0",
+    )?;
+    let names: std::collections::HashMap<&str, &str> = names
+        .lines()
+        .filter_map(|l| l.trim().split_once(' '))
+        .collect();
+    let mut rows: Vec<_> = by_rel.into_iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1 .2));
+    let mut table = format!(
+        "{:<40} {:>10} {:>10} {:>14}\n",
+        "relation", "records", "FPI", "WAL bytes"
+    );
+    for (rel, (records, fpi, bytes)) in rows.into_iter().take(15) {
+        let name = names.get(rel.as_str()).copied().unwrap_or(rel.as_str());
+        table.push_str(&format!("{name:<40} {records:>10} {fpi:>10} {bytes:>14}\n"));
+    }
+    Ok(table)
+}
+
+/// Buffer reads and hits per relation and index of `db` since the last
+/// `pg_stat_reset()`, the most blocks first, as a table.
+pub fn relation_io(cluster: &Cluster, db: &str) -> Result<String, BoxError> {
+    Ok(cluster.psql(
+        db,
+        "select relname, heap_blks_read, heap_blks_hit, idx_blks_read, idx_blks_hit \
+         from pg_statio_user_tables where coalesce(heap_blks_read, 0) + coalesce(heap_blks_hit, 0) \
+           + coalesce(idx_blks_read, 0) + coalesce(idx_blks_hit, 0) > 0 \
+         union all select indexrelname, null, null, idx_blks_read, idx_blks_hit \
+         from pg_statio_user_indexes where idx_blks_read + idx_blks_hit > 0 \
+         order by 2 desc nulls last, 4 desc",
+    )?)
+}
+
 pub const OUTBOX: &str = "
 create table outbox (
     id uuid not null, aggregate_type text not null, aggregate_id text not null,
@@ -125,8 +209,47 @@ pub fn create_slot(cluster: &Cluster, db: &str, slot: &str) -> Result<(), BoxErr
 /// Writes `rows` outbox rows in 100-row transactions (server-side, no walfold code),
 /// over 10 000 aggregates with rising versions.
 pub fn write_backlog(cluster: &Cluster, db: &str, rows: u64) -> Result<(), BoxError> {
-    write_backlog_from(cluster, db, 0, rows)
+    write_backlog_from(cluster, db, 0, rows, Ids::Random)
 }
+
+/// How producers make their event IDs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ids {
+    /// UUIDv4: random (`gen_random_uuid()`).
+    Random,
+    /// UUIDv7: a millisecond timestamp, then random bits, as time-ordered IDs
+    /// (MassTransit's NewId, Marten, Eventuate and others make IDs in time order too).
+    TimeOrdered,
+}
+
+impl Ids {
+    pub fn parse(s: &str) -> Result<Self, BoxError> {
+        match s {
+            "v4" => Ok(Ids::Random),
+            "v7" => Ok(Ids::TimeOrdered),
+            other => Err(format!("unknown ID kind {other}: v4 or v7").into()),
+        }
+    }
+
+    /// An SQL expression of an event ID made at millisecond `ms` (an SQL `int8`
+    /// expression; ignored by random IDs).
+    fn sql(self, ms: &str) -> String {
+        match self {
+            Ids::Random => "gen_random_uuid()".into(),
+            Ids::TimeOrdered => format!("bench_uuid_v7({ms})"),
+        }
+    }
+}
+
+/// `bench_uuid_v7(ms)`: a UUIDv7 of Unix millisecond `ms` (48 bits of time, version 7,
+/// the rest random). PostgreSQL 15 has no `uuidv7()`.
+const UUID_V7: &str = "create or replace function bench_uuid_v7(ms int8) returns uuid \
+     language sql volatile as $f$ \
+     select encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) \
+       placing substring(int8send(ms) from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid $f$";
+
+/// The current time in Unix milliseconds, as SQL.
+const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::int8";
 
 /// [`write_backlog`] for rows `first..first + rows`: a later backlog whose versions
 /// continue the earlier one's, so a guarded upsert applies every event again.
@@ -135,14 +258,16 @@ pub fn write_backlog_from(
     db: &str,
     first: u64,
     rows: u64,
+    ids: Ids,
 ) -> Result<(), BoxError> {
     let batches = rows.div_ceil(100);
+    let id = ids.sql(NOW_MS);
     cluster.psql(
         db,
         &format!(
-            "do $$ begin for b in 0..{last} loop \
+            "{UUID_V7}; do $$ begin for b in 0..{last} loop \
                insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
-               select gen_random_uuid(), 'order', 'o-' || (i % 10000), 'OrderPaid', i / 10000 + 1, {PAYLOAD_SQL} \
+               select {id}, 'order', 'o-' || (i % 10000), 'OrderPaid', i / 10000 + 1, {PAYLOAD_SQL} \
                from generate_series({first} + b * 100, {first} + b * 100 + 99) as i; \
                commit; end loop; end $$;",
             last = batches - 1
@@ -153,17 +278,19 @@ pub fn write_backlog_from(
 
 /// Seeds `events` earlier events after the log's head, each claimed by both drain
 /// projections' subscribers, and moves their checkpoints past them: a deployment's
-/// history, written set-based by the server (random event IDs in random order, as the
+/// history, written set-based by the server (event IDs of kind `ids`, in the order the
 /// appender's inserts arrive). The one place the bench writes walfold's log and claim
 /// layout; a new layout changes this function.
-pub fn seed_history(cluster: &Cluster, db: &str, events: u64) -> Result<(), BoxError> {
+pub fn seed_history(cluster: &Cluster, db: &str, events: u64, ids: Ids) -> Result<(), BoxError> {
+    // Time-ordered IDs: one event per millisecond, the last one now.
+    let id = ids.sql(&format!("{NOW_MS} - {events} + i"));
     cluster.psql(
         db,
         &format!(
-            "create temp table seed_head as select coalesce(max(seq), 0) as head from walfold.event_log; \
+            "{UUID_V7}; create temp table seed_head as select coalesce(max(seq), 0) as head from walfold.event_log; \
              insert into walfold.event_log (seq, event_id, aggregate_type, aggregate_id, event_type, \
                version, payload, partition_hash, source_lsn, committed_at, bytes) \
-             select head + i, gen_random_uuid(), 'order', 'old-' || (i % 100000), 'OrderPaid', \
+             select head + i, {id}, 'order', 'old-' || (i % 100000), 'OrderPaid', \
                i / 100000 + 1, p.payload, hashtext('old-' || (i % 100000)) & 2147483647, '0/0', \
                now(), length(p.payload::text) \
              from seed_head, generate_series(1, {events}) as i, \
@@ -177,6 +304,37 @@ pub fn seed_history(cluster: &Cluster, db: &str, events: u64) -> Result<(), BoxE
         ),
     )?;
     Ok(())
+}
+
+/// Moves `slot` past everything written so far, as a deployment's slot passed its
+/// history long ago: otherwise the next drain's walsender would first decode (and
+/// spill) the gigabytes of seeded rows, only to filter them out.
+///
+/// `pg_replication_slot_advance` moves `confirmed_flush_lsn` at once, but `restart_lsn`
+/// (where a walsender starts decoding) only to the restart point the previous decoding
+/// had found: one step behind, and while a seeding transaction was running that point
+/// is its start. So advance again after a checkpoint (which logs the running
+/// transactions: none) until `restart_lsn` has passed the seeding.
+pub fn pass_history(cluster: &Cluster, db: &str, slot: &str) -> Result<(), BoxError> {
+    let end = cluster.psql(db, "select pg_current_wal_lsn()")?;
+    let end = end.trim();
+    for _ in 0..5 {
+        cluster.psql(db, "checkpoint")?;
+        cluster.psql(
+            db,
+            &format!("select pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"),
+        )?;
+        let passed = cluster.psql(
+            db,
+            &format!(
+                "select restart_lsn >= '{end}' from pg_replication_slots where slot_name = '{slot}'"
+            ),
+        )?;
+        if passed.trim() == "t" {
+            return Ok(());
+        }
+    }
+    Err(format!("slot {slot}'s restart_lsn did not pass the seeding's end {end}").into())
 }
 
 /// A marker transaction after everything written so far: streams stop there.
