@@ -263,6 +263,11 @@ async fn decode_and_drain(
         blocking(move || Ok(cluster.psql(db, "select pg_stat_statements_reset()")?)).await?;
     }
     let span = Span::start();
+    let timeline = setup::timeline_enabled().then(|| {
+        let stop = CancellationToken::new();
+        let probe = tokio::spawn(rebuild_timeline(cluster, db, stop.clone()));
+        (stop, probe)
+    });
     let (cancel, task) = start(config);
     wait_for(
         &client,
@@ -272,6 +277,13 @@ async fn decode_and_drain(
     )
     .await?;
     let (rebuild_s, rebuild_cpu, _) = span.stop();
+    if let Some((stop, probe)) = timeline {
+        stop.cancel();
+        eprintln!(
+            "rebuild timeline (s from the pipeline's start):\n{}",
+            probe.await??
+        );
+    }
     cancel.cancel();
     task.await??;
     let rebuild_rate = n as f64 / rebuild_s;
@@ -291,6 +303,61 @@ async fn decode_and_drain(
         rss: format!("{:.0}", rss_mib().1),
     });
     Ok(())
+}
+
+/// `WALFOLD_BENCH_TIMELINE=1`: when the rebuild's checkpoint first appears, first moves,
+/// reaches the head, and when the rebuild switches over, polled every 5 ms on a
+/// connection of its own until `stop`.
+async fn rebuild_timeline(
+    cluster: &'static Cluster,
+    db: &'static str,
+    stop: CancellationToken,
+) -> Result<String, BoxError> {
+    let client = connect(cluster, db).await?;
+    let t0 = Instant::now();
+    let head: i64 = client
+        .query_one("select coalesce(max(seq), 0) from walfold.event_log", &[])
+        .await?
+        .get(0);
+    let mut seen: Vec<(f64, String)> = Vec::new();
+    let mut last = (None::<i64>, String::new());
+    let mut commits = 0u32;
+    while !stop.is_cancelled() {
+        let row = client
+            .query_one(
+                "select (select max(position) from walfold.checkpoint \
+                   where subscriber_id = 'bench.state.rebuilt'), \
+                 (select state::text from walfold.rebuild \
+                   where subscriber_id = 'bench.state.rebuilt')",
+                &[],
+            )
+            .await?;
+        let t = t0.elapsed().as_secs_f64();
+        let (position, state): (Option<i64>, Option<String>) = (row.get(0), row.get(1));
+        let state = state.unwrap_or_default();
+        if position != last.0 {
+            commits += 1;
+            let what = match (last.0, position) {
+                (None, Some(p)) => format!("first checkpoint at {p}"),
+                (_, Some(p)) if p >= head => format!("reached the head {p} ({commits} moves seen)"),
+                (_, Some(p)) => format!("position {p}"),
+                (_, None) => String::new(),
+            };
+            if !what.is_empty() {
+                seen.push((t, what));
+            }
+        }
+        if state != last.1 {
+            seen.push((t, format!("state {state}")));
+        }
+        last = (position, state);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(seen
+        .iter()
+        .map(|(t, what)| format!("  {t:7.3} {what}"))
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
 
 /// Events per second of a set-based pgbench `script` run `batches` times on one

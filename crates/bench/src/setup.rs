@@ -80,6 +80,12 @@ pub fn statements_enabled() -> bool {
     std::env::var_os("WALFOLD_BENCH_STATEMENTS").is_some_and(|v| v == "1")
 }
 
+/// `WALFOLD_BENCH_TIMELINE=1`: print when the rebuild's replay starts, reaches the head
+/// and switches over (a profiling aid: it polls on a connection of its own).
+pub fn timeline_enabled() -> bool {
+    std::env::var_os("WALFOLD_BENCH_TIMELINE").is_some_and(|v| v == "1")
+}
+
 /// The statements that took the most execution time in `db` so far, as a table.
 pub fn top_statements(cluster: &Cluster, db: &str) -> Result<String, BoxError> {
     cluster.psql(db, "create extension if not exists pg_stat_statements")?;
