@@ -37,7 +37,9 @@ use crate::projector::Partition;
 use crate::sql::SqlProjection;
 use crate::target::Target;
 
-/// How often the leader looks at rebuilds (new, aborted, caught up, due to finish).
+/// How often the leader looks at rebuilds (new, aborted, caught up, due to finish); a
+/// rebuild's partition that reaches the head has it look at once (see
+/// [`Generation::reached_head`]).
 const CONTROL_PERIOD: Duration = Duration::from_secs(1);
 /// How long after a failed switch-over it is tried again.
 const SWITCH_BACKOFF: Duration = Duration::from_secs(30);
@@ -199,6 +201,10 @@ struct Generation {
     warned: AtomicBool,
     /// Rebuilds whose switch-over failed: not tried again before SWITCH_BACKOFF.
     failed_switches: Vec<FailedSwitch>,
+    /// Told by a rebuild's partition when its read reaches the head: the control loop
+    /// then looks whether the rebuild is due to switch over without waiting for its
+    /// next period.
+    reached_head: Arc<tokio::sync::Notify>,
 }
 
 /// A rebuild replaying in this generation.
@@ -741,6 +747,7 @@ async fn plan(
         retire_after,
         warned: AtomicBool::new(false),
         failed_switches: Vec::new(),
+        reached_head: Arc::new(tokio::sync::Notify::new()),
     };
     for d in defined {
         let mut options = d.options.clone();
@@ -789,6 +796,7 @@ async fn plan(
         let mut replay = options.clone();
         replay.subscriber = r.subscriber.clone();
         replay.batch_size = options.rebuild_batch_size;
+        let live_workers = generation.workers.len();
         push_workers(
             &mut generation,
             &mut client,
@@ -800,6 +808,12 @@ async fn plan(
             fence,
         )
         .await?;
+        for (_, worker) in &mut generation.workers[live_workers..] {
+            worker.reached_head = Some(generation.reached_head.clone());
+            // A `sql` or `table` projection writes only through the transaction, so an
+            // event applied and then found claimed before is undone with it.
+            worker.claim_beside_apply = d.index.is_some();
+        }
         generation.replaying.push(Replay {
             rebuild: r.clone(),
             partitions: replay.parallelism,
@@ -848,6 +862,8 @@ async fn push_workers(
                 target: target.name.clone(),
                 log: target.is_extra().then(|| Target::main(config)),
                 until: None,
+                reached_head: None,
+                claim_beside_apply: false,
                 pool: generation.pools.target.clone(),
                 log_pool: generation.pools.log.clone(),
             },
@@ -870,6 +886,8 @@ async fn catch_up(
     stop: &CancellationToken,
 ) {
     let to = match rebuild::catch_up_to(client, schema, r).await {
+        // Every partition has read as far as the live one: nothing to run.
+        Ok(to) if to.is_empty() => return,
         Ok(to) => to,
         Err(e) => {
             tracing::warn!(projection = %r.projection, error = %e, "cannot read where the rebuild must catch up to");
@@ -925,7 +943,12 @@ async fn watch_generation(
                     return Next::Failed(e);
                 }
             }
-            _ = tick.tick() => match control_check(client, schema, generation).await {
+            _ = async {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = generation.reached_head.notified() => {}
+                }
+            } => match control_check(client, schema, generation).await {
                 Ok(Some(next)) => return next,
                 Ok(None) => {}
                 Err(e) => {

@@ -64,6 +64,11 @@ pub(crate) struct Partition {
     /// Stop once this partition has read (and checkpointed) this far: a rebuild
     /// catching up with the live subscriber before its switch-over.
     pub until: Option<i64>,
+    /// Told when a read reaches the head after one that did not (a rebuild's partition:
+    /// the leader then looks whether it is due to switch over).
+    pub reached_head: Option<Arc<tokio::sync::Notify>>,
+    /// Claim and apply a batch in one round trip (see [`Rules::claim_beside_apply`]).
+    pub claim_beside_apply: bool,
     /// The connections of `url`'s target that every partition there shares.
     pub pool: Arc<Pool>,
     /// The main target's, for reading the log when `url` is an extra target.
@@ -119,6 +124,7 @@ impl Partition {
             options: &self.options,
             partition: self.partition,
             projection: &*self.projection,
+            claim_beside_apply: self.claim_beside_apply,
         }
     }
 
@@ -377,6 +383,11 @@ impl Partition {
             pause.leave(self, &turns.bound, conn.store.client()).await;
             conn.release();
             position = page.position;
+            if page.caught_up && !at_head {
+                if let Some(reached) = &self.reached_head {
+                    reached.notify_one();
+                }
+            }
             at_head = page.caught_up;
             if page.caught_up {
                 // The page reached the head: wait for the appender's signal (an append

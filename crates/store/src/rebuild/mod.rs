@@ -368,15 +368,22 @@ pub async fn readiness(
     })
 }
 
-/// Where each partition of the rebuild's subscriber must have read for the rebuilt
-/// table to hold everything the live one does (see [`Layouts::targets`]), as
-/// (partition, position).
+/// Where each partition of the rebuild's subscriber that has not read as far yet must
+/// read for the rebuilt table to hold everything the live one does (see
+/// [`Layouts::targets`]), as (partition, position); empty when every one has.
 pub async fn catch_up_to(
     client: &impl GenericClient,
     schema: &Schema,
     rebuild: &Rebuild,
 ) -> Result<Vec<(i32, i64)>, StoreError> {
-    Ok(Layouts::read(client, schema, rebuild).await?.targets())
+    let layouts = Layouts::read(client, schema, rebuild).await?;
+    Ok(layouts
+        .new
+        .iter()
+        .zip(layouts.targets())
+        .filter(|(n, (_, target))| n.2 < *target)
+        .map(|(_, target)| target)
+        .collect())
 }
 
 /// The checkpoints of a rebuild's subscriber (`new`) and of the live one it replaces
