@@ -810,9 +810,6 @@ async fn plan(
         .await?;
         for (_, worker) in &mut generation.workers[live_workers..] {
             worker.reached_head = Some(generation.reached_head.clone());
-            // A `sql` or `table` projection writes only through the transaction, so an
-            // event applied and then found claimed before is undone with it.
-            worker.claim_beside_apply = d.index.is_some();
         }
         generation.replaying.push(Replay {
             rebuild: r.clone(),
@@ -863,7 +860,6 @@ async fn push_workers(
                 log: target.is_extra().then(|| Target::main(config)),
                 until: None,
                 reached_head: None,
-                claim_beside_apply: false,
                 pool: generation.pools.target.clone(),
                 log_pool: generation.pools.log.clone(),
             },

@@ -266,6 +266,51 @@ async fn a_rebuild_killed_midway_resumes_after_a_restart() {
     );
 }
 
+/// A rebuild claims and applies each batch in one round trip, as if nothing of it was
+/// claimed before. An event its subscriber did claim before (put there by hand while
+/// the daemon was down) shows in the claim's answer: that transaction is dropped and
+/// the batch goes again claims first, so the event is skipped and every other applied
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_skips_the_events_its_subscriber_claimed_before() {
+    let db = TestDb::new("rebuildclaimed");
+    let (mut d, client) = projected(&db, &config(&db, ""), 2_000, 50, "orders.total.v1").await;
+    d.kill();
+    let (code, out, err) = start_rebuild(d.config_path(), "order_total", "orders.total.v2");
+    assert_eq!(code, 0, "{out}{err}");
+    db.psql(
+        "insert into walfold.processed_message (subscriber_id, seq, message_id, processed_at) \
+         select 'orders.total.v2', coalesce(claim_seq, seq), event_id, now() \
+         from walfold.event_log where seq in (7, 1507)",
+    );
+    d.kill_and_restart(None);
+    eventually(Duration::from_secs(120), "the switch-over", || async {
+        rebuild_state(&client, "orders.total.v2").await == "switched"
+    })
+    .await;
+    subscriber_caught_up(&client, "orders.total.v2", 60).await;
+    assert_eq!(
+        difference(
+            &client,
+            "select order_id, total from order_total",
+            "select aggregate_id, sum((payload->>'amount')::numeric) from walfold.event_log \
+             where seq not in (7, 1507) group by aggregate_id"
+        )
+        .await,
+        0,
+        "the rebuilt totals hold every event once but the two claimed before"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "select sum(duplicates)::int8 from walfold.checkpoint where subscriber_id = 'orders.total.v2'"
+        )
+        .await,
+        2,
+        "counted as duplicates"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_leaves_everything_live_untouched() {
     let db = TestDb::new("rebuildabort");

@@ -67,8 +67,6 @@ pub(crate) struct Partition {
     /// Told when a read reaches the head after one that did not (a rebuild's partition:
     /// the leader then looks whether it is due to switch over).
     pub reached_head: Option<Arc<tokio::sync::Notify>>,
-    /// Claim and apply a batch in one round trip (see [`Rules::claim_beside_apply`]).
-    pub claim_beside_apply: bool,
     /// The connections of `url`'s target that every partition there shares.
     pub pool: Arc<Pool>,
     /// The main target's, for reading the log when `url` is an extra target.
@@ -124,7 +122,6 @@ impl Partition {
             options: &self.options,
             partition: self.partition,
             projection: &*self.projection,
-            claim_beside_apply: self.claim_beside_apply,
         }
     }
 
