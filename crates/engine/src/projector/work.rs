@@ -78,9 +78,14 @@ impl<A: ?Sized> Rules<'_, A> {
 
     /// An event this projection can never apply as it is (retrying cannot help).
     pub fn invalid_event(&self, message: &str) -> EngineError {
+        self.apply_error(ProjectionError::Invalid(message.into()))
+    }
+
+    /// The projection's apply failed.
+    pub fn apply_error(&self, source: ProjectionError) -> EngineError {
         EngineError::Apply {
             projection: self.options.name.clone(),
-            source: ProjectionError::Invalid(message.into()),
+            source,
         }
     }
 
@@ -148,17 +153,19 @@ where
             .projection
             .apply(&self.tx, events)
             .await
-            .map_err(|source| EngineError::Apply {
-                projection: self.rules.options.name.clone(),
-                source,
-            })?;
-        for r in &results {
+            .map_err(|source| self.rules.apply_error(source))?;
+        self.count(&results);
+        Ok(results)
+    }
+
+    /// Counts the apply's outcomes.
+    fn count(&mut self, results: &[Applied]) {
+        for r in results {
             match r {
                 Applied::Changed => self.stats.applied += 1,
                 Applied::Stale => self.stats.stale += 1,
             }
         }
-        Ok(results)
     }
 
     /// Claims and applies `events` of a projection in log order in one round trip: the
@@ -191,22 +198,14 @@ where
             // The apply's outcome (or error) is of events that may be duplicates.
             return Ok(Some(false));
         }
-        let results = applied.map_err(|source| EngineError::Apply {
-            projection: self.rules.options.name.clone(),
-            source,
-        })?;
+        let results = applied.map_err(|source| self.rules.apply_error(source))?;
         if results.len() != events.len() {
             return Err(self
                 .rules
                 .invalid("the projection returned outcomes for other events than it was given"));
         }
         self.events += events.len();
-        for r in &results {
-            match r {
-                Applied::Changed => self.stats.applied += 1,
-                Applied::Stale => self.stats.stale += 1,
-            }
-        }
+        self.count(&results);
         Ok(Some(true))
     }
 

@@ -376,14 +376,7 @@ pub async fn catch_up_to(
     schema: &Schema,
     rebuild: &Rebuild,
 ) -> Result<Vec<(i32, i64)>, StoreError> {
-    let layouts = Layouts::read(client, schema, rebuild).await?;
-    Ok(layouts
-        .new
-        .iter()
-        .zip(layouts.targets())
-        .filter(|(n, (_, target))| n.2 < *target)
-        .map(|(_, target)| target)
-        .collect())
+    Ok(Layouts::read(client, schema, rebuild).await?.behind(0))
 }
 
 /// The checkpoints of a rebuild's subscriber (`new`) and of the live one it replaces
@@ -449,10 +442,18 @@ impl Layouts {
     /// switch-over never steps readers back (nor swaps in a table that the last events,
     /// or their dead letters, have not reached yet).
     fn reached(&self, slack: i64) -> bool {
+        self.behind(slack).is_empty()
+    }
+
+    /// The new partitions more than `slack` events short of their [`Layouts::targets`],
+    /// with their targets.
+    fn behind(&self, slack: i64) -> Vec<(i32, i64)> {
         self.new
             .iter()
             .zip(self.targets())
-            .all(|(n, (_, target))| n.2 + slack >= target)
+            .filter(|(n, (_, target))| n.2 + slack < *target)
+            .map(|(_, target)| target)
+            .collect()
     }
 }
 
