@@ -253,9 +253,10 @@ impl<C: Borrow<Client>> Operator<C> {
         phantom::list_phantoms(self.client(), &self.schema, slot, all, limit).await
     }
 
-    /// Which of `ids` subscribers here claimed, as (event, subscriber).
-    pub async fn claimed(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, String)>, StoreError> {
-        phantom::claimed(self.client(), &self.schema, ids).await
+    /// Which of `events` (event ID, claim seq) subscribers here claimed, as (event,
+    /// subscriber).
+    pub async fn claimed(&self, events: &[(Uuid, i64)]) -> Result<Vec<(Uuid, String)>, StoreError> {
+        phantom::claimed(self.client(), &self.schema, events).await
     }
 
     /// Accepts open phantoms with `reason`; how many. A request: it marks the phantom

@@ -18,16 +18,34 @@ const LIST: &str = "select p.event_id, p.seq, p.slot, \
      extract(epoch from p.detected_at)::float8 as detected_at_unix, \
      extract(epoch from p.accepted_at)::float8 as accepted_at_unix, p.accept_reason, \
      e.source, e.event_type, e.aggregate_type, e.aggregate_id, e.source_lsn::text as source_lsn, \
-     f.fork_lsn::text as fork_lsn, f.from_timeline, f.to_timeline \
+     f.fork_lsn::text as fork_lsn, f.from_timeline, f.to_timeline, \
+     coalesce(e.claim_seq, r.claim_seq, p.seq) as claim_seq \
      from {schema}.phantom_event p \
      join {schema}.source_failover f on f.id = p.failover_id \
      left join {schema}.event_log e on e.event_id = p.event_id \
+     left join {schema}.retired_identity r on e.event_id is null and r.event_id = p.event_id \
      where ($1 or p.accepted_at is null) and ($2::text is null or p.slot = $2) \
      order by p.seq limit $3";
 
-/// The subscribers that claimed each of the events `$1`.
-const CLAIMED: &str = "select message_id, subscriber_id from {schema}.processed_message \
-     where message_id = any($1) order by subscriber_id";
+/// The subscribers that claimed each of the events `$1` (IDs) with claim seqs `$2`.
+/// Claims are indexed by `(subscriber_id, seq)` only (see `claim`), so each subscriber
+/// is looked up on its own: the subscribers are found by skipping through that index,
+/// one probe each, and never by reading every claim. A claim made before the seq key
+/// is found by its ID, through the index those claims keep.
+const CLAIMED: &str = "with recursive subscriber as ( \
+       (select subscriber_id as id from {schema}.processed_message \
+        order by subscriber_id limit 1) \
+       union all \
+       select (select m.subscriber_id from {schema}.processed_message m \
+               where m.subscriber_id > s.id order by m.subscriber_id limit 1) \
+       from subscriber s where s.id is not null) \
+     select c.message_id, c.subscriber_id from subscriber s cross join lateral ( \
+       select message_id, subscriber_id from {schema}.processed_message \
+       where subscriber_id = s.id and seq = any($2) and message_id = any($1) \
+       union all \
+       select message_id, subscriber_id from {schema}.processed_message \
+       where subscriber_id = s.id and seq is null and message_id = any($1)) c \
+     order by c.subscriber_id";
 
 /// Accepts open phantoms with reason `$3`: the IDs `$1`, or (when `$1` is null) every
 /// one of slot `$2` (any slot when null).
@@ -55,6 +73,9 @@ pub struct PhantomEntry {
     pub detected_at_unix: f64,
     pub accepted_at_unix: Option<f64>,
     pub accept_reason: Option<String>,
+    /// The seq its claims carry (see `claim`).
+    #[serde(skip)]
+    pub claim_seq: i64,
     /// Subscribers that claimed it, on the target listed (the read models it reached;
     /// claims pruned by retention are not seen).
     pub reached: Vec<String>,
@@ -101,12 +122,13 @@ pub async fn list_phantoms(
                 detected_at_unix: r.col("detected_at_unix")?,
                 accepted_at_unix: r.col("accepted_at_unix")?,
                 accept_reason: r.col("accept_reason")?,
+                claim_seq: r.col("claim_seq")?,
                 reached: Vec::new(),
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let ids: Vec<Uuid> = out.iter().map(|p| p.event_id).collect();
-    for (id, subscriber) in claimed(client, schema, &ids).await? {
+    let events: Vec<(Uuid, i64)> = out.iter().map(|p| (p.event_id, p.claim_seq)).collect();
+    for (id, subscriber) in claimed(client, schema, &events).await? {
         if let Some(p) = out.iter_mut().find(|p| p.event_id == id) {
             p.reached.push(subscriber);
         }
@@ -114,14 +136,16 @@ pub async fn list_phantoms(
     Ok(out)
 }
 
-/// The subscribers of this target that claimed each of `ids`: (event ID, subscriber).
+/// The subscribers of this target that claimed each of `events` (event ID, claim seq):
+/// (event ID, subscriber).
 pub async fn claimed(
     client: &Client,
     schema: &Schema,
-    ids: &[Uuid],
+    events: &[(Uuid, i64)],
 ) -> Result<Vec<(Uuid, String)>, StoreError> {
+    let (ids, seqs): (Vec<Uuid>, Vec<i64>) = events.iter().copied().unzip();
     let rows = client
-        .query(&schema.sql(CLAIMED), &[&ids])
+        .query(&schema.sql(CLAIMED), &[&ids, &seqs])
         .await
         .map_err(StoreError::db("reading the claims of phantoms"))?;
     rows.iter()

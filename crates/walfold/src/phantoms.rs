@@ -133,12 +133,12 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
 
 /// Adds the subscribers of the extra targets that claimed each phantom (`name@target`).
 async fn reached_elsewhere(config: &Config, phantoms: &mut [PhantomEntry]) -> Result<(), Failure> {
-    let ids: Vec<Uuid> = phantoms.iter().map(|p| p.event_id).collect();
-    if ids.is_empty() {
+    let events: Vec<(Uuid, i64)> = phantoms.iter().map(|p| (p.event_id, p.claim_seq)).collect();
+    if events.is_empty() {
         return Ok(());
     }
     for t in Target::all(config).into_iter().filter(|t| t.name.is_some()) {
-        let claims = connect(&t).await?.claimed(&ids).await?;
+        let claims = connect(&t).await?.claimed(&events).await?;
         for (id, subscriber) in claims {
             if let Some(p) = phantoms.iter_mut().find(|p| p.event_id == id) {
                 p.reached.push(format!("{subscriber}@{}", t.label()));

@@ -178,7 +178,10 @@ async fn a_crash_after_the_event_log_commit_before_the_ack_replays_as_duplicates
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_right_after_a_projection_commit_applies_nothing_twice() {
-    crash_at("after_projection_commit", 4, 13).await;
+    // The third commit: each of the three projections commits at least once, however the
+    // events fall into batches (under load one batch each is possible, and a fourth
+    // commit never came).
+    crash_at("after_projection_commit", 3, 13).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

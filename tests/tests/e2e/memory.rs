@@ -2,7 +2,7 @@
 //! twice the largest single payload, and a row over `pipeline.max_event_bytes` becomes a
 //! `too_large` dead letter, read once.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use walfold_tests::{config_builder, eventually, slot_active, Daemon, TestDb};
 
@@ -58,7 +58,6 @@ fn over(case: &str, peak: u64, bound: u64) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_payloads_fold_within_64_mib_plus_twice_the_largest() {
-    let started = Instant::now();
     let db = TestDb::new("memory");
     db.psql("create table folded (event_id uuid primary key, kind text)");
     let config = config_builder(&db.url())
@@ -194,9 +193,4 @@ sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
     .await;
     let mut d = d;
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
-    assert!(
-        started.elapsed() < Duration::from_secs(60),
-        "took {:?}",
-        started.elapsed()
-    );
 }
