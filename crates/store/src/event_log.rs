@@ -60,7 +60,35 @@ pub struct EventLog {
     /// The leader's fence, checked in every append (the daemon's appender); `None` for a
     /// backfill, which runs only while no daemon appends (the appender lock).
     fence: Option<crate::leader::PreparedFence>,
+    /// Whether this slot may have open phantoms (see [`CONFIRM_PHANTOMS`]): read at open,
+    /// set when a failover's check records some.
+    phantoms_open: std::sync::atomic::AtomicBool,
 }
+
+/// Accepts slot `$1`'s open phantoms among the events `$2` (IDs) that its source has just
+/// delivered again (appended, or a duplicate of the same content; `$3` the reason):
+/// the new primary holds them after all. An application that retries a commit whose
+/// acknowledgement the failover lost writes the same event again, after the failover's
+/// check; left open, the phantom would keep that event out of every rebuild. Returns
+/// the IDs accepted.
+const CONFIRM_PHANTOMS: &str = "update {schema}.phantom_event set accepted_at = now(), \
+     accept_reason = $3 where slot = $1 and event_id = any($2) and accepted_at is null \
+     returning event_id";
+
+/// The reason recorded on a phantom its source delivered again.
+const DELIVERED_AGAIN: &str =
+    "delivered again by its source after the failover: the new primary holds it";
+
+/// [`CONFIRM_PHANTOMS`] for the events appended after seq `$2` up to `$4`.
+const CONFIRM_PHANTOMS_APPENDED: &str = "update {schema}.phantom_event p \
+     set accepted_at = now(), accept_reason = $3 from {schema}.event_log e \
+     where p.slot = $1 and p.accepted_at is null and e.event_id = p.event_id \
+       and e.seq > $2 and e.seq <= $4 \
+     returning p.event_id";
+
+/// Whether slot `$1` has open phantoms.
+const PHANTOMS_OPEN: &str = "select exists (select from {schema}.phantom_event \
+     where slot = $1 and accepted_at is null) as open";
 
 /// Creates slot `$1`'s ingest position (source `$2`) at 0/0, unless it exists.
 const CREATE_POSITION: &str =
@@ -203,6 +231,12 @@ impl EventLog {
         let position = prepare(UPDATE_POSITION, "the ingest position update").await?;
         let read_position = prepare(READ_POSITION, "the ingest position read").await?;
         let dead_letters = DeadLetters::prepare_for(&client, schema, Some(source)).await?;
+        let phantoms_open: bool = client
+            .query_one(&schema.sql(PHANTOMS_OPEN), &[&slot])
+            .await
+            .map_err(StoreError::db("reading the slot's open phantoms"))?
+            .of("phantom_event")
+            .col("open")?;
         Ok(EventLog {
             read_position,
             client,
@@ -217,7 +251,15 @@ impl EventLog {
             position,
             dead_letters,
             fence: None,
+            phantoms_open: phantoms_open.into(),
         })
+    }
+
+    /// Notes that this slot has open phantoms: from now on each append accepts those its
+    /// source delivers again ([`CONFIRM_PHANTOMS`]).
+    pub(crate) fn note_phantoms(&self) {
+        self.phantoms_open
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Other slots this appender's source ingested through: (slot, position).
@@ -342,6 +384,8 @@ impl EventLog {
             insert_large: &self.insert_large,
             compare: &self.compare,
             dead_letters: &self.dead_letters,
+            phantoms: phantoms_slot(&self.phantoms_open, &self.slot),
+            schema: &self.schema,
         };
         let (outcome, next_seq) = writer.write(&tx, head, events, dead).await?;
         let ending = Ending {
@@ -366,6 +410,8 @@ impl EventLog {
                 insert_large: &self.insert_large,
                 compare: &self.compare,
                 dead_letters: &self.dead_letters,
+                phantoms: phantoms_slot(&self.phantoms_open, &self.slot),
+                schema: &self.schema,
             },
             ending: Ending {
                 position: &self.position,
@@ -378,6 +424,25 @@ impl EventLog {
             order: &self.order,
         }
     }
+}
+
+/// Logs the phantoms of `slot` a delivery accepted (`rows`: their IDs).
+fn confirmed(slot: &str, rows: &[Row]) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids = rows
+        .iter()
+        .map(|r| r.of("phantom_event").col::<Uuid>("event_id"))
+        .collect::<Result<Vec<_>, _>>()?;
+    tracing::warn!(slot, accepted = ids.len(), first = ?&ids[..ids.len().min(10)], "phantoms delivered again by the new primary (a producer retried its commit): accepted, so reads of the log include them again");
+    Ok(())
+}
+
+/// The slot whose open phantoms an append confirms, when it may have some.
+fn phantoms_slot<'a>(open: &std::sync::atomic::AtomicBool, slot: &'a str) -> Option<&'a str> {
+    open.load(std::sync::atomic::Ordering::Relaxed)
+        .then_some(slot)
 }
 
 /// The event log's connection and statements, borrowed apart for a transaction that
@@ -401,6 +466,9 @@ pub(crate) struct Writer<'a> {
     insert_large: &'a str,
     compare: &'a Statement,
     dead_letters: &'a DeadLetters,
+    /// The slot, when it may have open phantoms to confirm.
+    phantoms: Option<&'a str>,
+    schema: &'a Schema,
 }
 
 /// Ends an append: the ingest position, the leader fence, the commit.
@@ -414,6 +482,27 @@ pub(crate) struct Ending<'a> {
 impl<'a> Writer<'a> {
     pub(crate) fn source(&self) -> &'a str {
         self.source
+    }
+
+    /// [`Self::confirm_phantoms`] for the events appended in `tx` after seq `from`, up to
+    /// `to` (a streamed transaction's move).
+    pub(crate) async fn confirm_phantoms_appended(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        from: i64,
+        to: i64,
+    ) -> Result<(), StoreError> {
+        let Some(slot) = self.phantoms else {
+            return Ok(());
+        };
+        let rows = tx
+            .query(
+                &self.schema.sql(CONFIRM_PHANTOMS_APPENDED),
+                &[&slot, &from, &DELIVERED_AGAIN, &to],
+            )
+            .await
+            .map_err(StoreError::db("accepting phantoms delivered again"))?;
+        confirmed(slot, &rows)
     }
 
     /// Writes `events` after `head` and the `dead` rows; returns what happened and the
@@ -445,9 +534,13 @@ impl<'a> Writer<'a> {
         };
         let mut compare = Vec::new();
         let mut outcome = AppendOutcome::default();
+        // What the source delivered and the log now holds as sent: appended, or a
+        // duplicate of the same content.
+        let mut delivered = Vec::new();
         for e in events {
             if inserted.remove(&e.id) {
                 outcome.appended += 1;
+                delivered.push(e.id);
             } else {
                 compare.push(e);
             }
@@ -469,6 +562,7 @@ impl<'a> Writer<'a> {
                 matched[i] = true;
                 if same {
                     outcome.duplicates += 1;
+                    delivered.push(compare[i].id);
                 } else {
                     outcome.id_conflicts += 1;
                     let e = compare[i];
@@ -495,13 +589,39 @@ impl<'a> Writer<'a> {
                 )
                 .await?;
                 outcome.appended += again.len() as u64;
+                delivered.extend(pruned.iter().map(|e| e.id));
                 next_seq += pruned.len() as i64;
             }
         }
         for dl in dead.iter().chain(&quarantined) {
             self.dead_letters.record(tx, dl).await?;
         }
+        self.confirm_phantoms(tx, &delivered).await?;
         Ok((outcome, next_seq))
+    }
+
+    /// Accepts this slot's open phantoms among `delivered` ([`CONFIRM_PHANTOMS`]), when
+    /// it may have some: a statement only after a failover left phantoms. The one place
+    /// that confirms a phantom by its redelivery.
+    pub(crate) async fn confirm_phantoms(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        delivered: &[Uuid],
+    ) -> Result<(), StoreError> {
+        let Some(slot) = self.phantoms else {
+            return Ok(());
+        };
+        if delivered.is_empty() {
+            return Ok(());
+        }
+        let rows = tx
+            .query(
+                &self.schema.sql(CONFIRM_PHANTOMS),
+                &[&slot, &delivered, &DELIVERED_AGAIN],
+            )
+            .await
+            .map_err(StoreError::db("accepting phantoms delivered again"))?;
+        confirmed(slot, &rows)
     }
 }
 

@@ -230,6 +230,9 @@ impl EventLog {
             )
             .await
             .map_err(StoreError::db("recording phantoms"))?;
+        if !phantoms.is_empty() {
+            self.note_phantoms();
+        }
         Ok(())
     }
 

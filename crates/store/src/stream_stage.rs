@@ -394,6 +394,10 @@ impl EventLog {
                         )
                         .await
                         .map_err(StoreError::db("moving staged events"))?;
+                        parts
+                            .writer
+                            .confirm_phantoms_appended(&tx, head, moved_to)
+                            .await?;
                         result.outcome.appended += n;
                         head = moved_to;
                         break;

@@ -393,6 +393,61 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     );
     assert_eq!(code, 2, "{err}");
 
+    // Found by a stranger: a producer whose commit the failover cut off retries it on
+    // the new primary, after the check. The same event again confirms its phantom: left
+    // open, it would keep that event out of every rebuild.
+    let retried = listed[1]["event_id"]
+        .as_str()
+        .unwrap()
+        .parse::<uuid::Uuid>()
+        .unwrap();
+    let row = rt
+        .query_one(
+            "select aggregate_type, aggregate_id, event_type, version, payload \
+             from walfold.event_log where event_id = $1",
+            &[&retried],
+        )
+        .await
+        .unwrap();
+    new_primary
+        .execute(
+            "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+             values ($1, $2, $3, $4, $5, $6)",
+            &[
+                &retried,
+                &row.get::<_, String>(0),
+                &row.get::<_, String>(1),
+                &row.get::<_, String>(2),
+                &row.get::<_, Option<i64>>(3),
+                &row.get::<_, serde_json::Value>(4),
+            ],
+        )
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the retried phantom to be accepted",
+        || async {
+            rt.query_one(
+                "select coalesce(accept_reason, '') from walfold.phantom_event where event_id = $1",
+                &[&retried],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+            .starts_with("delivered again by its source after the failover")
+        },
+    )
+    .await;
+    assert_eq!(flagged(&recreate_target), (r.phantom - 2).to_string());
+    assert!(
+        recreate
+            .log_text()
+            .contains("phantoms delivered again by the new primary"),
+        "{}",
+        recreate.log_text()
+    );
+
     // stop: refuses, naming the fork; its fix (create the slot, backfill, restart)
     // misses nothing.
     stop.wait_exit("the stop daemon to refuse").await;
