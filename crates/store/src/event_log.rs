@@ -104,17 +104,26 @@ const RENAME_SOURCE: &str =
 
 /// Inserts a batch's events (arrays `$1`…`$12`, `$14` and `$15`, source `$13`) whose IDs
 /// are not in the log yet; returns the inserted IDs. An ID pruning retired keeps its
-/// first delivery's claim seq (see `claim`).
-const INSERT_EVENTS: &str = "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
+/// first delivery's claim seq (see `claim`), and is inserted only with the content it
+/// was retired with (its digest; [`COMPARE`] reports the others as conflicts).
+const INSERT_EVENTS: &str =
+    "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
                  event_type, version, payload, headers, occurred_at, partition_hash, \
                  source_lsn, committed_at, bytes, producer_id, source, claim_seq) \
-                 select u.*, $13::text, (select r.claim_seq from {schema}.retired_identity r \
-                 where r.event_id = u.event_id) from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
+                 select u.seq, u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, \
+                 u.version, u.payload, u.headers, u.occurred_at, u.partition_hash, \
+                 u.source_lsn, u.committed_at, u.bytes, u.producer_id, $13::text, r.claim_seq \
+                 from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
-                 $12::timestamptz[], $14::int4[], $15::text[]) as u(seq, event_id) \
+                 $12::timestamptz[], $14::int4[], $15::text[]) as u(seq, event_id, \
+                 aggregate_type, aggregate_id, event_type, version, payload, headers, \
+                 occurred_at, partition_hash, source_lsn, committed_at, bytes, producer_id) \
                  order by u.event_id, u.seq) u \
+                 left join {schema}.retired_identity r on r.event_id = u.event_id \
                  where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
+                 and (r.digest is null or r.digest = {schema}.identity_digest(u.event_type, \
+                   u.aggregate_type, u.aggregate_id, u.version, u.payload)) \
                  returning event_id";
 
 /// [`INSERT_EVENTS`] for a batch with payloads sent by COPY (see `large_payload`).
@@ -123,8 +132,7 @@ const INSERT_EVENTS_LARGE: &str = "insert into {schema}.event_log (seq, event_id
                  source_lsn, committed_at, bytes, producer_id, source, claim_seq) \
                  select u.seq, u.event_id, u.aggregate_type, u.aggregate_id, u.event_type, \
                  u.version, {payload}, u.headers, u.occurred_at, u.partition_hash, u.source_lsn, \
-                 u.committed_at, u.bytes, u.producer_id, $13::text, (select r.claim_seq \
-                 from {schema}.retired_identity r where r.event_id = u.event_id) \
+                 u.committed_at, u.bytes, u.producer_id, $13::text, r.claim_seq \
                  from (select distinct on (u.event_id) u.* from unnest($1::int8[], \
                  $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::jsonb[], \
                  $8::jsonb[], $9::timestamptz[], $10::int4[], $11::pg_lsn[], \
@@ -132,22 +140,33 @@ const INSERT_EVENTS_LARGE: &str = "insert into {schema}.event_log (seq, event_id
                  aggregate_type, aggregate_id, event_type, version, payload, headers, \
                  occurred_at, partition_hash, source_lsn, committed_at, bytes, producer_id, n) \
                  order by u.event_id, u.seq) u \
+                 left join {schema}.retired_identity r on r.event_id = u.event_id \
                  where not exists (select from {schema}.event_log e where e.event_id = u.event_id) \
+                 and (r.digest is null or r.digest = {schema}.identity_digest(u.event_type, \
+                   u.aggregate_type, u.aggregate_id, u.version, {payload})) \
                  returning event_id";
 
 /// Compares a batch's repeated IDs (arrays `$1`…`$6`) with what the log holds, by the
-/// event's position in the batch (`ord`, from 1).
-const COMPARE: &str = "select i.ord, (e.event_type = i.event_type and \
+/// event's position in the batch (`ord`, from 1); and with what an identity pruning
+/// retired was (its digest), where the log no longer holds the event.
+const COMPARE: &str = "with i as (select * from unnest($1::uuid[], $2::text[], $3::text[], \
+                 $4::text[], $5::int8[], $6::jsonb[]) with ordinality \
+                 as i(event_id, event_type, aggregate_type, aggregate_id, version, payload, ord)) \
+                 select i.ord, (e.event_type = i.event_type and \
                  e.aggregate_type = i.aggregate_type and e.aggregate_id = i.aggregate_id and \
                  e.version is not distinct from i.version and e.payload = i.payload) as same, \
                  jsonb_build_object('seq', e.seq, 'event_id', e.event_id, \
                  'aggregate_type', e.aggregate_type, 'aggregate_id', e.aggregate_id, \
                  'event_type', e.event_type, 'version', e.version, 'payload', e.payload, \
                  'headers', e.headers) as existing \
-                 from unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], \
-                 $6::jsonb[]) with ordinality \
-                 as i(event_id, event_type, aggregate_type, aggregate_id, version, payload, ord) \
-                 join {schema}.event_log e on e.event_id = i.event_id";
+                 from i join {schema}.event_log e on e.event_id = i.event_id \
+                 union all \
+                 select i.ord, false, jsonb_build_object('event_id', r.event_id, \
+                 'claim_seq', r.claim_seq, 'retired_at', r.retired_at, 'pruned', true) \
+                 from i join {schema}.retired_identity r on r.event_id = i.event_id \
+                 where r.digest <> {schema}.identity_digest(i.event_type, i.aggregate_type, \
+                   i.aggregate_id, i.version, i.payload) \
+                 and not exists (select from {schema}.event_log e where e.event_id = i.event_id)";
 
 /// Moves slot `$1`'s ingest position to `$2` (never back) and adds the counts `$3`…`$7`.
 const UPDATE_POSITION: &str = "update {schema}.ingest_position set lsn = greatest(lsn, $2), \
@@ -580,16 +599,30 @@ impl<'a> Writer<'a> {
                 .map(|(e, _)| (*e).clone())
                 .collect();
             if !pruned.is_empty() {
-                let again = insert_rows(
+                let again: HashSet<Uuid> = insert_rows(
                     tx,
                     (self.insert, self.insert_large),
                     self.source,
                     next_seq,
                     &pruned,
                 )
-                .await?;
-                outcome.appended += again.len() as u64;
-                delivered.extend(pruned.iter().map(|e| e.id));
+                .await?
+                .iter()
+                .map(|r| r.of("event_log").col("event_id"))
+                .collect::<Result<_, _>>()?;
+                for e in &pruned {
+                    if again.contains(&e.id) {
+                        outcome.appended += 1;
+                        delivered.push(e.id);
+                    } else {
+                        // Refused by the digest of the identity that prune retired.
+                        outcome.id_conflicts += 1;
+                        quarantined.push(id_conflict(
+                            e,
+                            serde_json::json!({ "event_id": e.id, "pruned": true }),
+                        ));
+                    }
+                }
                 next_seq += pruned.len() as i64;
             }
         }
@@ -760,13 +793,14 @@ async fn compare_rows(
 
 /// The dead letter for an event ID already in the log with different content.
 fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
+    let error = if existing.get("pruned").is_some() {
+        "event ID seen before with different content (its event was pruned; retired_identity keeps its digest)"
+    } else {
+        "event ID already in the log with different content"
+    };
     DeadLetter {
         existing: Some(existing),
-        ..DeadLetter::ingest(
-            event,
-            Reason::IdConflict,
-            "event ID already in the log with different content".into(),
-        )
+        ..DeadLetter::ingest(event, Reason::IdConflict, error.into())
     }
 }
 

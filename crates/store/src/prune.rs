@@ -44,11 +44,13 @@ const PRUNE_EVENTS: &str = "with gone as (delete from {schema}.event_log where s
      where e.seq <= $1 and e.appended_at < now() - make_interval(secs => $2) \
        and not exists (select 1 from {schema}.dead_letter d where d.seq = e.seq \
                        and d.subscriber_id is not null and d.status = any($4)) \
-     order by e.seq limit $3)) returning seq, event_id, claim_seq), \
-     retired as (insert into {schema}.retired_identity (event_id, claim_seq, retired_at) \
-       select event_id, coalesce(claim_seq, seq), now() from gone \
+     order by e.seq limit $3)) returning seq, event_id, claim_seq, \
+       {schema}.identity_digest(event_type, aggregate_type, aggregate_id, version, payload) \
+       as digest), \
+     retired as (insert into {schema}.retired_identity (event_id, claim_seq, retired_at, digest) \
+       select event_id, coalesce(claim_seq, seq), now(), digest from gone \
        on conflict (event_id) do update set claim_seq = excluded.claim_seq, \
-       retired_at = excluded.retired_at), \
+       retired_at = excluded.retired_at, digest = excluded.digest), \
      noted as (insert into {schema}.event_log_pruned (through, pruned_at) \
        select max(seq), now() from gone having count(*) > 0 \
        on conflict (one) do update set \

@@ -109,16 +109,24 @@ const READ_STAGED: &str =
              order by ord limit $4";
 
 /// Moves every event slot `$1` staged for transaction `$2` into the log after seq `$3`,
-/// with commit LSN `$4`, commit time `$5` and source `$6` (claim seqs as in the append).
+/// with commit LSN `$4`, commit time `$5` and source `$6` (claim seqs as in the append);
+/// or none, when one of them meets a retired identity with other content (the pages
+/// then sort it out as any append does).
 const MOVE_ALL: &str =
     "insert into {schema}.event_log (seq, event_id, aggregate_type, aggregate_id, \
              event_type, version, payload, headers, occurred_at, partition_hash, source_lsn, \
              committed_at, source, bytes, producer_id, claim_seq) \
-             select $3 + row_number() over (order by ord), event_id, aggregate_type, \
+             select $3 + row_number() over (order by ord), s.event_id, aggregate_type, \
              aggregate_id, event_type, version, payload, headers, occurred_at, partition_hash, \
-             $4, $5, $6::text, octet_length(payload::text), producer_id, \
-             (select r.claim_seq from {schema}.retired_identity r where r.event_id = s.event_id) \
-             from {schema}.stream_stage s where slot = $1 and xid = $2 and rejected is null";
+             $4, $5, $6::text, octet_length(payload::text), producer_id, r.claim_seq \
+             from {schema}.stream_stage s \
+             left join {schema}.retired_identity r on r.event_id = s.event_id \
+             where s.slot = $1 and s.xid = $2 and s.rejected is null \
+             and not exists (select from {schema}.stream_stage c \
+               join {schema}.retired_identity d on d.event_id = c.event_id \
+               where c.slot = $1 and c.xid = $2 and c.rejected is null \
+               and d.digest <> {schema}.identity_digest(c.event_type, c.aggregate_type, \
+                 c.aggregate_id, c.version, c.payload))";
 
 /// Gives the events `MOVE_ALL` put in the log after seq `$1` (up to `$2`) their claim
 /// seqs from identities retired meanwhile. `MOVE_ALL` reads `retired_identity` in its
@@ -383,6 +391,14 @@ impl EventLog {
                     )
                     .await;
                 match moved {
+                    // Nothing moved: none staged, or one meets a retired identity with
+                    // other content (see MOVE_ALL); the pages sort them out.
+                    Ok(0) => {
+                        sp.rollback()
+                            .await
+                            .map_err(StoreError::db("committing a streamed transaction"))?;
+                        continue;
+                    }
                     Ok(n) => {
                         sp.commit()
                             .await

@@ -438,3 +438,124 @@ async fn an_unmapped_change_in_a_streamed_transaction_is_judged_at_its_commit() 
     );
     assert_eq!(logged(&client).await, ROWS, "nothing of it reached the log");
 }
+
+/// Found by a stranger: an ID delivered again after pruning deleted its event, with other
+/// content, is an `id_conflict` (a dead letter), as it is while the log holds the event,
+/// in a plain and in a streamed transaction; with the same content it is a redelivery,
+/// which meets its claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_delivered_again_after_pruning_with_other_content_is_an_id_conflict() {
+    let db = streaming_db("retired");
+    db.psql("create table total (order_id text primary key, total numeric not null)");
+    let text = walfold_tests::config_builder(&db.url())
+        .set("retention", "event_log", "1s")
+        .set("retention", "prune_interval_s", 0)
+        .text(
+            r#"
+[[projection]]
+name = "total"
+subscriber = "total.v1"
+sql = """
+insert into total as t (order_id, total) values (:aggregate_id, :payload.amount::numeric)
+on conflict (order_id) do update set total = t.total + excluded.total
+"""
+"#,
+        )
+        .to_toml();
+    let (d, client) = Daemon::streaming(&db, &text).await;
+    let id = "00000000-0000-4000-8000-0000000000c1";
+    let insert = |amount: &str| {
+        walfold_tests::insert_event(
+            id,
+            "o-1",
+            "OrderPaid",
+            1,
+            &format!(r#"{{"amount": "{amount}"}}"#),
+        )
+    };
+    let total = || count(&client, "select coalesce(sum(total), 0)::int8 from total");
+    db.psql(&insert("10"));
+    db.psql(&walfold_tests::insert_event(
+        "00000000-0000-4000-8000-0000000000c2",
+        "o-2",
+        "OrderPaid",
+        1,
+        r#"{"amount": "1"}"#,
+    ));
+    eventually(Duration::from_secs(30), "both events folded", || async {
+        total().await == 11
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (code, out, err) = walfold_tests::walfold(&["prune", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("and 1 events"), "{out}");
+    assert_eq!(
+        db.psql(&format!(
+            "select digest is not null from walfold.retired_identity where event_id = '{id}'"
+        )),
+        "t"
+    );
+    let conflicts = |amount: &'static str| {
+        let client = &client;
+        async move {
+            count(
+                client,
+                &format!(
+                    "select count(*) from walfold.dead_letter where event_id = '{id}' \
+                     and reason = 'id_conflict' and raw->'payload'->>'amount' = '{amount}' \
+                     and existing->>'pruned' = 'true' and error like '%was pruned%'"
+                ),
+            )
+            .await
+        }
+    };
+    // Other content, plain.
+    db.psql(&insert("99"));
+    eventually(Duration::from_secs(30), "the plain conflict", || async {
+        conflicts("99").await == 1
+    })
+    .await;
+    // Other content, in a streamed transaction with 3000 other events.
+    let before = (logged(&client).await, slot_stats(&client).await.1);
+    db.psql(&format!(
+        "begin; {} {} commit;",
+        rows("s", ROWS),
+        insert("98")
+    ));
+    wait_logged(&client, before.0 + ROWS).await;
+    eventually(Duration::from_secs(30), "the streamed conflict", || async {
+        conflicts("98").await == 1
+    })
+    .await;
+    assert!(slot_stats(&client).await.1 > before.1, "streamed");
+    assert_eq!(
+        count(
+            &client,
+            &format!("select count(*) from walfold.event_log where event_id = '{id}'")
+        )
+        .await,
+        0,
+        "neither reached the log"
+    );
+    // The same content again: a redelivery, appended with its first claim seq, and a
+    // duplicate for the subscriber that keeps its claim.
+    db.psql(&insert("10"));
+    wait_logged(&client, before.0 + ROWS + 1).await;
+    wait_for(
+        &client,
+        "the subscriber to pass it",
+        "select count(*) from walfold.checkpoint where subscriber_id = 'total.v1' \
+         and position >= (select max(seq) from walfold.event_log)",
+        1,
+    )
+    .await;
+    assert_eq!(
+        count(
+            &client,
+            "select coalesce(sum(total), 0)::int8 from total where order_id in ('o-1', 'o-2')"
+        )
+        .await,
+        11
+    );
+}
