@@ -162,7 +162,9 @@ pub async fn start_rebuild_with(
         None
     };
     let op = own.as_mut().unwrap_or(&mut guard);
-    let previous = op.active_subscriber(name, &options.subscriber).await?;
+    let previous = op
+        .active_subscriber(name, &options.subscriber, Some(&live))
+        .await?;
     // Recorded (or not), the prune lock goes with `guard`'s session when it is dropped.
     Ok(op.start_rebuild(name, &live, &previous, subscriber).await?)
 }
@@ -371,7 +373,9 @@ async fn policy(
     let open = op.rebuilds().await?;
     let mut claims = Vec::new();
     for p in projections {
-        let active = op.active_subscriber(&p.name, &p.subscriber).await?;
+        let active = op
+            .active_subscriber(&p.name, &p.subscriber, p.storage().as_ref())
+            .await?;
         let Some(retention) = p.dedup_retention.after() else {
             continue;
         };

@@ -756,6 +756,7 @@ async fn plan(
             schema,
             &options.name,
             &options.subscriber,
+            options.storage().as_ref(),
         )
         .await?;
         if options.version_mode == VersionMode::Strict

@@ -326,15 +326,17 @@ impl<C: BorrowMut<Client>> Operator<C> {
     }
 
     /// The subscriber ID serving `projection` live, given the config's `configured` ID
-    /// (registering the projection). No fence: the registration is idempotent and the
-    /// registry row's lock orders it with the leader's.
+    /// and its live table `storage`, if named (registering the projection). No fence: the
+    /// registration is idempotent and the registry row's lock orders it with the leader's.
     pub async fn active_subscriber(
         &mut self,
         projection: &str,
         configured: &str,
+        storage: Option<&walfold_config::QualifiedName>,
     ) -> Result<String, StoreError> {
         let schema = self.schema.clone();
-        registry::active_subscriber(self.client_mut(), &schema, projection, configured).await
+        registry::active_subscriber(self.client_mut(), &schema, projection, configured, storage)
+            .await
     }
 
     /// Starts a rebuild of `projection` (live table `live`, served by `previous`) under

@@ -1,9 +1,12 @@
 //! The one place that decides which subscriber ID serves a projection's live storage.
 //! It is the config's `subscriber` until a rebuild switches over to its new ID. An
 //! edited `subscriber` in the config is the operator's new choice and wins, unless it
-//! names the subscriber a rebuild replaced (a stale config) or one still rebuilding.
+//! names the subscriber a rebuild replaced (a stale config) or one still rebuilding, or
+//! the live storage holds what the recorded subscriber built: the new ID would apply
+//! every event to it again (an empty table, or none yet, starts over safely).
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
+use walfold_config::QualifiedName;
 
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
@@ -33,15 +36,21 @@ const ADOPT: &str =
     "update {schema}.projection set subscriber_id = $2, configured_subscriber = $2, \
      updated_at = now() where name = $1";
 
+/// Whether subscriber `$1` has passed any event.
+const PROGRESSED: &str = "select exists (select from {schema}.checkpoint \
+     where subscriber_id = $1 and position > 0) as progressed";
+
 /// Every projection and its live subscriber.
 const ALL: &str = "select name, subscriber_id from {schema}.projection";
 
-/// The subscriber ID serving `projection` live, given the config's `configured` ID.
+/// The subscriber ID serving `projection` live, given the config's `configured` ID and
+/// the live table, when the projection names one (`storage`).
 pub async fn active_subscriber(
     client: &mut Client,
     schema: &Schema,
     projection: &str,
     configured: &str,
+    storage: Option<&QualifiedName>,
 ) -> Result<String, StoreError> {
     let tx = client
         .transaction()
@@ -82,6 +91,29 @@ pub async fn active_subscriber(
              that ID; keep {active} until the rebuild has switched over"
         )));
     } else {
+        if active != configured && built_by(&tx, schema, &active, storage).await? {
+            let (what, fix) = match storage {
+                Some(t) => (
+                    format!("its table {t}"),
+                    format!("to replay all of history into {t} deliberately, empty it first"),
+                ),
+                None => (
+                    "what it writes".to_owned(),
+                    format!(
+                        "to replay all of history deliberately, undo what it wrote and delete its \
+                         registry row (delete from {}.projection where name = '{projection}')",
+                        schema.quoted()
+                    ),
+                ),
+            };
+            return Err(StoreError::Refused(format!(
+                "the config names subscriber {configured} for {projection}, but {what} holds \
+                 what {active} built: under a new ID every event would be applied to it \
+                 again. To move {projection} to a new ID, rebuild it (walfold rebuild \
+                 {projection} --subscriber {configured}); to keep it, set subscriber = \
+                 \"{active}\"; {fix}"
+            )));
+        }
         tx.execute(&schema.sql(ADOPT), &[&projection, &configured])
             .await
             .map_err(StoreError::db("updating the projection registry"))?;
@@ -94,6 +126,48 @@ pub async fn active_subscriber(
         tracing::info!(projection, subscriber = %active, configured, "a rebuild switched this projection to a new subscriber; set `subscriber` in the config to it");
     }
     Ok(active)
+}
+
+/// Whether `storage` holds what `subscriber` built: it has passed events and the table
+/// (when known) exists and is not empty.
+async fn built_by(
+    tx: &Transaction<'_>,
+    schema: &Schema,
+    subscriber: &str,
+    storage: Option<&QualifiedName>,
+) -> Result<bool, StoreError> {
+    let progressed: bool = tx
+        .query_one(&schema.sql(PROGRESSED), &[&subscriber])
+        .await
+        .map_err(StoreError::db("reading checkpoints"))?
+        .of("checkpoint")
+        .col("progressed")?;
+    let Some(table) = storage else {
+        return Ok(progressed);
+    };
+    if !progressed {
+        return Ok(false);
+    }
+    let exists: bool = tx
+        .query_one(
+            "select to_regclass($1) is not null as exists",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("looking up the projection's table"))?
+        .of("pg_class")
+        .col("exists")?;
+    if !exists {
+        return Ok(false);
+    }
+    tx.query_one(
+        &format!("select exists (select from {}) as rows", table.quoted()),
+        &[],
+    )
+    .await
+    .map_err(StoreError::db("reading the projection's table"))?
+    .of("projection table")
+    .col("rows")
 }
 
 /// The registry as (projection name, active subscriber) pairs.

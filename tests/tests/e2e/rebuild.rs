@@ -1388,3 +1388,54 @@ on conflict (order_id) do update set total = t.total + excluded.total
         "past every claim retention: the identity goes"
     );
 }
+
+/// A new `subscriber` in the config for a table another subscriber built would apply
+/// every event to it again (a running total doubles): refused, naming the rebuild that
+/// moves it; once the table is empty, the new ID starts over from the first event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_subscriber_id_is_refused_for_a_table_another_one_built() {
+    let db = TestDb::new("newsub");
+    let text = config(&db, "");
+    let (mut d, client) = projected(&db, &text, 2_000, 50, "orders.total.v1").await;
+    d.kill();
+    let renamed = text.replace("orders.total.v1", "orders.total.v9");
+    let mut refused = Daemon::start(&renamed, &[]);
+    let code = refused.wait_exit("the daemon to refuse the new ID").await;
+    assert_ne!(code, Some(0), "{}", refused.log_text());
+    let log = refused.log_text();
+    assert!(
+        log.contains("rebuild order_total --subscriber orders.total.v9"),
+        "{log}"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from walfold.checkpoint where subscriber_id = 'orders.total.v9'"
+        )
+        .await,
+        0,
+        "the new ID applied nothing"
+    );
+    let totals = || {
+        difference(
+            &client,
+            "select order_id, total from order_total",
+            TOTALS_FROM_LOG,
+        )
+    };
+    assert_eq!(totals().await, 0, "the totals are untouched");
+
+    // Emptied, the table is rebuilt from the first event under the new ID, once.
+    db.psql("truncate order_total");
+    let (_d, _) = Daemon::streaming(&db, &renamed).await;
+    subscriber_caught_up(&client, "orders.total.v9", 60).await;
+    assert_eq!(
+        totals().await,
+        0,
+        "every event applied once under the new ID"
+    );
+    assert_eq!(
+        db.psql("select subscriber_id from walfold.projection where name = 'order_total'"),
+        "orders.total.v9"
+    );
+}
