@@ -166,7 +166,15 @@ pub async fn start_rebuild_with(
         .active_subscriber(name, &options.subscriber, Some(&live))
         .await?;
     // Recorded (or not), the prune lock goes with `guard`'s session when it is dropped.
-    Ok(op.start_rebuild(name, &live, &previous, subscriber).await?)
+    // A `sql` or `table` projection's statement for the shadow table, checked there.
+    let probe = |shadow: &walfold_config::QualifiedName| {
+        let statement = options.statement_for(0, Some(shadow)).ok()?;
+        let projection = crate::sql::SqlProjection::new(&statement, &target.schema).ok()?;
+        Some(projection.probe())
+    };
+    Ok(op
+        .start_rebuild(name, &live, &previous, subscriber, &probe)
+        .await?)
 }
 
 /// Aborts the replaying rebuild of `name`: the shadow table and the new subscriber's

@@ -119,6 +119,12 @@ impl SqlProjection {
         })
     }
 
+    /// The statement as written, with numbered parameters and their types: what
+    /// `install` asks the server to describe.
+    pub fn probe(&self) -> (String, Vec<Type>) {
+        (self.probe.clone(), self.probe_types.clone())
+    }
+
     /// Whether the last install found the table fit to apply batches in rounds.
     pub fn applies_in_rounds(&self) -> bool {
         self.rounds.read().is_ok_and(|r| r.is_some())

@@ -340,14 +340,16 @@ impl<C: BorrowMut<Client>> Operator<C> {
     }
 
     /// Starts a rebuild of `projection` (live table `live`, served by `previous`) under
-    /// the unused subscriber ID `subscriber`. A request: it creates an empty shadow table
-    /// and records the rebuild in one transaction; the leader replays into it, fenced.
+    /// the unused subscriber ID `subscriber`. A request: it creates an empty shadow table,
+    /// prepares the statement `probe` gives for it there (when it gives one) and records
+    /// the rebuild in one transaction; the leader replays into it, fenced.
     pub async fn start_rebuild(
         &mut self,
         projection: &str,
         live: &QualifiedName,
         previous: &str,
         subscriber: &str,
+        probe: &dyn Fn(&QualifiedName) -> Option<rebuild::Probe>,
     ) -> Result<Rebuild, StoreError> {
         let schema = self.schema.clone();
         rebuild::start(
@@ -357,6 +359,7 @@ impl<C: BorrowMut<Client>> Operator<C> {
             live,
             previous,
             subscriber,
+            probe,
         )
         .await
     }

@@ -737,9 +737,15 @@ async fn an_operator_handle_of_a_deposed_leader_cannot_write() {
         .unwrap()
         .leading(a.fence());
     let live = QualifiedName::parse("public.order_total").unwrap();
-    op_a.start_rebuild("order_total", &live, "orders.total.v1", "orders.total.v2")
-        .await
-        .unwrap();
+    op_a.start_rebuild(
+        "order_total",
+        &live,
+        "orders.total.v1",
+        "orders.total.v2",
+        &|_| None,
+    )
+    .await
+    .unwrap();
     let r = op_a.request_abort("order_total").await.unwrap();
     // A claim past its retention, whose event is gone from the log: prunable.
     db.psql(

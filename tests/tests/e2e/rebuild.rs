@@ -1439,3 +1439,48 @@ async fn a_new_subscriber_id_is_refused_for_a_table_another_one_built() {
         "orders.total.v9"
     );
 }
+
+/// A statement that names its live table besides `{table}` cannot run on the rebuild's
+/// shadow table: `walfold rebuild` refuses it up front (saying to use an alias) and
+/// leaves nothing behind, instead of a replay that fails at every batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_whose_statement_names_the_live_table_is_refused_up_front() {
+    let db = TestDb::new("unaliased");
+    let text = config(&db, "").replace(
+        "insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))\n\
+         on conflict (order_id) do update set total = t.total + excluded.total",
+        "insert into {table} (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0))\n\
+         on conflict (order_id) do update set total = order_total.total + excluded.total",
+    );
+    assert!(text.contains("order_total.total"), "{text}");
+    let (d, client) = projected(&db, &text, 200, 10, "orders.total.v1").await;
+    let (code, _, err) = start_rebuild(d.config_path(), "order_total", "orders.total.v2");
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("order_total__rebuild") && err.contains("alias"),
+        "{err}"
+    );
+    assert_eq!(
+        db.psql("select to_regclass('order_total__rebuild') is null"),
+        "t"
+    );
+    assert_eq!(rebuild_state(&client, "orders.total.v2").await, "-");
+    // The live projection goes on.
+    db.psql(&walfold_tests::insert_event(
+        "00000000-0000-4000-8000-0000000000c1",
+        "o-1",
+        "OrderChanged",
+        99,
+        r#"{"amount": "5"}"#,
+    ));
+    subscriber_caught_up(&client, "orders.total.v1", 60).await;
+    assert_eq!(
+        difference(
+            &client,
+            "select order_id, total from order_total",
+            TOTALS_FROM_LOG
+        )
+        .await,
+        0
+    );
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, GenericClient, Row};
 use walfold_config::QualifiedName;
-use walfold_event::DeadLetterStatus;
+use walfold_event::{DeadLetterStatus, ErrorKind};
 
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
@@ -270,9 +270,14 @@ pub(crate) async fn subscriber_used(
         .col("used")
 }
 
+/// A projection's statement written for a table, with its parameters' types: prepared
+/// against a rebuild's shadow table before the rebuild is recorded.
+pub type Probe = (String, Vec<tokio_postgres::types::Type>);
+
 /// Starts a rebuild of `projection` (whose live table is `live`, served by `previous`)
 /// under the unused subscriber ID `subscriber`: creates the shadow table from the live
-/// table's definition and records the rebuild, in one transaction.
+/// table's definition, checks that the statement `probe` gives for it runs there, and
+/// records the rebuild, in one transaction.
 pub(crate) async fn start(
     client: &mut Client,
     schema: &Schema,
@@ -280,6 +285,7 @@ pub(crate) async fn start(
     live: &QualifiedName,
     previous: &str,
     subscriber: &str,
+    probe: &dyn Fn(&QualifiedName) -> Option<Probe>,
 ) -> Result<Rebuild, StoreError> {
     let shadow = ddl::sibling(live, "__rebuild")?;
     let retired = ddl::sibling(live, "__retired")?;
@@ -309,6 +315,28 @@ pub(crate) async fn start(
         )));
     }
     ddl::create_shadow(&tx, live, &shadow, &retired).await?;
+    if let Some((sql, types)) = probe(&shadow) {
+        // Parsed and planned against the new table: a statement that names the live table
+        // besides `{table}` fails here instead of at every batch of the replay.
+        if let Err(e) = tx.prepare_typed(&sql, &types).await {
+            if e.as_db_error().is_none() || crate::error::kind_of(&e) == ErrorKind::Transient {
+                return Err(StoreError::db("checking the statement on the shadow table")(e));
+            }
+            let hint = if crate::error::sqlstate(&e) == Some("42P01") {
+                format!(
+                    ". A rebuild writes to {shadow}, so the sql must name its table only as \
+                     {{table}}: give it an alias (`insert into {{table}} as t ... set total = \
+                     t.total + 1`) instead of writing {live}'s name"
+                )
+            } else {
+                String::new()
+            };
+            return Err(StoreError::Refused(format!(
+                "the projection's statement does not run on the rebuild's table {shadow}: {}{hint}",
+                crate::error::describe(&e)
+            )));
+        }
+    }
     let row = tx
         .query_one(
             &schema.sql(INSERT),
