@@ -8,6 +8,7 @@ use walfold_store::operator::{DeadLetterEntry, RetryRequest};
 use walfold_store::Operator;
 
 use crate::cli::DeadLetterCommand;
+use crate::text::escape_controls;
 use crate::{run::load, Failure};
 
 /// The target named `name` (`main` or absent: the main target).
@@ -91,7 +92,9 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
             let source_col = |e: Option<&DeadLetterEntry>| match (sources, e) {
                 (false, _) => String::new(),
                 (true, None) => format!("{:<10} ", "source"),
-                (true, Some(e)) if e.subscriber_id.is_none() => format!("{:<10} ", e.source),
+                (true, Some(e)) if e.subscriber_id.is_none() => {
+                    format!("{:<10} ", escape_controls(&e.source))
+                }
                 (true, Some(_)) => format!("{:<10} ", "-"),
             };
             println!(
@@ -116,7 +119,7 @@ pub async fn run(command: DeadLetterCommand) -> Result<(), Failure> {
                     e.status,
                     e.event_id.map_or_else(|| "-".into(), |id| id.to_string()),
                     e.attempts,
-                    e.error
+                    escape_controls(&e.error)
                 );
             }
             Ok(())

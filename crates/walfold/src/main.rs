@@ -17,6 +17,7 @@ mod run;
 mod shutdown;
 mod status;
 mod telemetry;
+mod text;
 
 use std::process::ExitCode;
 

@@ -9,6 +9,7 @@ use walfold_store::operator::{Accept, PhantomEntry};
 use walfold_store::Operator;
 
 use crate::cli::PhantomCommand;
+use crate::text::escape_controls;
 use crate::{run::load, Failure};
 
 async fn connect(t: &Target) -> Result<Operator, Failure> {
@@ -66,9 +67,9 @@ pub async fn run(command: PhantomCommand) -> Result<(), Failure> {
                     "{:>8}  {:<36} {:<10} {:<20} {:<16} {:<12} {:<8}  {}",
                     p.seq,
                     p.event_id,
-                    p.source.as_deref().unwrap_or("-"),
-                    p.event_type.as_deref().unwrap_or("-"),
-                    p.aggregate_id.as_deref().unwrap_or("-"),
+                    escape_controls(p.source.as_deref().unwrap_or("-")),
+                    escape_controls(p.event_type.as_deref().unwrap_or("-")),
+                    escape_controls(p.aggregate_id.as_deref().unwrap_or("-")),
                     p.fork_lsn,
                     if p.accepted_at_unix.is_some() {
                         "accepted"

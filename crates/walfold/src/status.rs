@@ -239,7 +239,7 @@ fn render(config: &Config, s: &Status) -> String {
                 println!(
                     "{name}INGEST PAUSED since {}s ago: {} (an error of the target or the config: the slot keeps the WAL meanwhile; ingest resumes by itself once it is fixed)",
                     (unix_now() - p.since_unix).max(0.0).round(),
-                    p.error
+                    crate::text::escape_controls(&p.error)
                 );
             }
         }
@@ -305,7 +305,7 @@ fn render(config: &Config, s: &Status) -> String {
                 p.partitions,
                 (unix_now() - p.since_unix).max(0.0).round(),
                 p.sqlstate.as_deref().map_or_else(String::new, |c| format!("SQLSTATE {c}: ")),
-                p.error
+                crate::text::escape_controls(&p.error)
             );
         }
     }

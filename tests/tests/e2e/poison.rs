@@ -310,3 +310,42 @@ async fn text_that_is_not_utf8_from_a_sql_ascii_source_is_a_dead_letter() {
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
     source.psql("select pg_drop_replication_slot('walfold')");
 }
+
+/// A producer's newline or terminal escape inside a value neither starts a forged line
+/// in the text log or in `walfold dead-letters list`, nor reaches the terminal raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_control_characters_forge_no_log_line() {
+    let db = TestDb::new("forge");
+    let text = db
+        .config("")
+        .replace("parallelism = 2", "parallelism = 2\nmax_attempts = 1");
+    let (d, _client) = Daemon::streaming(&db, &text).await;
+    db.psql(&insert_event(
+        "00000000-0000-4000-8000-00000000f0e1",
+        "o-forge",
+        "OrderStatus",
+        1,
+        r#"{"status": "placed", "amount": "1\nERROR walfold forged line\u001b[2J"}"#,
+    ));
+    eventually(
+        Duration::from_secs(60),
+        "the poison's dead letters",
+        || async {
+            db.psql("select count(*) from walfold.dead_letter where subscriber_id is not null")
+                == "3"
+        },
+    )
+    .await;
+    let (code, listed, err) =
+        walfold_tests::walfold(&["dead-letters", "list", "-c", d.config_path()], &[]);
+    assert_eq!(code, 0, "{err}");
+    let log = d.log_text();
+    for (what, out) in [("dead-letters list", &listed), ("the log", &log)] {
+        assert!(out.contains("forged line"), "{what}: {out}");
+        assert!(
+            !out.lines().any(|l| l.starts_with("ERROR walfold forged")),
+            "{what} has a forged line: {out}"
+        );
+        assert!(!out.contains('\u{1b}'), "{what} holds a raw escape: {out}");
+    }
+}
