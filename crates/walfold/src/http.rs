@@ -352,7 +352,15 @@ async fn extra_parts(
 async fn ready(state: &State) -> Result<(), String> {
     let m = metrics();
     if !m.is_leader() {
-        return Err("standby: another instance leads".into());
+        // Standing by, or kept from leading: the target says which.
+        let target = walfold_engine::Target::main(&state.config);
+        let server = format!("target {}", target.label());
+        return Err(
+            match walfold_store::connect_within(&target.url, &server, DATABASE_TIMEOUT).await {
+                Ok(_) => "standby: another instance leads (or this one is taking over)".into(),
+                Err(e) => format!("not leading: {e} (retried with backoff)"),
+            },
+        );
     }
     let names: Vec<&str> = state
         .config

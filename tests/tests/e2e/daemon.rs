@@ -724,3 +724,30 @@ async fn an_invalidated_slot_is_refused_or_recreated_with_the_gap_recorded() {
     let more = write_events(db.url(), 2, 5, 2, Duration::from_millis(5), 41).await;
     caught_up(&client, expected.distinct() + more.distinct(), 3).await;
 }
+
+/// A daemon whose database does not answer is not ready and says so: not "another
+/// instance leads", which sends an operator looking for an instance that is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_an_unreachable_database_not_another_leader() {
+    let port = walfold_tests::free_port();
+    let dead = walfold_tests::free_port();
+    let text = walfold_tests::config_for(
+        &format!("postgresql://postgres@127.0.0.1:{dead}/nowhere"),
+        &format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    let _d = Daemon::start(&text, &[]);
+    let mut last = (0, String::new());
+    eventually(Duration::from_secs(30), "/readyz to answer", || {
+        last = http_get(port, "/readyz");
+        let answered = last.0 != 0;
+        async move { answered }
+    })
+    .await;
+    let (code, why) = http_get(port, "/readyz");
+    assert_eq!(code, 503, "{why}");
+    assert!(
+        why.contains("not leading") && why.contains(&dead.to_string()),
+        "{why}"
+    );
+    assert!(!why.contains("another instance"), "{why}");
+}
