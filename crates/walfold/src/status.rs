@@ -101,7 +101,15 @@ pub(crate) async fn read(config: &Config, c: &Connections) -> Result<Status, Fai
     Ok(status)
 }
 
-/// Exit 1 (after the report) when a source or an extra target could not be read.
+/// The position walfold had ingested through a slot that is gone, if it had.
+fn lost_through(source: &walfold_store::operator::SourceStatus) -> Option<&str> {
+    let ingest = source.ingest.as_ref()?;
+    (source.slot.is_none() && source.error.is_none() && ingest.lsn != "0/0")
+        .then_some(ingest.lsn.as_str())
+}
+
+/// Exit 1 (after the report) when a source or an extra target could not be read, or a
+/// slot walfold had ingested through is gone.
 fn unreachable(s: &Status) -> Result<(), Failure> {
     let mut down: Vec<String> = s
         .sources
@@ -109,12 +117,25 @@ fn unreachable(s: &Status) -> Result<(), Failure> {
         .filter(|source| source.error.is_some())
         .map(|source| format!("source {}", source.name))
         .collect();
+
     down.extend(
         s.targets
             .iter()
             .filter(|t| !t.reachable)
             .map(|t| format!("target {}", t.name)),
     );
+    let lost: Vec<&str> = s
+        .sources
+        .iter()
+        .filter(|source| lost_through(source).is_some())
+        .map(|source| source.name.as_str())
+        .collect();
+    if down.is_empty() && !lost.is_empty() {
+        return Err(Failure::runtime(format!(
+            "the slot of source {} is missing (see above)",
+            lost.join(", ")
+        )));
+    }
     match down.is_empty() {
         true => Ok(()),
         false => Err(Failure::runtime(format!(
@@ -228,7 +249,17 @@ fn render(config: &Config, s: &Status) -> String {
                 opt(slot.retained_bytes),
                 slot.wal_status.as_deref().unwrap_or("-"),
             ),
-            (None, None) => println!("{name}slot {}: missing", source.slot_name),
+            (None, None) => match lost_through(source) {
+                Some(lsn) => println!(
+                    "{name}slot {}: MISSING, but walfold had ingested through it up to {lsn}: \
+                     logical slots do not survive a failover (unless synced to the standby), or \
+                     it was dropped. Ingest stops until it is back: `walfold run` exits naming \
+                     the fix (create the slot, backfill the table outboxes over the gap); with \
+                     on_slot_lost = \"recreate\" it does both by itself (README: After a failover)",
+                    source.slot_name
+                ),
+                None => println!("{name}slot {}: missing", source.slot_name),
+            },
         }
         if let Some(i) = &source.ingest {
             println!(

@@ -352,6 +352,14 @@ async fn a_lost_slot_stops_the_daemon_unless_recreate_records_the_gap() {
     let (code, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
     assert_eq!(code, 1, "doctor fails on a lost slot:\n{out}");
     assert!(out.contains("FAIL  slot walfold is missing"), "{out}");
+    let (code, out, err) = walfold(&["status", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "status fails on a lost slot:\n{out}{err}");
+    assert!(
+        out.contains("slot walfold: MISSING, but walfold had ingested through it")
+            && out.contains("on_slot_lost = \"recreate\"")
+            && err.contains("the slot of source default is missing"),
+        "{out}{err}"
+    );
 
     // Opted in: recreated, with the skipped range recorded and exported, and new events flow.
     let port = free_port();
