@@ -226,6 +226,28 @@ async fn a_revoked_grant_or_a_dropped_column_pauses_and_resumes_by_itself() {
         )),
         "{out}"
     );
+    // And `walfold rebuild` refuses up front, not at the switch-over after the replay.
+    db.psql(&format!("grant create on schema public to {role}"));
+    let (code, _, err) = walfold_tests::walfold(
+        &[
+            "rebuild",
+            "order_state",
+            "--subscriber",
+            "orders.state.v2",
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("{role} does not own public.order_state")),
+        "{err}"
+    );
+    assert_eq!(
+        db.psql("select to_regclass('order_state__rebuild') is null"),
+        "t"
+    );
     let (d, client) = Daemon::streaming(&db, &config).await;
     let writer = tokio::spawn(write_events(
         db.url(),
@@ -241,7 +263,7 @@ async fn a_revoked_grant_or_a_dropped_column_pauses_and_resumes_by_itself() {
     eventually(Duration::from_secs(30), "order_total to pause", || async {
         paused(&client, "orders.total.v1")
             .await
-            .is_some_and(|p| p.starts_with("42501"))
+            .is_some_and(|p| p.starts_with("42501") && p.contains("walfold doctor"))
     })
     .await;
     eventually(Duration::from_secs(10), "the metrics to say so", || async {

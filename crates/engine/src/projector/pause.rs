@@ -13,6 +13,23 @@ use crate::error::EngineError;
 /// How long recording a pause waits for a connection of the pool (best effort).
 const PAUSE_RECORD_WAIT: Duration = Duration::from_secs(2);
 
+/// The error, with where its fix is for the causes an operator meets most: a right
+/// walfold's role lacks, a table or column the projection names that is missing.
+fn with_fix(e: &EngineError) -> String {
+    let fix = match e.sqlstate() {
+        Some("42501") => {
+            "; walfold's role lacks a right on the target: `walfold doctor` lists the grants \
+             it needs"
+        }
+        Some("42P01") | Some("42703") => {
+            "; the projection names a table or column the target does not have: create it or \
+             fix the projection (`walfold doctor` checks its table)"
+        }
+        _ => "",
+    };
+    format!("{e}{fix}")
+}
+
 /// A partition's pause: entered on an environment error, left after the next commit.
 #[derive(Default)]
 pub(super) struct Pause {
@@ -23,14 +40,14 @@ pub(super) struct Pause {
 
 impl Pause {
     pub async fn enter(&mut self, part: &Partition, bound: &Subscriber, e: &EngineError) {
-        let cause = e.to_string();
+        let cause = with_fix(e);
         if self.cause.as_deref() != Some(cause.as_str()) {
             Signal::PartitionPauseCause {
                 subscriber: part.subscriber(),
                 projection: &part.options.name,
                 partition: part.partition,
                 sqlstate: e.sqlstate().unwrap_or(""),
-                error: e,
+                error: &cause,
             }
             .report();
             self.cause = Some(cause.clone());

@@ -102,6 +102,27 @@ pub(super) async fn create_shadow(
         }
     }
     refuse_dependents(tx, live).await?;
+    // The switch-over renames the live table, which only its owner may: found out here,
+    // not after a replay of hours.
+    let row = tx
+        .query_one(
+            "select pg_has_role(relowner, 'usage') as owns, current_user::text as role \
+             from pg_class where oid = $1::text::regclass",
+            &[&live.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("reading the live table's owner"))?;
+    let row = row.of("pg_class");
+    if !row.col::<bool>("owns")? {
+        let role: String = row.col("role")?;
+        return Err(StoreError::Refused(format!(
+            "walfold's role {role} does not own {live}, and the switch-over renames it: \
+             run alter table {} owner to {} as its owner (or grant the owner's role to \
+             {role}); `walfold doctor` lists what a rebuild needs",
+            live.quoted(),
+            quote_ident(&role)
+        )));
+    }
     tx.batch_execute(&format!(
         "create table {} (like {} including all)",
         shadow.quoted(),
