@@ -110,7 +110,7 @@ async fn follow_rebuild(
     projection: &str,
     subscriber: Option<&str>,
 ) -> Result<(), Failure> {
-    let connections = crate::status::connect(config).await?;
+    let mut connections = crate::status::connect(config).await?;
     // The projection's own target holds its rebuilds.
     let home = config
         .projection
@@ -120,9 +120,18 @@ async fn follow_rebuild(
             || walfold_engine::Target::main(config),
             |p| walfold_engine::Target::of(config, p),
         );
-    let home = Operator::for_command(&home.url, &format!("target {}", home.label()), &home.schema)
-        .await
-        .map_err(Failure::runtime)?;
+    // Read once the rebuild has left the open ones; connected then, so a restart of
+    // the database while following does not matter.
+    let ended = |s: String| {
+        let home = &home;
+        async move {
+            let server = format!("target {}", home.label());
+            let op = Operator::for_command(&home.url, &server, &home.schema).await?;
+            op.rebuild_state(&s).await
+        }
+    };
+    // The read error last shown: a restart of the database is ridden out, said once.
+    let mut unreadable: Option<String> = None;
     let mut progress: Option<Progress> = None;
     let mut last = Snapshot::default();
     let mut moved = Instant::now();
@@ -149,7 +158,17 @@ async fn follow_rebuild(
             }
             _ = tick.tick() => {}
         }
-        let status = crate::status::read(config, &connections).await?;
+        connections.refresh(config).await;
+        let status = match crate::status::read(config, &connections).await {
+            Ok(status) => status,
+            Err(e) => {
+                unreadable_now(&mut unreadable, &e.message);
+                continue;
+            }
+        };
+        if unreadable.take().is_some() {
+            eprintln!("walfold: reading the rebuild's progress again");
+        }
         let open = status.rebuilds.iter().find(|r| {
             r.projection == projection && following.as_ref().is_none_or(|s| *s == r.subscriber)
         });
@@ -161,7 +180,13 @@ async fn follow_rebuild(
                     "no rebuild of {projection} is running (start one with --subscriber NEW_ID)"
                 )));
             };
-            let state = home.rebuild_state(s).await?;
+            let state = match ended(s.clone()).await {
+                Ok(state) => state,
+                Err(e) => {
+                    unreadable_now(&mut unreadable, &e.to_string());
+                    continue;
+                }
+            };
             if let Some(p) = progress.as_mut() {
                 p.finish(last, state.map_or("gone", RebuildState::as_str));
             }
@@ -244,6 +269,17 @@ async fn follow_rebuild(
                 );
             }
         }
+    }
+}
+
+/// Says once per distinct error that following goes on through it.
+fn unreadable_now(last: &mut Option<String>, error: &str) {
+    if last.as_deref() != Some(error) {
+        eprintln!(
+            "walfold: cannot read the rebuild's progress ({error}); trying again every second \
+             (the rebuild goes on in the daemon; Ctrl-C stops following)"
+        );
+        *last = Some(error.to_owned());
     }
 }
 

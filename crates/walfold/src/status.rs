@@ -35,12 +35,20 @@ pub(crate) async fn connect(config: &Config) -> Result<Connections, Failure> {
 }
 
 impl Connections {
-    fn closed(&self) -> bool {
-        self.target.is_closed()
+    /// Connects again when a connection closed (a restart of the database) or a source
+    /// did not answer, keeping the old ones when that fails too: followers and watchers
+    /// ride out a restart instead of exiting.
+    pub(crate) async fn refresh(&mut self, config: &Config) {
+        let closed = self.target.is_closed()
             || self
                 .sources
                 .iter()
-                .any(|s| s.as_ref().is_ok_and(Client::is_closed))
+                .any(|s| s.as_ref().map_or(true, Client::is_closed));
+        if closed {
+            if let Ok(c) = connect(config).await {
+                *self = c;
+            }
+        }
     }
 }
 
@@ -195,11 +203,7 @@ pub async fn watch(path: &Path) -> Result<(), Failure> {
             .ok()
             .and_then(|r| r.of("the server's time").col(0).ok())
             .unwrap_or_else(|| "-".into());
-        if connections.closed() || connections.sources.iter().any(Result::is_err) {
-            if let Ok(c) = connect(&config).await {
-                connections = c;
-            }
-        }
+        connections.refresh(&config).await;
         let text = match read(&config, &connections).await {
             Ok(s) => render(&config, &s),
             // Keep watching through a restart of the database; say so meanwhile.

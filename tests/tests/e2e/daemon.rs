@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use walfold_tempdb::{Cluster, Options};
 use walfold_tests::{
-    caught_up, config_for, eventually, free_port, http_get, slot_active, walfold, write_config,
-    write_events, Daemon, Rng, TestDb,
+    caught_up, config_for, eventually, free_port, http_get, lines_of, slot_active, spawn_walfold,
+    walfold, write_config, write_events, Daemon, Rng, TestDb,
 };
 
 #[test]
@@ -190,7 +190,7 @@ async fn a_server_restart_mid_stream_is_survived() {
         Cluster::start(Options::default()).expect("private cluster"),
     ));
     let db = TestDb::on(cluster, "restart");
-    let _d = Daemon::start(&db.config(""), &[]);
+    let d = Daemon::start(&db.config(""), &[]);
     {
         let client = db.client().await;
         slot_active(&client).await;
@@ -214,6 +214,73 @@ async fn a_server_restart_mid_stream_is_survived() {
     let client = db.client().await;
     caught_up(&client, expected.distinct(), 3).await;
     expected.check(&client).await;
+
+    // `rebuild --wait` follows through the database going away and coming back (a
+    // stranger's exited 1 at the restart), and on to the switch-over.
+    drop(d);
+    drop(client);
+    let cfg = write_config(&db.config(""));
+    let mut wait = spawn_walfold(
+        &[
+            "rebuild",
+            "order_state",
+            "--subscriber",
+            "orders.state.v2",
+            "--wait",
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let said = lines_of(wait.stderr.take().unwrap());
+    let out = lines_of(wait.stdout.take().unwrap());
+    let saying = |what: &'static str| {
+        let said = said.clone();
+        move || {
+            let said = said.clone();
+            async move { said.lock().unwrap().iter().any(|l| l.contains(what)) }
+        }
+    };
+    eventually(
+        Duration::from_secs(30),
+        "a progress line",
+        saying("rebuild of order_state → orders.state.v2: "),
+    )
+    .await;
+    tokio::task::spawn_blocking(move || cluster.stop("fast").expect("stop"))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the follower to say it cannot read",
+        saying("cannot read the rebuild's progress"),
+    )
+    .await;
+    tokio::task::spawn_blocking(move || cluster.start_again().expect("start"))
+        .await
+        .unwrap();
+    assert!(
+        wait.try_wait().unwrap().is_none(),
+        "--wait exited: {:?}",
+        said.lock().unwrap()
+    );
+    let _d = Daemon::start(&db.config(""), &[]);
+    let status = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::task::spawn_blocking(move || wait.wait().unwrap()),
+    )
+    .await
+    .expect("--wait to end at the switch-over")
+    .unwrap();
+    assert_eq!(status.code(), Some(0), "{:?}", said.lock().unwrap());
+    assert!(
+        out.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("rebuild of order_state switched over: orders.state.v2")),
+        "{:?}",
+        out.lock().unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
