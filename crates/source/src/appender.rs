@@ -44,6 +44,40 @@ pub(crate) struct Appender {
     /// The slot's horizon as the heartbeat last read it, recorded after the next flush
     /// (see `horizon`).
     pub horizon: watch::Receiver<Option<(walfold_event::Lsn, i64)>>,
+    pub repeats: Repeats,
+}
+
+/// How often the log says that event IDs came again: a producer that retries would
+/// otherwise write a line per batch (the metrics count every one).
+const REPEATS_EVERY: Duration = Duration::from_secs(60);
+
+/// Repeated event IDs, said at the first and then at most every [`REPEATS_EVERY`].
+#[derive(Default)]
+pub(crate) struct Repeats {
+    said: Option<tokio::time::Instant>,
+    duplicates: u64,
+    id_conflicts: u64,
+}
+
+impl Repeats {
+    fn add(&mut self, duplicates: u64, id_conflicts: u64) {
+        self.duplicates += duplicates;
+        self.id_conflicts += id_conflicts;
+        let due = self.said.is_none_or(|t| t.elapsed() >= REPEATS_EVERY);
+        if !due || self.duplicates + self.id_conflicts == 0 {
+            return;
+        }
+        tracing::info!(
+            duplicates = self.duplicates,
+            id_conflicts = self.id_conflicts,
+            "repeated event IDs at the event log (said at most once a minute; the \
+             event_log_duplicates and id_conflicts metrics count each)"
+        );
+        *self = Repeats {
+            said: Some(tokio::time::Instant::now()),
+            ..Repeats::default()
+        };
+    }
 }
 
 /// How to open the event log on a connection of its own: tokio-postgres keeps a
@@ -306,13 +340,7 @@ impl Appender {
             // Crash window: events durable in the log, slot not yet acknowledged.
             failpoint::hit("after_append_commit");
         }
-        if outcome.duplicates > 0 || outcome.id_conflicts > 0 {
-            tracing::info!(
-                duplicates = outcome.duplicates,
-                id_conflicts = outcome.id_conflicts,
-                "repeated event IDs at the event log"
-            );
-        }
+        self.repeats.add(outcome.duplicates, outcome.id_conflicts);
         self.account(events_len, outcome, counts, totals);
         if outcome.appended > 0 {
             self.publish_head();

@@ -14,7 +14,7 @@ use walfold_event::ErrorKind;
 use walfold_store::{connect, Backoff, Fence, LogOrder};
 use walfold_telemetry::signal::Signal;
 
-use crate::appender::{Appender, Reopen};
+use crate::appender::{Appender, Reopen, Repeats};
 use crate::budget::Budget;
 use crate::error::SourceError;
 use crate::feedback;
@@ -251,6 +251,7 @@ async fn attempt(
         position_written: tokio::time::Instant::now(),
         source: config.source().name.clone(),
         horizon,
+        repeats: Repeats::default(),
     };
     let reader = Reader::new(config, items_tx, ingested);
     cfg.budget = Some(budget);

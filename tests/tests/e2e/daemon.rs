@@ -826,3 +826,40 @@ async fn readyz_names_an_unreachable_database_not_another_leader() {
     );
     assert!(!why.contains("another instance"), "{why}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retrying_producer_is_said_once_not_once_per_batch() {
+    let db = TestDb::new("retrying");
+    let (d, client) = Daemon::streaming(&db, &db.config("")).await;
+    let paid = walfold_tests::insert_event(
+        "5f0c6a1e-0000-4000-8000-000000000001",
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "10"}"#,
+    );
+    // Each retry its own transaction, most of them their own batch: a line per batch
+    // flooded a stranger's log.
+    for _ in 0..20 {
+        db.psql(&paid);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    eventually(Duration::from_secs(30), "19 duplicates counted", || async {
+        walfold_tests::status(&client)
+            .await
+            .and_then(|s| s.ingest)
+            .is_some_and(|i| i.duplicates == 19)
+    })
+    .await;
+    caught_up(&client, 1, 3).await;
+    let log = d.log_text();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("repeated event IDs"))
+        .count();
+    assert_eq!(said, 1, "{log}");
+    assert_eq!(
+        db.psql("select total from order_total where order_id = 'o-1'"),
+        "10"
+    );
+}
