@@ -48,7 +48,14 @@ const SUBSCRIBERS: &str = "select c.subscriber_id, max(c.partitions) as partitio
      (select count(*) from {schema}.projection_pause z where z.subscriber_id = c.subscriber_id) as paused, \
      (select array[z.sqlstate, z.error, extract(epoch from z.since)::text] \
       from {schema}.projection_pause z where z.subscriber_id = c.subscriber_id \
-      order by z.since limit 1) as first_pause \
+      order by z.since limit 1) as first_pause, \
+     case when exists (select 1 from {schema}.projection p where p.subscriber_id = c.subscriber_id) \
+          then 'live' \
+          when exists (select 1 from {schema}.rebuild r where r.subscriber_id = c.subscriber_id \
+                       and r.state in ('running', 'aborting')) then 'rebuilding' \
+          when exists (select 1 from {schema}.rebuild r where r.previous_subscriber = c.subscriber_id \
+                       and r.state = 'switched') then 'retired' \
+          else 'unused' end as serves \
      from {schema}.checkpoint c group by c.subscriber_id order by c.subscriber_id";
 
 /// When the first event after seq `$1` was committed (or appended).
@@ -244,6 +251,10 @@ pub struct SubscriberStatus {
     /// a dropped column, disk full): nothing is dead-lettered for it, and the partitions
     /// resume by themselves once it is fixed.
     pub paused: Option<PauseStatus>,
+    /// `live` (serves a projection's table), `rebuilding` (replays into a shadow table),
+    /// `retired` (served the table a rebuild switched away from; reads nothing more, its
+    /// lag only grows until the rebuild is finished) or `unused` (no projection names it).
+    pub serves: String,
 }
 
 /// Why a subscriber's partitions are paused.
@@ -529,6 +540,7 @@ pub async fn target_status(
             dead_lettered: r.col("dead_lettered")?,
             parked_aggregates: r.col("parked")?,
             paused: pause_status(r.col("paused")?, r.col("first_pause")?),
+            serves: r.col("serves")?,
         });
     }
     let dead_letters_open: i64 = target

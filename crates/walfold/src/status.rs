@@ -299,7 +299,7 @@ fn render(config: &Config, s: &Status) -> String {
         }
     };
     println!(
-        "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}{}",
+        "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6} {:<10}{}",
         "subscriber",
         "position",
         "lag",
@@ -309,21 +309,30 @@ fn render(config: &Config, s: &Status) -> String {
         "stale",
         "dead",
         "parked",
+        "serves",
         target_of("target")
     );
     for sub in &s.subscribers {
+        // A retired or unused subscriber reads nothing more: its lag is no one's delay.
+        let reading = matches!(sub.serves.as_str(), "live" | "rebuilding");
         println!(
-            "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6}{}",
+            "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6} {:<10}{}",
             sub.subscriber,
             sub.position,
-            sub.lag_events,
+            if reading {
+                sub.lag_events.to_string()
+            } else {
+                "-".into()
+            },
             sub.lag_seconds
+                .filter(|_| reading)
                 .map_or_else(|| "-".into(), |l| format!("{l:.1}")),
             sub.applied,
             sub.duplicates,
             sub.stale,
             sub.dead_lettered,
             sub.parked_aggregates,
+            sub.serves,
             target_of(&sub.target)
         );
     }

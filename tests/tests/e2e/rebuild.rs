@@ -1129,6 +1129,29 @@ async fn a_retired_subscriber_exports_no_lag() {
             && !body.contains("walfold_subscriber_lag_seconds{subscriber=\"orders.total.v1\"}"),
         "the retired subscriber exports lag:\n{body}"
     );
+    // Nor does `walfold status` show one (a stranger read the retired one's growing lag
+    // as a stuck projection): it says which subscriber serves and which is retired.
+    let cfg = walfold_tests::write_config(&text);
+    let (code, out, err) = walfold(&["status", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let row = |subscriber: &str| -> Vec<String> {
+        out.lines()
+            .find(|l| l.starts_with(subscriber))
+            .unwrap_or_else(|| panic!("no row of {subscriber}: {out}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    let (retired, serving) = (row("orders.total.v1"), row("orders.total.v2"));
+    assert_eq!(
+        (retired[2].as_str(), retired[3].as_str()),
+        ("-", "-"),
+        "{out}"
+    );
+    assert_eq!(retired[9], "retired", "{out}");
+    assert_eq!(serving[9], "live", "{out}");
+    let (_, json, _) = walfold(&["status", "--json", "-c", cfg.to_str().unwrap()], &[]);
+    assert!(json.contains("\"serves\": \"retired\""), "{json}");
 }
 
 /// Claims are keyed by seq (issue 28): an event delivered again after pruning deleted
