@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use tokio_postgres::Client;
-use walfold_config::{Config, SourceView};
+use walfold_config::{Config, ProjectionKind, SourceView, VersionMode};
 use walfold_store::RowExt;
 
 use crate::run::load;
@@ -399,6 +399,7 @@ async fn source_checks(
             );
         }
     }
+    versions_for_guards(r, config, source).await?;
     let message_outboxes: Vec<_> = config
         .outboxes()
         .filter(|o| o.message_prefix.is_some())
@@ -613,6 +614,79 @@ fn roles(names: &[String]) -> String {
 
 /// Who can write `table`'s events: whoever may insert into it (informational), and a
 /// warning when that is PUBLIC.
+/// A projection that needs each event's version (a `table` one's guard, a strict one's
+/// order) dead-letters every event that comes without one: an outbox whose version is
+/// a column the table does not have gives none.
+async fn versions_for_guards(
+    r: &mut Report,
+    config: &SourceView<'_>,
+    source: &Client,
+) -> Result<(), CheckError> {
+    let name = &config.source().name;
+    let needing: Vec<&str> = config
+        .config
+        .projection
+        .iter()
+        .filter(|p| {
+            matches!(p.kind, ProjectionKind::Table { .. }) || p.version_mode == VersionMode::Strict
+        })
+        .filter(|p| p.sources.as_ref().is_none_or(|s| s.contains(name)))
+        .map(|p| p.name.as_str())
+        .collect();
+    if needing.is_empty() {
+        return Ok(());
+    }
+    let mut without = Vec::new();
+    let mut with = 0;
+    for (o, t) in config.table_outboxes() {
+        let Some(field) = o.fields().into_iter().find(|f| f.key == "version") else {
+            continue;
+        };
+        let present: bool = !field.is_column()
+            || source
+                .query_one(
+                    "select exists (select 1 from pg_attribute where attrelid = \
+                     to_regclass($1) and attname = $2 and attnum > 0 and not attisdropped)",
+                    &[&t.quoted(), &field.value],
+                )
+                .await?
+                .of("pg_attribute")
+                .col(0)?;
+        if present {
+            with += 1;
+        } else {
+            without.push(format!("{t} (no column {})", field.value));
+        }
+    }
+    if without.is_empty() {
+        return Ok(());
+    }
+    // A message outbox's events may carry a version of their own.
+    let messages = config.outboxes().any(|o| o.message_prefix.is_some());
+    let all = with == 0 && !messages;
+    r.check(
+        if all { Level::Fail } else { Level::Warn },
+        format!(
+            "{} each event's version (a `table` projection's guard, a strict one's order), \
+             and {} give none: {}",
+            match needing.as_slice() {
+                [one] => format!("projection {one} needs"),
+                several => format!("projections {} need", several.join(", ")),
+            },
+            without.join(", "),
+            if all {
+                "every event is dead-lettered"
+            } else {
+                "their events are dead-lettered unless the projections' event_types or \
+                 aggregate_types leave them out"
+            }
+        ),
+        "map the version under [[outbox]] (`version = \"COLUMN\"`, or an expression), or \
+         write those projections as `sql` ones that need none",
+    );
+    Ok(())
+}
+
 async fn writers_of_table(
     r: &mut Report,
     source: &Client,

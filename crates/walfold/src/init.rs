@@ -133,6 +133,19 @@ struct Mapped {
     preset: Option<Recognised>,
 }
 
+impl Mapped {
+    /// Whether its events carry a version (a column or the preset's expression).
+    fn versioned(&self) -> bool {
+        match &self.preset {
+            Some(r) => {
+                r.preset.fields.iter().any(|(k, _)| *k == "version")
+                    || r.columns.iter().any(|c| c == "version")
+            }
+            None => self.columns.iter().any(|(k, _)| *k == "version"),
+        }
+    }
+}
+
 /// A table recognised as a framework's.
 struct Recognised {
     preset: &'static Preset,
@@ -509,6 +522,19 @@ pub async fn init(
         Some(t) => Some(read_model(&client, &parse_table(t, "--read-model")?).await?),
         None => None,
     };
+    // Message outboxes' events may carry a version of their own.
+    let versioned = !prefixes.is_empty() || chosen.iter().any(Mapped::versioned);
+    if let (Some(t), false) = (read_model_table, versioned) {
+        let names: Vec<String> = chosen.iter().map(|m| m.table.to_string()).collect();
+        return Err(Failure::config(format!(
+            "--read-model {t}: a `table` projection changes a row only for a higher event \
+             version, and {} has no version column (none named version, sequence, \
+             aggregate_version or seq): every event would be dead-lettered. Add a version to \
+             the outbox, or run init without --read-model and write a `sql` projection (the \
+             file has an example that needs no version)",
+            names.join(", ")
+        )));
+    }
     for m in &mut chosen {
         if let Some(r) = &mut m.preset {
             r.one_row_per = one_row_per(&client, &m.table, r).await?;
@@ -532,6 +558,7 @@ pub async fn init(
         },
         existing_publication.as_deref(),
         read_model.as_ref(),
+        versioned,
     );
     // What init writes, `walfold run` loads: checked before anything is written.
     let config = Config::from_toml(&text, [("WALFOLD_SOURCE__URL".to_owned(), url.to_owned())])
@@ -807,6 +834,7 @@ fn render(
     messages: &Messages<'_>,
     publication: Option<&str>,
     read_model: Option<&ReadModel>,
+    versioned: bool,
 ) -> String {
     let mut t = String::new();
     t.push_str(
@@ -949,7 +977,7 @@ fn render(
             t.push_str(&format!("columns = {{ {} }}\n", cols.join(", ")));
             t.push_str("# event_types = [\"OrderPlaced\", \"OrderPaid\"]   # only these (all when absent)\n");
         }
-        None => t.push_str(
+        None if versioned => t.push_str(
             "\n# A projection folds events into a read model. Uncomment and edit this `sql` one, or\n\
              # run `walfold init --read-model schema.table` for a generated `table` projection.\n\
              # Placeholders (:aggregate_id, :version, :payload.a.b, …) are bound as parameters,\n\
@@ -963,6 +991,22 @@ fn render(
              # values (:aggregate_id, :payload.status, :version)\n\
              # on conflict (order_id) do update set status = excluded.status, version = excluded.version\n\
              # where order_status.version < excluded.version\n\
+             # \"\"\"\n",
+        ),
+        None => t.push_str(
+            "\n# A projection folds events into a read model. Uncomment and edit this `sql` one.\n\
+             # The outbox has no version, so there is no version guard: each aggregate's events\n\
+             # apply in the order they were committed, once each (claims drop redeliveries).\n\
+             # Placeholders (:aggregate_id, :payload.a.b, …) are bound as parameters, never\n\
+             # spliced into SQL.\n\
+             # [[projection]]\n\
+             # name = \"order_status\"\n\
+             # subscriber = \"orders.status.v1\"\n\
+             # event_types = [\"OrderPlaced\", \"OrderPaid\"]\n\
+             # sql = \"\"\"\n\
+             # insert into order_status (order_id, status)\n\
+             # values (:aggregate_id, :payload.status)\n\
+             # on conflict (order_id) do update set status = excluded.status\n\
              # \"\"\"\n",
         ),
     }
@@ -1193,6 +1237,7 @@ mod tests {
                 },
                 None,
                 None,
+                m2.versioned(),
             ));
             if let Err(e) = Config::from_toml(&whole, Vec::<(String, String)>::new()) {
                 panic!("{}: the written config does not load: {e}\n{whole}", p.name);

@@ -235,6 +235,36 @@ fn init_refuses_ambiguity_and_explains_what_is_missing() {
         err.contains("checks (as `walfold doctor` runs them)"),
         "{err}"
     );
+
+    // An outbox without a version: no `table` projection (its guard needs one; a
+    // stranger's generated one dead-lettered every event), and an example without a guard.
+    db.psql("alter table outbox_two drop column version");
+    let args = ["init", "--url", &url, "--table", "outbox_two"];
+    let with_model = [&args[..], &["--read-model", "public.order_state", "-o", p]].concat();
+    let (code, _, err) = walfold(&with_model, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("public.outbox_two has no version column") && err.contains("dead-lettered"),
+        "{err}"
+    );
+    assert!(!path.exists(), "nothing written on a refusal");
+    let (code, out, err) = walfold(&[&args[..], &["-o", "-"]].concat(), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("no version guard"), "{out}");
+    assert!(!out.contains(":version"), "{out}");
+    // And doctor fails a config whose table projection would meet only such events.
+    db.psql("alter table outbox drop column version");
+    let cfg = walfold_tests::write_config(&db.config(""));
+    let (code, out, err) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL")
+            && l.contains("order_state")
+            && l.contains(
+                "public.outbox (no column version) give none: every event is dead-lettered"
+            )),
+        "{out}"
+    );
 }
 
 /// `walfold events` lines, parsed.
