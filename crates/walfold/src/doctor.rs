@@ -145,6 +145,9 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
                 .map_err(Failure::runtime)?;
             abandoned_slots(r, config, t).await;
             failover_leftovers(r, config, t).await;
+            filters_meet_the_log(r, config, t)
+                .await
+                .map_err(Failure::runtime)?;
             wal::wal_checks(r, t, walfold_engine::Target::main(config).schema.quoted())
                 .await
                 .map_err(Failure::runtime)?;
@@ -889,6 +892,81 @@ fn budget_pool(config: &Config, home: &walfold_engine::Target) -> i64 {
 
 /// The rights walfold needs on one target: its schema, and the tables of the
 /// projections whose state lives there.
+/// How many of the latest events a projection's filters are compared with.
+const FILTER_SAMPLE: i64 = 10_000;
+
+/// A projection whose `event_types` or `aggregate_types` name none of what the log's
+/// latest events carry applies nothing, silently: `OrderPlaced` against a log of
+/// `order.placed`. Compared exactly, as the projector does.
+async fn filters_meet_the_log(
+    r: &mut Report,
+    config: &Config,
+    target: &Client,
+) -> Result<(), CheckError> {
+    let schema = walfold_engine::Target::main(config).schema;
+    let log = schema.sql("{schema}.event_log");
+    let exists: bool = target
+        .query_one("select to_regclass($1) is not null", &[&log])
+        .await?
+        .of("pg_class")
+        .col(0)?;
+    if !exists {
+        return Ok(());
+    }
+    let row = target
+        .query_one(
+            &schema.sql(
+                "with latest as (select event_type, aggregate_type from {schema}.event_log \
+                 order by seq desc limit $1) \
+                 select array(select distinct event_type from latest order by 1) as events, \
+                 array(select distinct aggregate_type from latest order by 1) as aggregates",
+            ),
+            &[&FILTER_SAMPLE],
+        )
+        .await?;
+    let row = row.of("event_log");
+    let seen: [(&str, Vec<String>); 2] = [
+        ("event_types", row.col("events")?),
+        ("aggregate_types", row.col("aggregates")?),
+    ];
+    for p in &config.projection {
+        for (key, seen) in &seen {
+            let wanted = match *key {
+                "event_types" => &p.event_types,
+                _ => &p.aggregate_types,
+            };
+            let Some(wanted) = wanted.as_ref().filter(|_| !seen.is_empty()) else {
+                continue;
+            };
+            if wanted.iter().any(|w| seen.contains(w)) {
+                continue;
+            }
+            let shown: Vec<&str> = seen.iter().take(10).map(String::as_str).collect();
+            r.check(
+                Level::Warn,
+                format!(
+                    "projection {}: none of its {key} ({}) is among those of the latest {} \
+                     events in the log ({}{}): it applies none of them",
+                    p.name,
+                    wanted.join(", "),
+                    FILTER_SAMPLE,
+                    crate::text::escape_controls(&shown.join(", ")),
+                    if seen.len() > shown.len() {
+                        ", …"
+                    } else {
+                        ""
+                    }
+                ),
+                format!(
+                    "{key} compare exactly, case included: name them as the log does \
+                     (`walfold events` shows them)"
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn target_checks(
     r: &mut Report,
     config: &Config,

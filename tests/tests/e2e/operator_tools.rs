@@ -493,6 +493,29 @@ async fn events_filters_follows_and_tells_what_a_subscriber_did() {
         stale,
         "{counts:?}"
     );
+
+    // A filter that names none of the log's event types applies nothing, silently:
+    // doctor warns, naming what the log holds (a stranger's `order.paid` matched nothing).
+    let filtered = |types: &str| {
+        write_config(&config.replace(
+            "name = \"order_state\"\n",
+            &format!("name = \"order_state\"\nevent_types = {types}\n"),
+        ))
+    };
+    let cfg = filtered(r#"["order.paid", "orderplaced"]"#);
+    let (_, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert!(
+        out.lines().any(|l| l.starts_with("warn")
+            && l.contains(
+                "projection order_state: none of its event_types (order.paid, orderplaced)"
+            )
+            && l.contains("OrderPaid, OrderPlaced")),
+        "{out}"
+    );
+    let cfg = filtered(r#"["order.paid", "OrderPaid"]"#);
+    let (_, out, _) = walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]);
+    assert!(!out.contains("none of its event_types"), "{out}");
+    drop(d);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
