@@ -26,4 +26,4 @@ pub use ingest::run_ingest;
 pub use outbox::{Mapped, Mapping, TxContext};
 pub use reader::{replication_config, Item};
 pub use setup::{create_publication, database_identity, inspect, prepare_source, SourceShape};
-pub use writers::{emit_grants, emitters, inserters, EmitGrants, Writers};
+pub use writers::{definers, emit_grants, emitters, inserters, Definer, EmitGrants, Writers};

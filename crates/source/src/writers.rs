@@ -31,6 +31,67 @@ const INSERTERS: &str = "select r.rolname::text from pg_roles r \
      where r.rolcanlogin and not r.rolsuper \
      and has_any_column_privilege(r.oid, $1::text::regclass, 'insert') order by 1";
 
+/// Security-definer functions outside extensions whose body names the table `$2` (its
+/// bare name) and whose owner may insert into `$1` (quoted): whoever may call one
+/// writes the outbox's events through it, with its owner's rights. A trigger function
+/// runs for whoever writes the tables whose triggers call it.
+const DEFINERS: &str = "select p.oid::regprocedure::text as function, \
+     pg_get_userbyid(p.proowner)::text as owner, \
+     has_function_privilege('public', p.oid, 'execute') as public, \
+     array(select r.rolname::text from pg_roles r where r.rolcanlogin and not r.rolsuper \
+       and r.oid <> p.proowner and has_function_privilege(r.oid, p.oid, 'execute') \
+       order by 1) as callers, \
+     array(select distinct t.tgrelid::regclass::text from pg_trigger t \
+       where t.tgfoid = p.oid and not t.tgisinternal order by 1) as tables \
+     from pg_proc p \
+     where p.prosecdef and strpos(lower(p.prosrc), lower($2)) > 0 \
+     and has_any_column_privilege(p.proowner, $1::text::regclass, 'insert') \
+     and not exists (select from pg_depend d where d.classid = 'pg_proc'::regclass \
+       and d.objid = p.oid and d.deptype = 'e') \
+     order by 1";
+
+/// A security-definer function that may write a table outbox's events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Definer {
+    /// `schema.name(argument types)`.
+    pub function: String,
+    pub owner: String,
+    /// PUBLIC may call it: any role writes events through it.
+    pub public: bool,
+    /// The login roles other than its owner and superusers that may call it.
+    pub callers: Vec<String>,
+    /// The tables whose triggers call it.
+    pub triggers_on: Vec<String>,
+}
+
+/// The security-definer functions that write into `table` (quoted; `name` its bare
+/// name), found by their body naming it: what `inserters` cannot see. A function that
+/// builds the name at run time is not found.
+pub async fn definers(
+    source: &Client,
+    table: &str,
+    name: &str,
+) -> Result<Vec<Definer>, StoreError> {
+    source
+        .query(DEFINERS, &[&table, &name])
+        .await
+        .map_err(StoreError::db(
+            "reading the functions that may write events",
+        ))?
+        .iter()
+        .map(|r| {
+            let r = r.of("pg_proc");
+            Ok(Definer {
+                function: r.col("function")?,
+                owner: r.col("owner")?,
+                public: r.col("public")?,
+                callers: r.col("callers")?,
+                triggers_on: r.col("tables")?,
+            })
+        })
+        .collect()
+}
+
 /// What the source's grants let any role do to the configured message outboxes: a
 /// refusal for those that do not accept it, a warning for those that do.
 #[derive(Debug, Default)]

@@ -615,8 +615,6 @@ fn roles(names: &[String]) -> String {
     }
 }
 
-/// Who can write `table`'s events: whoever may insert into it (informational), and a
-/// warning when that is PUBLIC.
 /// A projection that needs each event's version (a `table` one's guard, a strict one's
 /// order) dead-letters every event that comes without one: an outbox whose version is
 /// a column the table does not have gives none.
@@ -690,6 +688,9 @@ async fn versions_for_guards(
     Ok(())
 }
 
+/// Who can write `table`'s events: whoever may insert into it (informational), and a
+/// warning when that is PUBLIC; and the security-definer functions that insert into it
+/// for their callers.
 async fn writers_of_table(
     r: &mut Report,
     source: &Client,
@@ -714,6 +715,37 @@ async fn writers_of_table(
                 roles(&writers.roles)
             ),
             "",
+        );
+    }
+    for d in walfold_source::definers(source, &table.quoted(), &table.name).await? {
+        let (level, who) = if d.public {
+            (Level::Warn, "any role".to_owned())
+        } else if !d.triggers_on.is_empty() {
+            (
+                Level::Ok,
+                format!(
+                    "whoever writes {} (its triggers call it)",
+                    d.triggers_on.join(", ")
+                ),
+            )
+        } else {
+            (
+                Level::Ok,
+                roles(&[vec![d.owner.clone()], d.callers.clone()].concat()),
+            )
+        };
+        r.check(
+            level,
+            format!(
+                "security-definer function {} names {table} and runs as {}, who may insert \
+                 into it: {who} may write events through it",
+                d.function, d.owner
+            ),
+            format!(
+                "revoke execute on function {} from public; grant execute on function {} \
+                 to <producing role>",
+                d.function, d.function
+            ),
         );
     }
     Ok(())

@@ -470,3 +470,38 @@ async fn doctor_names_a_role_that_may_insert_into_the_outboxs_columns() {
         "{out}"
     );
 }
+
+/// A security-definer function that inserts into the outbox writes events for whoever
+/// may call it, which the table's grants do not show (a stranger's reporting role wrote
+/// a credit through one): doctor names it and who may call it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_a_security_definer_function_that_writes_events() {
+    let db = TestDb::new("definer_writer");
+    db.psql(
+        "create role reporter login;          create function publish(kind text, body jsonb) returns void language sql          security definer as $$ insert into public.outbox (id, aggregate_type, aggregate_id,          event_type, version, payload) values (gen_random_uuid(), 'order', 'o-1', kind, 1, body) $$;          create function innocent() returns int language sql security definer as $$ select 1 $$",
+    );
+    let path = write_config(&db.config(""));
+    let doctor = || {
+        let (code, out, err) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+        assert!(code <= 1, "{out}\n{err}");
+        out
+    };
+    let out = doctor();
+    assert!(
+        out.lines().any(|l| l.starts_with("warn")
+            && l.contains("security-definer function publish(text,jsonb) names public.outbox")
+            && l.contains("any role may write events through it")),
+        "{out}"
+    );
+    assert!(!out.contains("innocent"), "{out}");
+    db.psql(
+        "revoke execute on function publish(text, jsonb) from public;          grant execute on function publish(text, jsonb) to reporter",
+    );
+    let out = doctor();
+    assert!(
+        out.lines().any(|l| l.starts_with("ok")
+            && l.contains("security-definer function publish(text,jsonb)")
+            && l.contains("postgres, reporter, and superusers may write events through it")),
+        "{out}"
+    );
+}
