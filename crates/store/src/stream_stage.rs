@@ -128,11 +128,21 @@ const MOVE_ALL: &str =
                and d.digest <> {schema}.identity_digest(c.event_type, c.aggregate_type, \
                  c.aggregate_id, c.version, c.payload))";
 
+/// Whether an event `MOVE_ALL` put in the log after seq `$1` (up to `$2`) meets an
+/// identity retired meanwhile with other content. `MOVE_ALL` reads `retired_identity`
+/// in its snapshot, taken before its insert waited on the unique index for a prune that
+/// was deleting the same ID (and retiring it): that prune's identity is visible only to
+/// a later statement. Then the move is undone and the pages judge it (an `id_conflict`).
+const RETIRED_MEANWHILE_WITH_OTHER_CONTENT: &str =
+    "select exists (select from {schema}.event_log l \
+     join {schema}.retired_identity r on r.event_id = l.event_id \
+     where l.seq > $1 and l.seq <= $2 and l.claim_seq is null \
+     and r.digest <> {schema}.identity_digest(l.event_type, l.aggregate_type, \
+       l.aggregate_id, l.version, l.payload)) as conflict";
+
 /// Gives the events `MOVE_ALL` put in the log after seq `$1` (up to `$2`) their claim
-/// seqs from identities retired meanwhile. `MOVE_ALL` reads `retired_identity` in its
-/// snapshot, taken before its insert waited on the unique index for a prune that was
-/// deleting the same ID (and retiring it): that prune's identity is visible only to a
-/// later statement. Without it, the ID would be claimed on its new seq and applied again.
+/// seqs from identities retired meanwhile (see [`RETIRED_MEANWHILE_WITH_OTHER_CONTENT`]):
+/// without it, the ID would be claimed on its new seq and applied again.
 const CLAIM_SEQS_RETIRED_MEANWHILE: &str =
     "update {schema}.event_log l set claim_seq = r.claim_seq \
      from {schema}.retired_identity r \
@@ -400,10 +410,25 @@ impl EventLog {
                         continue;
                     }
                     Ok(n) => {
+                        let moved_to = head + n as i64;
+                        let conflict: bool = sp
+                            .query_one(
+                                &parts.schema.sql(RETIRED_MEANWHILE_WITH_OTHER_CONTENT),
+                                &[&head, &moved_to],
+                            )
+                            .await
+                            .map_err(StoreError::db("moving staged events"))?
+                            .of("event_log")
+                            .col("conflict")?;
+                        if conflict {
+                            sp.rollback()
+                                .await
+                                .map_err(StoreError::db("committing a streamed transaction"))?;
+                            continue;
+                        }
                         sp.commit()
                             .await
                             .map_err(StoreError::db("committing a streamed transaction"))?;
-                        let moved_to = head + n as i64;
                         tx.execute(
                             &parts.schema.sql(CLAIM_SEQS_RETIRED_MEANWHILE),
                             &[&head, &moved_to],

@@ -559,3 +559,90 @@ on conflict (order_id) do update set total = t.total + excluded.total
         11
     );
 }
+
+/// The race a streamed commit runs with a prune: the commit moves its events in one
+/// statement whose snapshot predates a prune still deleting (and retiring) one of its IDs;
+/// its insert waits for that prune, then succeeds. The retired identity, with other
+/// content, is visible only afterwards: the move is undone and the event judged as any
+/// append judges it, an `id_conflict`, never appended as a redelivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prune_retiring_an_id_while_a_streamed_commit_moves_it_is_still_an_id_conflict() {
+    let db = streaming_db("retiring");
+    let (_d, client) = Daemon::streaming(&db, &without_projections(&db)).await;
+    let id = "00000000-0000-4000-8000-0000000000d1";
+    let insert = |amount: &str| {
+        walfold_tests::insert_event(
+            id,
+            "o-1",
+            "OrderPaid",
+            1,
+            &format!(r#"{{"amount": "{amount}"}}"#),
+        )
+    };
+    db.psql(&insert("10"));
+    wait_logged(&client, 1).await;
+    // A prune of that event, its transaction held open (as `prune.rs` retires it).
+    let mut pruner = db.client().await;
+    let prune = pruner.transaction().await.unwrap();
+    prune
+        .execute(
+            "with gone as (delete from walfold.event_log where event_id = $1::text::uuid \
+             returning seq, event_id, claim_seq, walfold.identity_digest(event_type, \
+             aggregate_type, aggregate_id, version, payload) as digest) \
+             insert into walfold.retired_identity (event_id, claim_seq, retired_at, digest) \
+             select event_id, coalesce(claim_seq, seq), now(), digest from gone",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let before = slot_stats(&client).await.1;
+    db.psql(&format!(
+        "begin; {} {} commit;",
+        rows("r", ROWS),
+        insert("97")
+    ));
+    eventually(
+        Duration::from_secs(60),
+        "the streamed commit to wait for the prune",
+        || async {
+            count(
+                &client,
+                "select count(*) from pg_stat_activity where wait_event_type = 'Lock' \
+                 and query like '%stream_stage%'",
+            )
+            .await
+                >= 1
+        },
+    )
+    .await;
+    prune.commit().await.unwrap();
+    wait_for(
+        &client,
+        "the streamed events",
+        "select count(*) from walfold.event_log",
+        ROWS,
+    )
+    .await;
+    assert!(slot_stats(&client).await.1 > before, "streamed");
+    eventually(Duration::from_secs(30), "the conflict", || async {
+        count(
+            &client,
+            &format!(
+                "select count(*) from walfold.dead_letter where event_id = '{id}' \
+                 and reason = 'id_conflict' and raw->'payload'->>'amount' = '97'"
+            ),
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert_eq!(
+        count(
+            &client,
+            &format!("select count(*) from walfold.event_log where event_id = '{id}'")
+        )
+        .await,
+        0,
+        "not appended as a redelivery"
+    );
+}
