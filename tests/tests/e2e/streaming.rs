@@ -98,6 +98,17 @@ fn plain(text: &str) -> String {
     out
 }
 
+/// Event `id`, an `OrderPaid` of `amount` for order o-1, as an outbox insert.
+fn paid(id: &str, amount: &str) -> String {
+    walfold_tests::insert_event(
+        id,
+        "o-1",
+        "OrderPaid",
+        1,
+        &format!(r#"{{"amount": "{amount}"}}"#),
+    )
+}
+
 fn without_projections(db: &TestDb) -> String {
     db.config("")
         .split("[[projection]]")
@@ -464,15 +475,7 @@ on conflict (order_id) do update set total = t.total + excluded.total
         .to_toml();
     let (d, client) = Daemon::streaming(&db, &text).await;
     let id = "00000000-0000-4000-8000-0000000000c1";
-    let insert = |amount: &str| {
-        walfold_tests::insert_event(
-            id,
-            "o-1",
-            "OrderPaid",
-            1,
-            &format!(r#"{{"amount": "{amount}"}}"#),
-        )
-    };
+    let insert = |amount: &str| paid(id, amount);
     let total = || count(&client, "select coalesce(sum(total), 0)::int8 from total");
     db.psql(&insert("10"));
     db.psql(&walfold_tests::insert_event(
@@ -570,15 +573,7 @@ async fn a_prune_retiring_an_id_while_a_streamed_commit_moves_it_is_still_an_id_
     let db = streaming_db("retiring");
     let (_d, client) = Daemon::streaming(&db, &without_projections(&db)).await;
     let id = "00000000-0000-4000-8000-0000000000d1";
-    let insert = |amount: &str| {
-        walfold_tests::insert_event(
-            id,
-            "o-1",
-            "OrderPaid",
-            1,
-            &format!(r#"{{"amount": "{amount}"}}"#),
-        )
-    };
+    let insert = |amount: &str| paid(id, amount);
     db.psql(&insert("10"));
     wait_logged(&client, 1).await;
     // A prune of that event, its transaction held open (as `prune.rs` retires it).
