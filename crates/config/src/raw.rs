@@ -147,7 +147,10 @@ pub(crate) struct RawProjection {
     #[serde(default)]
     drop_retired_after: Option<String>,
     /// workers, each owning a hash partition of aggregates; may be changed across a restart
-    /// (every partition then resumes at the old layout's lowest position)
+    /// (every partition then resumes at the old layout's lowest position). Keep `1` for a
+    /// statement that writes a row several aggregates share (a per-day total): the workers
+    /// wait on that row and can deadlock — retried (a `projector failed, reconnecting`
+    /// warning), never applied twice, but slower than one worker
     ///
     /// Default: `1`
     #[serde(default = "defaults::parallelism")]

@@ -194,7 +194,9 @@ async fn axon_with_hibernates_large_objects_is_refused_at_start_naming_column_re
         };
 
         // walfold run refuses before it creates anything on the source.
-        let mut d = Daemon::start(&text, &[]);
+        // The generated config's default port may be taken on this machine.
+        let listen = format!("127.0.0.1:{}", walfold_tests::free_port());
+        let mut d = Daemon::start(&text, &[("WALFOLD_METRICS__LISTEN", listen.as_str())]);
         assert_eq!(d.wait_exit("the daemon to refuse").await, Some(1), "{run}");
         let log = d.log_text();
         for part in REFUSAL {
