@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::SourceView;
 use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
 use walfold_store::{ConnectOptions, StagedChange, StagedRow};
+use walfold_telemetry::throttle::{Admit, Throttle};
 
 use crate::budget::Held;
 use crate::error::SourceError;
@@ -131,6 +132,10 @@ struct Relation {
     mapping: Option<Mapping>,
 }
 
+/// At most this many lines about malformed rows each [`MALFORMED_LINES_WINDOW`].
+const MALFORMED_LINES: u32 = 20;
+const MALFORMED_LINES_WINDOW: Duration = Duration::from_secs(60);
+
 pub(crate) struct Reader<'a> {
     config: &'a SourceView<'a>,
     relations: HashMap<u32, Relation>,
@@ -150,6 +155,8 @@ pub(crate) struct Reader<'a> {
     /// The ingest position when this attempt started: transactions committed before it
     /// are in the log already.
     durable: Lsn,
+    /// Lines about malformed rows: a bad batch's every row is a dead letter, not a line.
+    malformed_lines: Throttle,
 }
 
 /// What the reader keeps of a streamed transaction between its segments: a bounded
@@ -187,6 +194,30 @@ impl<'a> Reader<'a> {
             streamed: HashMap::new(),
             items,
             held: Held::default(),
+            malformed_lines: Throttle::new(MALFORMED_LINES_WINDOW, MALFORMED_LINES),
+        }
+    }
+
+    /// Whether to log this malformed row (or message); says what was held back first.
+    fn say_malformed(&mut self) -> bool {
+        match self.malformed_lines.admit() {
+            Admit::Say { held_back } => {
+                if held_back > 0 {
+                    tracing::warn!(
+                        held_back,
+                        "more malformed outbox rows were sent to dead letters without a line each"
+                    );
+                }
+                true
+            }
+            Admit::SayLast => {
+                tracing::warn!(
+                    "malformed outbox rows: at most {MALFORMED_LINES} lines a minute from here; \
+                     walfold_malformed_total and `walfold dead-letters list` have every one"
+                );
+                true
+            }
+            Admit::Hold => false,
         }
     }
 
@@ -345,7 +376,9 @@ impl<'a> Reader<'a> {
             }
         };
         if let Item::Rejected(dead) = &item {
-            tracing::warn!(prefix, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox message sent to dead letters");
+            if self.say_malformed() {
+                tracing::warn!(prefix, lsn = %tx.commit_lsn, error = %dead.error, "malformed outbox message sent to dead letters");
+            }
         }
         self.emit(streamed, item).await?;
         if !transactional && self.tx.is_none() {
@@ -517,6 +550,7 @@ impl<'a> Reader<'a> {
                 for outcome in mapped {
                     let item = match outcome {
                         Ok(event) => Item::Event(event),
+                        Err(dead) if !self.say_malformed() => Item::Rejected(dead),
                         Err(dead) => {
                             // Named here, not per row: most rows make no dead letter.
                             let table = self

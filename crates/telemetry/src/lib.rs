@@ -5,3 +5,4 @@
 pub mod failpoint;
 pub mod metrics;
 pub mod signal;
+pub mod throttle;

@@ -863,3 +863,34 @@ async fn a_retrying_producer_is_said_once_not_once_per_batch() {
         "10"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_malformed_rows_makes_a_dead_letter_each_not_a_log_line_each() {
+    let db = TestDb::new("malformed_batch");
+    let (d, client) = Daemon::streaming(&db, &db.config("")).await;
+    // A producer's bad batch: 300 rows without an aggregate ID, then a good one.
+    db.psql(
+        "begin; insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         select gen_random_uuid(), 'order', null, 'OrderPaid', 1, '{\"amount\": \"1\"}' \
+         from generate_series(1, 300); commit;",
+    );
+    db.psql(&walfold_tests::insert_event(
+        "5f0c6a1e-0000-4000-8000-000000000002",
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "10"}"#,
+    ));
+    caught_up(&client, 1, 3).await;
+    assert_eq!(
+        db.psql("select count(*) from walfold.dead_letter where reason = 'malformed'"),
+        "300"
+    );
+    let log = d.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("malformed outbox row"))
+        .count();
+    assert!((20..=22).contains(&lines), "{lines} lines:\n{log}");
+    assert!(log.contains("at most 20 lines a minute from here"), "{log}");
+}
