@@ -256,10 +256,44 @@ async fn attempt(
     let reader = Reader::new(config, items_tx, ingested);
     cfg.budget = Some(budget);
     let _heartbeat = heartbeat(config.source().clone(), horizon_tx);
-    let (read, append) = tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx));
+    let stream = async { tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx)) };
+    // A publication changed under the stream stops it, as if walfold had crashed: the
+    // slot holds everything not yet in the log, and the start refuses until it is fixed.
+    let (read, append) = tokio::select! {
+        done = stream => done,
+        refusal = publication_watch(config) => return Err(SourceError::Refused(refusal)),
+    };
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
     read
+}
+
+/// How often a running ingest checks that its publication still publishes every outbox.
+const PUBLICATION_CHECK: Duration = Duration::from_secs(5);
+
+/// Returns when the source's publication no longer streams what it did at the start
+/// (see `setup::changed_while_running`); never while it does. A check that cannot run
+/// (the source unreachable) is tried again at the next period.
+async fn publication_watch(config: &SourceView<'_>) -> crate::error::Refusal {
+    let mut tick = tokio::time::interval(PUBLICATION_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut client: Option<tokio_postgres::Client> = None;
+    loop {
+        tick.tick().await;
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            client = connect(&config.source().url).await.ok();
+        }
+        let Some(c) = &client else { continue };
+        match crate::setup::changed_while_running(c, config).await {
+            Ok(Some(refusal)) => return refusal,
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "cannot check the publication"),
+        }
+    }
 }
 
 /// Writes a non-transactional logical message every `heartbeat_interval_s` seconds. It

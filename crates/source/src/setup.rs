@@ -501,6 +501,59 @@ pub struct SourceShape {
     pub partitioned: Vec<QualifiedName>,
 }
 
+/// What changed on the source since [`prepare_source`] passed that makes the stream
+/// leave events out, checked while walfold runs: the publication dropped, an outbox
+/// table taken out of it (or replaced by a new table of its name), a row filter added,
+/// or anything else [`prepare_source`] refuses. pgoutput never says so: the outbox's
+/// changes just stop coming. The fix says how to get back what was left out.
+pub(crate) async fn changed_while_running(
+    source: &Client,
+    config: &SourceView<'_>,
+) -> Result<Option<Refusal>, StoreError> {
+    let shape = inspect(source, config).await?;
+    let publication = &config.source().publication;
+    let found = if !shape.publication_exists {
+        Some(Refusal {
+            problem: format!("publication {publication} was dropped"),
+            fix: format!("create it again: {}", create_publication(config).trim()),
+        })
+    } else if let Some(table) = shape.unpublished.first() {
+        Some(Refusal {
+            problem: format!(
+                "outbox table {table} is no longer in publication {publication} (taken out, \
+                 or replaced by a new table of its name)"
+            ),
+            fix: format!(
+                "alter publication {} add table {}",
+                walfold_config::quote_ident(publication),
+                table.quoted()
+            ),
+        })
+    } else {
+        shape.refusals.into_iter().next()
+    };
+    let tables: Vec<String> = config
+        .table_outboxes()
+        .map(|(_, t)| format!("`walfold backfill --outbox {t}`"))
+        .collect();
+    Ok(found.map(|r| Refusal {
+        problem: format!(
+            "while walfold ran, {}: the outbox rows written since were not streamed",
+            r.problem
+        ),
+        fix: format!(
+            "{}; then, with walfold stopped, {} reads the rows the stream left out (events \
+             already in the log are recognised), and start walfold again",
+            r.fix,
+            if tables.is_empty() {
+                "nothing can be backfilled for a message outbox".to_owned()
+            } else {
+                tables.join(", ")
+            }
+        ),
+    }))
+}
+
 /// Reads what [`prepare_source`] and `walfold doctor` check: each outbox (a table, not
 /// a partition, with the required columns) and the publication (membership compared
 /// with what was added to it, `pg_publication_rel`, not with `pg_publication_tables`,

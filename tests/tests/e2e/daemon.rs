@@ -894,3 +894,56 @@ async fn a_batch_of_malformed_rows_makes_a_dead_letter_each_not_a_log_line_each(
     assert!((20..=22).contains(&lines), "{lines} lines:\n{log}");
     assert!(log.contains("at most 20 lines a minute from here"), "{log}");
 }
+
+/// Found by a stranger: an outbox taken out of the publication while walfold ran made
+/// its events stop coming, with nothing said (pgoutput just filters them). The running
+/// ingest checks the publication, stops naming the change and how to get the rows back,
+/// and a backfill does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_taken_out_of_the_publication_while_running_stops_ingest_with_the_way_back() {
+    let db = TestDb::new("pubdrop");
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
+    let event = |n: u32, order: &str| {
+        walfold_tests::insert_event(
+            &format!("5f0c6a1e-0000-4000-8000-{n:012}"),
+            order,
+            "OrderPaid",
+            1,
+            r#"{"status": "paid", "amount": "10"}"#,
+        )
+    };
+    db.psql(&event(1, "o-1"));
+    caught_up(&client, 1, 3).await;
+    db.psql("alter publication walfold_outbox drop table outbox");
+    db.psql(&event(2, "o-2"));
+    assert_eq!(d.wait_exit("the daemon to stop").await, Some(1));
+    let log = d.log_text();
+    assert!(
+        log.contains(
+            "while walfold ran, outbox table public.outbox is no longer in publication \
+             walfold_outbox"
+        ) && log.contains("walfold backfill --outbox public.outbox"),
+        "{log}"
+    );
+    // The way back the message gives.
+    db.psql("alter publication walfold_outbox add table outbox");
+    let cfg = write_config(&db.config(""));
+    let (code, out, err) = walfold(
+        &[
+            "backfill",
+            "--outbox",
+            "public.outbox",
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let (_d, client) = Daemon::streaming(&db, &db.config("")).await;
+    db.psql(&event(3, "o-3"));
+    caught_up(&client, 3, 3).await;
+    assert_eq!(
+        db.psql("select string_agg(order_id, ',' order by order_id) from order_total"),
+        "o-1,o-2,o-3"
+    );
+}
