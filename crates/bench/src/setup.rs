@@ -312,7 +312,8 @@ pub fn seed_history(cluster: &Cluster, db: &str, events: u64, ids: Ids) -> Resul
     Ok(())
 }
 
-/// Moves `slot` past everything written so far, as a deployment's slot passed its
+/// Moves `slot`, and walfold's recorded position in it, past everything written so far,
+/// as a deployment's slot passed its
 /// history long ago: otherwise the next drain's walsender would first decode (and
 /// spill) the gigabytes of seeded rows, only to filter them out.
 ///
@@ -337,6 +338,16 @@ pub fn pass_history(cluster: &Cluster, db: &str, slot: &str) -> Result<(), BoxEr
             ),
         )?;
         if passed.trim() == "t" {
+            // As walfold would have recorded it, streaming through the history: a slot
+            // found past the recorded position is a gap it backfills (setup::advanced).
+            cluster.psql(
+                db,
+                &format!(
+                    "update walfold.ingest_position set lsn = s.confirmed_flush_lsn \
+                     from pg_replication_slots s where s.slot_name = '{slot}' \
+                     and ingest_position.slot = '{slot}'"
+                ),
+            )?;
             return Ok(());
         }
     }

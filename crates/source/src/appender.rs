@@ -314,16 +314,17 @@ impl Appender {
         totals: &mut AppendTotals,
     ) -> Result<(), SourceError> {
         if events.is_empty() && dead.is_empty() && counts == IngestCounts::default() {
-            // Only progress markers: everything before them is already committed, so the
-            // position can be acknowledged without a write. Writing it every time would
-            // feed back: the write makes WAL, the server sends a keepalive, which is a
-            // new marker. The recorded position is refreshed at most every 10 s.
+            // Only progress markers: everything before them is already committed. The
+            // position is recorded, then acknowledged, at most every 10 s: writing it
+            // every time would feed back (the write makes WAL, the server sends a
+            // keepalive, which is a new marker). Never acknowledged unrecorded, so a
+            // slot found past the recorded position was moved by someone else (setup).
             if let Some(lsn) = through {
                 if self.position_written.elapsed() >= POSITION_REFRESH {
                     self.log.append(&[], &[], Some(lsn), counts).await?;
                     self.position_written = tokio::time::Instant::now();
+                    self.durable.committed_through(lsn);
                 }
-                self.durable.committed_through(lsn);
             }
             return Ok(());
         }

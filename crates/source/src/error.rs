@@ -31,9 +31,10 @@ pub enum SourceError {
          {relation} as an [[outbox]]; if it is a partition of an outbox, run alter publication \
          \"{publication}\" set (publish_via_partition_root = true) and restart; if its changes \
          are no events, remove it from the publication (changes written before that are still \
-         sent: to skip this transaction, and its outbox rows, stop walfold and run \
-         select pg_replication_slot_advance('{slot}', '{skip_to}'); each such transaction \
-         stops ingest once, so repeat for the next)"
+         sent: to skip this transaction, stop walfold and run \
+         select pg_replication_slot_advance('{slot}', '{skip_to}'); walfold then records the \
+         skipped range as a slot gap and backfills its outbox rows from the tables; each such \
+         transaction stops ingest once, so repeat for the next)"
     )]
     Unmapped {
         change: &'static str,

@@ -391,11 +391,13 @@ pub async fn prepare_source(
             // A gap opened by a run that died before closing it: the slot was created
             // and nothing has been read from it, so its position is its start.
             if let Some(start) = confirmed.and_then(|l| l.parse::<Lsn>().ok()) {
-                close_gap(log, slot, start).await?;
+                let closed = close_gap(log, slot, start).await?;
                 // Created by a run that died before recording it, or by a version that
                 // did not record it.
                 if ingested_through == Lsn::ZERO {
                     record_start(log, start).await?;
+                } else if !closed && start > ingested_through && log.acks_recorded().await? {
+                    advanced(log, slot, ingested_through, start).await?;
                 }
             }
         }
@@ -446,15 +448,28 @@ async fn open_gap(log: &EventLog, slot: &str, from: Lsn, reason: &str) -> Result
     Ok(log.open_gap(from, reason).await?)
 }
 
-/// Closes an open slot gap at the new slot's start, saying what it covers.
-async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<(), SourceError> {
-    if let Some(from) = log.close_gap(to).await? {
-        if to < from {
-            tracing::error!(slot, from = %from, to = %to, "the new slot starts before walfold's ingest position (a failover to a server that was behind?): the ingest position moved back; events after it are streamed again and recognised as duplicates");
-        } else {
-            tracing::error!(slot, from = %from, to = %to, "slot gap recorded: outbox rows committed in this WAL range may be missing from the event log");
-        }
+/// Closes an open slot gap at the new slot's start, saying what it covers; whether one
+/// was open.
+async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<bool, SourceError> {
+    let Some(from) = log.close_gap(to).await? else {
+        return Ok(false);
+    };
+    if to < from {
+        tracing::error!(slot, from = %from, to = %to, "the new slot starts before walfold's ingest position (a failover to a server that was behind?): the ingest position moved back; events after it are streamed again and recognised as duplicates");
+    } else {
+        tracing::error!(slot, from = %from, to = %to, "slot gap recorded: outbox rows committed in this WAL range may be missing from the event log");
     }
+    Ok(true)
+}
+
+/// The slot was moved past the recorded ingest position by something other than walfold
+/// (which acknowledges only what it recorded): `pg_replication_slot_advance`, or another
+/// client reading the slot. The rows committed in between were never streamed: the range
+/// is recorded as a gap, which `fill_gaps` backfills from the table outboxes next.
+async fn advanced(log: &mut EventLog, slot: &str, from: Lsn, to: Lsn) -> Result<(), SourceError> {
+    tracing::error!(slot, from = %from, to = %to, "the slot was moved past walfold's ingest position by something other than walfold (pg_replication_slot_advance, or another client reading the slot): outbox rows committed in between were not streamed; recorded in slot_gap and backfilled from the table outboxes now (a message outbox's events there are lost)");
+    log.open_gap(from, "advanced").await?;
+    log.close_gap(to).await?;
     Ok(())
 }
 

@@ -173,7 +173,7 @@ const UPDATE_POSITION: &str = "update {schema}.ingest_position set lsn = greates
                  appended = appended + $3, duplicates = duplicates + $4, \
                  id_conflicts = id_conflicts + $5, malformed = malformed + $6, \
                  ignored_changes = ignored_changes + $7, updated_at = now(), \
-                 paused_since = null, pause_error = null where slot = $1";
+                 paused_since = null, pause_error = null, acks_recorded = true where slot = $1";
 
 /// Slot `$1`'s ingest position.
 const READ_POSITION: &str = "select lsn from {schema}.ingest_position where slot = $1";
@@ -356,6 +356,23 @@ impl EventLog {
             .await
             .map_err(StoreError::db("reading the ingest position"))?;
         Ok(row.of("ingest_position").col::<PgLsn>("lsn")?.into())
+    }
+
+    /// Whether every position acknowledged to the slot was recorded first (false until
+    /// a version that does so wrote the position): then a slot past the recorded
+    /// position was moved by something other than walfold.
+    pub async fn acks_recorded(&self) -> Result<bool, StoreError> {
+        self.client
+            .query_one(
+                &self
+                    .schema
+                    .sql("select acks_recorded from {schema}.ingest_position where slot = $1"),
+                &[&self.slot],
+            )
+            .await
+            .map_err(StoreError::db("reading the ingest position"))?
+            .of("ingest_position")
+            .col("acks_recorded")
     }
 
     /// The publication this slot was last read through (`None`: not recorded, as before

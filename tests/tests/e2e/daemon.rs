@@ -947,3 +947,54 @@ async fn an_outbox_taken_out_of_the_publication_while_running_stops_ingest_with_
         "o-1,o-2,o-3"
     );
 }
+
+/// Found by a stranger: a role with REPLICATION advanced walfold's slot while it was
+/// stopped, and the event committed in between was never folded, with nothing said.
+/// walfold acknowledges only positions it recorded, so a slot past the recorded position
+/// was moved by someone else: the range is recorded as a gap and backfilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_advanced_behind_walfolds_back_is_a_gap_that_is_backfilled() {
+    let db = TestDb::new("advanced");
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
+    let event = |n: u32, order: &str| {
+        walfold_tests::insert_event(
+            &format!("5f0c6a1e-0000-4000-8000-{n:012}"),
+            order,
+            "OrderPaid",
+            1,
+            r#"{"status": "paid", "amount": "10"}"#,
+        )
+    };
+    db.psql(&event(1, "o-1"));
+    caught_up(&client, 1, 3).await;
+    // Idle, then killed: what it acknowledged meanwhile it had recorded (no false gap).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    d.kill_and_restart(None);
+    slot_active(&client).await;
+    db.psql(&event(2, "o-2"));
+    caught_up(&client, 2, 3).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(db.psql("select count(*) from walfold.slot_gap"), "0");
+    // Stopped; an event; the slot moved past it by hand.
+    db.psql(&event(3, "o-3"));
+    db.psql("select pg_replication_slot_advance('walfold', pg_current_wal_lsn())");
+    let (d, client) = Daemon::streaming(&db, &db.config("")).await;
+    caught_up(&client, 3, 3).await;
+    assert_eq!(
+        db.psql("select string_agg(order_id, ',' order by order_id) from order_total"),
+        "o-1,o-2,o-3"
+    );
+    assert_eq!(
+        db.psql(
+            "select count(*) from walfold.slot_gap where reason = 'advanced' \
+             and filled_at is not null"
+        ),
+        "1"
+    );
+    assert!(
+        d.log_text()
+            .contains("the slot was moved past walfold's ingest position"),
+        "{}",
+        d.log_text()
+    );
+}
