@@ -396,8 +396,12 @@ pub async fn prepare_source(
                 // did not record it.
                 if ingested_through == Lsn::ZERO {
                     record_start(log, start).await?;
-                } else if !closed && start > ingested_through && log.acks_recorded().await? {
-                    advanced(log, slot, ingested_through, start).await?;
+                } else if !closed {
+                    // Read again: a failover's gap (above) moved it to the slot's start.
+                    let recorded = log.durable_lsn().await?;
+                    if start > recorded && log.acks_recorded().await? {
+                        advanced(log, slot, recorded, start).await?;
+                    }
                 }
             }
         }

@@ -196,8 +196,9 @@ const CLOSE_GAP: &str =
     "update {schema}.slot_gap set to_lsn = $2 where slot = $1 and to_lsn is null \
      returning from_lsn";
 
-/// Moves slot `$1`'s ingest position back to `$2` (a failover to a server that was behind).
-const MOVE_POSITION_BACK: &str = "update {schema}.ingest_position set lsn = $2 where slot = $1";
+/// Moves slot `$1`'s ingest position to `$2`, the start of a new slot (back, after a
+/// failover to a server that was behind; on, past a recorded gap).
+const MOVE_POSITION: &str = "update {schema}.ingest_position set lsn = $2 where slot = $1";
 
 impl EventLog {
     /// Opens the log for appending `slot`'s events (of the source named `source`) on its own connection, in turns
@@ -853,10 +854,13 @@ impl EventLog {
             .map_err(StoreError::db("closing a slot gap"))?
             .map(|r| r.of("slot_gap").col::<PgLsn>("from_lsn").map(Lsn::from))
             .transpose()?;
-        if from.is_some_and(|f| to < f) {
-            tx.execute(&self.schema.sql(MOVE_POSITION_BACK), &[&self.slot, &to_pg])
+        // The new slot starts at `to`: the position goes there, back (a failover to a
+        // server that was behind) or on past the gap (the gap records what it skipped),
+        // so the slot is never found past the recorded position by walfold's own doing.
+        if from.is_some() {
+            tx.execute(&self.schema.sql(MOVE_POSITION), &[&self.slot, &to_pg])
                 .await
-                .map_err(StoreError::db("moving the ingest position back"))?;
+                .map_err(StoreError::db("moving the ingest position to the new slot"))?;
         }
         tx.commit()
             .await
