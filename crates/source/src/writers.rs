@@ -9,6 +9,26 @@ use walfold_store::{RowExt, StoreError};
 
 use crate::error::Refusal;
 
+/// `$select` over `writable`: the relations through which a row lands in table `$1`
+/// (quoted): the table, its partitions (at any depth), and the automatically updatable
+/// views on any of them (an insert into one is checked against the table as the view's
+/// owner, whoever inserts).
+macro_rules! concat_insert {
+    ($select:literal) => {
+        concat!(
+            "with recursive parts(oid) as (select $1::text::regclass::oid \
+             union select i.inhrelid from pg_inherits i join parts p on i.inhparent = p.oid), \
+             views(oid) as (select distinct w.ev_class from pg_rewrite w \
+               join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = w.oid \
+               join parts p on d.refobjid = p.oid \
+               where w.ev_class not in (select oid from parts) \
+               and pg_relation_is_updatable(w.ev_class, false) & 8 = 8), \
+             writable(oid) as (select oid from parts union select oid from views) ",
+            $select
+        )
+    };
+}
+
 /// The overloads of `pg_catalog.pg_logical_emit_message` (two before PostgreSQL 17, with a
 /// fourth argument from 17 on: read from `pg_proc`, never assumed), as
 /// `pg_logical_emit_message(boolean, text, text)`, and whether PUBLIC may execute each.
@@ -25,11 +45,26 @@ const EMITTERS: &str = "select r.rolname::text from pg_roles r \
        where p.proname = 'pg_logical_emit_message' and p.pronamespace = 'pg_catalog'::regnamespace \
        and has_function_privilege(r.oid, p.oid, 'execute')) order by 1";
 
-/// The login roles, other than superusers, that may insert into the table `$1` (quoted),
-/// by a grant on the table or on any of its columns.
-const INSERTERS: &str = "select r.rolname::text from pg_roles r \
-     where r.rolcanlogin and not r.rolsuper \
-     and has_any_column_privilege(r.oid, $1::text::regclass, 'insert') order by 1";
+/// The login roles, other than superusers, that may insert into the table `$1` (quoted)
+/// through any relation of `writable` ([`concat_insert`]), by a grant on the relation or on any of its columns.
+const INSERTERS: &str = concat_insert!(
+    "select r.rolname::text from pg_roles r \
+     where r.rolcanlogin and not r.rolsuper and exists (select from writable w \
+       where has_any_column_privilege(r.oid, w.oid, 'insert')) order by 1"
+);
+
+/// Whether PUBLIC may insert into the table `$1` (quoted) through any relation of `writable` ([`concat_insert`]).
+const PUBLIC_INSERTS: &str = concat_insert!(
+    "select exists (select from writable w \
+       where has_any_column_privilege('public', w.oid, 'insert')) as public"
+);
+
+/// The views through which a row lands in table `$1` (quoted), as `schema.name`.
+const WRITABLE_VIEWS: &str = concat_insert!(
+    "select n.nspname || '.' || c.relname as view from writable w \
+     join pg_class c on c.oid = w.oid join pg_namespace n on n.oid = c.relnamespace \
+     where c.relkind = 'v' order by 1"
+);
 
 /// Security-definer functions outside extensions whose body names the table `$2` (its
 /// bare name) and whose owner may insert into `$1` (quoted): whoever may call one
@@ -223,6 +258,9 @@ pub struct Writers {
     pub public: bool,
     /// The login roles that have it, superusers aside (who have every right).
     pub roles: Vec<String>,
+    /// For a table outbox: the automatically updatable views through which a row lands
+    /// in it (their grants count, checked against the table as the view's owner).
+    pub views: Vec<String>,
 }
 
 /// Who may execute `pg_logical_emit_message`: who can write a message outbox's events.
@@ -231,23 +269,29 @@ pub async fn emitters(source: &Client) -> Result<Writers, StoreError> {
     Ok(Writers {
         public,
         roles: roles(source, EMITTERS, &[]).await?,
+        views: Vec::new(),
     })
 }
 
 /// Who may insert into `table` (quoted): who can write a table outbox's events.
 pub async fn inserters(source: &Client, table: &str) -> Result<Writers, StoreError> {
     let public = source
-        .query_one(
-            "select has_any_column_privilege('public', $1::text::regclass, 'insert')",
-            &[&table],
-        )
+        .query_one(PUBLIC_INSERTS, &[&table])
         .await
         .map_err(StoreError::db("reading the outbox's grants"))?
         .of("pg_class")
-        .col(0)?;
+        .col("public")?;
+    let views = source
+        .query(WRITABLE_VIEWS, &[&table])
+        .await
+        .map_err(StoreError::db("reading the outbox's views"))?
+        .iter()
+        .map(|r| r.of("pg_class").col("view"))
+        .collect::<Result<_, _>>()?;
     Ok(Writers {
         public,
         roles: roles(source, INSERTERS, &[&table]).await?,
+        views,
     })
 }
 

@@ -711,8 +711,20 @@ async fn writers_of_table(
         r.check(
             Level::Ok,
             format!(
-                "roles that may write events into {table} (insert into it): {}",
+                "roles that may write events into {table} (insert into it, a partition of it \
+                 or an updatable view on it): {}",
                 roles(&writers.roles)
+            ),
+            "",
+        );
+    }
+    if !writers.views.is_empty() {
+        r.check(
+            Level::Ok,
+            format!(
+                "{} write rows into {table} as their owners: whoever may insert into them \
+                 writes events",
+                writers.views.join(", ")
             ),
             "",
         );
@@ -924,6 +936,52 @@ fn budget_pool(config: &Config, home: &walfold_engine::Target) -> i64 {
 
 /// The rights walfold needs on one target: its schema, and the tables of the
 /// projections whose state lives there.
+/// A role that may write walfold's own tables writes events (`event_log`) or makes
+/// them apply again (`processed_message`, `checkpoint`): walfold grants nothing there,
+/// so any such role other than walfold's was granted it by hand.
+async fn schema_writers(
+    r: &mut Report,
+    target: &Client,
+    schema: &str,
+    on: &str,
+) -> Result<(), CheckError> {
+    let others: Vec<String> = target
+        .query(
+            "select distinct r.rolname::text from pg_roles r, pg_class c \
+             where c.relnamespace = $1::text::regnamespace and c.relkind in ('r', 'p') \
+             and r.rolcanlogin and not r.rolsuper and r.rolname <> current_user \
+             and has_table_privilege(r.oid, c.oid, 'insert, update, delete, truncate') \
+             order by 1",
+            &[&walfold_config::quote_ident(schema)],
+        )
+        .await?
+        .iter()
+        .map(|row| row.of("pg_roles").col(0))
+        .collect::<Result<_, _>>()?;
+    if others.is_empty() {
+        r.check(
+            Level::Ok,
+            format!("no role but walfold's (and superusers) may write its schema {schema}{on}"),
+            "",
+        );
+    } else {
+        r.check(
+            Level::Warn,
+            format!(
+                "roles other than walfold's may write its schema {schema}{on}: {} (a row in \
+                 event_log is an event; a claim or checkpoint changed applies events again)",
+                others.join(", ")
+            ),
+            format!(
+                "revoke insert, update, delete, truncate on all tables in schema {} from {}",
+                walfold_config::quote_ident(schema),
+                others.join(", ")
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// How many of the latest events a projection's filters are compared with.
 const FILTER_SAMPLE: i64 = 10_000;
 
@@ -1025,6 +1083,9 @@ async fn target_checks(
         Some(fix) => r.check(Level::Fail, what, fix),
     }
     connections(r, config, home, target, &on).await?;
+    if access.exists {
+        schema_writers(r, target, schema, &on).await?;
+    }
     for p in home.projections(config) {
         let Some(t) = p.storage() else { continue };
         let row = target

@@ -296,10 +296,20 @@ struct ReadModel {
 }
 
 async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, Failure> {
+    // init reads the read model through --url: often the source role, which the least
+    // privilege layout does not let see the target's schemas.
+    let unreadable = |e: tokio_postgres::Error| {
+        Failure::config(format!(
+            "--read-model {name}: cannot read it through --url: {}. Run init with a URL \
+             whose role may read that table (the target's), or leave --read-model out and \
+             write the projection by hand",
+            walfold_store::describe(&e)
+        ))
+    };
     let exists: bool = client
         .query_one("select to_regclass($1) is not null", &[&name.quoted()])
         .await
-        .map_err(Failure::runtime)?
+        .map_err(unreadable)?
         .of("pg_class")
         .col(0)?;
     if !exists {
@@ -316,7 +326,7 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
             &[&name.quoted()],
         )
         .await
-        .map_err(Failure::runtime)?
+        .map_err(unreadable)?
         .iter()
         .map(|r| {
             let r = r.of("pg_attribute");
@@ -333,7 +343,7 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
             &[&name.quoted()],
         )
         .await
-        .map_err(Failure::runtime)?
+        .map_err(unreadable)?
         .iter()
         .map(|r| r.of("pg_index").col(0))
         .collect::<Result<_, _>>()?;

@@ -295,7 +295,8 @@ async fn the_readmes_least_privilege_recipe_runs_every_command() {
             "ok    the source role \"walfold_repl\" may replicate",
             "ok    the target role \"walfold_writer\" may create walfold's tables in its schema walfold",
             "ok    publication walfold_outbox covers exactly the outbox tables",
-            "ok    roles that may write events into public.outbox (insert into it): superusers only",
+            "ok    roles that may write events into public.outbox (insert into it, a partition of \
+             it or an updatable view on it): superusers only",
             "ok    projection order_status: table read_model.order_status exists and is writable",
             "ok    projection order_status: the target role may rebuild read_model.order_status",
         ] {
@@ -464,11 +465,54 @@ async fn doctor_names_a_role_that_may_insert_into_the_outboxs_columns() {
     assert!(code <= 1, "{out}\n{err}");
     assert!(
         out.contains(
-            "roles that may write events into public.outbox (insert into it): column_writer, \
-             and superusers"
+            "roles that may write events into public.outbox (insert into it, a partition of \
+             it or an updatable view on it): column_writer, and superusers"
         ),
         "{out}"
     );
+}
+
+/// An updatable view on the outbox writes into it with its owner's rights, and a
+/// partition takes rows as its table: their grants write events too (a stranger's
+/// reporting role wrote one through a view, an ETL role through a partition), so doctor
+/// counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_counts_the_views_and_partitions_that_write_into_an_outbox() {
+    let db = TestDb::new("view_writer");
+    db.psql(
+        "create role via_view login; create role via_partition login; \
+         create view outbox_compat as select * from outbox; \
+         grant insert on outbox_compat to via_view; \
+         create table parted (like outbox) partition by list (aggregate_type); \
+         create table parted_order partition of parted for values in ('order'); \
+         grant insert on parted_order to via_partition",
+    );
+    let path = write_config(&db.config(""));
+    let (_, out, _) = walfold(&["doctor", "-c", path.to_str().unwrap()], &[]);
+    assert!(
+        out.contains("public.outbox (insert into it, a partition of it or an updatable view on it): via_view, and superusers"),
+        "{out}"
+    );
+    assert!(
+        out.contains("public.outbox_compat write rows into public.outbox as their owners"),
+        "{out}"
+    );
+    let (code, out, err) = walfold(
+        &[
+            "init",
+            "--url",
+            &db.url(),
+            "--table",
+            "public.parted",
+            "-o",
+            "-",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let line = "roles that may write events into public.parted (insert into it, a partition \
+                of it or an updatable view on it): via_partition, and superusers";
+    assert!(out.contains(line) || err.contains(line), "{out}{err}");
 }
 
 /// A security-definer function that inserts into the outbox writes events for whoever
@@ -503,5 +547,40 @@ async fn doctor_names_a_security_definer_function_that_writes_events() {
             && l.contains("security-definer function publish(text,jsonb)")
             && l.contains("postgres, reporter, and superusers may write events through it")),
         "{out}"
+    );
+}
+
+/// Found by a stranger: `init --read-model` through the source role of the least
+/// privilege layout, which may not see the read model's schema, said only "db error".
+#[test]
+fn init_says_why_it_cannot_read_the_read_model() {
+    let db = TestDb::new("init_unseen");
+    db.psql(
+        "create role sees_outbox login; grant select on outbox to sees_outbox; \
+         create schema hidden; create table hidden.order_status \
+         (order_id text primary key, status text, version bigint not null)",
+    );
+    let url = format!(
+        "postgresql://sees_outbox@127.0.0.1:{}/{}",
+        db.cluster.port(),
+        db.name
+    );
+    let (code, out, err) = walfold(
+        &[
+            "init",
+            "--url",
+            &url,
+            "--read-model",
+            "hidden.order_status",
+            "-o",
+            "-",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("--read-model hidden.order_status: cannot read it through --url")
+            && err.contains("permission denied for schema hidden"),
+        "{err}"
     );
 }
