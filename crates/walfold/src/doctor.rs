@@ -441,6 +441,18 @@ async fn source_checks(
                 "",
             );
         }
+    } else if walfold_source::emitters(source).await?.public {
+        // Not events, but the slot sends every one: read whole before its prefix is
+        // known to be none of walfold's.
+        r.check(
+            Level::Warn,
+            "any role may write logical messages into the WAL walfold reads \
+             (pg_logical_emit_message is PUBLIC's): walfold skips those of other prefixes, \
+             but reads each whole first, so one of hundreds of MB raises its memory by as much \
+             (and again on every restart until the slot passes it)",
+            "revoke execute on function pg_logical_emit_message from public, granting it to \
+             the roles that need it (walfold's source role for its heartbeats)",
+        );
     }
     heartbeat_right(r, config, source, &role).await?;
     // A slot walfold has read from goes on only through the publication it was read

@@ -497,6 +497,11 @@ async fn doctor_counts_the_views_and_partitions_that_write_into_an_outbox() {
         out.contains("public.outbox_compat write rows into public.outbox as their owners"),
         "{out}"
     );
+    // Without a message outbox too: any role's huge logical message is read whole.
+    assert!(
+        out.contains("warn  any role may write logical messages into the WAL walfold reads"),
+        "{out}"
+    );
     let (code, out, err) = walfold(
         &[
             "init",
