@@ -531,37 +531,50 @@ pub(crate) async fn changed_while_running(
 ) -> Result<Option<Refusal>, StoreError> {
     let shape = inspect(source, config).await?;
     let publication = &config.source().publication;
+    // (what changed, whether it certainly left rows out)
     let found = if !shape.publication_exists {
-        Some(Refusal {
-            problem: format!("publication {publication} was dropped"),
-            fix: format!("create it again: {}", create_publication(config).trim()),
-        })
+        Some((
+            Refusal {
+                problem: format!("publication {publication} was dropped"),
+                fix: format!("create it again: {}", create_publication(config).trim()),
+            },
+            true,
+        ))
     } else if let Some(table) = shape.unpublished.first() {
-        Some(Refusal {
-            problem: format!(
-                "outbox table {table} is no longer in publication {publication} (taken out, \
+        Some((
+            Refusal {
+                problem: format!(
+                    "outbox table {table} is no longer in publication {publication} (taken out, \
                  or replaced by a new table of its name)"
-            ),
-            fix: format!(
-                "alter publication {} add table {}",
-                walfold_config::quote_ident(publication),
-                table.quoted()
-            ),
-        })
+                ),
+                fix: format!(
+                    "alter publication {} add table {}",
+                    walfold_config::quote_ident(publication),
+                    table.quoted()
+                ),
+            },
+            true,
+        ))
     } else {
-        shape.refusals.into_iter().next()
+        shape.refusals.into_iter().next().map(|r| (r, false))
     };
     let tables: Vec<String> = config
         .table_outboxes()
         .map(|(_, t)| format!("`walfold backfill --outbox {t}`"))
         .collect();
-    Ok(found.map(|r| Refusal {
+    Ok(found.map(|(r, lossy)| Refusal {
         problem: format!(
-            "while walfold ran, {}: the outbox rows written since were not streamed",
-            r.problem
+            "while walfold ran, {}: {}",
+            r.problem,
+            if lossy {
+                "the outbox rows written since were not streamed"
+            } else {
+                "walfold stops before it reads the stream through it (if the change left \
+                 outbox rows out meanwhile, they were not streamed)"
+            }
         ),
         fix: format!(
-            "{}; then, with walfold stopped, {} reads the rows the stream left out (events \
+            "{}; then, with walfold stopped, {} reads any rows the stream left out (events \
              already in the log are recognised), and start walfold again",
             r.fix,
             if tables.is_empty() {

@@ -55,7 +55,10 @@ const SUBSCRIBERS: &str = "select c.subscriber_id, max(c.partitions) as partitio
                        and r.state in ('running', 'aborting')) then 'rebuilding' \
           when exists (select 1 from {schema}.rebuild r where r.previous_subscriber = c.subscriber_id \
                        and r.state = 'switched') then 'retired' \
-          else 'unused' end as serves \
+          else 'unused' end as serves, \
+     (select p.name from {schema}.projection p where p.subscriber_id = c.subscriber_id \
+      union select r.projection from {schema}.rebuild r where r.subscriber_id = c.subscriber_id \
+      limit 1) as projection \
      from {schema}.checkpoint c group by c.subscriber_id order by c.subscriber_id";
 
 /// When the first event after seq `$1` was committed (or appended).
@@ -255,6 +258,9 @@ pub struct SubscriberStatus {
     /// `retired` (served the table a rebuild switched away from; reads nothing more, its
     /// lag only grows until the rebuild is finished) or `unused` (no projection names it).
     pub serves: String,
+    /// The projection it serves or rebuilds, as the registry records it (a projection
+    /// removed from the config keeps its row: the CLI shows its subscriber as unused).
+    pub projection: Option<String>,
 }
 
 /// Why a subscriber's partitions are paused.
@@ -541,6 +547,7 @@ pub async fn target_status(
             parked_aggregates: r.col("parked")?,
             paused: pause_status(r.col("paused")?, r.col("first_pause")?),
             serves: r.col("serves")?,
+            projection: r.col("projection")?,
         });
     }
     let dead_letters_open: i64 = target

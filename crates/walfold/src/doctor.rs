@@ -733,11 +733,17 @@ async fn writers_of_table(
     if !writers.views.is_empty() {
         r.check(
             Level::Ok,
-            format!(
-                "{} write rows into {table} as their owners: whoever may insert into them \
-                 writes events",
-                writers.views.join(", ")
-            ),
+            match writers.views.as_slice() {
+                [one] => format!(
+                    "view {one} writes rows into {table} as its owner: whoever may insert into \
+                     it writes events"
+                ),
+                several => format!(
+                    "views {} write rows into {table} as their owners: whoever may insert into \
+                     them writes events",
+                    several.join(", ")
+                ),
+            },
             "",
         );
     }

@@ -313,8 +313,13 @@ fn render(config: &Config, s: &Status) -> String {
         target_of("target")
     );
     for sub in &s.subscribers {
+        // The registry still names a projection the config no longer has: nothing runs it.
+        let serves = match (&sub.serves[..], &sub.projection) {
+            ("live", Some(name)) if !config.projection.iter().any(|p| p.name == *name) => "unused",
+            (serves, _) => serves,
+        };
         // A retired or unused subscriber reads nothing more: its lag is no one's delay.
-        let reading = matches!(sub.serves.as_str(), "live" | "rebuilding");
+        let reading = matches!(serves, "live" | "rebuilding");
         println!(
             "{:<28} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8} {:>6} {:<10}{}",
             sub.subscriber,
@@ -332,7 +337,7 @@ fn render(config: &Config, s: &Status) -> String {
             sub.stale,
             sub.dead_lettered,
             sub.parked_aggregates,
-            sub.serves,
+            serves,
             target_of(&sub.target)
         );
     }
@@ -385,7 +390,7 @@ fn render(config: &Config, s: &Status) -> String {
     }
     if s.slot_gaps > 0 {
         println!(
-            "slot gaps: {} (WAL ranges skipped by recreating a lost slot; see {}.slot_gap), {} open: events committed in an open one may be missing",
+            "slot gaps: {} (WAL ranges the slot skipped: lost and recreated, a failover, or moved by someone else; see {}.slot_gap), {} open: events committed in an open one may be missing",
             s.slot_gaps, config.target.schema, s.slot_gaps_open
         );
     }

@@ -998,3 +998,52 @@ async fn a_slot_advanced_behind_walfolds_back_is_a_gap_that_is_backfilled() {
         d.log_text()
     );
 }
+
+/// Found by a stranger: a projection removed from the config kept its registry row, and
+/// `walfold status` showed its subscriber as live with a lag that only grew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projection_removed_from_the_config_shows_as_unused_without_lag() {
+    let db = TestDb::new("removed_projection");
+    let (d, client) = Daemon::streaming(&db, &db.config("")).await;
+    db.psql(&walfold_tests::insert_event(
+        "5f0c6a1e-0000-4000-8000-000000000003",
+        "o-1",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "10"}"#,
+    ));
+    caught_up(&client, 1, 3).await;
+    drop(d);
+    // The ledger is the last [[projection]] of the standard config.
+    let full = db.config("");
+    let without_ledger = &full[..full.rfind("[[projection]]").unwrap()];
+    assert!(!without_ledger.contains("orders.ledger.v1"));
+    let cfg = write_config(without_ledger);
+    let (_d, client) = Daemon::streaming(&db, without_ledger).await;
+    db.psql(&walfold_tests::insert_event(
+        "5f0c6a1e-0000-4000-8000-000000000004",
+        "o-2",
+        "OrderPaid",
+        1,
+        r#"{"status": "paid", "amount": "5"}"#,
+    ));
+    eventually(Duration::from_secs(30), "the two projections", || async {
+        walfold_tests::count(
+            &client,
+            "select count(*) from walfold.checkpoint where subscriber_id <> 'orders.ledger.v1' \
+             and position >= 2",
+        )
+        .await
+            >= 3
+    })
+    .await;
+    let (code, out, err) = walfold(&["status", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("orders.ledger.v1"))
+        .unwrap_or_else(|| panic!("{out}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!((row[2], row[3], row[9]), ("-", "-", "unused"), "{out}");
+}

@@ -494,7 +494,7 @@ async fn doctor_counts_the_views_and_partitions_that_write_into_an_outbox() {
         "{out}"
     );
     assert!(
-        out.contains("public.outbox_compat write rows into public.outbox as their owners"),
+        out.contains("view public.outbox_compat writes rows into public.outbox as its owner"),
         "{out}"
     );
     // Without a message outbox too: any role's huge logical message is read whole.
