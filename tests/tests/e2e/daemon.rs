@@ -831,17 +831,11 @@ async fn readyz_names_an_unreachable_database_not_another_leader() {
 async fn a_retrying_producer_is_said_once_not_once_per_batch() {
     let db = TestDb::new("retrying");
     let (d, client) = Daemon::streaming(&db, &db.config("")).await;
-    let paid = walfold_tests::insert_event(
-        "5f0c6a1e-0000-4000-8000-000000000001",
-        "o-1",
-        "OrderPaid",
-        1,
-        r#"{"status": "paid", "amount": "10"}"#,
-    );
+    let retry = paid(1, "o-1", "10");
     // Each retry its own transaction, most of them their own batch: a line per batch
     // flooded a stranger's log.
     for _ in 0..20 {
-        db.psql(&paid);
+        db.psql(&retry);
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     eventually(Duration::from_secs(30), "19 duplicates counted", || async {
@@ -874,13 +868,7 @@ async fn a_batch_of_malformed_rows_makes_a_dead_letter_each_not_a_log_line_each(
          select gen_random_uuid(), 'order', null, 'OrderPaid', 1, '{\"amount\": \"1\"}' \
          from generate_series(1, 300); commit;",
     );
-    db.psql(&walfold_tests::insert_event(
-        "5f0c6a1e-0000-4000-8000-000000000002",
-        "o-1",
-        "OrderPaid",
-        1,
-        r#"{"status": "paid", "amount": "10"}"#,
-    ));
+    db.psql(&paid(2, "o-1", "10"));
     caught_up(&client, 1, 3).await;
     assert_eq!(
         db.psql("select count(*) from walfold.dead_letter where reason = 'malformed'"),
@@ -903,15 +891,7 @@ async fn a_batch_of_malformed_rows_makes_a_dead_letter_each_not_a_log_line_each(
 async fn an_outbox_taken_out_of_the_publication_while_running_stops_ingest_with_the_way_back() {
     let db = TestDb::new("pubdrop");
     let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
-    let event = |n: u32, order: &str| {
-        walfold_tests::insert_event(
-            &format!("5f0c6a1e-0000-4000-8000-{n:012}"),
-            order,
-            "OrderPaid",
-            1,
-            r#"{"status": "paid", "amount": "10"}"#,
-        )
-    };
+    let event = |n: u32, order: &str| paid(n, order, "10");
     db.psql(&event(1, "o-1"));
     caught_up(&client, 1, 3).await;
     db.psql("alter publication walfold_outbox drop table outbox");
@@ -956,15 +936,7 @@ async fn an_outbox_taken_out_of_the_publication_while_running_stops_ingest_with_
 async fn a_slot_advanced_behind_walfolds_back_is_a_gap_that_is_backfilled() {
     let db = TestDb::new("advanced");
     let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
-    let event = |n: u32, order: &str| {
-        walfold_tests::insert_event(
-            &format!("5f0c6a1e-0000-4000-8000-{n:012}"),
-            order,
-            "OrderPaid",
-            1,
-            r#"{"status": "paid", "amount": "10"}"#,
-        )
-    };
+    let event = |n: u32, order: &str| paid(n, order, "10");
     db.psql(&event(1, "o-1"));
     caught_up(&client, 1, 3).await;
     // Idle, then killed: what it acknowledged meanwhile it had recorded (no false gap).
@@ -1005,13 +977,7 @@ async fn a_slot_advanced_behind_walfolds_back_is_a_gap_that_is_backfilled() {
 async fn a_projection_removed_from_the_config_shows_as_unused_without_lag() {
     let db = TestDb::new("removed_projection");
     let (d, client) = Daemon::streaming(&db, &db.config("")).await;
-    db.psql(&walfold_tests::insert_event(
-        "5f0c6a1e-0000-4000-8000-000000000003",
-        "o-1",
-        "OrderPaid",
-        1,
-        r#"{"status": "paid", "amount": "10"}"#,
-    ));
+    db.psql(&paid(3, "o-1", "10"));
     caught_up(&client, 1, 3).await;
     drop(d);
     // The ledger is the last [[projection]] of the standard config.
@@ -1020,13 +986,7 @@ async fn a_projection_removed_from_the_config_shows_as_unused_without_lag() {
     assert!(!without_ledger.contains("orders.ledger.v1"));
     let cfg = write_config(without_ledger);
     let (_d, client) = Daemon::streaming(&db, without_ledger).await;
-    db.psql(&walfold_tests::insert_event(
-        "5f0c6a1e-0000-4000-8000-000000000004",
-        "o-2",
-        "OrderPaid",
-        1,
-        r#"{"status": "paid", "amount": "5"}"#,
-    ));
+    db.psql(&paid(4, "o-2", "5"));
     eventually(Duration::from_secs(30), "the two projections", || async {
         walfold_tests::count(
             &client,
@@ -1046,4 +1006,16 @@ async fn a_projection_removed_from_the_config_shows_as_unused_without_lag() {
         .split_whitespace()
         .collect();
     assert_eq!((row[2], row[3], row[9]), ("-", "-", "unused"), "{out}");
+}
+
+/// Event `n` (its ID `5f0c6a1e-…-n`), an `OrderPaid` of `amount` for `order`, as an
+/// outbox insert.
+fn paid(n: u32, order: &str, amount: &str) -> String {
+    walfold_tests::insert_event(
+        &format!("5f0c6a1e-0000-4000-8000-{n:012}"),
+        order,
+        "OrderPaid",
+        1,
+        &format!(r#"{{"status": "paid", "amount": "{amount}"}}"#),
+    )
 }
