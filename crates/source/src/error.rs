@@ -68,6 +68,11 @@ pub enum SourceError {
     Decode(String),
     #[error("replication stream ended")]
     StreamEnded,
+    #[error(
+        "publication {0} was rewritten while walfold ran: reading again, with a backfill over \
+         the change"
+    )]
+    PublicationRewritten(String),
 }
 
 impl SourceError {
@@ -157,6 +162,8 @@ impl SourceError {
             // durable point is the only safe move, and it is logged loudly.
             SourceError::Decode(_) => ErrorKind::Transient,
             SourceError::StreamEnded => ErrorKind::Transient,
+            // The next attempt records the gap and backfills it (`publication_rewritten`).
+            SourceError::PublicationRewritten(_) => ErrorKind::Transient,
         }
     }
 }

@@ -223,6 +223,7 @@ async fn attempt(
     cfg.expect = Some((identity.system_id, identity.timeline));
     let source = connect(&config.source().url).await?;
     prepare_source(&source, config, &mut log).await?;
+    let signature = crate::setup::publication_rewritten(&source, config, &mut log).await?;
     drop(source);
     crate::backfill::fill_gaps(config, &mut log).await?;
     crate::phantoms::check(config, &log).await?;
@@ -261,7 +262,7 @@ async fn attempt(
     // slot holds everything not yet in the log, and the start refuses until it is fixed.
     let (read, append) = tokio::select! {
         done = stream => done,
-        refusal = publication_watch(config) => return Err(SourceError::Refused(refusal)),
+        changed = publication_watch(config, signature) => return Err(changed),
     };
     // The appender's error explains a reader that stopped because the channel closed.
     append?;
@@ -272,9 +273,10 @@ async fn attempt(
 const PUBLICATION_CHECK: Duration = Duration::from_secs(5);
 
 /// Returns when the source's publication no longer streams what it did at the start
-/// (see `setup::changed_while_running`); never while it does. A check that cannot run
-/// (the source unreachable) is tried again at the next period.
-async fn publication_watch(config: &SourceView<'_>) -> crate::error::Refusal {
+/// (see `setup::changed_while_running`: a refusal), or was rewritten since (`signature`
+/// differs: the next attempt backfills over the change); never while neither. A check
+/// that cannot run (the source unreachable) is tried again at the next period.
+async fn publication_watch(config: &SourceView<'_>, signature: Option<String>) -> SourceError {
     let mut tick = tokio::time::interval(PUBLICATION_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -289,8 +291,18 @@ async fn publication_watch(config: &SourceView<'_>) -> crate::error::Refusal {
         }
         let Some(c) = &client else { continue };
         match crate::setup::changed_while_running(c, config).await {
-            Ok(Some(refusal)) => return refusal,
+            Ok(Some(refusal)) => return SourceError::Refused(refusal),
             Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot check the publication");
+                continue;
+            }
+        }
+        match crate::setup::publication_signature(c, config).await {
+            Ok(Some((now, _))) if signature.as_ref().is_some_and(|s| *s != now) => {
+                return SourceError::PublicationRewritten(config.source().publication.clone())
+            }
+            Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "cannot check the publication"),
         }
     }

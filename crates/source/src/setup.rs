@@ -520,6 +520,61 @@ pub struct SourceShape {
     pub partitioned: Vec<QualifiedName>,
 }
 
+/// The publication's signature: the xmins of its `pg_publication` row and of its
+/// `pg_publication_rel` rows (with their oids), which any rewrite of it changes, and the
+/// slot's confirmed position.
+pub(crate) async fn publication_signature(
+    source: &Client,
+    config: &SourceView<'_>,
+) -> Result<Option<(String, Option<Lsn>)>, StoreError> {
+    let row = source
+        .query_opt(
+            "select p.xmin::text || '/' || coalesce((select string_agg(r.oid::text || ':' || \
+               r.xmin::text, ',' order by r.oid) from pg_publication_rel r \
+               where r.prpubid = p.oid), '') as signature, \
+             (select s.confirmed_flush_lsn from pg_replication_slots s \
+               where s.slot_name = $2) as confirmed \
+             from pg_publication p where p.pubname = $1",
+            &[&config.source().publication, &config.source().slot],
+        )
+        .await
+        .map_err(StoreError::db("reading the publication's signature"))?;
+    row.map(|r| {
+        let r = r.of("pg_publication");
+        let confirmed: Option<tokio_postgres::types::PgLsn> = r.col("confirmed")?;
+        Ok((r.col("signature")?, confirmed.map(Lsn::from)))
+    })
+    .transpose()
+}
+
+/// Compares the publication with what walfold recorded of it: rewritten since (even if
+/// undone: an outbox out of it for a while, a row filter added and removed), the rows
+/// committed meanwhile may never have been streamed, so the range from the recorded
+/// position is recorded as a slot gap, which `fill_gaps` backfills next. Then records
+/// what it is now.
+pub(crate) async fn publication_rewritten(
+    source: &Client,
+    config: &SourceView<'_>,
+    log: &mut EventLog,
+) -> Result<Option<String>, SourceError> {
+    let Some((now, confirmed)) = publication_signature(source, config).await? else {
+        return Ok(None);
+    };
+    let ingested = log.durable_lsn().await?;
+    if let Some((before, at)) = log.publication_signature().await? {
+        if before != now && ingested > Lsn::ZERO {
+            let from = at.min(ingested);
+            tracing::error!(publication = %config.source().publication, from = %from, "the publication was rewritten since walfold last looked (an outbox taken out and put back, a row filter added and removed, …): rows committed meanwhile may not have been streamed; recorded as a slot gap and backfilled from the table outboxes now");
+            log.open_gap(from, "publication").await?;
+            log.close_gap(ingested).await?;
+        }
+    }
+    if let Some(at) = confirmed {
+        log.record_publication_signature(&now, at).await?;
+    }
+    Ok(Some(now))
+}
+
 /// What changed on the source since [`prepare_source`] passed that makes the stream
 /// leave events out, checked while walfold runs: the publication dropped, an outbox
 /// table taken out of it (or replaced by a new table of its name), a row filter added,

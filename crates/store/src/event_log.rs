@@ -394,6 +394,46 @@ impl EventLog {
         Ok(())
     }
 
+    /// The publication's signature when walfold last recorded it, and the slot's
+    /// confirmed position then (see the `publication_signature` migration).
+    pub async fn publication_signature(&self) -> Result<Option<(String, Lsn)>, StoreError> {
+        let row = self
+            .client
+            .query_one(
+                &self.schema.sql(
+                    "select publication_signature, publication_checked_at \
+                     from {schema}.ingest_position where slot = $1",
+                ),
+                &[&self.slot],
+            )
+            .await
+            .map_err(StoreError::db("reading the publication's signature"))?;
+        let row = row.of("ingest_position");
+        let signature: Option<String> = row.col("publication_signature")?;
+        let at: Option<PgLsn> = row.col("publication_checked_at")?;
+        Ok(signature.zip(at.map(Lsn::from)))
+    }
+
+    /// Records the publication's `signature` as of the slot's confirmed position `at`.
+    pub async fn record_publication_signature(
+        &self,
+        signature: &str,
+        at: Lsn,
+    ) -> Result<(), StoreError> {
+        let at: PgLsn = at.into();
+        self.client
+            .execute(
+                &self.schema.sql(
+                    "update {schema}.ingest_position set publication_signature = $2, \
+                     publication_checked_at = $3 where slot = $1",
+                ),
+                &[&self.slot, &signature, &at],
+            )
+            .await
+            .map_err(StoreError::db("recording the publication's signature"))?;
+        Ok(())
+    }
+
     /// Appends `events` (in commit order) and `dead` rows in one transaction and moves
     /// the ingest position to `through` (when given). Returns only after the commit.
     pub async fn append(

@@ -1008,6 +1008,50 @@ async fn a_projection_removed_from_the_config_shows_as_unused_without_lag() {
     assert_eq!((row[2], row[3], row[9]), ("-", "-", "unused"), "{out}");
 }
 
+/// Found by a second stranger: an outbox taken out of the publication and put back
+/// before the next check (or while walfold was stopped) lost the rows written between,
+/// silently. Any rewrite of the publication changes its catalog rows' xmins: walfold
+/// records them, and a change is a slot gap from the position it last checked at,
+/// backfilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_change_undone_at_once_or_while_stopped_loses_nothing() {
+    let db = TestDb::new("pubblip");
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
+    db.psql(&paid(1, "o-1", "10"));
+    caught_up(&client, 1, 3).await;
+    // Out and back within one session: no check sees the publication without it.
+    db.psql(&format!(
+        "alter publication walfold_outbox drop table outbox; {} \
+         alter publication walfold_outbox add table outbox;",
+        paid(2, "o-2", "10")
+    ));
+    db.psql(&paid(3, "o-3", "10"));
+    caught_up(&client, 3, 3).await;
+    // The same while stopped.
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    db.psql(&format!(
+        "alter publication walfold_outbox drop table outbox; {} \
+         alter publication walfold_outbox add table outbox;",
+        paid(4, "o-4", "10")
+    ));
+    let (_d, client) = Daemon::streaming(&db, &db.config("")).await;
+    db.psql(&paid(5, "o-5", "10"));
+    caught_up(&client, 5, 3).await;
+    assert_eq!(
+        db.psql(
+            "select string_agg(order_id || '=' || total, ',' order by order_id) from order_total"
+        ),
+        "o-1=10,o-2=10,o-3=10,o-4=10,o-5=10"
+    );
+    assert_eq!(
+        db.psql(
+            "select count(*) from walfold.slot_gap where reason = 'publication' \
+             and filled_at is not null"
+        ),
+        "2"
+    );
+}
+
 /// Event `n` (its ID `5f0c6a1e-…-n`), an `OrderPaid` of `amount` for `order`, as an
 /// outbox insert.
 fn paid(n: u32, order: &str, amount: &str) -> String {
