@@ -472,7 +472,19 @@ async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<bool, Sour
 /// is recorded as a gap, which `fill_gaps` backfills from the table outboxes next.
 async fn advanced(log: &mut EventLog, slot: &str, from: Lsn, to: Lsn) -> Result<(), SourceError> {
     tracing::error!(slot, from = %from, to = %to, "the slot was moved past walfold's ingest position by something other than walfold (pg_replication_slot_advance, or another client reading the slot): outbox rows committed in between were not streamed; recorded in slot_gap and backfilled from the table outboxes now (a message outbox's events there are lost)");
-    log.open_gap(from, "advanced").await?;
+    record_gap(log, "advanced", from, to).await
+}
+
+/// Records the WAL range `from`..`to` as a closed slot gap for `fill_gaps` to backfill.
+/// A crash between its two writes leaves the gap open, and the next start closes it at
+/// the slot's position: a wider backfill, nothing lost.
+async fn record_gap(
+    log: &mut EventLog,
+    reason: &str,
+    from: Lsn,
+    to: Lsn,
+) -> Result<(), SourceError> {
+    log.open_gap(from, reason).await?;
     log.close_gap(to).await?;
     Ok(())
 }
@@ -565,8 +577,7 @@ pub(crate) async fn publication_rewritten(
         if before != now && ingested > Lsn::ZERO {
             let from = at.min(ingested);
             tracing::error!(publication = %config.source().publication, from = %from, "the publication was rewritten since walfold last looked (an outbox taken out and put back, a row filter added and removed, …): rows committed meanwhile may not have been streamed; recorded as a slot gap and backfilled from the table outboxes now");
-            log.open_gap(from, "publication").await?;
-            log.close_gap(ingested).await?;
+            record_gap(log, "publication", from, ingested).await?;
         }
     }
     if let Some(at) = confirmed {
@@ -613,11 +624,14 @@ pub(crate) async fn changed_while_running(
     } else {
         shape.refusals.into_iter().next().map(|r| (r, false))
     };
+    let Some((r, lossy)) = found else {
+        return Ok(None);
+    };
     let tables: Vec<String> = config
         .table_outboxes()
         .map(|(_, t)| format!("`walfold backfill --outbox {t}`"))
         .collect();
-    Ok(found.map(|(r, lossy)| Refusal {
+    Ok(Some(Refusal {
         problem: format!(
             "while walfold ran, {}: {}",
             r.problem,
