@@ -42,6 +42,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 500;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 200;
 pub const DEFAULT_FIRST_VERSION: i64 = 1;
+pub const DEFAULT_LEASE_S: u64 = 10;
+pub const DEFAULT_LEAD: bool = true;
 pub const DEFAULT_GAP_TIMEOUT: Retention = Retention::After(Duration::from_secs(10 * 60));
 
 /// serde's `default = "…"` names a function, not a constant: one per constant above.
@@ -78,4 +80,6 @@ serde_defaults! {
     max_attempts -> u32 = DEFAULT_MAX_ATTEMPTS;
     retry_backoff_ms -> u64 = DEFAULT_RETRY_BACKOFF_MS;
     first_version -> i64 = DEFAULT_FIRST_VERSION;
+    lease_s -> u64 = DEFAULT_LEASE_S;
+    lead -> bool = DEFAULT_LEAD;
 }

@@ -10,7 +10,7 @@ use crate::error::{ConfigError, Problem};
 const PREFIX: &str = "WALFOLD_";
 
 /// Keys that hold lists: an override of an absent one is read as `a,b,c`.
-const LIST_KEYS: [&str; 3] = ["event_types", "aggregate_types", "sources"];
+const LIST_KEYS: [&str; 4] = ["event_types", "aggregate_types", "sources", "projections"];
 
 pub(crate) fn apply_overrides(
     doc: &mut Table,

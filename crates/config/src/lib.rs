@@ -22,7 +22,7 @@ pub use duration::{parse_retention, Retention};
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
-    Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig,
+    ClusterConfig, Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig, OnSlotLost, OutboxConfig,
     OutboxField, PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig,
     Statement, TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER,
 };

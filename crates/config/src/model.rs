@@ -51,6 +51,46 @@ pub struct Config {
     /// The HTTP listener for Prometheus metrics and health checks.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Several instances on one config: how long one may go silent before its work moves,
+    /// and what this one runs.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`: every instance on one config takes a share of the projections' work
+/// units; one of them also leads (reads the slots, prunes, plans the units).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// seconds an instance may go without a heartbeat (frozen, paused or cut off from the
+    /// main target) before the others take its work and end its sessions; a killed
+    /// instance's work moves within about 3 s, a stopped one's at once. Its work runs
+    /// elsewhere within `lease_s` + 3 s, plus the batch in flight
+    ///
+    /// Default: `10`
+    #[serde(default = "defaults::lease_s")]
+    pub lease_s: u64,
+    /// the projections this instance runs, by name (`[]`: none, an instance that only
+    /// leads); set it per instance with `WALFOLD_CLUSTER__PROJECTIONS=a,b` (`=[]` for
+    /// none) or `walfold run --projections a,b`
+    ///
+    /// Default: every projection
+    pub projections: Option<Vec<String>>,
+    /// whether this instance may lead: read the slots, prune and plan the work units
+    ///
+    /// Default: `true`
+    #[serde(default = "defaults::lead")]
+    pub lead: bool,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            lease_s: defaults::lease_s(),
+            projections: None,
+            lead: defaults::lead(),
+        }
+    }
 }
 
 /// `[metrics]`

@@ -305,11 +305,46 @@ impl Config {
                 "must be between 1 and 1000000".into(),
             );
         }
+        self.validate_cluster(code, &mut push);
         self.validate_targets(code, &mut push);
         if problems.is_empty() {
             Ok(())
         } else {
             Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    /// `[cluster]`: a lease the others can tell from a stall, and projections that exist.
+    fn validate_cluster(&self, code: &[ProjectionConfig], push: &mut impl FnMut(&str, String)) {
+        let cluster = &self.cluster;
+        if !(3..=600).contains(&cluster.lease_s) {
+            push("cluster.lease_s", "must be between 3 and 600".into());
+        }
+        let known: Vec<&str> = self
+            .projection
+            .iter()
+            .chain(code)
+            .map(|p| p.name.as_str())
+            .collect();
+        if let Some(runs) = &cluster.projections {
+            for name in runs {
+                if !known.contains(&name.as_str()) {
+                    push(
+                        "cluster.projections",
+                        format!(
+                            "no projection is named `{name}` (there are: {})",
+                            known.join(", ")
+                        ),
+                    );
+                }
+            }
+            if runs.is_empty() && !cluster.lead {
+                push(
+                    "cluster",
+                    "with `projections = []` and `lead = false` this instance would do nothing"
+                        .into(),
+                );
+            }
         }
     }
 

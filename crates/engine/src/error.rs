@@ -99,6 +99,14 @@ impl EngineError {
         }
     }
 
+    /// Whether a fence refused a write: what it proved is held elsewhere now.
+    pub fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Own(StoreError::Fenced) | EngineError::Store { source: StoreError::Fenced, .. }
+        )
+    }
+
     /// Whose fault it is. walfold's own statements cannot fail because of an event, so
     /// their data errors count as environment.
     pub fn kind(&self) -> ErrorKind {

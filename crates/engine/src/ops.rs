@@ -49,7 +49,7 @@ async fn fence_on(
     if !target.is_extra() {
         return Ok((fence.clone(), None));
     }
-    let lease = fence.extend_to(&target.url, &target.schema).await?;
+    let lease = fence.extend_to(&target.url, &target.schema, None).await?;
     Ok((lease.fence(), Some(lease)))
 }
 
@@ -187,15 +187,14 @@ pub async fn abort_rebuild(
     let target = Target::of(config, projection(config, name)?);
     let op = connect_to(&target).await?;
     let r = op.request_abort(name).await?;
-    if let Some(leader) =
-        Leadership::try_acquire(config.target_url(), &Target::main(config).schema).await?
-    {
+    if let Some(leader) = CommandLead::try_acquire(config).await? {
         let (fence, lease) = fence_on(&leader.fence(), &target).await?;
         let mut op = op.leading(fence);
-        op.abort_rebuild(&r).await?;
-        aborted(&r);
+        let done = op.abort_rebuild(&r).await;
         drop(lease);
-        drop(leader);
+        leader.end().await;
+        done?;
+        aborted(&r);
         return Ok(r);
     }
     let deadline = tokio::time::Instant::now() + wait;
@@ -243,9 +242,101 @@ pub async fn prune(
     for target in Target::all(config).iter().filter(|t| t.is_extra()) {
         drop(connect_to(target).await);
     }
-    let leader = Leadership::try_acquire(config.target_url(), &Target::main(config).schema).await?;
-    let fence = leader.as_ref().map(Leadership::fence);
-    prune_fenced(config, projections, fence.as_ref()).await
+    let leader = CommandLead::try_acquire(config).await?;
+    let fence = leader.as_ref().map(CommandLead::fence);
+    let pruned = prune_fenced(config, projections, fence.as_ref()).await;
+    if let Some(leader) = leader {
+        leader.end().await;
+    }
+    pruned
+}
+
+/// A command that leads for the moment it takes, when no instance leads (none runs, or
+/// the leader is dead): it registers as an instance that runs no projection and
+/// heartbeats while it leads, so a daemon that starts meanwhile waits for it, or finds
+/// it dead and ends its sessions.
+struct CommandLead {
+    control: std::sync::Arc<tokio_postgres::Client>,
+    leadership: Leadership,
+    me: uuid::Uuid,
+    schema: Schema,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl CommandLead {
+    async fn try_acquire(config: &Config) -> Result<Option<CommandLead>, EngineError> {
+        use walfold_store::instance::{self, Registration};
+        let tag = walfold_store::tag_sessions();
+        let schema = Target::main(config).schema;
+        let control = walfold_store::connect(config.target_url()).await?;
+        let me = Registration {
+            id: uuid::Uuid::new_v4(),
+            host: instance::host_name(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            runs: Some(Vec::new()),
+            knows: Vec::new(),
+            leads: true,
+            tag,
+        };
+        instance::register(&control, &schema, &me).await?;
+        let lease = Duration::from_secs(config.cluster.lease_s);
+        let row = walfold_store::leader_row(&control, &schema).await?;
+        let seen = instance::seen(&control, &schema).await?;
+        let owner = row.owner.and_then(|o| seen.iter().find(|s| s.id == o));
+        let taken = match (row.owner, owner) {
+            (Some(_), Some(s)) if s.alive(lease, false) => None,
+            (_, owner) => {
+                let dead = owner.map(|s| s.tag);
+                if let Some(tag) = dead {
+                    instance::end_sessions(&control, &schema, tag).await?;
+                }
+                match Leadership::try_take(&control, &schema, me.id, row, dead).await? {
+                    walfold_store::Attempt::Leads(l) => Some(l),
+                    _ => None,
+                }
+            }
+        };
+        let Some(leadership) = taken else {
+            instance::leave(&control, &schema, &me.id).await?;
+            return Ok(None);
+        };
+        let control = std::sync::Arc::new(control);
+        let heartbeat = {
+            let (control, schema, id) = (control.clone(), schema.clone(), me.id);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if instance::heartbeat(&control, &schema, &id).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        Ok(Some(CommandLead {
+            control,
+            leadership,
+            me: me.id,
+            schema,
+            heartbeat,
+        }))
+    }
+
+    fn fence(&self) -> Fence {
+        self.leadership.fence()
+    }
+
+    /// Gives leadership up and leaves.
+    async fn end(self) {
+        self.heartbeat.abort();
+        self.leadership
+            .end(&self.control, &self.schema, self.me, true)
+            .await;
+        if let Err(e) = walfold_store::instance::leave(&self.control, &self.schema, &self.me).await
+        {
+            tracing::debug!(error = %e, "could not deregister the command");
+        }
+    }
 }
 
 /// [`prune`] with the leader's fence (the daemon's pass), on migrated schemas. Each

@@ -223,6 +223,7 @@ async fn attempt(
     cfg.expect = Some((identity.system_id, identity.timeline));
     let source = connect(&config.source().url).await?;
     prepare_source(&source, config, &mut log).await?;
+    crate::slot_holder::end_stale_holder(&source, config, fence).await?;
     let signature = crate::setup::publication_rewritten(&source, config, &mut log).await?;
     drop(source);
     crate::backfill::fill_gaps(config, &mut log).await?;

@@ -15,6 +15,7 @@ mod outbox;
 mod phantoms;
 mod reader;
 mod setup;
+mod slot_holder;
 mod timeline;
 mod wire;
 mod writers;

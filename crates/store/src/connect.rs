@@ -1,5 +1,8 @@
 //! Opening SQL connections from a libpq-style URL, with TLS per `sslmode`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
 use tokio_postgres::config::{SslMode as PgSslMode, TargetSessionAttrs};
 use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -117,11 +120,50 @@ pub async fn connect(url: &str) -> Result<Client, StoreError> {
     connect_tuned(url, |_| {}).await
 }
 
+/// The tag that every session of this process holds once it runs an instance
+/// (`instance.rs`): drawn once per process.
+static SESSION_TAG: OnceLock<i32> = OnceLock::new();
+
+/// Whether this process tags its sessions: from its first instance on.
+static TAGGING: AtomicBool = AtomicBool::new(false);
+
+/// This process's session tag; from now on every session it opens holds it (see
+/// `instance.rs`).
+pub fn tag_sessions() -> i32 {
+    TAGGING.store(true, Ordering::Relaxed);
+    *SESSION_TAG.get_or_init(rand::random)
+}
+
+/// A notification on a channel a session listens to.
+#[derive(Debug, Clone)]
+pub struct Notice {
+    pub channel: String,
+    pub payload: String,
+}
+
+/// [`connect`], with the notifications the session receives (after `listen`) sent on
+/// the returned channel; it closes when the connection does.
+pub async fn connect_listening(
+    url: &str,
+) -> Result<(Client, tokio::sync::mpsc::UnboundedReceiver<Notice>), StoreError> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let client = open(url, |_| {}, Some(tx)).await?;
+    Ok((client, rx))
+}
+
 /// [`connect`] with `tune` applied to the driver's config (timeouts): the one place a
 /// walfold session is opened, so each pins its `search_path`.
 pub(crate) async fn connect_tuned(
     url: &str,
     tune: impl FnOnce(&mut Config),
+) -> Result<Client, StoreError> {
+    open(url, tune, None).await
+}
+
+async fn open(
+    url: &str,
+    tune: impl FnOnce(&mut Config),
+    notices: Option<tokio::sync::mpsc::UnboundedSender<Notice>>,
 ) -> Result<Client, StoreError> {
     let options = ConnectOptions::parse(url)?;
     let mut config = options.pg_config()?;
@@ -130,20 +172,48 @@ pub(crate) async fn connect_tuned(
         options.ssl_mode,
         options.root_cert.as_deref(),
     )?);
-    let (client, connection) = config
-        .connect(tls)
-        .await
-        .map_err(|source| StoreError::Connect {
-            url: redact_url(url),
-            source,
-        })?;
+    let (client, mut connection) =
+        config
+            .connect(tls)
+            .await
+            .map_err(|source| StoreError::Connect {
+                url: redact_url(url),
+                source,
+            })?;
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "database connection closed");
+        let Some(notices) = notices else {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "database connection closed");
+            }
+            return;
+        };
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = futures::StreamExt::next(&mut messages).await {
+            match message {
+                Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                    let _ = notices.send(Notice {
+                        channel: n.channel().to_owned(),
+                        payload: n.payload().to_owned(),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "database connection closed");
+                    break;
+                }
+            }
         }
     });
+    let setup = match TAGGING.load(Ordering::Relaxed) {
+        true => format!(
+            "{PIN_SEARCH_PATH}; select pg_advisory_lock_shared({}, {})",
+            crate::instance::TAG_CLASS,
+            tag_sessions()
+        ),
+        false => PIN_SEARCH_PATH.to_owned(),
+    };
     client
-        .batch_execute(PIN_SEARCH_PATH)
+        .batch_execute(&setup)
         .await
         .map_err(|source| StoreError::Db {
             context: "pinning the session's search_path".into(),

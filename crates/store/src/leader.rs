@@ -1,51 +1,51 @@
-//! Leadership: several `walfold run` with the same target may run; one leads (reads the
-//! slot, appends, projects), the others stand by. The leader holds a session-level
-//! advisory lock on a dedicated connection: when that session ends, for whatever
-//! reason, the server releases the lock and a standby takes it within a second.
+//! Leadership: any number of `walfold run` with the same target may run, and all of
+//! them work (`work_unit.rs`); one of them also leads: it reads the slot, appends, prunes
+//! and plans the units. Leadership is a lease of an instance (`leader.owner`), alive as
+//! long as that instance is (`instance.rs`: it heartbeats, and a killed or frozen one is
+//! found dead within its lease). An instance takes it over from a dead or departed leader
+//! ([`Leadership::try_take`]) by advancing the epoch, compare-and-set on the epoch it saw.
 //!
-//! The lock alone does not stop a deposed leader that has not noticed yet: its
-//! projectors run on other connections. So every write transaction of a leader passes
-//! through [`Fence::check`], the one place that proves leadership inside a transaction:
-//! it takes a shared transaction-level advisory lock on its epoch's key (held until it
-//! commits) and reads that `leader.epoch` is still its own. A new leader advances the
-//! epoch, then takes the previous epoch's key exclusively for its whole session: that
-//! waits for every transaction of the old leader holding it, and every later attempt
-//! fails at once (a shared request conflicts with the holder and with a queued
-//! exclusive request). A leader deposed earlier still finds another epoch in the row.
-//! So whatever the old leader commits lands before the new leader starts, and nothing
-//! after. All in memory: no row lock, no WAL on the hot path.
+//! A deposed leader may not have noticed yet: its ingest and prune run on other
+//! connections. So every write transaction of a leader passes through [`Fence::check`],
+//! the one place that proves an owner's right inside a transaction: it takes a shared
+//! transaction-level advisory lock on its epoch's key (held until it commits) and reads
+//! that `leader.epoch` is still its own. A new leader advances the epoch, then takes the
+//! previous epoch's key exclusively on its control session and keeps it while it leads:
+//! that waits for every transaction of the old leader holding it (a dead leader's are
+//! ended with its sessions), and every later attempt fails at once (a shared request
+//! conflicts with the holder and with a queued exclusive request). A leader deposed
+//! earlier still finds another epoch in the row. So whatever the old leader commits lands
+//! before the new leader starts, and nothing after. All in memory: no row lock, no WAL on
+//! the hot path. Work units are fenced the same way, with their token for the epoch.
+//!
+//! Releases before the lease hold a session-level advisory lock instead (`LEADER_LOCK`):
+//! one found holding it leads by the old rules, so this release leads nothing beside it
+//! ([`Attempt::Older`]); one that tries to lead a migrated schema is refused by the
+//! `leader_refuse_older` trigger with the fix.
 
-use std::time::Duration;
-
-use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, GenericClient};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
-use crate::connect::connect;
 use crate::error::StoreError;
 use crate::row::RowExt;
 use crate::schema::Schema;
 
-/// Advisory-lock class of the leader lock (`'walL'`); the key is the schema's hash.
+/// Advisory-lock class of the session lock releases before the lease took (`'walL'`);
+/// the key is the schema's hash.
 const LEADER_LOCK: i32 = 0x7761_6c4c;
-/// How often the leader checks its session, and a standby retries the lock.
-const PERIOD: Duration = Duration::from_secs(1);
-/// A check that takes longer than this counts as a lost session.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a new leader waits at once for the previous leader's transactions to end
-/// before it says so and waits again.
-pub(crate) const TAKEOVER_WAIT: &str = "10s";
-
-/// Held leadership. Dropping it ends the session, which releases the lock.
-pub struct Leadership {
-    watch: JoinHandle<()>,
-    lost: CancellationToken,
-    fence: Fence,
+/// What a fence proves is held, for the log.
+#[derive(Debug, Clone)]
+pub(crate) enum Holds {
+    Leadership,
+    /// A work unit, by name (`subscriber[partition]`).
+    Unit(String),
 }
 
-/// This leader's fencing token, for every write transaction it makes.
+/// An owner's fencing token (the leader's, or a work unit owner's), for every write
+/// transaction it makes.
 #[derive(Debug, Clone)]
 pub struct Fence {
     check: std::sync::Arc<str>,
@@ -54,6 +54,7 @@ pub struct Fence {
     /// Where the check runs, for the log: `main target`, or an extra target's URL
     /// (password masked) and schema.
     place: std::sync::Arc<str>,
+    holds: Holds,
 }
 
 /// An epoch and its advisory-lock key: (hashtext(schema), epoch as int4; epochs wrap
@@ -71,9 +72,25 @@ impl EpochKey {
 }
 
 impl Fence {
-    /// Fails the transaction `tx` unless this instance still leads (see the module
-    /// docs). Call it in every write transaction, before its commit. A failed check
-    /// also marks leadership lost, so the whole instance stands down at once.
+    pub(crate) fn new(
+        check: String,
+        key: EpochKey,
+        lost: CancellationToken,
+        place: String,
+        holds: Holds,
+    ) -> Fence {
+        Fence {
+            check: check.into(),
+            key,
+            lost,
+            place: place.into(),
+            holds,
+        }
+    }
+
+    /// Fails the transaction `tx` unless this owner still holds what it holds (see the
+    /// module docs). Call it in every write transaction, before its commit. A failed
+    /// check also marks what it holds lost, so everything under it stops at once.
     pub async fn check(&self, tx: &impl GenericClient) -> Result<(), StoreError> {
         let row = tx
             .query_typed_one(
@@ -103,7 +120,14 @@ impl Fence {
 
     fn verdict(&self, leads: bool) -> Result<(), StoreError> {
         if !leads {
-            tracing::warn!(fence = %self.place, epoch = self.key.epoch, "a write transaction was refused: another instance leads; standing down");
+            match &self.holds {
+                Holds::Leadership => {
+                    tracing::warn!(fence = %self.place, epoch = self.key.epoch, "a write transaction was refused: another instance leads; standing down")
+                }
+                Holds::Unit(unit) => {
+                    tracing::info!(fence = %self.place, unit = %unit, token = self.key.epoch, "a write transaction was refused: another instance owns this work unit now; stopping it")
+                }
+            }
             self.lost.cancel();
             return Err(StoreError::Fenced);
         }
@@ -118,9 +142,14 @@ impl Fence {
             && self.check == other.check
     }
 
-    /// The epoch this leader holds.
+    /// The epoch (or token) this fence proves.
     pub fn epoch(&self) -> i64 {
         self.key.epoch
+    }
+
+    /// Fires when what this fence proves is lost.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
     }
 
     /// Marks leadership lost: a newer leader has been seen (the caller says where).
@@ -141,6 +170,7 @@ impl Fence {
             },
             lost: self.lost.clone(),
             place: place.into(),
+            holds: self.holds.clone(),
         }
     }
 }
@@ -150,9 +180,22 @@ impl Fence {
 const FENCE: &str = "select pg_try_advisory_xact_lock_shared($1, $2) \
      and exists (select 1 from {schema}.leader where epoch = $3) as leads";
 
-/// Advances the leader epoch; returns it with the schema's key class (`hashtext($1)`).
-const ADVANCE: &str = "update {schema}.leader set epoch = epoch + 1, pid = pg_backend_pid(), \
-     acquired_at = now() returning epoch, hashtext($1) as class";
+/// Advances the leader epoch from `$3` for instance `$2`; returns it with the schema's
+/// key class (`hashtext($1)`).
+const ADVANCE: &str = "update {schema}.leader set epoch = epoch + 1, owner = $2, \
+       lead_token = gen_random_uuid(), pid = pg_backend_pid(), acquired_at = now() \
+     where epoch = $3 returning epoch, hashtext($1) as class";
+
+/// The leader as the row shows it.
+const LEADER: &str = "select epoch, owner from {schema}.leader";
+
+/// A session of a release before the lease that holds the leader lock: it leads.
+const OLDER: &str = "select l.pid from pg_locks l where l.locktype = 'advisory' \
+       and l.classid = $1::int4::oid and l.objid = hashtext($2)::oid and l.objsubid = 2 \
+       and l.granted limit 1";
+
+/// Gives leadership up (a clean stop): the next leader takes it without waiting.
+const RELEASE: &str = "update {schema}.leader set owner = null where owner = $1 and epoch = $2";
 
 /// [`FENCE`] for `schema`.
 fn fence_sql(schema: &Schema) -> String {
@@ -183,150 +226,127 @@ impl PreparedFence {
     }
 }
 
+/// The `leader` row: who leads, at which epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaderRow {
+    pub epoch: i64,
+    /// The instance that leads; `None`: nobody (released, or never taken).
+    pub owner: Option<Uuid>,
+}
+
+/// Reads the `leader` row.
+pub async fn leader_row(client: &impl GenericClient, schema: &Schema) -> Result<LeaderRow, StoreError> {
+    let row = client
+        .query_one(&schema.sql(LEADER), &[])
+        .await
+        .map_err(StoreError::db("reading the leader"))?;
+    let row = row.of("leader");
+    Ok(LeaderRow {
+        epoch: row.col("epoch")?,
+        owner: row.col("owner")?,
+    })
+}
+
+/// Held leadership: its fence, and the previous epoch's key that the control session
+/// holds while this instance leads.
+pub struct Leadership {
+    fence: Fence,
+    previous: EpochKey,
+}
+
+/// How an attempt to lead ended.
+pub enum Attempt {
+    Leads(Leadership),
+    /// Another instance changed the leader first.
+    Lost,
+    /// A release before the lease leads (the backend `pid` on the target holds its lock):
+    /// this release leads nothing beside it.
+    Older { pid: i32 },
+}
+
 impl Leadership {
-    /// Waits until this process leads `schema` on the target at `url`; `None` when
-    /// `cancel` fires first.
-    pub async fn acquire(
-        url: &str,
+    /// One attempt by instance `me`, on its control session `control` (tagged, on the
+    /// main target), to lead after `seen`, whose owner is gone: dead (its sessions,
+    /// tagged `dead`, are ended if they keep the previous epoch's key), departed, or
+    /// nobody. Waits for the previous leader's transactions in flight.
+    pub async fn try_take(
+        control: &Client,
         schema: &Schema,
-        cancel: &CancellationToken,
-    ) -> Result<Option<Leadership>, StoreError> {
-        let mut announced = false;
-        loop {
-            match Self::try_once(url, schema).await {
-                Ok(Some((client, key))) => {
-                    tracing::info!(
-                        schema = schema.name(),
-                        epoch = key.epoch,
-                        "leading: this instance reads the slot and projects"
-                    );
-                    return Ok(Some(Self::watch(client, schema, key)));
-                }
-                Ok(None) if !announced => {
-                    tracing::info!(schema = schema.name(), "another walfold leads; standing by");
-                    announced = true;
-                }
-                Ok(None) => {}
-                // The target is unreachable (restarting, failing over): keep trying.
-                Err(e) if e.kind().retries() => {
-                    tracing::warn!(error = %e, "cannot reach the target to take the leader lock; retrying");
-                }
-                Err(e) => return Err(e),
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return Ok(None),
-                _ = tokio::time::sleep(PERIOD) => {}
-            }
+        me: Uuid,
+        seen: LeaderRow,
+        dead: Option<i32>,
+    ) -> Result<Attempt, StoreError> {
+        if let Some(row) = control
+            .query_opt(&schema.sql(OLDER), &[&LEADER_LOCK, &schema.name()])
+            .await
+            .map_err(StoreError::db("looking for an older release's leader lock"))?
+        {
+            return Ok(Attempt::Older {
+                pid: row.of("pg_locks").col("pid")?,
+            });
         }
-    }
-
-    /// Leads now if no other instance does (for one-shot commands that change what the
-    /// leader runs, e.g. aborting a rebuild while no daemon is up).
-    pub async fn try_acquire(url: &str, schema: &Schema) -> Result<Option<Leadership>, StoreError> {
-        Ok(Self::try_once(url, schema)
-            .await?
-            .map(|(client, key)| Self::watch(client, schema, key)))
-    }
-
-    /// One attempt: a new session that holds the lock, has advanced the epoch and has
-    /// fenced off the previous one, or `None` if another session holds the lock.
-    async fn try_once(
-        url: &str,
-        schema: &Schema,
-    ) -> Result<Option<(Client, EpochKey)>, StoreError> {
-        let client = connect(url).await?;
-        client
-            .batch_execute(crate::connect::SERVER_KEEPALIVES)
+        let Some(row) = control
+            .query_opt(&schema.sql(ADVANCE), &[&schema.name(), &me, &seen.epoch])
             .await
-            .map_err(StoreError::db("configuring the leader session"))?;
-        let locked: bool = client
-            .query_one(
-                "select pg_try_advisory_lock($1::int4, hashtext($2))",
-                &[&LEADER_LOCK, &schema.name()],
-            )
-            .await
-            .map_err(StoreError::db("taking the leader lock"))?
-            .of("the leader lock")
-            .col(0)?;
-        if !locked {
-            return Ok(None);
-        }
-        let row = client
-            .query_one(&schema.sql(ADVANCE), &[&schema.name()])
-            .await
-            .map_err(StoreError::db("advancing the leader epoch"))?;
+            .map_err(StoreError::db("advancing the leader epoch"))?
+        else {
+            return Ok(Attempt::Lost);
+        };
         let row = row.of("leader");
         let key = EpochKey {
             epoch: row.col("epoch")?,
             class: row.col("class")?,
         };
         let previous = EpochKey {
-            epoch: key.epoch - 1,
+            epoch: seen.epoch,
             ..key
         };
-        client
-            .batch_execute(&format!("set lock_timeout = '{TAKEOVER_WAIT}'"))
-            .await
-            .map_err(StoreError::db("configuring the leader session"))?;
-        // Waits until the previous leader's in-flight write transactions have ended;
-        // held for this session's life, so none of its transactions can pass again.
-        loop {
-            match client
-                .execute(
-                    "select pg_advisory_lock($1, $2)",
-                    &[&previous.class, &previous.objid()],
-                )
-                .await
-            {
-                Ok(_) => break,
-                Err(e) if walfold_event::is_lock_not_available(crate::error::sqlstate(&e)) => {
-                    tracing::warn!(
-                        schema = schema.name(),
-                        "waiting for the previous leader's transactions to end before taking over"
-                    );
-                }
-                Err(e) => return Err(StoreError::db("fencing the previous leader")(e)),
-            }
+        // Waits until the previous leader's in-flight write transactions have ended; held
+        // while this instance leads, so none of its transactions can pass again.
+        while !crate::work_unit::lock_exclusively(control, schema, previous, dead, "main target")
+            .await?
+        {
+            tracing::warn!(
+                schema = schema.name(),
+                "waiting for the previous leader's transactions to end before taking over"
+            );
         }
-        client
-            .batch_execute("set lock_timeout = 0")
-            .await
-            .map_err(StoreError::db("configuring the leader session"))?;
-        Ok(Some((client, key)))
+        tracing::info!(
+            schema = schema.name(),
+            epoch = key.epoch,
+            "leading: this instance reads the slot, prunes and plans the work units"
+        );
+        Ok(Attempt::Leads(Leadership {
+            fence: Fence::new(
+                fence_sql(schema),
+                key,
+                CancellationToken::new(),
+                "main target".into(),
+                Holds::Leadership,
+            ),
+            previous,
+        }))
     }
 
-    /// Checks the session every second; a failed or slow check means the lock may be
-    /// gone, so leadership counts as lost at once.
-    fn watch(client: Client, schema: &Schema, key: EpochKey) -> Leadership {
-        let lost = CancellationToken::new();
-        let signal = lost.clone();
-        let fence = Fence {
-            check: fence_sql(schema).into(),
-            key,
-            lost: lost.clone(),
-            place: "main target".into(),
-        };
-        let watch = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(PERIOD).await;
-                // Tests: a leader slow to notice that its session is gone.
-                walfold_telemetry::failpoint::delay("leader_watch").await;
-                let check = tokio::time::timeout(CHECK_TIMEOUT, client.simple_query("select 1"));
-                match check.await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %crate::describe(&e), "leader session lost");
-                        break;
-                    }
-                    Err(_) => {
-                        tracing::warn!("leader session did not answer in time");
-                        break;
-                    }
+    /// Leads for instance `me` on `control` whoever led before: for tests and tools that
+    /// know the previous leader is gone (its transactions in flight are waited for).
+    pub async fn take_over(
+        control: &Client,
+        schema: &Schema,
+        me: Uuid,
+    ) -> Result<Leadership, StoreError> {
+        loop {
+            let row = leader_row(control, schema).await?;
+            match Self::try_take(control, schema, me, row, None).await? {
+                Attempt::Leads(l) => return Ok(l),
+                Attempt::Lost => continue,
+                Attempt::Older { pid } => {
+                    return Err(StoreError::Busy(format!(
+                        "an older walfold release leads (backend pid {pid})"
+                    )))
                 }
             }
-            signal.cancel();
-        });
-        Leadership { watch, lost, fence }
+        }
     }
 
     /// The fence every write transaction of this leader passes.
@@ -336,13 +356,31 @@ impl Leadership {
 
     /// Fires when leadership is lost.
     pub fn lost(&self) -> CancellationToken {
-        self.lost.clone()
+        self.fence.lost.clone()
     }
-}
 
-impl Drop for Leadership {
-    fn drop(&mut self) {
-        // Ends the watch task and with it the session and the lock.
-        self.watch.abort();
+    /// The epoch this instance leads at.
+    pub fn epoch(&self) -> i64 {
+        self.fence.key.epoch
+    }
+
+    /// Ends this term: marks it lost, gives the row up when `release` (a clean stop: the
+    /// next leader takes over at once) and lets the previous epoch's key go.
+    pub async fn end(self, control: &Client, schema: &Schema, me: Uuid, release: bool) {
+        self.fence.lost.cancel();
+        if release {
+            if let Err(e) = control
+                .execute(&schema.sql(RELEASE), &[&me, &self.fence.key.epoch])
+                .await
+            {
+                tracing::debug!(error = %crate::describe(&e), "could not give leadership up; the next leader finds this instance gone");
+            }
+        }
+        let _ = control
+            .execute(
+                "select pg_advisory_unlock($1, $2)",
+                &[&self.previous.class, &self.previous.objid()],
+            )
+            .await;
     }
 }

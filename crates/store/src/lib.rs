@@ -16,6 +16,7 @@ mod dead_letter;
 mod error;
 mod event_log;
 mod event_trail;
+pub mod instance;
 mod failover;
 mod ingest_position;
 mod jsonb;
@@ -37,6 +38,7 @@ mod stream_stage;
 mod subscriber;
 mod target_lease;
 mod tls;
+pub mod work_unit;
 
 pub use aggregate_version::ran_without_versions;
 pub use answer::{
@@ -44,7 +46,7 @@ pub use answer::{
 };
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
-pub use connect::{connect, ConnectOptions, WORKER_SESSION};
+pub use connect::{connect, connect_listening, tag_sessions, ConnectOptions, Notice, WORKER_SESSION};
 pub use dead_letter::{DeadLetters, Gap, RetryItem};
 pub use error::{describe, kind_of, sqlstate, StoreError};
 pub use event_log::{read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page};
@@ -52,7 +54,7 @@ pub use failover::{failover_summary, Failover, FailoverSummary};
 pub use ingest_position::{
     ingested_rows, ingested_slots, ingested_through, read_through, IngestedSlot,
 };
-pub use leader::{Fence, Leadership};
+pub use leader::{leader_row, Attempt, Fence, LeaderRow, Leadership};
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, SchemaAccess};
 pub use operator::Operator;

@@ -48,8 +48,8 @@ use crate::schema::Schema;
 const LOCK_EPOCH: &str = "select epoch, hashtext($1) as class from {schema}.leader for update";
 
 /// Records this leader's epoch `$1` on the target.
-const RECORD_EPOCH: &str =
-    "update {schema}.leader set epoch = $1, pid = pg_backend_pid(), acquired_at = now()";
+const RECORD_EPOCH: &str = "update {schema}.leader set epoch = $1, lead_token = gen_random_uuid(), \
+     pid = pg_backend_pid(), acquired_at = now()";
 
 /// The session that holds a takeover of an extra target, and the fence for writes there.
 pub struct TargetLease {
@@ -68,23 +68,32 @@ impl TargetLease {
 impl Fence {
     /// Takes over the extra target at `url` (walfold's schema `schema`, migrated) for
     /// this leader; see the module docs. Fails with [`StoreError::Fenced`] (and marks
-    /// leadership lost) when a newer leader has written there.
-    pub async fn extend_to(&self, url: &str, schema: &Schema) -> Result<TargetLease, StoreError> {
+    /// leadership lost) when a newer leader has written there. `dead`: the tag of the
+    /// previous leader when it died, whose sessions there are ended if they keep its key.
+    pub async fn extend_to(
+        &self,
+        url: &str,
+        schema: &Schema,
+        dead: Option<i32>,
+    ) -> Result<TargetLease, StoreError> {
         loop {
-            match self.take_over(url, schema).await {
-                Err(StoreError::Db { ref source, .. })
-                    if walfold_event::is_lock_not_available(crate::error::sqlstate(source)) =>
-                {
+            match self.take_over(url, schema, dead).await? {
+                Some(lease) => return Ok(lease),
+                None => {
                     tracing::warn!(target = %walfold_config::redact_url(url), schema = schema.name(), "waiting for the previous leader's transactions on this target to end before taking it over");
                 }
-                other => return other,
             }
         }
     }
 
-    /// One attempt at [`Fence::extend_to`]; a lock timeout (55P03) means the previous
-    /// leader still has a transaction open there.
-    async fn take_over(&self, url: &str, schema: &Schema) -> Result<TargetLease, StoreError> {
+    /// One attempt at [`Fence::extend_to`]; `None`: the previous leader still has a
+    /// transaction open there.
+    async fn take_over(
+        &self,
+        url: &str,
+        schema: &Schema,
+        dead: Option<i32>,
+    ) -> Result<Option<TargetLease>, StoreError> {
         let mut client = connect(url).await?;
         client
             .batch_execute(crate::connect::SERVER_KEEPALIVES)
@@ -110,18 +119,10 @@ impl Fence {
                 epoch: recorded,
                 class,
             };
-            tx.batch_execute(&format!(
-                "set local lock_timeout = '{}'",
-                crate::leader::TAKEOVER_WAIT
-            ))
-            .await
-            .map_err(StoreError::db("configuring the lease session"))?;
-            tx.execute(
-                "select pg_advisory_lock($1, $2)",
-                &[&previous.class, &previous.objid()],
-            )
-            .await
-            .map_err(StoreError::db("fencing the previous leader on a target"))?;
+            let place = walfold_config::redact_url(url);
+            if !crate::work_unit::lock_exclusively(&tx, schema, previous, dead, &place).await? {
+                return Ok(None);
+            }
             tx.execute(&schema.sql(RECORD_EPOCH), &[&epoch])
                 .await
                 .map_err(StoreError::db("recording the leader epoch on a target"))?;
@@ -135,7 +136,7 @@ impl Fence {
             previous = recorded,
             "leading on an extra target"
         );
-        Ok(TargetLease {
+        Ok(Some(TargetLease {
             _session: client,
             fence: self.on_schema(
                 schema,
@@ -146,6 +147,6 @@ impl Fence {
                     schema.name()
                 ),
             ),
-        })
+        }))
     }
 }

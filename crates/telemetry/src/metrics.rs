@@ -71,6 +71,8 @@ pub struct Metrics {
     processed_message_rows: Gauge,
     event_log_rows: Gauge,
     leader: Gauge,
+    units_owned: Gauge,
+    units_unowned: Gauge,
     slot_gaps: Family<SourceLabel, Gauge>,
     slot_gaps_open: Family<SourceLabel, Gauge>,
     phantom_events: Family<SourceLabel, Gauge>,
@@ -138,6 +140,16 @@ impl Metrics {
             processed_message_rows: reg!("processed_message_rows", "Dedup claims (planner estimate)", Gauge::default()),
             event_log_rows: reg!("event_log_rows", "Events in the log (planner estimate)", Gauge::default()),
             leader: reg!("leader", "1 while this instance leads", Gauge::default()),
+            units_owned: reg!(
+                "work_units_owned",
+                "work units (projection partitions) this instance owns",
+                Gauge::default()
+            ),
+            units_unowned: reg!(
+                "work_units_unowned",
+                "work units no live instance owns, as this instance last read them (a dead owner's, or one no instance may run)",
+                Gauge::default()
+            ),
             slot_gaps: reg!("slot_gaps", "WAL ranges skipped by recreating a lost slot (walfold.slot_gap rows; page on any increase)", Family::default()),
             slot_gaps_open: reg!("slot_gaps_open", "Slot gaps no backfill filled (a message outbox's events in them may be lost)", Family::default()),
             phantom_events: reg!("phantom_events", "Events read from an old primary past a failover's fork that the new primary does not have (walfold.phantom_event, not accepted); rebuild the projections they reached", Family::default()),
@@ -179,6 +191,16 @@ impl Metrics {
 
     pub(crate) fn set_leader(&self, on: bool) {
         self.leader.set(i64::from(on));
+    }
+
+    pub(crate) fn set_units(&self, owned: usize, unowned: usize) {
+        self.units_owned.set(owned as i64);
+        self.units_unowned.set(unowned as i64);
+    }
+
+    /// How many work units this instance owns.
+    pub fn units_owned(&self) -> i64 {
+        self.units_owned.get()
     }
 
     pub fn is_leader(&self) -> bool {

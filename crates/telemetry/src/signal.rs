@@ -100,6 +100,8 @@ pub enum Signal<'a> {
     LeadershipTaken,
     /// This instance stopped leading: lost, shut down, or stopped by an error.
     LeadershipEnded,
+    /// How many work units this instance owns, and how many no live instance does.
+    WorkUnits { owned: usize, unowned: usize },
     /// An extra target became unreachable: each of its `subscribers` counts as paused.
     TargetPaused { subscribers: &'a [String] },
     /// Why a target is unreachable: when it goes down, and whenever the cause changes.
@@ -240,6 +242,7 @@ impl Signal<'_> {
             Signal::PausedPartitionStopped { subscriber } => m.set_paused(subscriber, false),
             Signal::LeadershipTaken => m.set_leader(true),
             Signal::LeadershipEnded => m.set_leader(false),
+            Signal::WorkUnits { owned, unowned } => m.set_units(owned, unowned),
             Signal::TargetPaused { subscribers } => {
                 for s in subscribers {
                     m.set_paused(s, true);

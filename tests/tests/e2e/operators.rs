@@ -749,10 +749,9 @@ async fn an_operator_handle_of_a_deposed_leader_cannot_write() {
     let db = TestDb::new("opfence");
     let schema = Schema::new("walfold");
     walfold_store::migrate(&db.url(), &schema).await.unwrap();
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let a = Leadership::acquire(&db.url(), &schema, &cancel)
+    let control_a = db.client().await;
+    let a = Leadership::take_over(&control_a, &schema, uuid::Uuid::new_v4())
         .await
-        .unwrap()
         .unwrap();
     let mut op_a = Operator::connect(&db.url(), &schema)
         .await
@@ -781,11 +780,11 @@ async fn an_operator_handle_of_a_deposed_leader_cannot_write() {
         batch: 100,
         held_elsewhere: None,
     };
-    // A loses its session; B leads.
+    // A is gone; B leads.
     drop(a);
-    let b = Leadership::acquire(&db.url(), &schema, &cancel)
+    let control_b = db.client().await;
+    let b = Leadership::take_over(&control_b, &schema, uuid::Uuid::new_v4())
         .await
-        .unwrap()
         .unwrap();
 
     let e = op_a.abort_rebuild(&r).await.expect_err("A no longer leads");

@@ -613,14 +613,13 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
             .await
             .unwrap();
     }
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let a = Leadership::acquire(&main.url(), &Schema::new("walfold"), &cancel)
+    let control_a = main.client().await;
+    let a = Leadership::take_over(&control_a, &Schema::new("walfold"), uuid::Uuid::new_v4())
         .await
-        .unwrap()
         .unwrap();
     let a_main = a.fence();
     let a_lease = a_main
-        .extend_to(&extra.url(), &Schema::new("walfold"))
+        .extend_to(&extra.url(), &Schema::new("walfold"), None)
         .await
         .unwrap();
     let a_extra = a_lease.fence();
@@ -631,16 +630,16 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
     tx.batch_execute("insert into ledger values (gen_random_uuid(), 'before', 1)")
         .await
         .unwrap();
-    // A loses its session on the main target; B leads there.
+    // A is gone from the main target; B leads there.
     drop(a);
-    let b = Leadership::acquire(&main.url(), &Schema::new("walfold"), &cancel)
+    let control_b = main.client().await;
+    let b = Leadership::take_over(&control_b, &Schema::new("walfold"), uuid::Uuid::new_v4())
         .await
-        .unwrap()
         .unwrap();
     assert!(b.fence().epoch() > a_main.epoch());
     let takeover = {
         let (fence, url) = (b.fence(), extra.url());
-        tokio::spawn(async move { fence.extend_to(&url, &Schema::new("walfold")).await })
+        tokio::spawn(async move { fence.extend_to(&url, &Schema::new("walfold"), None).await })
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -658,7 +657,7 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
     // And A cannot take the target over again: a newer leader has written there.
     assert!(matches!(
         a_main
-            .extend_to(&extra.url(), &Schema::new("walfold"))
+            .extend_to(&extra.url(), &Schema::new("walfold"), None)
             .await,
         Err(StoreError::Fenced)
     ));
@@ -677,7 +676,7 @@ async fn a_deposed_leader_cannot_write_on_an_extra_target_after_the_new_one_took
     // B taking the target over again (a reconnect) needs no wait and keeps its epoch.
     let again = b
         .fence()
-        .extend_to(&extra.url(), &Schema::new("walfold"))
+        .extend_to(&extra.url(), &Schema::new("walfold"), None)
         .await
         .unwrap();
     let tx = b_client.transaction().await.unwrap();
