@@ -22,7 +22,7 @@ create table ledger (event_id uuid primary key, order_id text not null, amount n
 
 /// Takes `pg_logical_emit_message` (every overload) from PUBLIC, so only superusers and
 /// roles granted it write message outboxes' events: what walfold needs before it follows
-/// a message outbox (README, Security).
+/// a message outbox (docs/SECURITY.md).
 pub const REVOKE_PUBLIC_EMIT: &str = "do $$ declare f regprocedure; begin \
      for f in select p.oid::regprocedure from pg_proc p where p.proname = 'pg_logical_emit_message' \
        and p.pronamespace = 'pg_catalog'::regnamespace loop \

@@ -1,4 +1,5 @@
-//! Every default of a config key, in one place: the values the README's tables state.
+//! Every default of a config key, in one place: the values the tables of
+//! `docs/CONFIGURATION.md` state.
 
 use std::time::Duration;
 

@@ -150,8 +150,9 @@ impl Default for RetentionConfig {
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// the source's name: `[[outbox]] source`, `[[projection]] sources` and the `:source`
-    /// placeholder refer to it; each source its own ([Several sources](#several-sources));
-    /// a single-source deployment that grows a second keeps `default` for the first
+    /// placeholder refer to it; each source its own ([Several
+    /// sources](SOURCES.md#several-sources)); a single-source deployment that grows a
+    /// second keeps `default` for the first
     ///
     /// Default: `default`
     #[serde(default = "defaults::source_name")]
@@ -161,8 +162,8 @@ pub struct SourceConfig {
     /// `verify-ca`, `verify-full`; `sslrootcert=/path/ca.pem`; several hosts
     /// (`host-a:5432,host-b:5432`, or `host=a,b port=5432,5433`) for a primary and its
     /// standbys: walfold connects to the one that accepts writes, for its SQL and its
-    /// replication sessions alike ([After a failover](#after-a-failover)). A key walfold
-    /// does not take (`service`, `passfile`, `sslcert`) is refused at load
+    /// replication sessions alike ([After a failover](OPERATIONS.md#after-a-failover)). A
+    /// key walfold does not take (`service`, `passfile`, `sslcert`) is refused at load
     ///
     /// Default: required
     pub url: String,
@@ -196,7 +197,7 @@ pub struct SourceConfig {
     pub on_slot_lost: OnSlotLost,
     /// pgoutput protocol version: `2` streams a large transaction while it runs (staged in
     /// the target until it commits, so the source does not spill it to disk; see [Large
-    /// transactions](#large-transactions-streaming-with-protocol-2)), `1` sends each
+    /// transactions](SOURCES.md#large-transactions-streaming-with-protocol-2)), `1` sends each
     /// transaction only after its commit. `2` against a server before 14 stops with the fix
     ///
     /// Default: `2` on PostgreSQL 14+ without message outboxes, else `1`
@@ -246,7 +247,7 @@ pub struct OutboxConfig {
     pub table: Option<String>,
     /// a message outbox instead: the prefix of `pg_logical_emit_message(true, prefix,
     /// json)` calls; the keys below then name JSON keys ([Message
-    /// outboxes](#message-outboxes))
+    /// outboxes](SOURCES.md#message-outboxes))
     ///
     /// Default: —
     #[serde(default)]
@@ -254,13 +255,13 @@ pub struct OutboxConfig {
     /// a message outbox only: `true` accepts events from any role that may log in to the
     /// source database (PostgreSQL lets PUBLIC execute `pg_logical_emit_message`), with a
     /// warning at every start; without it walfold refuses to start until that right is
-    /// revoked from PUBLIC ([Security](#security))
+    /// revoked from PUBLIC ([Security](SECURITY.md))
     ///
     /// Default: `false`
     #[serde(default)]
     pub allow_public_emit: bool,
     /// a named mapping for a framework's table (`marten`, `message_db`, …): it supplies
-    /// every field below that is not set here ([Frameworks](#frameworks))
+    /// every field below that is not set here ([Frameworks](FRAMEWORKS.md))
     ///
     /// Default: —
     #[serde(default)]
@@ -364,7 +365,8 @@ pub struct TargetConfig {
     pub schema: String,
     /// most connections the projectors hold on this database, shared by every projection
     /// and partition (each takes turns: a batch per turn); walfold's leader, appenders,
-    /// metrics and operator tasks take a few more (see [Operations](#connections))
+    /// metrics and operator tasks take a few more (see
+    /// [Operations](OPERATIONS.md#connections))
     ///
     /// Default: `8`
     #[serde(default = "defaults::pool_size")]
@@ -399,7 +401,8 @@ impl fmt::Debug for TargetConfig {
 pub struct ExtraTarget {
     /// another database for the read models of the projections with `database = "NAME"`,
     /// and for their claims, checkpoints, parked aggregates, dead letters, pauses and
-    /// rebuilds (see [Several targets](#several-targets)); same URL rules as `source.url`
+    /// rebuilds (see [Several targets](PROJECTIONS.md#several-targets)); same URL rules as
+    /// `source.url`
     ///
     /// Default: required
     pub url: String,

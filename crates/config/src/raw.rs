@@ -130,7 +130,7 @@ pub(crate) struct RawProjection {
     /// Default: —
     target: Option<String>,
     /// how long claims are kept (`"30d"`, `"12h"`, `"15m"`, `"90s"`); see
-    /// [Retention](#retention-as-replay-policy)
+    /// [Retention](PROJECTIONS.md#retention-as-replay-policy)
     ///
     /// Default: `"forever"`
     #[serde(default)]
@@ -173,7 +173,7 @@ pub(crate) struct RawProjection {
     retry_backoff_ms: u64,
     /// `guard`: apply when the stored version is lower (state events); `strict`: apply
     /// every version exactly once, in order (delta events); see [Strict-sequence
-    /// projections](#strict-sequence-projections)
+    /// projections](PROJECTIONS.md#strict-sequence-projections)
     ///
     /// Default: `"guard"`
     #[serde(default)]

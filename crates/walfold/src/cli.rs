@@ -23,7 +23,7 @@ pub enum Command {
         #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
         config: PathBuf,
     },
-    /// Start a throwaway PostgreSQL, stream sample events through two projections, print them.
+    /// Start a throwaway PostgreSQL, stream sample events through three projections, print them.
     Demo,
     /// Connect to an existing database, find its outbox table (or take message outboxes)
     /// and write a commented walfold.toml for it (never overwriting a file), then check

@@ -474,7 +474,7 @@ async fn source_checks(
     let read_from = ingested.is_some() && slot_row.is_some();
     let back = match &read_through {
         Some(r) if r != publication => format!("set source.publication back to {r}"),
-        _ => "if it is gone, see README, Operations: a lost slot".to_owned(),
+        _ => "if it is gone, see docs/OPERATIONS.md: a lost slot".to_owned(),
     };
     if !shape.publication_exists && read_from {
         r.check(
@@ -590,7 +590,7 @@ async fn source_checks(
                 Some("lost") => r.check(
                     Level::Fail,
                     format!("slot {slot} is invalidated (wal_status = lost)"),
-                    "WAL it needed was removed: events may be missing; see README, Operations: a lost slot",
+                    "WAL it needed was removed: events may be missing; see docs/OPERATIONS.md: a lost slot",
                 ),
                 Some("unreserved") => r.check(Level::Warn, format!("slot {slot}: wal_status = unreserved"), "the slot is about to lose WAL: make sure walfold runs and keeps up"),
                 other => r.check(Level::Ok, format!("slot {slot}: wal_status = {}", other.unwrap_or("-")), ""),
@@ -844,7 +844,8 @@ async fn not_owned(source: &Client, config: &SourceView<'_>) -> Result<Vec<Strin
 
 /// Slots walfold ingested through that no source of the config uses any more (a
 /// source's slot renamed, a source removed): on its server such a slot keeps WAL.
-/// Phantoms and unfilled slot gaps of each source's slot (see README, After a failover).
+/// Phantoms and unfilled slot gaps of each source's slot (see docs/OPERATIONS.md, After a
+/// failover).
 async fn failover_leftovers(r: &mut Report, config: &Config, target: &Client) {
     let schema = walfold_store::Schema::new(config.target.schema.as_str());
     for source in config.sources() {

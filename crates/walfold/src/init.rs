@@ -850,7 +850,7 @@ fn render(
     t.push_str(
         "# walfold configuration written by `walfold init`. Every value can be overridden from\n\
          # the environment as WALFOLD_<SECTION>__<KEY> (e.g. WALFOLD_SOURCE__URL); put passwords\n\
-         # there, never in this file. Reference: README.md, Configuration reference.\n\n",
+         # there, never in this file. Reference: docs/CONFIGURATION.md.\n\n",
     );
     t.push_str("[source]\n");
     if had_password {
@@ -869,7 +869,7 @@ fn render(
         )),
         None => t.push_str(
             "# Created on start if missing (needs ownership of the outbox tables), or create it\n\
-             # yourself as their owner: see README.md, Publications.\n\
+             # yourself as their owner: see docs/CONFIGURATION.md, Publications.\n\
              publication = \"walfold_outbox\"\n",
         ),
     }

@@ -1,6 +1,6 @@
 //! `walfold phantoms list|accept`: the events a failover left that the new primary does
-//! not have (see README, After a failover). They live in the main target with the event
-//! log; the read models they reached are the claims on every target.
+//! not have (see docs/OPERATIONS.md, After a failover). They live in the main target
+//! with the event log; the read models they reached are the claims on every target.
 
 use uuid::Uuid;
 use walfold_config::Config;

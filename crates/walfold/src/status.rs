@@ -259,7 +259,8 @@ fn render(config: &Config, s: &Status) -> String {
                      logical slots do not survive a failover (unless synced to the standby), or \
                      it was dropped. Ingest stops until it is back: `walfold run` exits naming \
                      the fix (create the slot, backfill the table outboxes over the gap); with \
-                     on_slot_lost = \"recreate\" it does both by itself (README: After a failover)",
+                     on_slot_lost = \"recreate\" it does both by itself \
+                     (docs/OPERATIONS.md: After a failover)",
                     source.slot_name
                 ),
                 None => println!("{name}slot {}: missing", source.slot_name),

@@ -72,7 +72,7 @@ sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
 "#,
         )
         .to_toml();
-    // As the README (Operations, memory) says to run it, and the Dockerfile and the
+    // As docs/OPERATIONS.md (memory) says to run it, and the Dockerfile and the
     // systemd unit do: glibc then gives large buffers back when they are freed.
     let d = Daemon::start(&config, &[("MALLOC_MMAP_THRESHOLD_", "1048576")]);
     slot_active(&db.client().await).await;

@@ -1157,8 +1157,8 @@ async fn a_retired_subscriber_exports_no_lag() {
 /// Claims are keyed by seq (issue 28): an event delivered again after pruning deleted
 /// it from the log is appended under a new seq but carries its first delivery's claim
 /// seq, so a subscriber that keeps its claim skips it and one whose claim expired
-/// applies it again (README, "Retention as replay policy"); a rebuild under a new
-/// subscriber replays it once.
+/// applies it again (docs/PROJECTIONS.md, "Retention as replay policy"); a rebuild
+/// under a new subscriber replays it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_delivered_again_after_pruning_meets_the_claims_that_are_kept() {
     let db = TestDb::new("claimseq");

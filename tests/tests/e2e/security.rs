@@ -1,7 +1,7 @@
 //! Who can write an event, and the least privilege walfold runs with: a message outbox
 //! that any role can write to is refused until `pg_logical_emit_message` is revoked from
-//! PUBLIC (or the config accepts it), and the README's Security recipe, run word for
-//! word, is enough for every command.
+//! PUBLIC (or the config accepts it), and the least-privilege recipe of
+//! `docs/SECURITY.md`, run word for word, is enough for every command.
 
 use std::time::Duration;
 
@@ -192,21 +192,21 @@ async fn init_writes_the_grants_that_leave_a_message_outbox_to_its_producer() {
 const REPL_PASSWORD: &str = "repl-secret";
 const WRITER_PASSWORD: &str = "writer-secret";
 
-/// The least-privilege block of the README's Security section, as written there.
-fn readme_recipe() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-    let readme = std::fs::read_to_string(path).unwrap();
-    let start = readme
-        .find("\n## Security\n")
-        .expect("README.md has a Security section");
-    let section = &readme[start + 1..];
-    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+/// The least-privilege block of `docs/SECURITY.md`, as written there.
+fn documented_recipe() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/SECURITY.md");
+    let page = std::fs::read_to_string(path).expect("docs/SECURITY.md");
+    let start = page
+        .find("\n## Least privilege\n")
+        .expect("docs/SECURITY.md has a Least privilege section");
+    let section = &page[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
     section
         .split("```sql\n")
         .skip(1)
         .map(|b| &b[..b.find("```").expect("the block closes")])
         .find(|b| b.contains("create role walfold_repl"))
-        .expect("the Security section creates walfold_repl in an sql block")
+        .expect("Least privilege creates walfold_repl in an sql block")
         .to_owned()
 }
 
@@ -221,7 +221,7 @@ version_column = "version"
 columns = { status = ":payload.status" }
 "#;
 
-/// The README's Security section, word for word: two scram-sha-256 roles, one that reads
+/// The least-privilege recipe of `docs/SECURITY.md`, word for word: two scram-sha-256 roles, one that reads
 /// the WAL and the outbox only (the publication made by an admin), one that owns only
 /// walfold's schema and the read models' (no superuser, no create on the database). With
 /// them `run`, `doctor`, `status`, `dead-letters`, `rebuild`, `prune` and `migrate` all
@@ -237,7 +237,7 @@ async fn the_readmes_least_privilege_recipe_runs_every_command() {
         .expect("private cluster"),
     ));
     let db = TestDb::on(cluster, "least");
-    let recipe = readme_recipe();
+    let recipe = documented_recipe();
     assert_eq!(recipe.matches("'…'").count(), 2, "{recipe}");
     db.psql(
         &recipe

@@ -1,7 +1,8 @@
 //! Doctor's checks of the HA helpers a source runs with: whether walfold's slot can
 //! survive a failover (PostgreSQL 17 failover slots and the settings that sync them),
 //! and a slot that is behind walfold's ingest position (one that survived a failover at
-//! an older position, e.g. Patroni's permanent slot). See README, After a failover.
+//! an older position, e.g. Patroni's permanent slot). See docs/OPERATIONS.md, After a
+//! failover.
 
 use tokio_postgres::Client;
 use walfold_config::{OnSlotLost, SourceView};
@@ -26,7 +27,7 @@ pub(super) async fn slot_checks(
     if version < 170_000 {
         r.check(
             Level::Ok,
-            format!("slot {slot} is no failover slot (PostgreSQL {} has none; they came with 17): it survives a failover only where a manager keeps a copy on the standby (Patroni's permanent slots); otherwise after one, {after}; see README, After a failover", version / 10_000),
+            format!("slot {slot} is no failover slot (PostgreSQL {} has none; they came with 17): it survives a failover only where a manager keeps a copy on the standby (Patroni's permanent slots); otherwise after one, {after}; see docs/OPERATIONS.md, After a failover", version / 10_000),
             "",
         );
     } else {
@@ -174,7 +175,7 @@ pub(super) async fn hosts(r: &mut Report, config: &SourceView<'_>) -> Result<(),
         } else {
             r.check(
                 Level::Ok,
-                format!("{what} is a standby; PostgreSQL {} keeps no copy of slot {slot} on it (failover slots came with 17; a manager such as Patroni can keep one as a permanent slot): after its promotion walfold goes on as README, After a failover says", version / 10_000),
+                format!("{what} is a standby; PostgreSQL {} keeps no copy of slot {slot} on it (failover slots came with 17; a manager such as Patroni can keep one as a permanent slot): after its promotion walfold goes on as docs/OPERATIONS.md, After a failover says", version / 10_000),
                 "",
             );
         }

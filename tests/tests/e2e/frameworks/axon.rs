@@ -15,7 +15,7 @@
 //! `payload_type` the event's class; with the `JacksonSerializer`, payload and metadata
 //! are JSON. The statements are ours.
 
-use super::{bare_db, config, readme_block, Framework};
+use super::{bare_db, config, documented_block, Framework};
 use walfold_tests::{walfold, write_config, Daemon};
 
 /// The tables; `{lob}` is the type of the `@Lob` columns.
@@ -166,14 +166,14 @@ const REFUSAL: [&str; 3] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn axon_with_hibernates_large_objects_is_refused_at_start_naming_column_reason_and_fix() {
     let ddl = DDL.replace("{lob}", "oid");
-    for run in ["readme", "init"] {
+    for run in ["docs", "init"] {
         let db = bare_db(&format!("fw_axon_oid_{run}"));
         db.psql(&ddl);
         for w in writes(true) {
             db.psql(&w);
         }
-        let text = if run == "readme" {
-            config(&db, "fw_axon_oid", &readme_block("axon"))
+        let text = if run == "docs" {
+            config(&db, "fw_axon_oid", &documented_block("axon"))
         } else {
             let dir =
                 std::env::temp_dir().join(format!("walfold-fw-axon-oid-{}", std::process::id()));
@@ -190,7 +190,10 @@ async fn axon_with_hibernates_large_objects_is_refused_at_start_naming_column_re
             );
             // init's own check says what doctor says.
             assert!(out.contains(REFUSAL[0]), "init: {code}\n{out}\n{err}");
-            format!("{text}\n{}", super::projections_of(&readme_block("axon")))
+            format!(
+                "{text}\n{}",
+                super::projections_of(&documented_block("axon"))
+            )
         };
 
         // walfold run refuses before it creates anything on the source.

@@ -1,7 +1,7 @@
 //! The outbox and event-store tables that frameworks create, each created as its
 //! framework creates it and written as its framework writes it (the facts read from the
 //! framework's own repository, cited in each file; the statements are ours), folded by
-//! the real daemon twice: through the config the README's "Frameworks" section shows,
+//! the real daemon twice: through the config `docs/FRAMEWORKS.md` shows for it,
 //! and through the config `walfold init` writes for the table. Each read model must
 //! equal a fold computed independently (in SQL over the rows written), the malformed
 //! row must be a dead letter with its reason, and nothing may count twice.
@@ -37,23 +37,17 @@ pub fn bare_db(prefix: &str) -> TestDb {
     TestDb { cluster, name }
 }
 
-/// The README's config block (a ```toml block of its "Frameworks" section) that sets
+/// The config block of `docs/FRAMEWORKS.md` (a ```toml block) that sets
 /// `preset = "<preset>"`, word for word.
-pub fn readme_block(preset: &str) -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-    let readme = std::fs::read_to_string(path).expect("README.md");
-    let start = readme
-        .find("\n## Frameworks\n")
-        .expect("README.md has a Frameworks section");
-    let section = &readme[start + 1..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+pub fn documented_block(preset: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/FRAMEWORKS.md");
+    let page = std::fs::read_to_string(path).expect("docs/FRAMEWORKS.md");
     let wanted = format!("preset = \"{preset}\"");
-    section
-        .split("```toml\n")
+    page.split("```toml\n")
         .skip(1)
         .map(|b| &b[..b.find("```").expect("the block closes")])
         .find(|b| b.contains(&wanted))
-        .unwrap_or_else(|| panic!("README.md's Frameworks section has no block with `{wanted}`"))
+        .unwrap_or_else(|| panic!("docs/FRAMEWORKS.md has no block with `{wanted}`"))
         .to_owned()
 }
 
@@ -84,7 +78,7 @@ pub struct Framework {
     /// The framework's tables as it creates them, then the read model's.
     pub ddl: &'static str,
     /// `--read-model` for `walfold init` (a `table` projection it generates); `None`:
-    /// init's `[[outbox]]` with the README block's projections.
+    /// init's `[[outbox]]` with the documented block's projections.
     pub init_read_model: Option<&'static str>,
     /// What the framework wrote before walfold came (and before `walfold init` looks at
     /// the table): not streamed, not in the fold.
@@ -109,19 +103,19 @@ pub struct Framework {
 }
 
 impl Framework {
-    /// Both runs, side by side: the README's config and `walfold init`'s.
+    /// Both runs, side by side: the documented config and `walfold init`'s.
     pub async fn run(&self) {
-        futures::future::join(self.through_readme(), self.through_init()).await;
+        futures::future::join(self.through_docs(), self.through_init()).await;
     }
 
-    /// Through the README's block for the preset.
-    pub async fn through_readme(&self) {
+    /// Through the block `docs/FRAMEWORKS.md` shows for the preset.
+    pub async fn through_docs(&self) {
         let db = bare_db(&format!("fw_{}", self.preset));
         self.create(&db);
         let slot = format!("fw_{}", self.preset);
-        let text = config(&db, &slot, &readme_block(self.preset));
+        let text = config(&db, &slot, &documented_block(self.preset));
         let d = Daemon::start(&text, &[]);
-        self.stream_and_check(&db, &slot, d, "readme").await;
+        self.stream_and_check(&db, &slot, d, "docs").await;
     }
 
     /// Through what `walfold init` writes for the database.
@@ -152,7 +146,7 @@ impl Framework {
         eprintln!("{}: walfold init wrote\n{text}", self.preset);
         if self.init_read_model.is_none() {
             text.push('\n');
-            text.push_str(projections_of(&readme_block(self.preset)));
+            text.push_str(projections_of(&documented_block(self.preset)));
         }
         let slot = format!("fw_{}_init", self.preset);
         let listen = format!("127.0.0.1:{}", free_port());

@@ -167,7 +167,7 @@ pub fn framework() -> Framework {
         text_ids: false,
         later: vec!["delete from wolverine.wolverine_outgoing_envelopes;".into()],
         events: 4,
-        // The README's aggregate_id reads the JSON first and fails there; init's payload.
+        // The documented aggregate_id reads the JSON first and fails there; init's payload.
         dead_letters: &["utf"],
         read_model: "select string_agg(order_id || ' ' || messages || ' ' || total, ', ' order by order_id) \
                      from order_totals",

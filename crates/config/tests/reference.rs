@@ -1,11 +1,15 @@
-//! The README's configuration tables are generated from the doc comments of the serde
-//! structs in `src/model.rs` and `src/raw.rs`, so the two cannot drift: each field's doc comment is its
-//! row's meaning, and its last paragraph, `Default: …`, the row's default.
-//! `WALFOLD_BLESS=1 cargo test -p walfold-config --test readme` rewrites README.md.
+//! The tables of the configuration reference (`docs/CONFIGURATION.md`) are generated from
+//! the doc comments of the serde structs in `src/model.rs` and `src/raw.rs`, so the two
+//! cannot drift: each field's doc comment is its row's meaning, and its last paragraph,
+//! `Default: …`, the row's default.
+//! `WALFOLD_BLESS=1 cargo test -p walfold-config --test reference` rewrites the file.
 
 use std::path::Path;
 
-/// README section (as in its marker) → the struct whose fields are its keys.
+/// The reference, from the crate's directory.
+const REFERENCE: &str = "../../docs/CONFIGURATION.md";
+
+/// Section of the reference (as in its marker) → the struct whose fields are its keys.
 const SECTIONS: [(&str, &str); 9] = [
     ("[source]", "SourceConfig"),
     ("[[outbox]]", "OutboxConfig"),
@@ -109,19 +113,19 @@ fn table(rows: &[Row]) -> String {
     out
 }
 
-/// `readme` with every generated section rendered anew from `source`.
-fn render(readme: &str, source: &str) -> String {
-    let mut out = readme.to_owned();
+/// `reference` with every generated section rendered anew from `source`.
+fn render(reference: &str, source: &str) -> String {
+    let mut out = reference.to_owned();
     for (section, name) in SECTIONS {
         let marker = format!("<!-- generated: config {section} -->\n");
         let start = out
             .find(&marker)
-            .unwrap_or_else(|| panic!("README.md has no `{}`", marker.trim()))
+            .unwrap_or_else(|| panic!("{REFERENCE} has no `{}`", marker.trim()))
             + marker.len();
         let end = start
             + out[start..]
                 .find(END)
-                .unwrap_or_else(|| panic!("README.md: `{}` has no `{END}`", marker.trim()));
+                .unwrap_or_else(|| panic!("{REFERENCE}: `{}` has no `{END}`", marker.trim()));
         out.replace_range(start..end, &table(&rows(source, name)));
     }
     out
@@ -135,29 +139,29 @@ fn structs(dir: &Path) -> String {
 }
 
 #[test]
-fn the_readme_tables_are_the_doc_comments() {
+fn the_reference_tables_are_the_doc_comments() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let source = structs(dir);
-    let path = dir.join("../../README.md");
-    let readme = std::fs::read_to_string(&path).unwrap();
-    let rendered = render(&readme, &source);
+    let path = dir.join(REFERENCE);
+    let reference = std::fs::read_to_string(&path).unwrap();
+    let rendered = render(&reference, &source);
     if std::env::var_os("WALFOLD_BLESS").is_some_and(|v| v == "1") {
         std::fs::write(&path, &rendered).unwrap();
         return;
     }
-    if rendered != readme {
-        let first = readme
+    if rendered != reference {
+        let first = reference
             .lines()
             .zip(rendered.lines())
             .position(|(a, b)| a != b)
             .unwrap_or(0);
         panic!(
-            "README.md's configuration tables differ from the doc comments in \
-             crates/config/src/{{model,raw}}.rs (first at README.md line {}):\n  README:    {}\n  \
+            "docs/CONFIGURATION.md's tables differ from the doc comments in \
+             crates/config/src/{{model,raw}}.rs (first at its line {}):\n  docs:      {}\n  \
              generated: {}\nEdit the doc comment, then regenerate with \
-             `WALFOLD_BLESS=1 cargo test -p walfold-config --test readme`",
+             `WALFOLD_BLESS=1 cargo test -p walfold-config --test reference`",
             first + 1,
-            readme.lines().nth(first).unwrap_or(""),
+            reference.lines().nth(first).unwrap_or(""),
             rendered.lines().nth(first).unwrap_or(""),
         );
     }
