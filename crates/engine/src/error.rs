@@ -103,7 +103,11 @@ impl EngineError {
     pub fn is_fenced(&self) -> bool {
         matches!(
             self,
-            EngineError::Own(StoreError::Fenced) | EngineError::Store { source: StoreError::Fenced, .. }
+            EngineError::Own(StoreError::Fenced)
+                | EngineError::Store {
+                    source: StoreError::Fenced,
+                    ..
+                }
         )
     }
 

@@ -53,7 +53,9 @@ pub(crate) async fn end_stale_holder(
             tracing::warn!(slot = %slot, pid, "the slot is held by a walsender this role may not end (another role's): streaming waits for wal_sender_timeout; run every instance as one role, or grant pg_signal_backend to walfold's role");
             return Ok(());
         }
-        Err(e) => return Err(walfold_store::StoreError::db("ending the slot's walsender")(e).into()),
+        Err(e) => {
+            return Err(walfold_store::StoreError::db("ending the slot's walsender")(e).into())
+        }
     }
     for _ in 0..50 {
         let held = source

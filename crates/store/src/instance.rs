@@ -53,7 +53,8 @@ impl Registration {
 }
 
 fn runs(filter: Option<&[String]>, knows: &[String], projection: &str) -> bool {
-    knows.iter().any(|k| k == projection) && filter.is_none_or(|f| f.iter().any(|p| p == projection))
+    knows.iter().any(|k| k == projection)
+        && filter.is_none_or(|f| f.iter().any(|p| p == projection))
 }
 
 /// An instance as the table shows it now.
@@ -119,7 +120,11 @@ const FORGET: &str = "delete from {schema}.instance where heartbeat_at < now() -
 const END_SESSIONS: &str = "select ended, refused from {schema}.end_sessions($1, $2)";
 
 /// Registers (or registers again, after a restart of the server) `me`.
-pub async fn register(client: &Client, schema: &Schema, me: &Registration) -> Result<(), StoreError> {
+pub async fn register(
+    client: &Client,
+    schema: &Schema,
+    me: &Registration,
+) -> Result<(), StoreError> {
     client
         .execute(
             &schema.sql(REGISTER),
@@ -256,10 +261,16 @@ mod tests {
     fn an_instance_is_dead_when_silent_past_its_lease_or_silent_and_gone() {
         let lease = Duration::from_secs(10);
         assert!(seen(1, true).alive(lease, true));
-        assert!(seen(9, true).alive(lease, true), "frozen but within its lease");
+        assert!(
+            seen(9, true).alive(lease, true),
+            "frozen but within its lease"
+        );
         assert!(!seen(11, true).alive(lease, true), "frozen past its lease");
         assert!(seen(1, false).alive(lease, true), "a reconnect in progress");
-        assert!(!seen(3, false).alive(lease, true), "killed: its sessions are gone");
+        assert!(
+            !seen(3, false).alive(lease, true),
+            "killed: its sessions are gone"
+        );
         assert!(
             seen(3, false).alive(lease, false),
             "everyone reconnecting after a server restart"
@@ -272,7 +283,10 @@ mod tests {
         assert!(runs(None, &knows, "a"));
         assert!(!runs(None, &knows, "c"), "not in its config");
         assert!(runs(Some(&["b".to_owned()]), &knows, "b"));
-        assert!(!runs(Some(&["b".to_owned()]), &knows, "a"), "pinned elsewhere");
+        assert!(
+            !runs(Some(&["b".to_owned()]), &knows, "a"),
+            "pinned elsewhere"
+        );
         assert!(!runs(Some(&[]), &knows, "a"), "runs no projection");
     }
 }

@@ -235,7 +235,10 @@ pub struct LeaderRow {
 }
 
 /// Reads the `leader` row.
-pub async fn leader_row(client: &impl GenericClient, schema: &Schema) -> Result<LeaderRow, StoreError> {
+pub async fn leader_row(
+    client: &impl GenericClient,
+    schema: &Schema,
+) -> Result<LeaderRow, StoreError> {
     let row = client
         .query_one(&schema.sql(LEADER), &[])
         .await
@@ -261,7 +264,9 @@ pub enum Attempt {
     Lost,
     /// A release before the lease leads (the backend `pid` on the target holds its lock):
     /// this release leads nothing beside it.
-    Older { pid: i32 },
+    Older {
+        pid: i32,
+    },
 }
 
 impl Leadership {

@@ -16,9 +16,9 @@ mod dead_letter;
 mod error;
 mod event_log;
 mod event_trail;
-pub mod instance;
 mod failover;
 mod ingest_position;
+pub mod instance;
 mod jsonb;
 mod large_payload;
 mod leader;
@@ -46,7 +46,9 @@ pub use answer::{
 };
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
-pub use connect::{connect, connect_listening, tag_sessions, ConnectOptions, Notice, WORKER_SESSION};
+pub use connect::{
+    connect, connect_listening, tag_sessions, ConnectOptions, Notice, WORKER_SESSION,
+};
 pub use dead_letter::{DeadLetters, Gap, RetryItem};
 pub use error::{describe, kind_of, sqlstate, StoreError};
 pub use event_log::{read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page};

@@ -43,8 +43,9 @@ pub use crate::event_trail::{
 pub use crate::phantom::{Accept, PhantomEntry};
 pub use crate::prune::{LogPruned, PrunePolicy, Pruned};
 pub use crate::status::{
-    IngestPause, IngestStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe, SourceStatus,
-    Status, SubscriberStatus, TargetReach, TargetStatus, SOURCE_READ_TIMEOUT,
+    IngestPause, IngestStatus, InstanceStatus, PauseStatus, RebuildStatus, SlotStatus, SourceProbe,
+    SourceStatus, Status, SubscriberStatus, TargetReach, TargetStatus, UnitStatus,
+    SOURCE_READ_TIMEOUT,
 };
 
 /// An operator's view of one target: its connection (owned, `Client`, or borrowed,

@@ -101,6 +101,42 @@ pub struct Status {
     /// The extra targets (`[targets.NAME]`) and whether they could be read; their
     /// subscribers, rebuilds and dead letters are in the lists above.
     pub targets: Vec<TargetReach>,
+    /// The instances registered on the main target, oldest first.
+    pub instances: Vec<InstanceStatus>,
+    /// The instance that leads, if one does.
+    pub leader: Option<uuid::Uuid>,
+    /// Every work unit (projection partition) and who owns it, on every target read.
+    pub units: Vec<UnitStatus>,
+}
+
+/// An instance as `walfold status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceStatus {
+    pub id: uuid::Uuid,
+    pub host: String,
+    pub pid: i32,
+    pub version: String,
+    pub started_at_unix: f64,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_s: f64,
+    /// Whether any session of it is connected to the main target.
+    pub connected: bool,
+    /// The projections it may run (`None`: every one it knows).
+    pub runs: Option<Vec<String>>,
+    pub leads: bool,
+}
+
+/// A work unit as `walfold status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitStatus {
+    pub target: String,
+    pub subscriber: String,
+    pub partition: u32,
+    pub projection: String,
+    pub rebuild: bool,
+    pub owner: Option<uuid::Uuid>,
+    /// Taken back by the leader for a change of plan.
+    pub held: bool,
 }
 
 /// Whether an extra target answered `walfold status`.
@@ -116,6 +152,7 @@ pub struct TargetReach {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TargetStatus {
     pub subscribers: Vec<SubscriberStatus>,
+    pub units: Vec<UnitStatus>,
     pub rebuilds: Vec<RebuildStatus>,
     pub dead_letters_open: i64,
     pub processed_message_rows: i64,
@@ -130,6 +167,7 @@ impl Status {
             .filter(|s| s.paused.is_some())
             .count() as i64;
         self.subscribers.extend(part.subscribers);
+        self.units.extend(part.units);
         self.rebuilds.extend(part.rebuilds);
         self.dead_letters_open += part.dead_letters_open;
         self.processed_message_rows += part.processed_message_rows;
@@ -420,6 +458,23 @@ pub async fn status_of(
         dead_letters_open: 0,
         processed_message_rows: 0,
         targets: Vec::new(),
+        instances: crate::instance::seen(target, schema)
+            .await?
+            .into_iter()
+            .map(|i| InstanceStatus {
+                id: i.id,
+                host: i.host,
+                pid: i.pid,
+                version: i.version,
+                started_at_unix: i.started_at,
+                heartbeat_age_s: i.silence.as_secs_f64(),
+                connected: i.connected,
+                runs: i.runs,
+                leads: i.leads,
+            })
+            .collect(),
+        leader: crate::leader::leader_row(target, schema).await?.owner,
+        units: Vec::new(),
     };
     status.add(part);
     Ok(status)
@@ -562,6 +617,19 @@ pub async fn target_status(
         .map_err(StoreError::db("estimating processed_message"))?
         .of("pg_class")
         .col("claims")?;
+    let units = crate::work_unit::units(target, schema)
+        .await?
+        .into_iter()
+        .map(|u| UnitStatus {
+            target: name.to_owned(),
+            subscriber: u.key.subscriber,
+            partition: u.key.partition,
+            projection: u.projection,
+            rebuild: u.rebuild,
+            owner: u.owner,
+            held: u.held,
+        })
+        .collect();
     let mut rebuilds = Vec::new();
     let now_unix = now
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -602,6 +670,7 @@ pub async fn target_status(
     }
     Ok(TargetStatus {
         subscribers,
+        units,
         rebuilds,
         dead_letters_open,
         processed_message_rows,

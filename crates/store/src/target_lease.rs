@@ -48,7 +48,8 @@ use crate::schema::Schema;
 const LOCK_EPOCH: &str = "select epoch, hashtext($1) as class from {schema}.leader for update";
 
 /// Records this leader's epoch `$1` on the target.
-const RECORD_EPOCH: &str = "update {schema}.leader set epoch = $1, lead_token = gen_random_uuid(), \
+const RECORD_EPOCH: &str =
+    "update {schema}.leader set epoch = $1, lead_token = gen_random_uuid(), \
      pid = pg_backend_pid(), acquired_at = now()";
 
 /// The session that holds a takeover of an extra target, and the fence for writes there.

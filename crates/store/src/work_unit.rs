@@ -89,7 +89,8 @@ const TAKE: &str = "with taken as (update {schema}.work_unit set owner = $3, tok
        and partition = $2 and exists (select 1 from taken)) \
      select token from taken";
 
-const RELEASE: &str = "update {schema}.work_unit set owner = null, token = default, taken_at = null \
+const RELEASE: &str =
+    "update {schema}.work_unit set owner = null, token = default, taken_at = null \
      where subscriber_id = $1 and partition = $2 and token = $3";
 
 const HOLD: &str = "update {schema}.work_unit w set owner = null, held = true, token = default, \
@@ -101,7 +102,8 @@ const HOLD: &str = "update {schema}.work_unit w set owner = null, held = true, t
 
 const LET_GO: &str = "update {schema}.work_unit set held = false where subscriber_id = $1";
 
-const INSERT: &str = "insert into {schema}.work_unit (subscriber_id, partition, partitions, projection, rebuild) \
+const INSERT: &str =
+    "insert into {schema}.work_unit (subscriber_id, partition, partitions, projection, rebuild) \
      select $1, p, $2, $3, $4 from generate_series(0, $2 - 1) p";
 
 const DELETE: &str = "with gone as (delete from {schema}.work_unit where subscriber_id = $1) \
@@ -321,7 +323,10 @@ pub(crate) async fn lock_exclusively(
     let mut locked = false;
     for round in 0..LOCK_TRIES {
         match client
-            .execute("select pg_advisory_lock($1, $2)", &[&key.class, &key.objid()])
+            .execute(
+                "select pg_advisory_lock($1, $2)",
+                &[&key.class, &key.objid()],
+            )
             .await
         {
             Ok(_) => {
@@ -335,11 +340,18 @@ pub(crate) async fn lock_exclusively(
                         if ended.refused > 0 {
                             tracing::warn!(place, refused = ended.refused, "a dead instance's sessions keep what this instance takes, and this role may not end them: they end by idle_in_transaction_session_timeout; grant pg_signal_backend to walfold's role, or run every instance as one role");
                         } else {
-                            tracing::info!(place, ended = ended.ended, "ended a dead instance's sessions");
+                            tracing::info!(
+                                place,
+                                ended = ended.ended,
+                                "ended a dead instance's sessions"
+                            );
                         }
                     }
                     None if round > 0 => {
-                        tracing::info!(place, "waiting for the previous owner's transactions to end")
+                        tracing::info!(
+                            place,
+                            "waiting for the previous owner's transactions to end"
+                        )
                     }
                     None => {}
                 }
@@ -407,7 +419,10 @@ pub async fn wait_for_holders(
             tracing::warn!(partition = h.partition, "waiting for a work unit's owner to finish its transaction before changing the plan");
         }
         client
-            .execute("select pg_advisory_unlock($1, $2)", &[&key.class, &key.objid()])
+            .execute(
+                "select pg_advisory_unlock($1, $2)",
+                &[&key.class, &key.objid()],
+            )
             .await
             .map_err(StoreError::db("letting go of a work unit's key"))?;
     }
@@ -415,7 +430,11 @@ pub async fn wait_for_holders(
 }
 
 /// Lets the held units of `subscriber` be taken again.
-pub async fn let_go(tx: &Transaction<'_>, schema: &Schema, subscriber: &str) -> Result<(), StoreError> {
+pub async fn let_go(
+    tx: &Transaction<'_>,
+    schema: &Schema,
+    subscriber: &str,
+) -> Result<(), StoreError> {
     tx.execute(&schema.sql(LET_GO), &[&subscriber])
         .await
         .map_err(StoreError::db("letting work units go"))?;
@@ -439,7 +458,11 @@ pub async fn plan(tx: &Transaction<'_>, schema: &Schema, unit: &Planned) -> Resu
 }
 
 /// Removes the (held) units of `subscriber` from the plan.
-pub async fn unplan(tx: &Transaction<'_>, schema: &Schema, subscriber: &str) -> Result<(), StoreError> {
+pub async fn unplan(
+    tx: &Transaction<'_>,
+    schema: &Schema,
+    subscriber: &str,
+) -> Result<(), StoreError> {
     tx.execute(&schema.sql(DELETE), &[&subscriber])
         .await
         .map_err(StoreError::db("removing work units"))?;
@@ -447,7 +470,11 @@ pub async fn unplan(tx: &Transaction<'_>, schema: &Schema, subscriber: &str) -> 
 }
 
 /// A switched-over rebuild's units now write the live table.
-pub async fn go_live(tx: &Transaction<'_>, schema: &Schema, subscriber: &str) -> Result<(), StoreError> {
+pub async fn go_live(
+    tx: &Transaction<'_>,
+    schema: &Schema,
+    subscriber: &str,
+) -> Result<(), StoreError> {
     tx.execute(&schema.sql(GO_LIVE), &[&subscriber])
         .await
         .map_err(StoreError::db("switching work units to the live table"))?;

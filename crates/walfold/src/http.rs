@@ -351,14 +351,14 @@ async fn extra_parts(
 
 async fn ready(state: &State) -> Result<(), String> {
     let m = metrics();
-    if !m.is_leader() {
-        // Standing by, or kept from leading: the target says which.
+    if !m.is_leader() && m.units_owned() == 0 {
+        // Holding no work: the target says whether that is its choice or an outage.
         let target = walfold_engine::Target::main(&state.config);
         let server = format!("target {}", target.label());
         return Err(
             match walfold_store::connect_within(&target.url, &server, DATABASE_TIMEOUT).await {
-                Ok(_) => "standby: another instance leads (or this one is taking over)".into(),
-                Err(e) => format!("not leading: {e} (retried with backoff)"),
+                Ok(_) => "standby: this instance holds no work (the others run every unit, or it is taking some over)".into(),
+                Err(e) => format!("not leading and holding no work: {e} (retried with backoff)"),
             },
         );
     }
@@ -368,7 +368,10 @@ async fn ready(state: &State) -> Result<(), String> {
         .iter()
         .map(|s| s.name.as_str())
         .collect();
-    let idle = m.not_streaming(&names);
+    let idle = match m.is_leader() {
+        true => m.not_streaming(&names),
+        false => Vec::new(),
+    };
     if state.config.sources().len() == 1 && !idle.is_empty() {
         return Err("not streaming from the slot".into());
     }

@@ -281,6 +281,7 @@ fn render(config: &Config, s: &Status) -> String {
         }
     }
     println!("event log head: {}", s.event_log_head);
+    render_instances(config, s, &mut out);
     for t in &s.targets {
         match &t.error {
             None => println!("target {}: reachable", t.name),
@@ -415,6 +416,80 @@ fn render(config: &Config, s: &Status) -> String {
         s.processed_message_rows
     );
     out
+}
+
+/// The instances, and who owns each work unit.
+fn render_instances(config: &Config, s: &Status, out: &mut String) {
+    use std::fmt::Write;
+    let lease = config.cluster.lease_s as f64;
+    let short = |id: &uuid::Uuid| id.simple().to_string()[..8].to_owned();
+    // Gone: silent past the lease, or silent and without a session.
+    let alive = |i: &walfold_store::operator::InstanceStatus| {
+        i.heartbeat_age_s <= lease && (i.connected || i.heartbeat_age_s <= 2.0)
+    };
+    if s.instances.is_empty() {
+        let _ = writeln!(out, "instances: none running");
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<10} {:<20} {:>8} {:<10} {:>10} {:>10} {:>6} {:<8}",
+            "instance", "host", "pid", "version", "up_s", "heartbeat", "units", "role"
+        );
+    }
+    for i in &s.instances {
+        let units = s.units.iter().filter(|u| u.owner == Some(i.id)).count();
+        let role = match (alive(i), s.leader == Some(i.id)) {
+            (false, _) => "GONE",
+            (true, true) => "leader",
+            (true, false) if i.runs.as_ref().is_some_and(Vec::is_empty) => "no-work",
+            (true, false) => "worker",
+        };
+        let _ = writeln!(
+            out,
+            "{:<10} {:<20} {:>8} {:<10} {:>10.0} {:>9.1}s {:>6} {:<8}",
+            short(&i.id),
+            crate::text::escape_controls(&i.host),
+            i.pid,
+            crate::text::escape_controls(&i.version),
+            (unix_now() - i.started_at_unix).max(0.0),
+            i.heartbeat_age_s,
+            units,
+            role
+        );
+    }
+    let mut subscribers: Vec<(&str, &str)> = s
+        .units
+        .iter()
+        .map(|u| (u.target.as_str(), u.subscriber.as_str()))
+        .collect();
+    subscribers.dedup();
+    for (target, subscriber) in subscribers {
+        let owners: Vec<String> = s
+            .units
+            .iter()
+            .filter(|u| u.target == target && u.subscriber == subscriber)
+            .map(|u| {
+                let owner = match (&u.owner, u.held) {
+                    (_, true) => "held".to_owned(),
+                    (Some(o), false) if s.instances.iter().any(|i| i.id == *o && alive(i)) => {
+                        short(o)
+                    }
+                    _ => "UNOWNED".to_owned(),
+                };
+                format!("{}={owner}", u.partition)
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "units {subscriber}{}: {}",
+            if target == "main" {
+                String::new()
+            } else {
+                format!(" (target {target})")
+            },
+            owners.join(" ")
+        );
+    }
 }
 
 fn unix_now() -> f64 {

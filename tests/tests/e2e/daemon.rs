@@ -356,22 +356,20 @@ async fn scram_and_verified_tls_with_a_least_privilege_role() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_daemon_takes_over_when_the_leader_is_killed() {
+async fn a_second_daemon_shares_the_work_and_leads_when_the_leader_is_killed() {
     let db = TestDb::new("two");
     let (mut first, client) = Daemon::streaming(&db, &db.config("")).await;
-    let mut second = Daemon::start(&db.config(""), &[]);
+    let second = Daemon::start(&db.config(""), &[]);
     eventually(
         Duration::from_secs(30),
-        "the second daemon to stand by",
+        "the second daemon to take work",
         || {
-            let waiting = second
-                .log_text()
-                .contains("another walfold leads; standing by");
-            async move { waiting }
+            let working = second.log_text().contains("took a work unit");
+            async move { working }
         },
     )
     .await;
-    // A standby neither streams nor projects: one walsender, no second set of workers.
+    // Only the leader streams: one walsender.
     assert_eq!(
         db.psql("select count(*) from pg_stat_activity where application_name = 'walfold' and backend_type = 'walsender'"),
         "1"
@@ -389,6 +387,7 @@ async fn a_standby_daemon_takes_over_when_the_leader_is_killed() {
     let expected = writer.await.unwrap();
     caught_up(&client, expected.distinct(), 3).await;
     expected.check(&client).await;
+    let mut second = second;
     assert!(second.exited().is_none(), "{}", second.log_text());
     assert!(second
         .log_text()

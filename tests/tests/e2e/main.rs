@@ -3,6 +3,7 @@
 //! process, so each test gets its own `Cluster::shared()` and a fresh database on it,
 //! as before.
 
+mod cluster;
 mod daemon;
 mod descriptors;
 mod failover;

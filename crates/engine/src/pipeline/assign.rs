@@ -116,10 +116,16 @@ mod tests {
     }
 
     fn ids(n: u128) -> Vec<Uuid> {
-        (1..=n).map(|i| Uuid::from_u128(i * 0x9e37_79b9_7f4a_7c15)).collect()
+        (1..=n)
+            .map(|i| Uuid::from_u128(i * 0x9e37_79b9_7f4a_7c15))
+            .collect()
     }
 
-    fn run(units: &[(Place, String)], ids: &[Uuid], runs: &dyn Fn(&str) -> bool) -> HashMap<Place, Uuid> {
+    fn run(
+        units: &[(Place, String)],
+        ids: &[Uuid],
+        runs: &dyn Fn(&str) -> bool,
+    ) -> HashMap<Place, Uuid> {
         let workers: Vec<Worker<'_>> = ids.iter().map(|&id| Worker { id, runs }).collect();
         let refs: Vec<(Place, &str)> = units.iter().map(|(p, n)| (p.clone(), n.as_str())).collect();
         assign(&refs, &workers)
@@ -139,7 +145,11 @@ mod tests {
         assert_eq!(placed.len(), 40);
         let l = loads(&placed, &i);
         assert!(l.iter().all(|&n| (13..=14).contains(&n)), "{l:?}");
-        assert_eq!(placed, run(&u, &i, &|_| true), "the same inputs, the same answer");
+        assert_eq!(
+            placed,
+            run(&u, &i, &|_| true),
+            "the same inputs, the same answer"
+        );
     }
 
     #[test]

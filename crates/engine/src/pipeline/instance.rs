@@ -135,7 +135,9 @@ pub(crate) async fn notifier(config: &Config) -> Result<Client, EngineError> {
     client
         .batch_execute("set synchronous_commit = off")
         .await
-        .map_err(walfold_store::StoreError::db("configuring the notification session"))?;
+        .map_err(walfold_store::StoreError::db(
+            "configuring the notification session",
+        ))?;
     Ok(client)
 }
 
@@ -169,7 +171,9 @@ impl Control {
                 quote_ident(&shared.channel)
             ))
             .await
-            .map_err(walfold_store::StoreError::db("configuring the control session"))?;
+            .map_err(walfold_store::StoreError::db(
+                "configuring the control session",
+            ))?;
         instance::register(&client, &main.schema, &shared.me).await?;
         Ok(Control {
             client,
@@ -316,8 +320,8 @@ impl Runner {
                     true => shared.planners.notify_waiters(),
                     false => shared.tell("r").await,
                 },
-                _ = tick.tick() => self.round().await?,
-                _ = shared.round_now.notified() => self.round().await?,
+                _ = tick.tick() => self.round_or_retry().await?,
+                _ = shared.round_now.notified() => self.round_or_retry().await?,
             }
         }
     }
@@ -330,14 +334,36 @@ impl Runner {
                 }
             }
             _ if n.payload == "u" => self.shared.round_now.notify_one(),
-            _ if n.payload == "r" && self.leading.is_some() => self.shared.planners.notify_waiters(),
+            _ if n.payload == "r" && self.leading.is_some() => {
+                self.shared.planners.notify_waiters()
+            }
             _ => {}
+        }
+    }
+
+    /// [`Runner::round`]; a failure it can retry (a connection lost, the server
+    /// restarting) is said, and the sessions that failed are opened again next round.
+    async fn round_or_retry(&mut self) -> Result<(), EngineError> {
+        match self.round().await {
+            Err(e) if e.kind().retries() => {
+                tracing::warn!(error = %e, "this instance's round failed; trying again");
+                if self.control.as_ref().is_some_and(|c| c.client.is_closed()) {
+                    self.control = None;
+                }
+                self.leases.retain(|_, l| !l.is_closed());
+                self.stand_down_if_silent().await;
+                Ok(())
+            }
+            other => other,
         }
     }
 
     /// One round: the heartbeat, leadership, then the units.
     async fn round(&mut self) -> Result<(), EngineError> {
-        walfold_telemetry::failpoint::delay("heartbeat").await;
+        if self.leading.is_some() {
+            // Tests: a leader that stalls (its heartbeats stop, its work goes on).
+            walfold_telemetry::failpoint::delay("leader_heartbeat").await;
+        }
         let shared = self.shared.clone();
         let schema = &shared.main().schema;
         if self.control.as_ref().is_none_or(|c| c.client.is_closed()) {
@@ -386,8 +412,15 @@ impl Runner {
             .iter()
             .filter(|s| s.id == shared.me.id || s.alive(shared.lease, settled))
             .collect();
-        self.lead_if_gone(LeaderRow { epoch, owner: leader }, &seen, &alive)
-            .await?;
+        self.lead_if_gone(
+            LeaderRow {
+                epoch,
+                owner: leader,
+            },
+            &seen,
+            &alive,
+        )
+        .await?;
         if self.older.is_some() {
             // The older release runs every projection itself.
             for r in self.running.values_mut() {
@@ -429,7 +462,10 @@ impl Runner {
         if let Some(tag) = dead {
             let ended = instance::end_sessions(control, schema, tag).await?;
             if ended.ended > 0 {
-                tracing::info!(sessions = ended.ended, "ended the sessions of the dead leader");
+                tracing::info!(
+                    sessions = ended.ended,
+                    "ended the sessions of the dead leader"
+                );
             }
         }
         match Leadership::try_take(control, schema, me, row, dead).await? {
@@ -505,7 +541,9 @@ impl Runner {
             owned: all.iter().filter(|(_, u)| u.owner == Some(me)).count(),
             unowned: all
                 .iter()
-                .filter(|(_, u)| !u.held && !u.owner.is_some_and(|o| alive.iter().any(|s| s.id == o)))
+                .filter(|(_, u)| {
+                    !u.held && !u.owner.is_some_and(|o| alive.iter().any(|s| s.id == o))
+                })
                 .count(),
         }
         .report();
@@ -560,7 +598,8 @@ impl Runner {
             };
             if let Some(tag) = dead {
                 if ended.insert((label.clone(), tag)) {
-                    let ended = instance::end_sessions(leases.client(), &target.schema, tag).await?;
+                    let ended =
+                        instance::end_sessions(leases.client(), &target.schema, tag).await?;
                     if ended.ended > 0 {
                         tracing::info!(target = %label, sessions = ended.ended, "ended the sessions of a dead instance");
                     }
@@ -676,7 +715,12 @@ impl Runner {
         Ok(())
     }
 
-    async fn give_back(&mut self, label: &str, key: &UnitKey, token: i64) -> Result<(), EngineError> {
+    async fn give_back(
+        &mut self,
+        label: &str,
+        key: &UnitKey,
+        token: i64,
+    ) -> Result<(), EngineError> {
         if let Some(leases) = self.leases.get_mut(label) {
             leases.release(key, token).await?;
         }
@@ -787,14 +831,22 @@ impl Runner {
         }
         while let Some(done) = self.tasks.join_next().await {
             if let Ok(ended) = done {
-                if let Err(e) = self.unit_ended(Ended { result: Ok(()), ..ended }).await {
+                if let Err(e) = self
+                    .unit_ended(Ended {
+                        result: Ok(()),
+                        ..ended
+                    })
+                    .await
+                {
                     tracing::debug!(error = %e, "while stopping");
                 }
             }
         }
         self.end_leading(true).await;
         if let Some(c) = &self.control {
-            if let Err(e) = instance::leave(&c.client, &self.shared.main().schema, &self.shared.me.id).await {
+            if let Err(e) =
+                instance::leave(&c.client, &self.shared.main().schema, &self.shared.me.id).await
+            {
                 tracing::debug!(error = %e, "could not deregister; the others find this instance gone");
             }
         }

@@ -90,7 +90,11 @@ async fn lead(
     let news = tokio::spawn(tell_head(shared.clone(), head_rx, stop.clone()));
     let pruner = tokio::spawn(prune_periodically(
         config.clone(),
-        shared.definitions.iter().map(|d| d.options.clone()).collect(),
+        shared
+            .definitions
+            .iter()
+            .map(|d| d.options.clone())
+            .collect(),
         stop.clone(),
         fence.clone(),
     ));
@@ -156,7 +160,10 @@ async fn tell_head(shared: Arc<Shared>, mut head: watch::Receiver<i64>, stop: Ca
         }
         let at = *head.borrow_and_update();
         shared.head_at(at);
-        if session.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+        if session
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
             session = notifier(&shared.config).await.ok();
         }
         if let Some(client) = session.as_ref() {

@@ -86,7 +86,11 @@ impl Planner {
     pub(super) async fn run(self) -> Result<(), EngineError> {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         let mut down = TargetDown::new(self.target.label());
-        down.serving(self.definitions().iter().map(|d| d.options.subscriber.clone()));
+        down.serving(
+            self.definitions()
+                .iter()
+                .map(|d| d.options.subscriber.clone()),
+        );
         let mut lease: Option<(walfold_store::TargetLease, Fence)> = None;
         let mut client: Option<Client> = None;
         let mut rounds = Rounds {
@@ -202,7 +206,11 @@ impl Planner {
             // A switch-over or a change of layout cut short (a change of leader, the
             // target down): the plan below puts the units right.
             self.fenced(client, fence, async |tx, schema| {
-                for u in work_unit::units(tx, schema).await?.iter().filter(|u| u.held) {
+                for u in work_unit::units(tx, schema)
+                    .await?
+                    .iter()
+                    .filter(|u| u.held)
+                {
                     work_unit::let_go(tx, schema, &u.key.subscriber).await?;
                 }
                 Ok(())
@@ -251,7 +259,9 @@ impl Planner {
                     .run(client, &mut rounds.failed)
                     .await?;
                     if switched {
-                        rounds.live.insert(r.projection.clone(), r.subscriber.clone());
+                        rounds
+                            .live
+                            .insert(r.projection.clone(), r.subscriber.clone());
                     }
                     // The plan is made again next round: the rebuilds changed.
                     rounds.basis = None;
@@ -379,7 +389,11 @@ impl Planner {
             });
         }
         for r in open.iter().filter(|r| r.state == RebuildState::Running) {
-            if !self.definitions().iter().any(|d| d.options.name == r.projection) {
+            if !self
+                .definitions()
+                .iter()
+                .any(|d| d.options.name == r.projection)
+            {
                 tracing::warn!(target = self.target.label(), projection = %r.projection, "a rebuild is recorded for a projection this config does not have here; not running it");
             }
         }
@@ -425,7 +439,11 @@ impl Planner {
                 work_unit::unplan(tx, schema, subscriber).await
             })
             .await?;
-            tracing::info!(target = self.target.label(), subscriber, "removed the work units: this subscriber no longer runs");
+            tracing::info!(
+                target = self.target.label(),
+                subscriber,
+                "removed the work units: this subscriber no longer runs"
+            );
             changed = true;
         }
         if changed {

@@ -59,7 +59,9 @@ impl Switch<'_> {
         let (planner, r, fence) = (self.planner, self.rebuild, self.fence);
         let target = &planner.target;
         let schema = &target.schema;
-        planner.hold(client, fence, &[self.live, &r.subscriber]).await?;
+        planner
+            .hold(client, fence, &[self.live, &r.subscriber])
+            .await?;
         self.catch_up(client).await;
         let outcome = rebuild::switch(client, schema, r, fence).await;
         let done = matches!(outcome, Ok(Switched::Done));
