@@ -187,18 +187,19 @@ pub async fn abort_rebuild(
     let target = Target::of(config, projection(config, name)?);
     let op = connect_to(&target).await?;
     let r = op.request_abort(name).await?;
-    if let Some(leader) = CommandLead::try_acquire(config).await? {
-        let (fence, lease) = fence_on(&leader.fence(), &target).await?;
-        let mut op = op.leading(fence);
-        let done = op.abort_rebuild(&r).await;
-        drop(lease);
-        leader.end().await;
-        done?;
-        aborted(&r);
-        return Ok(r);
-    }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
+        // No instance leads (none runs, or the leader died): the command does it.
+        if let Some(leader) = CommandLead::try_acquire(config).await? {
+            let (fence, lease) = fence_on(&leader.fence(), &target).await?;
+            let mut op = op.leading(fence);
+            let done = op.abort_rebuild(&r).await;
+            drop(lease);
+            leader.end().await;
+            done?;
+            aborted(&r);
+            return Ok(r);
+        }
         if !op
             .rebuilds()
             .await?
@@ -213,7 +214,7 @@ pub async fn abort_rebuild(
                 wait.as_secs()
             )));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -285,7 +286,9 @@ impl CommandLead {
         let seen = instance::seen(&control, &schema).await?;
         let owner = row.owner.and_then(|o| seen.iter().find(|s| s.id == o));
         let taken = match (row.owner, owner) {
-            (Some(_), Some(s)) if s.alive(lease, false) => None,
+            // A command is no server restart's reconnect: a leader whose sessions are
+            // gone is dead.
+            (Some(_), Some(s)) if s.alive(lease, true) => None,
             (_, owner) => {
                 let dead = owner.map(|s| s.tag);
                 if let Some(tag) = dead {

@@ -72,16 +72,18 @@ impl Target {
         self.name.as_deref().unwrap_or("main")
     }
 
-    /// The most connections the daemon holds on this target: its projectors' pool, the
-    /// control connection of its projector generations, and on an extra target its
-    /// lease; on the main target also the leader lock, the appender lock, one appender
-    /// per source, the prune task's, and `/metrics`' when it listens.
+    /// The most connections one instance holds on this target (each instance its own):
+    /// its projectors' pool and its lease session; on the main target also its control
+    /// session and the one it notifies the others on, and while it leads the appender
+    /// lock, one appender per source, the planner's and the prune task's, and `/metrics`'
+    /// when it listens; on an extra target, while it leads, the planner's and the lease
+    /// that took the target over.
     pub fn connection_budget(&self, config: &Config) -> usize {
         match &self.name {
-            Some(name) => config.targets[name].pool_size + 2,
+            Some(name) => config.targets[name].pool_size + 3,
             None => {
                 config.target.pool_size
-                    + 4
+                    + 6
                     + config.sources().len()
                     + usize::from(config.metrics.listen.is_some())
             }

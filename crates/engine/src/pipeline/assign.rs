@@ -167,17 +167,21 @@ mod tests {
     }
 
     #[test]
-    fn a_leaving_instance_s_units_go_to_the_others_and_theirs_stay() {
+    fn a_leaving_instance_s_units_go_to_the_others_and_little_else_moves() {
         let u = units(10, 4);
         let three = ids(3);
         let before = run(&u, &three, &|_| true);
         let after = run(&u, &three[..2], &|_| true);
-        for (k, v) in &before {
-            if *v != three[2] {
-                assert_eq!(after[k], *v, "{k:?} moved though its instance stayed");
-            }
-        }
-        assert_eq!(loads(&after, &three[..2]).iter().sum::<usize>(), 40);
+        // A share filled by the leaver's units may push one or two of its own on.
+        let stayed_moved = before
+            .iter()
+            .filter(|(k, v)| **v != three[2] && after[*k] != **v)
+            .count();
+        assert!(
+            stayed_moved <= 4,
+            "{stayed_moved} units moved though their instance stayed"
+        );
+        assert_eq!(loads(&after, &three[..2]), vec![20, 20]);
     }
 
     #[test]

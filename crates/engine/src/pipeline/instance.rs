@@ -130,7 +130,7 @@ impl Shared {
 }
 
 /// A session to send notifications on: nothing it does needs to be durable.
-pub(crate) async fn notifier(config: &Config) -> Result<Client, EngineError> {
+async fn notifier(config: &Config) -> Result<Client, EngineError> {
     let client = walfold_store::connect(config.target_url()).await?;
     client
         .batch_execute("set synchronous_commit = off")
@@ -693,7 +693,12 @@ impl Runner {
             pages: shared.pages_of(target),
         });
         let place = (label, unit.key.clone());
-        let name = format!("{}[{}]", unit.key.subscriber, unit.key.partition);
+        let name = format!(
+            "{}{}[{}]",
+            unit.projection,
+            if unit.rebuild { "~rebuild" } else { "" },
+            unit.key.partition
+        );
         let (head, task_stop) = (shared.head.subscribe(), stop.clone());
         let task_place = place.clone();
         self.tasks.spawn(async move {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::ProjectionConfig;
 use walfold_store::Fence;
 
-use super::instance::{notifier, Shared};
+use super::instance::Shared;
 use super::plan::Planner;
 use crate::error::EngineError;
 
@@ -151,7 +151,6 @@ async fn lead(
 /// Passes the head that ingest publishes to this instance's projectors and, as news, to
 /// every other instance's (coalesced: the latest head, one notification at a time).
 async fn tell_head(shared: Arc<Shared>, mut head: watch::Receiver<i64>, stop: CancellationToken) {
-    let mut session = None;
     loop {
         tokio::select! {
             biased;
@@ -160,22 +159,7 @@ async fn tell_head(shared: Arc<Shared>, mut head: watch::Receiver<i64>, stop: Ca
         }
         let at = *head.borrow_and_update();
         shared.head_at(at);
-        if session
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed)
-        {
-            session = notifier(&shared.config).await.ok();
-        }
-        if let Some(client) = session.as_ref() {
-            let news = format!("h {at}");
-            if client
-                .execute("select pg_notify($1, $2)", &[&shared.channel, &news])
-                .await
-                .is_err()
-            {
-                session = None;
-            }
-        }
+        shared.tell(&format!("h {at}")).await;
     }
 }
 
