@@ -22,6 +22,14 @@ pub enum Command {
         /// Path to walfold.toml.
         #[arg(short, long, env = "WALFOLD_CONFIG", default_value = "walfold.toml")]
         config: PathBuf,
+        /// Run only these projections on this instance (by name, comma-separated);
+        /// `[cluster] projections` for this instance alone.
+        #[arg(long, value_delimiter = ',', conflicts_with = "no_projections")]
+        projections: Option<Vec<String>>,
+        /// Run no projection on this instance: it only leads (reads the slots, prunes,
+        /// plans the work units) when no other instance does.
+        #[arg(long)]
+        no_projections: bool,
     },
     /// Start a throwaway PostgreSQL, stream sample events through three projections, print them.
     Demo,

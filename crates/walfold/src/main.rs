@@ -111,7 +111,17 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Run { config } => run::run(&config).await,
+            Command::Run {
+                config,
+                projections,
+                no_projections,
+            } => {
+                let runs = match no_projections {
+                    true => Some(Vec::new()),
+                    false => projections,
+                };
+                run::run(&config, runs).await
+            }
             Command::Demo => demo::demo().await,
             Command::Status {
                 config,

@@ -13,8 +13,14 @@ pub fn load(path: &Path) -> Result<Config, Failure> {
     Config::load(path).map_err(Failure::config)
 }
 
-pub async fn run(path: &Path) -> Result<(), Failure> {
-    let config = load(path)?;
+/// Runs the daemon on the config at `path`; `runs`: the projections this instance runs,
+/// from the command line (over `[cluster] projections`).
+pub async fn run(path: &Path, runs: Option<Vec<String>>) -> Result<(), Failure> {
+    let mut config = load(path)?;
+    if runs.is_some() {
+        config.cluster.projections = runs;
+        config.validate().map_err(Failure::config)?;
+    }
     telemetry::init(&config.log);
     crate::open_files::raise_and_log();
     for source in config.sources() {

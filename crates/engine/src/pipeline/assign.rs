@@ -48,9 +48,11 @@ pub(crate) fn assign(units: &[(Place, &str)], workers: &[Worker<'_>]) -> HashMap
         any.iter().filter(|a| **a).count().max(1)
     };
     let share = placeable.len().div_ceil(active);
-    // Placed in an order of their own hash, so no instance is favoured by names.
+    // The units fewest instances may run first (a pinned projection's take their
+    // instances' shares before units that could go anywhere), then in an order of their
+    // own hash, so no instance is favoured by names.
     let mut order: Vec<&(&Place, Vec<usize>)> = placeable.iter().collect();
-    order.sort_by_key(|(place, _)| score(place, &Uuid::nil()));
+    order.sort_by_key(|(place, may)| (may.len(), score(place, &Uuid::nil())));
     let mut load = vec![0usize; workers.len()];
     let mut placed = HashMap::new();
     for (place, may) in order {
