@@ -10,7 +10,7 @@ use std::path::Path;
 const REFERENCE: &str = "../../docs/CONFIGURATION.md";
 
 /// Section of the reference (as in its marker) → the struct whose fields are its keys.
-const SECTIONS: [(&str, &str); 9] = [
+const SECTIONS: [(&str, &str); 10] = [
     ("[source]", "SourceConfig"),
     ("[[outbox]]", "OutboxConfig"),
     ("[target]", "TargetConfig"),
@@ -18,6 +18,7 @@ const SECTIONS: [(&str, &str); 9] = [
     ("[pipeline]", "PipelineConfig"),
     ("[retention]", "RawRetention"),
     ("[metrics]", "MetricsConfig"),
+    ("[cluster]", "ClusterConfig"),
     ("[log]", "LogConfig"),
     ("[[projection]]", "RawProjection"),
 ];
