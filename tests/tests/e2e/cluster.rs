@@ -586,3 +586,95 @@ async fn an_older_release_is_kept_out_and_refused() {
     let expected = write_events(db.url(), 20, 5, 10, Duration::from_millis(5), 59).await;
     folds_right(&client, 2, expected.distinct()).await;
 }
+
+/// A rebuild while three instances share the work: its units spread like any others,
+/// the switch-over holds the live and the rebuilt units wherever they run, and the
+/// rebuilt table equals the fold; the live one served until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_switches_over_while_its_units_run_on_three_instances() {
+    let db = new_db("cluster_rebuild");
+    db.psql("create table rebuilt_total (order_id text primary key, total numeric not null)");
+    let text = config(&db.url(), 2, 2).replace(
+        "[[projection]]\nname = \"p0\"",
+        r#"[[projection]]
+name = "r"
+subscriber = "r.v1"
+parallelism = 3
+batch_size = 50
+target = "public.rebuilt_total"
+sql = "insert into {table} as t (order_id, total) values (:aggregate_id, coalesce(:payload.amount::numeric, 0)) on conflict (order_id) do update set total = t.total + excluded.total"
+
+[[projection]]
+name = "p0""#,
+    );
+    let (a, client) = Daemon::streaming(&db, &text).await;
+    let b = Daemon::start(&text, &[]);
+    let c = Daemon::start(&text, &[]);
+    spread_over(&client, 7, 3).await;
+    let writer = tokio::spawn(write_events(
+        db.url(),
+        300,
+        5,
+        30,
+        Duration::from_millis(20),
+        61,
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, _, err) = walfold(
+        &[
+            "rebuild",
+            "r",
+            "--subscriber",
+            "r.v2",
+            "-c",
+            a.config_path(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let expected = writer.await.unwrap();
+    eventually(Duration::from_secs(90), "the switch-over", || async {
+        count(
+            &client,
+            "select count(*) from walfold.rebuild where subscriber_id = 'r.v2' and state = 'switched'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    folds_right(&client, 2, expected.distinct()).await;
+    let fold = "with e as (select distinct on (id) aggregate_id, (payload->>'amount')::numeric a \
+                from outbox order by id) select aggregate_id, sum(a) s from e group by 1";
+    eventually(
+        Duration::from_secs(60),
+        "the rebuilt table to equal the fold",
+        || async {
+            count(
+                &client,
+                &format!(
+                    "select count(*) from ({fold}) f full join rebuilt_total t \
+                 on t.order_id = f.aggregate_id where t.total is distinct from f.s"
+                ),
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    assert_eq!(
+        count(
+            &client,
+            "select count(*) from walfold.processed_message where subscriber_id = 'r.v2'"
+        )
+        .await,
+        expected.distinct(),
+        "one claim per event"
+    );
+    // The rebuilt subscriber's units now write the live table; the retired one's are gone.
+    let units = owners(&client).await;
+    assert_eq!(units.keys().filter(|(s, _)| s == "r.v2").count(), 3);
+    assert_eq!(units.keys().filter(|(s, _)| s == "r.v1").count(), 0);
+    for mut x in [a, b, c] {
+        assert!(x.exited().is_none(), "{}", x.log_text());
+    }
+}
