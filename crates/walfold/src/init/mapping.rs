@@ -256,33 +256,7 @@ pub(super) fn read_model(name: &QualifiedName, table: ModelTable) -> Result<Read
              index (its key, filled from the aggregate ID); this table has none"
         )));
     };
-    let version_names = [
-        "version",
-        "lastversion",
-        "aggregateversion",
-        "sequence",
-        "seq",
-    ];
-    let version = columns
-        .iter()
-        .filter(|(n, t, _)| *n != key && integer(t))
-        .min_by_key(|(n, _, _)| {
-            let n = normalized(n);
-            version_names
-                .iter()
-                .position(|v| *v == n)
-                .unwrap_or(if n.ends_with("version") {
-                    100
-                } else {
-                    usize::MAX
-                })
-        })
-        .filter(|(n, _, _)| {
-            let n = normalized(n);
-            version_names.contains(&n.as_str()) || n.ends_with("version")
-        })
-        .map(|(n, _, _)| n.clone());
-    let Some(version) = version else {
+    let Some(version) = version_column(&columns, &key) else {
         return Err(Failure::config(format!(
             "--read-model {name}: a `table` projection needs an integer version column (the \
              guard: a row is updated only by a higher version); none of its columns is named \
@@ -313,6 +287,37 @@ pub(super) fn read_model(name: &QualifiedName, table: ModelTable) -> Result<Read
         version,
         columns: mapped,
     })
+}
+
+/// The read model's version column: an integer one (not the key) named like a version,
+/// the best-known spelling first.
+fn version_column(columns: &[(String, String, bool)], key: &str) -> Option<String> {
+    let version_names = [
+        "version",
+        "lastversion",
+        "aggregateversion",
+        "sequence",
+        "seq",
+    ];
+    columns
+        .iter()
+        .filter(|(n, t, _)| *n != key && integer(t))
+        .min_by_key(|(n, _, _)| {
+            let n = normalized(n);
+            version_names
+                .iter()
+                .position(|v| *v == n)
+                .unwrap_or(if n.ends_with("version") {
+                    100
+                } else {
+                    usize::MAX
+                })
+        })
+        .filter(|(n, _, _)| {
+            let n = normalized(n);
+            version_names.contains(&n.as_str()) || n.ends_with("version")
+        })
+        .map(|(n, _, _)| n.clone())
 }
 
 #[cfg(test)]

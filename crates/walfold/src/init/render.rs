@@ -79,33 +79,7 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
     if let Some(v) = field("where") {
         t.push_str(&format!("where = {}\n", toml_str(v)));
     } else if let Some((column, values)) = &r.one_row_per {
-        let expr = |value: &str| {
-            format!(
-                "{} = '{}'",
-                column_in_expression(column),
-                value.replace('\'', "''")
-            )
-        };
-        match values.split_first() {
-            Some((first, others)) => {
-                t.push_str(&format!(
-                    "# One row per event and per {column}: one {column}'s rows are each event once.\n"
-                ));
-                if !others.is_empty() {
-                    t.push_str(&format!("# The table also holds rows of {column}:\n"));
-                    for o in others {
-                        t.push_str(&format!("#   {}\n", o));
-                    }
-                }
-                t.push_str(&format!("where = {}\n", toml_str(&expr(first))));
-            }
-            None => t.push_str(&format!(
-                "# One row per event and per {column}: keep one {column}'s rows, or each event\n\
-                 # counts once per {column} (the table holds no rows yet to pick one from):\n\
-                 # where = {}\n",
-                toml_str(&expr("…"))
-            )),
-        }
+        one_row_per(t, column, values);
     }
     if let Some(v) = field("expand") {
         t.push_str(&format!(
@@ -113,6 +87,38 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
              expand = {}\n",
             toml_str(v)
         ));
+    }
+}
+
+/// `where` for a table with one row per event and per value of `column` (`values`,
+/// those it holds): the first value's rows, the others listed.
+fn one_row_per(t: &mut String, column: &str, values: &[String]) {
+    let expr = |value: &str| {
+        format!(
+            "{} = '{}'",
+            column_in_expression(column),
+            value.replace('\'', "''")
+        )
+    };
+    match values.split_first() {
+        Some((first, others)) => {
+            t.push_str(&format!(
+                "# One row per event and per {column}: one {column}'s rows are each event once.\n"
+            ));
+            if !others.is_empty() {
+                t.push_str(&format!("# The table also holds rows of {column}:\n"));
+                for o in others {
+                    t.push_str(&format!("#   {}\n", o));
+                }
+            }
+            t.push_str(&format!("where = {}\n", toml_str(&expr(first))));
+        }
+        None => t.push_str(&format!(
+            "# One row per event and per {column}: keep one {column}'s rows, or each event\n\
+             # counts once per {column} (the table holds no rows yet to pick one from):\n\
+             # where = {}\n",
+            toml_str(&expr("…"))
+        )),
     }
 }
 
