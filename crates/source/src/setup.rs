@@ -16,7 +16,7 @@ use walfold_event::Lsn;
 use walfold_store::{EventLog, Failover, IngestCounts, StoreError};
 
 use crate::error::{Refusal, SourceError};
-use crate::shape::{self, Outboxes, Slot};
+use crate::shape::{self, create_publication, Outboxes, Slot};
 use crate::verdict::Verdict;
 
 pub(crate) use crate::shape::{database_identity, publication_signature};
@@ -123,9 +123,6 @@ fn publication_refused(
         ),
     }
 }
-
-/// The statement that creates `source.publication` over the table outboxes.
-pub use crate::shape::create_publication;
 
 /// Checks the source and creates what is missing. `ingested_through` is the ingest
 /// position recorded for this slot in the target (the slot's start once walfold created

@@ -28,7 +28,7 @@ use render::{lock_down, render, toml_str, Messages};
 async fn tables(client: &Client) -> Result<Vec<Table>, Failure> {
     let tables = shape::tables(client)
         .await
-        .map_err(|e| Failure::runtime(format!("reading the catalog: {}", pg_text(&e))))?;
+        .map_err(|e| Failure::runtime(format!("reading the catalog: {}", error_text(&e))))?;
     Ok(tables
         .into_iter()
         .filter(|t| valid_name(&t.schema) && valid_name(&t.name))
@@ -45,7 +45,7 @@ async fn tables(client: &Client) -> Result<Vec<Table>, Failure> {
 }
 
 /// A statement's failure as tokio-postgres says it (what init's messages have shown).
-fn pg_text(e: &walfold_store::StoreError) -> String {
+fn error_text(e: &walfold_store::StoreError) -> String {
     match e.pg() {
         Some(pg) => pg.to_string(),
         None => e.to_string(),
@@ -88,7 +88,7 @@ async fn publication(
     wanted.sort();
     let publications = shape::publications(client)
         .await
-        .map_err(|e| Failure::runtime(pg_text(&e)))?;
+        .map_err(|e| Failure::runtime(error_text(&e)))?;
     Ok(publications
         .into_iter()
         .find(|(_, tables)| *tables == wanted)
@@ -393,7 +393,7 @@ async fn one_row_per(
         .map_err(|e| {
             Failure::runtime(format!(
                 "reading {table}'s {column} values: {}",
-                pg_text(&e)
+                error_text(&e)
             ))
         })?;
     Ok(Some((column.clone(), values)))
