@@ -6,7 +6,6 @@
 //! and everything after; one created there after the promotion starts past the fork and
 //! never streams what the new primary committed in between, so that range is a gap.
 
-use tokio_postgres::Client;
 use walfold_event::Lsn;
 use walfold_store::EventLog;
 
@@ -24,14 +23,6 @@ pub(crate) fn create_slot_sql(server_version_num: i32) -> &'static str {
     } else {
         "select lsn::text from pg_create_logical_replication_slot($1, 'pgoutput')"
     }
-}
-
-/// The source's `server_version_num`.
-pub(crate) async fn server_version(source: &Client) -> Result<i32, tokio_postgres::Error> {
-    source
-        .query_one("select current_setting('server_version_num')::int", &[])
-        .await
-        .map(|r| r.get(0))
 }
 
 /// Checks the slot found after a failover (once per failover) against the ingest

@@ -344,7 +344,6 @@ impl Mapping {
         });
         let position = |name: &str| columns.iter().position(|c| c.0 == name);
         let expanding = config.set("expand").is_some();
-        let mut missing = None;
         let mut fields: [Source; 8] = std::array::from_fn(|_| Source::Absent);
         let mut ids = Vec::new();
         let mut id_names = Vec::new();
@@ -360,28 +359,11 @@ impl Mapping {
                         // Left out, and the table has no such column: its name.
                         Source::Constant(table.name.clone())
                     }
-                    None => {
-                        if OutboxConfig::REQUIRED.contains(&f.key)
-                            || matches!(f.key, "where" | "expand")
-                        {
-                            missing.get_or_insert((f.key, f.value.to_owned()));
-                        }
-                        Source::Absent
-                    }
+                    None => Source::Absent,
                 }
             } else {
                 match walfold_expr::parse(f.value) {
-                    Ok(expr) => {
-                        let pseudo = |c: &&str| expanding && f.key != "expand" && *c == ELEMENT;
-                        if let Some(c) = expr
-                            .columns()
-                            .into_iter()
-                            .find(|c| !pseudo(c) && position(c).is_none())
-                        {
-                            missing.get_or_insert((f.key, c.to_owned()));
-                        }
-                        Source::Expr(Box::new(expr))
-                    }
+                    Ok(expr) => Source::Expr(Box::new(expr)),
                     // Refused at load; a mapping made without validation reads nothing.
                     Err(_) => Source::Absent,
                 }
@@ -417,7 +399,27 @@ impl Mapping {
                 }
             }
         }
-        let mut mapping = Mapping {
+        // The first column a field cannot do without that the relation lacks.
+        let column_names: Vec<&str> = columns.iter().map(|(n, _)| n.as_str()).collect();
+        let reads = crate::field_columns::field_columns(config, &column_names);
+        let missing = reads
+            .iter()
+            .find(|r| r.at.is_none() && r.required())
+            .map(|r| (r.field.key, r.column.clone()));
+        // A field whose column walfold cannot read (a large object's `oid`), whether the
+        // field names it or an expression (`where`, `expand` included) reads it.
+        let unreadable = reads.iter().find_map(|r| {
+            let (column, type_oid) = &columns[r.at?];
+            let why = unreadable_type(*type_oid)?;
+            Some(crate::error::Refusal {
+                problem: format!(
+                    "outbox table {table} column `{column}` (outbox.{}) {why}",
+                    r.field.key
+                ),
+                fix: unreadable_fix(&format!("outbox.{}", r.field.key)),
+            })
+        });
+        Mapping {
             scope: table.to_string(),
             table,
             columns,
@@ -430,10 +432,8 @@ impl Mapping {
             keys: OutboxConfig::KEYS,
             missing,
             max_bytes: usize::MAX,
-            unreadable: None,
-        };
-        mapping.unreadable = mapping.find_unreadable();
-        mapping
+            unreadable,
+        }
     }
 
     /// A row larger than `max_bytes` becomes a `too_large` dead letter.
@@ -453,48 +453,6 @@ impl Mapping {
     /// refusal, naming the config key, the column and why.
     pub fn unreadable(&self) -> Option<crate::error::Refusal> {
         self.unreadable.clone()
-    }
-
-    fn find_unreadable(&self) -> Option<crate::error::Refusal> {
-        let sources = self.ids.iter().map(|s| ("id", s)).chain(
-            self.keys
-                .iter()
-                .zip(&self.fields)
-                .map(|(k, s)| (*k, s))
-                .skip(1),
-        );
-        let mut read: Vec<(&str, usize)> = Vec::new();
-        for (key, source) in sources {
-            match source {
-                Source::Column(i) => read.push((key, *i)),
-                Source::Expr(e) => read.extend(self.read_by(key, e)),
-                Source::Absent | Source::Constant(_) => {}
-            }
-        }
-        for (key, e) in [("where", &self.filter), ("expand", &self.expand)] {
-            if let Some(e) = e {
-                read.extend(self.read_by(key, e));
-            }
-        }
-        read.into_iter().find_map(|(key, i)| {
-            let (column, type_oid) = &self.columns[i];
-            let why = unreadable_type(*type_oid)?;
-            Some(crate::error::Refusal {
-                problem: format!(
-                    "outbox table {} column `{column}` (outbox.{key}) {why}",
-                    self.table
-                ),
-                fix: unreadable_fix(&format!("outbox.{key}")),
-            })
-        })
-    }
-
-    fn read_by<'k>(&self, key: &'k str, e: &Expr) -> Vec<(&'k str, usize)> {
-        e.columns()
-            .into_iter()
-            .filter_map(|c| self.columns.iter().position(|(n, _)| n == c))
-            .map(|i| (key, i))
-            .collect()
     }
 
     /// A field set in the config (or required) that reads a column the table does not

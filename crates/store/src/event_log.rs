@@ -1137,3 +1137,63 @@ pub async fn read_events(
         .map_err(StoreError::db("reading events"))?;
     rows.iter().map(event_from_row).collect()
 }
+
+/// The distinct event types and aggregate types of the log's latest `limit` events, in
+/// order; `None` without a log (`walfold doctor` compares projections' filters with them).
+pub async fn latest_types(
+    client: &Client,
+    schema: &Schema,
+    limit: i64,
+) -> Result<Option<(Vec<String>, Vec<String>)>, StoreError> {
+    if !log_exists(client, schema).await? {
+        return Ok(None);
+    }
+    let row = client
+        .query_one(
+            &schema.sql(
+                "with latest as (select event_type, aggregate_type from {schema}.event_log \
+                 order by seq desc limit $1) \
+                 select array(select distinct event_type from latest order by 1) as events, \
+                 array(select distinct aggregate_type from latest order by 1) as aggregates",
+            ),
+            &[&limit],
+        )
+        .await
+        .map_err(StoreError::db("reading the log's latest types"))?;
+    let r = row.of("event_log");
+    Ok(Some((r.col("events")?, r.col("aggregates")?)))
+}
+
+/// Events per second the log grew by, between its oldest kept event and its newest (two
+/// index lookups); `None` without a log or with fewer than two events.
+pub async fn event_rate(client: &Client, schema: &Schema) -> Result<Option<f64>, StoreError> {
+    if !log_exists(client, schema).await? {
+        return Ok(None);
+    }
+    let row = client
+        .query_one(
+            &schema.sql(
+                "with b as (select min(seq) as lo, max(seq) as hi from {schema}.event_log) \
+                 select (hi - lo)::float8 / nullif(extract(epoch from \
+                   (select appended_at from {schema}.event_log where seq = hi) - \
+                   (select appended_at from {schema}.event_log where seq = lo))::float8, 0) \
+                 from b",
+            ),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading the log's event rate"))?;
+    row.of("event_log").col(0)
+}
+
+async fn log_exists(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
+    client
+        .query_one(
+            "select to_regclass($1) is not null",
+            &[&schema.sql("{schema}.event_log")],
+        )
+        .await
+        .map_err(StoreError::db("looking for the event log"))?
+        .of("pg_class")
+        .col(0)
+}

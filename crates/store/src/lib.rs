@@ -37,6 +37,7 @@ mod status;
 mod stream_stage;
 mod subscriber;
 mod target_lease;
+pub mod target_shape;
 mod tls;
 pub mod work_unit;
 
@@ -51,6 +52,7 @@ pub use connect::{
 };
 pub use dead_letter::{DeadLetters, Gap, RetryItem};
 pub use error::{describe, kind_of, sqlstate, StoreError};
+pub use event_log::{event_rate, latest_types};
 pub use event_log::{read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page};
 pub use failover::{failover_summary, Failover, FailoverSummary};
 pub use ingest_position::{
@@ -67,6 +69,7 @@ pub use rebuild::{Rebuild, RebuildState};
 pub use registry::active_subscriber;
 pub use row::{Column, Columns, FromRow, RowExt};
 pub use schema::Schema;
+pub use status::server_time;
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
 #[cfg(any(test, feature = "memory"))]
 pub use subscriber::memory;

@@ -676,3 +676,16 @@ pub async fn target_status(
         processed_message_rows,
     })
 }
+
+/// The server's clock, as `walfold status --watch` heads its screen with it.
+pub async fn server_time(client: &Client) -> Result<String, StoreError> {
+    client
+        .query_one(
+            "select to_char(now() at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"')",
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading the server's time"))?
+        .of("the server's time")
+        .col(0)
+}

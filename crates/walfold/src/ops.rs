@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
-use walfold_config::{Config, SourceView};
+use walfold_config::{Config, QualifiedName, SourceView};
 use walfold_engine::ops;
-use walfold_store::{Operator, RebuildState, RowExt, Schema};
+use walfold_store::{Operator, RebuildState, Schema};
 
 use crate::progress::{Progress, Snapshot, POLL};
 use crate::run::load;
@@ -416,7 +416,7 @@ impl BackfillWatcher {
             .await
             .ok()?;
         let estimate = match config.table_outbox(outbox) {
-            Some((_, table)) => row_estimate(config, &table.quoted()).await,
+            Some((_, table)) => row_estimate(config, &table).await,
             None => None,
         };
         Some(BackfillWatcher {
@@ -447,21 +447,12 @@ impl BackfillWatcher {
 
 /// The planner's estimate of a table's rows (a partitioned table's partitions summed);
 /// `None` while it was never analyzed.
-async fn row_estimate(config: &SourceView<'_>, quoted_table: &str) -> Option<u64> {
+async fn row_estimate(config: &SourceView<'_>, table: &QualifiedName) -> Option<u64> {
     let source = walfold_store::connect_for_command(&config.source().url, "source")
         .await
         .ok()?;
-    let row = source
-        .query_one(
-            // pg_partition_tree has no rows for a plain table.
-            "select coalesce(sum(greatest(c.reltuples, 0)), 0)::int8, coalesce(bool_or(c.reltuples < 0), true) \
-             from pg_class c where (c.oid = $1::text::regclass and c.relkind = 'r') \
-             or c.oid in (select relid from pg_partition_tree($1::text::regclass) where isleaf)",
-            &[&quoted_table],
-        )
+    walfold_source::shape::row_estimate(&source, table)
         .await
-        .ok()?;
-    let row = row.of("pg_class");
-    let (rows, unknown): (i64, bool) = (row.col(0).ok()?, row.col(1).ok()?);
-    (!unknown).then_some(rows.max(0) as u64)
+        .ok()
+        .flatten()
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use walfold_config::Config;
 use walfold_store::operator::{SourceProbe, Status, TargetReach, SOURCE_READ_TIMEOUT};
-use walfold_store::{Operator, RowExt};
+use walfold_store::Operator;
 
 use crate::{run::load, Failure};
 
@@ -193,16 +193,9 @@ pub async fn watch(path: &Path) -> Result<(), Failure> {
             _ = &mut interrupt => break,
             _ = tick.tick() => {}
         }
-        let now: String = connections
-            .target
-            .query_one(
-                "select to_char(now() at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"')",
-                &[],
-            )
+        let now = walfold_store::server_time(&connections.target)
             .await
-            .ok()
-            .and_then(|r| r.of("the server's time").col(0).ok())
-            .unwrap_or_else(|| "-".into());
+            .unwrap_or_else(|_| "-".into());
         connections.refresh(&config).await;
         let text = match read(&config, &connections).await {
             Ok(s) => render(&config, &s),

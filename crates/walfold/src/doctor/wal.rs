@@ -5,21 +5,28 @@
 //! measured effect).
 
 use tokio_postgres::Client;
-use walfold_store::RowExt;
+use walfold_store::target_shape::{self, Checkpoints, WalSettings};
+use walfold_store::{Schema, StoreError};
 
-use super::{setting, CheckError, Level, Report};
+use super::finding::Finding;
 
 /// Reports `target`'s WAL settings and its checkpoints against the event rate of the
-/// log in `schema` (quoted).
-pub(super) async fn wal_checks(
-    r: &mut Report,
-    target: &Client,
-    schema: &str,
-) -> Result<(), CheckError> {
-    let fpw = setting(target, "full_page_writes").await?;
-    let compression = setting(target, "wal_compression").await?;
-    let max_wal = setting(target, "max_wal_size").await?;
-    let timeout = setting(target, "checkpoint_timeout").await?;
+/// log in `schema`.
+pub(super) async fn checks(target: &Client, schema: &Schema) -> Result<Vec<Finding>, StoreError> {
+    let settings = target_shape::wal_settings(target).await?;
+    let mut found = vec![settings_finding(&settings)];
+    if let Some(c) = target_shape::checkpoints(target).await {
+        let rate = walfold_store::event_rate(target, schema)
+            .await
+            .ok()
+            .flatten();
+        found.push(checkpoints_finding(&settings, &c, rate));
+    }
+    Ok(found)
+}
+
+fn settings_finding(s: &WalSettings) -> Finding {
+    let (fpw, compression) = (&s.full_page_writes, &s.wal_compression);
     let note = match (fpw.as_str(), compression.as_str()) {
         ("on", "off") => {
             "; the first change of a page after each checkpoint writes its whole \
@@ -29,18 +36,16 @@ pub(super) async fn wal_checks(
         ("off", _) => "; full-page writes off is safe only on storage that never tears a page",
         _ => "",
     };
-    r.check(
-        Level::Ok,
-        format!(
-            "target WAL: full_page_writes = {fpw}, wal_compression = {compression}, \
-             max_wal_size = {max_wal}, checkpoint_timeout = {timeout}{note}"
-        ),
-        "",
-    );
+    Finding::ok(format!(
+        "target WAL: full_page_writes = {fpw}, wal_compression = {compression}, \
+         max_wal_size = {}, checkpoint_timeout = {}{note}",
+        s.max_wal_size, s.checkpoint_timeout
+    ))
+}
 
-    let Some(c) = checkpoints(target).await else {
-        return Ok(());
-    };
+/// The checkpoints since their statistics were reset, against the log's event `rate`:
+/// a warning when requested ones dominate (WAL reaches max_wal_size first).
+fn checkpoints_finding(s: &WalSettings, c: &Checkpoints, rate: Option<f64>) -> Finding {
     let hours = c.seconds / 3600.0;
     let total = c.timed + c.requested;
     let every = if total > 0 {
@@ -48,7 +53,6 @@ pub(super) async fn wal_checks(
     } else {
         String::new()
     };
-    let rate = event_rate(target, schema).await.ok().flatten();
     let events = match rate {
         Some(rate) => format!("; the event log grew by {rate:.1} events/s on average"),
         None => String::new(),
@@ -62,127 +66,34 @@ pub(super) async fn wal_checks(
          {} requested{every}{events}{wal}",
         c.timed, c.requested
     );
-    if c.requested > c.timed && c.requested >= 3 {
-        let timeout_s: f64 = numeric_setting(target, "checkpoint_timeout").await?;
-        let suggest = c
-            .wal_bytes
-            .filter(|_| c.seconds > 0.0)
-            .map(|w| {
-                // A checkpoint starts when the WAL since the last one reaches about
-                // max_wal_size / (1 + checkpoint_completion_target): room for twice a
-                // timeout's WAL keeps the timed ones in charge.
-                let mb = (2.0 * w / c.seconds * timeout_s / 1e6).ceil();
-                format!(
-                    " to about {} MB (twice a checkpoint_timeout's WAL at this rate)",
-                    mb.max(1.0)
-                )
-            })
-            .unwrap_or_default();
-        r.check(
-            Level::Warn,
-            format!(
-                "{what}: requested checkpoints dominate, so WAL reaches max_wal_size \
-                 ({max_wal}) before checkpoint_timeout ({timeout}) ends, or CHECKPOINT \
-                 commands or base backups request them"
-            ),
-            format!(
-                "raise max_wal_size{suggest}: each checkpoint makes the next change of \
-                 every page write its full image, so fewer checkpoints write less WAL \
-                 per event (a reload, no restart)"
-            ),
-        );
-    } else {
-        r.check(Level::Ok, what, "");
+    if !(c.requested > c.timed && c.requested >= 3) {
+        return Finding::ok(what);
     }
-    Ok(())
-}
-
-struct Checkpoints {
-    timed: i64,
-    requested: i64,
-    /// Since the statistics were reset.
-    seconds: f64,
-    /// WAL written since pg_stat_wal was reset (PostgreSQL 14+), scaled to `seconds`.
-    wal_bytes: Option<f64>,
-}
-
-/// Checkpoint counts since their reset: `pg_stat_checkpointer` (PostgreSQL 17+) or
-/// `pg_stat_bgwriter`. `None` when neither answers.
-async fn checkpoints(c: &Client) -> Option<Checkpoints> {
-    let row = match c
-        .query_one(
-            "select num_timed, num_requested, \
-             extract(epoch from now() - stats_reset)::float8 from pg_stat_checkpointer",
-            &[],
-        )
-        .await
-    {
-        Ok(row) => row,
-        Err(_) => c
-            .query_one(
-                "select checkpoints_timed, checkpoints_req, \
-                 extract(epoch from now() - stats_reset)::float8 from pg_stat_bgwriter",
-                &[],
+    let suggest = c
+        .wal_bytes
+        .filter(|_| c.seconds > 0.0)
+        .map(|w| {
+            // A checkpoint starts when the WAL since the last one reaches about
+            // max_wal_size / (1 + checkpoint_completion_target): room for twice a
+            // timeout's WAL keeps the timed ones in charge.
+            let mb = (2.0 * w / c.seconds * s.checkpoint_timeout_s / 1e6).ceil();
+            format!(
+                " to about {} MB (twice a checkpoint_timeout's WAL at this rate)",
+                mb.max(1.0)
             )
-            .await
-            .ok()?,
-    };
-    let row = row.of("pg_stat_bgwriter");
-    let seconds: f64 = row.col::<Option<f64>>(2).ok()??;
-    // The WAL rate over pg_stat_wal's own period, applied to the checkpoints' period.
-    let wal_bytes = c
-        .query_one(
-            "select wal_bytes::float8 / nullif(extract(epoch from now() - stats_reset)::float8, 0) \
-             from pg_stat_wal",
-            &[],
-        )
-        .await
-        .ok()
-        .and_then(|r| r.of("pg_stat_wal").col::<Option<f64>>(0).ok().flatten())
-        .map(|per_s| per_s * seconds);
-    Some(Checkpoints {
-        timed: row.col(0).ok()?,
-        requested: row.col(1).ok()?,
-        seconds,
-        wal_bytes,
-    })
-}
-
-/// Events per second the log in `schema` grew by, between its oldest kept event and its
-/// newest (two index lookups); `None` without a log or with fewer than two events.
-async fn event_rate(c: &Client, schema: &str) -> Result<Option<f64>, CheckError> {
-    let exists = c
-        .query_one(
-            "select to_regclass($1) is not null",
-            &[&format!("{schema}.event_log")],
-        )
-        .await?
-        .of("pg_class")
-        .col::<bool>(0)?;
-    if !exists {
-        return Ok(None);
-    }
-    let row = c
-        .query_one(
-            &format!(
-                "with b as (select min(seq) as lo, max(seq) as hi from {schema}.event_log) \
-                 select (hi - lo)::float8 / nullif(extract(epoch from \
-                   (select appended_at from {schema}.event_log where seq = hi) - \
-                   (select appended_at from {schema}.event_log where seq = lo))::float8, 0) \
-                 from b"
-            ),
-            &[],
-        )
-        .await?;
-    Ok(row.of("event_log").col::<Option<f64>>(0)?)
-}
-
-/// A setting in its base unit (seconds, kB, …) as `pg_settings` states it.
-async fn numeric_setting(c: &Client, name: &str) -> Result<f64, CheckError> {
-    let v: String = c
-        .query_one("select setting from pg_settings where name = $1", &[&name])
-        .await?
-        .of("pg_settings")
-        .col(0)?;
-    Ok(v.parse()?)
+        })
+        .unwrap_or_default();
+    Finding::warn(
+        format!(
+            "{what}: requested checkpoints dominate, so WAL reaches max_wal_size \
+             ({}) before checkpoint_timeout ({}) ends, or CHECKPOINT \
+             commands or base backups request them",
+            s.max_wal_size, s.checkpoint_timeout
+        ),
+        format!(
+            "raise max_wal_size{suggest}: each checkpoint makes the next change of \
+             every page write its full image, so fewer checkpoints write less WAL \
+             per event (a reload, no restart)"
+        ),
+    )
 }
