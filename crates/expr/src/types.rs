@@ -4,11 +4,6 @@
 
 use walfold_pgoutput::oid;
 
-/// `bytea`: not among the decoder's constants.
-pub(crate) const BYTEA_OID: u32 = 17;
-/// `text[]`
-pub(crate) const TEXT_ARRAY_OID: u32 = 1009;
-
 /// The type of a value while evaluating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ty {
@@ -43,14 +38,14 @@ impl Ty {
             oid::NAME => Ty::Name,
             oid::JSON => Ty::Json,
             oid::JSONB => Ty::Jsonb,
-            BYTEA_OID => Ty::Bytea,
+            oid::BYTEA => Ty::Bytea,
             oid::UUID => Ty::Uuid,
             oid::INT2 => Ty::Int2,
             oid::INT4 => Ty::Int4,
             oid::INT8 => Ty::Int8,
             oid::BOOL => Ty::Bool,
             oid::NUMERIC => Ty::Numeric,
-            TEXT_ARRAY_OID => Ty::TextArray,
+            oid::TEXT_ARRAY => Ty::TextArray,
             other => Ty::Other(other),
         }
     }
@@ -63,14 +58,14 @@ impl Ty {
             Ty::Name => oid::NAME,
             Ty::Json => oid::JSON,
             Ty::Jsonb => oid::JSONB,
-            Ty::Bytea => BYTEA_OID,
+            Ty::Bytea => oid::BYTEA,
             Ty::Uuid => oid::UUID,
             Ty::Int2 => oid::INT2,
             Ty::Int4 => oid::INT4,
             Ty::Int8 => oid::INT8,
             Ty::Bool => oid::BOOL,
             Ty::Numeric => oid::NUMERIC,
-            Ty::TextArray => TEXT_ARRAY_OID,
+            Ty::TextArray => oid::TEXT_ARRAY,
             Ty::Other(o) => o,
         }
     }
@@ -116,25 +111,7 @@ impl Ty {
         match self {
             Ty::TextArray => true,
             // The array types of the common element types.
-            Ty::Other(o) => matches!(
-                o,
-                1000 | 1001
-                    | 1005
-                    | 1007
-                    | 1014
-                    | 1015
-                    | 1016
-                    | 1021
-                    | 1022
-                    | 1115
-                    | 1182
-                    | 1185
-                    | 1231
-                    | 199
-                    | 2951
-                    | 3807
-                    | 1028
-            ),
+            Ty::Other(o) => oid::OTHER_ARRAYS.contains(&o),
             _ => false,
         }
     }
@@ -142,14 +119,14 @@ impl Ty {
 
 fn other_name(o: u32) -> String {
     match o {
-        26 => "oid",
-        700 => "real",
-        701 => "double precision",
-        1082 => "date",
-        1083 => "time without time zone",
-        1114 => "timestamp without time zone",
-        1184 => "timestamp with time zone",
-        1186 => "interval",
+        oid::OID => "oid",
+        oid::FLOAT4 => "real",
+        oid::FLOAT8 => "double precision",
+        oid::DATE => "date",
+        oid::TIME => "time without time zone",
+        oid::TIMESTAMP => "timestamp without time zone",
+        oid::TIMESTAMPTZ => "timestamp with time zone",
+        oid::INTERVAL => "interval",
         _ => return format!("type with OID {o}"),
     }
     .to_owned()

@@ -3,7 +3,8 @@
 use crate::error::ValueError;
 use crate::timestamp::parse_timestamptz;
 
-/// OIDs of the built-in types [`parse_text`] understands.
+/// OIDs of the built-in types walfold names anywhere: the one table of them, read by
+/// [`parse_text`], the outbox mapping and the expression evaluator.
 pub mod oid {
     /// `bool`
     pub const BOOL: u32 = 16;
@@ -33,6 +34,32 @@ pub mod oid {
     pub const UUID: u32 = 2950;
     /// `jsonb`
     pub const JSONB: u32 = 3802;
+
+    /// `bytea`: sent as `\x` hex text.
+    pub const BYTEA: u32 = 17;
+    /// `oid`: also the type of a large object's reference (`lo_import`, JPA's `@Lob` on
+    /// PostgreSQL), whose content logical decoding never sends.
+    pub const OID: u32 = 26;
+    /// `real`
+    pub const FLOAT4: u32 = 700;
+    /// `double precision`
+    pub const FLOAT8: u32 = 701;
+    /// `date`
+    pub const DATE: u32 = 1082;
+    /// `time` (without time zone)
+    pub const TIME: u32 = 1083;
+    /// `interval`
+    pub const INTERVAL: u32 = 1186;
+    /// `text[]`
+    pub const TEXT_ARRAY: u32 = 1009;
+    /// The array types of the other common element types: `bool[]`, `bytea[]`,
+    /// `int2[]`, `int4[]`, `bpchar[]`, `varchar[]`, `int8[]`, `real[]`,
+    /// `double precision[]`, `timestamp[]`, `date[]`, `timestamptz[]`, `numeric[]`,
+    /// `json[]`, `uuid[]`, `jsonb[]`, `oid[]`.
+    pub const OTHER_ARRAYS: [u32; 17] = [
+        1000, 1001, 1005, 1007, 1014, 1015, 1016, 1021, 1022, 1115, 1182, 1185, 1231, 199, 2951,
+        3807, 1028,
+    ];
 }
 
 /// A column value in text format, parsed according to its type OID.

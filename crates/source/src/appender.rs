@@ -11,7 +11,7 @@ use walfold_store::{
 use walfold_telemetry::failpoint;
 use walfold_telemetry::signal::Signal;
 
-use crate::budget::{Budget, Held};
+use crate::budget::{Budget, InFlightBytes};
 use crate::error::SourceError;
 use crate::feedback::Durable;
 use crate::reader::Item;
@@ -125,12 +125,14 @@ impl Appender {
     /// Runs until the reader closes the channel, then returns after the last commit.
     pub(crate) async fn run(
         mut self,
-        mut items: mpsc::Receiver<(Item, Held)>,
+        mut items: mpsc::Receiver<(Item, InFlightBytes)>,
     ) -> Result<(), SourceError> {
         let mut batch = Vec::with_capacity(self.batch_size);
-        let mut held: Vec<Held> = Vec::new();
+        let mut held: Vec<InFlightBytes> = Vec::new();
         let mut totals = AppendTotals::default();
-        let take = |batch: &mut Vec<Item>, held: &mut Vec<Held>, (item, h): (Item, Held)| {
+        let take = |batch: &mut Vec<Item>,
+                    held: &mut Vec<InFlightBytes>,
+                    (item, h): (Item, InFlightBytes)| {
             batch.push(item);
             if h.bytes() > 0 {
                 held.push(h);
@@ -158,7 +160,7 @@ impl Appender {
             }
             self.flush(&mut batch, &mut totals).await?;
             self.record_horizon().await;
-            let largest = held.iter().map(Held::bytes).max().unwrap_or(0);
+            let largest = held.iter().map(InFlightBytes::bytes).max().unwrap_or(0);
             held.clear();
             if largest >= self.budget.bytes() {
                 self.log = self.reopen.open().await?;

@@ -18,7 +18,7 @@ pub struct Budget {
 
 /// Bytes taken from a [`Budget`], given back when dropped.
 #[derive(Debug, Default)]
-pub struct Held(Option<OwnedSemaphorePermit>);
+pub struct InFlightBytes(Option<OwnedSemaphorePermit>);
 
 impl Budget {
     pub fn new(bytes: usize) -> Budget {
@@ -35,23 +35,23 @@ impl Budget {
     }
 
     /// Takes `bytes` (at most the whole budget) if they are free now.
-    pub fn try_take(&self, bytes: usize) -> Option<Held> {
+    pub fn try_take(&self, bytes: usize) -> Option<InFlightBytes> {
         match self.share(bytes) {
-            0 => Some(Held(None)),
+            0 => Some(InFlightBytes(None)),
             n => self
                 .permits
                 .clone()
                 .try_acquire_many_owned(n)
                 .ok()
-                .map(|p| Held(Some(p))),
+                .map(|p| InFlightBytes(Some(p))),
         }
     }
 
     /// Takes `bytes` (at most the whole budget), waiting until they are given back.
-    pub async fn take(self, bytes: usize) -> Held {
+    pub async fn take(self, bytes: usize) -> InFlightBytes {
         match self.share(bytes) {
-            0 => Held(None),
-            n => Held(
+            0 => InFlightBytes(None),
+            n => InFlightBytes(
                 // Never closed: the semaphore lives as long as this budget.
                 self.permits.acquire_many_owned(n).await.ok(),
             ),
@@ -69,7 +69,7 @@ impl Budget {
     }
 }
 
-impl Held {
+impl InFlightBytes {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.0.as_ref().map_or(0, |p| p.num_permits())

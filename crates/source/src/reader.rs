@@ -13,7 +13,7 @@ use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
 use walfold_store::{ConnectOptions, StagedChange, StagedRow};
 use walfold_telemetry::throttle::{Admit, Throttle};
 
-use crate::budget::Held;
+use crate::budget::InFlightBytes;
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
 use crate::outbox::{pg_time, Mapped, Mapping, MessageMapping, TxContext};
@@ -147,11 +147,11 @@ pub(crate) struct Reader<'a> {
     change: Option<(Lsn, i32)>,
     /// Protocol 2: streamed transactions not yet committed or aborted.
     streamed: HashMap<u32, Streamed>,
-    items: mpsc::Sender<(Item, Held)>,
+    items: mpsc::Sender<(Item, InFlightBytes)>,
     /// The bytes of the message being handled, taken from the budget by the replication
     /// worker: they go with the first item made of it, and are given back once that is
     /// appended.
-    held: Held,
+    held: InFlightBytes,
     /// The ingest position when this attempt started: transactions committed before it
     /// are in the log already.
     durable: Lsn,
@@ -176,7 +176,7 @@ struct Streamed {
 impl<'a> Reader<'a> {
     pub(crate) fn new(
         config: &'a SourceView<'a>,
-        items: mpsc::Sender<(Item, Held)>,
+        items: mpsc::Sender<(Item, InFlightBytes)>,
         durable: Lsn,
     ) -> Self {
         Reader {
@@ -193,7 +193,7 @@ impl<'a> Reader<'a> {
             change: None,
             streamed: HashMap::new(),
             items,
-            held: Held::default(),
+            held: InFlightBytes::default(),
             malformed_lines: Throttle::new(MALFORMED_LINES_WINDOW, MALFORMED_LINES),
         }
     }
@@ -259,7 +259,7 @@ impl<'a> Reader<'a> {
                             let handled = self.handle(event).await;
                             // What no item took is given back now: the next message may
                             // need the whole budget.
-                            self.held = Held::default();
+                            self.held = InFlightBytes::default();
                             if let Err(e) = handled {
                                 break Err(e);
                             }

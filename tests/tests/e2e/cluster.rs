@@ -455,7 +455,7 @@ async fn a_rolling_restart_pauses_no_unit_longer_than_one_handover() {
             longest
         })
     };
-    let mut daemons = vec![a, b, c];
+    let mut daemons = [a, b, c];
     for d in daemons.iter_mut() {
         assert_eq!(
             d.terminate(Duration::from_secs(30)),

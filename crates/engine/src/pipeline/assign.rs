@@ -20,19 +20,19 @@ pub(crate) struct Place {
     pub partition: u32,
 }
 
-/// An instance that may take work, and the projections it runs.
-pub(crate) struct Worker<'a> {
+/// An instance that may take work, and the projections it may run.
+pub(crate) struct Worker {
     pub id: Uuid,
-    pub runs: &'a dyn Fn(&str) -> bool,
+    pub projections: Vec<String>,
 }
 
 /// The instance each unit goes to; a unit no worker may run has none.
-pub(crate) fn assign(units: &[(Place, &str)], workers: &[Worker<'_>]) -> HashMap<Place, Uuid> {
+pub(crate) fn assign(units: &[(Place, &str)], workers: &[Worker]) -> HashMap<Place, Uuid> {
     let placeable: Vec<(&Place, Vec<usize>)> = units
         .iter()
         .map(|(place, projection)| {
             let may: Vec<usize> = (0..workers.len())
-                .filter(|&w| (workers[w].runs)(projection))
+                .filter(|&w| workers[w].projections.iter().any(|p| p == projection))
                 .collect();
             (place, may)
         })
@@ -128,7 +128,16 @@ mod tests {
         ids: &[Uuid],
         runs: &dyn Fn(&str) -> bool,
     ) -> HashMap<Place, Uuid> {
-        let workers: Vec<Worker<'_>> = ids.iter().map(|&id| Worker { id, runs }).collect();
+        let mut names: Vec<String> = units.iter().map(|(_, n)| n.clone()).collect();
+        names.dedup();
+        names.retain(|n| runs(n));
+        let workers: Vec<Worker> = ids
+            .iter()
+            .map(|&id| Worker {
+                id,
+                projections: names.clone(),
+            })
+            .collect();
         let refs: Vec<(Place, &str)> = units.iter().map(|(p, n)| (p.clone(), n.as_str())).collect();
         assign(&refs, &workers)
     }
@@ -191,22 +200,21 @@ mod tests {
         let u = units(4, 4);
         let i = ids(3);
         // The first instance runs only projection0; the last runs nothing.
-        let runs_of = |id: Uuid, projection: &str| {
-            if id == i[0] {
-                projection == "projection0"
-            } else {
-                id != i[2]
-            }
-        };
-        let workers: Vec<Box<dyn Fn(&str) -> bool>> = i
-            .iter()
-            .map(|&id| Box::new(move |p: &str| runs_of(id, p)) as Box<dyn Fn(&str) -> bool>)
-            .collect();
-        let ws: Vec<Worker<'_>> = i
-            .iter()
-            .zip(&workers)
-            .map(|(&id, runs)| Worker { id, runs: &**runs })
-            .collect();
+        let names: Vec<String> = (0..4).map(|p| format!("projection{p}")).collect();
+        let ws = [
+            Worker {
+                id: i[0],
+                projections: vec!["projection0".into()],
+            },
+            Worker {
+                id: i[1],
+                projections: names.clone(),
+            },
+            Worker {
+                id: i[2],
+                projections: Vec::new(),
+            },
+        ];
         let refs: Vec<(Place, &str)> = u.iter().map(|(p, n)| (p.clone(), n.as_str())).collect();
         let placed = assign(&refs, &ws);
         assert_eq!(placed.len(), 16);

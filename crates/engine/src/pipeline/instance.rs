@@ -519,16 +519,11 @@ impl Runner {
         }
         // Computed apart: what it borrows lives only here.
         let assigned = {
-            let runs: Vec<Box<dyn Fn(&str) -> bool + '_>> = alive
+            let workers: Vec<Worker> = alive
                 .iter()
-                .map(|s| Box::new(move |p: &str| s.runs(p)) as Box<dyn Fn(&str) -> bool + '_>)
-                .collect();
-            let workers: Vec<Worker<'_>> = alive
-                .iter()
-                .zip(&runs)
-                .map(|(s, runs)| Worker {
+                .map(|s| Worker {
                     id: s.id,
-                    runs: &**runs,
+                    projections: s.knows.iter().filter(|p| s.runs(p)).cloned().collect(),
                 })
                 .collect();
             let places: Vec<(Place, &str)> = all

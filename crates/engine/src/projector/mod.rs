@@ -38,7 +38,7 @@ use walfold_telemetry::signal::Signal;
 
 use self::pause::Pause;
 use self::retry::Paged;
-use self::strict::Held;
+use self::strict::HeldAggregates;
 use self::work::{Rules, Work};
 use crate::error::EngineError;
 use crate::pages::SharedPages;
@@ -251,7 +251,7 @@ impl Partition {
         let rules = self.rules();
         let conn = self.lease(turns).await?;
         let mut position = conn.store.position().await?;
-        let mut held = Held::default();
+        let mut held = HeldAggregates::default();
         for (aggregate, gap) in conn.store.parked().await? {
             // A gap of a projection no longer strict holds like a failure (retry it).
             if gap && self.options.version_mode == VersionMode::Strict {

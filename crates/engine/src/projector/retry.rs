@@ -10,7 +10,7 @@ use walfold_event::{Aggregate, ErrorKind, Event, Reason};
 use walfold_store::{Backoff, RetryItem, SubscriberStore, SubscriberTx};
 use walfold_telemetry::signal::Signal;
 
-use super::strict::Held;
+use super::strict::HeldAggregates;
 use super::work::{waiting_letter, Apply, Rules, Work};
 use crate::error::EngineError;
 
@@ -45,7 +45,7 @@ pub(crate) async fn page<S, A>(
     store: &mut S,
     events: &[Event],
     position: i64,
-    held: &mut Held,
+    held: &mut HeldAggregates,
     cancel: &CancellationToken,
     shrinkable: bool,
 ) -> Result<Paged, EngineError>
@@ -79,7 +79,7 @@ async fn batch<S, A>(
     store: &mut S,
     events: &[Event],
     position: i64,
-    held: &mut Held,
+    held: &mut HeldAggregates,
 ) -> Result<(), EngineError>
 where
     S: SubscriberStore,
@@ -125,7 +125,7 @@ async fn one_by_one<S, A>(
     rules: &Rules<'_, A>,
     store: &mut S,
     events: &[Event],
-    held: &mut Held,
+    held: &mut HeldAggregates,
     cancel: &CancellationToken,
 ) -> Result<bool, EngineError>
 where
@@ -196,7 +196,7 @@ async fn single<S, A>(
     rules: &Rules<'_, A>,
     store: &mut S,
     event: &Event,
-    held: &mut Held,
+    held: &mut HeldAggregates,
 ) -> Result<(), EngineError>
 where
     S: SubscriberStore,
@@ -218,7 +218,7 @@ where
 pub(crate) async fn retries<S, A>(
     rules: &Rules<'_, A>,
     store: &mut S,
-    held: &mut Held,
+    held: &mut HeldAggregates,
     cancel: &CancellationToken,
 ) -> Result<(), EngineError>
 where
@@ -306,7 +306,7 @@ async fn retry_one<S, A>(
     item: &RetryItem,
     event: &Event,
     release: bool,
-    held: &mut Held,
+    held: &mut HeldAggregates,
 ) -> Result<(), EngineError>
 where
     S: SubscriberStore,
@@ -332,7 +332,7 @@ where
 pub(crate) async fn release_discarded<S, A>(
     rules: &Rules<'_, A>,
     store: &mut S,
-    held: &mut Held,
+    held: &mut HeldAggregates,
 ) -> Result<(), EngineError>
 where
     S: SubscriberStore,

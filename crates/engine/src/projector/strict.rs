@@ -18,7 +18,7 @@ use crate::sequence::sequence;
 
 /// The aggregates whose events this partition does not apply as they come.
 #[derive(Debug, Default)]
-pub(crate) struct Held {
+pub(crate) struct HeldAggregates {
     /// Behind a dead letter (a failure): their events are set aside until a retry.
     pub failed: HashSet<Aggregate>,
     /// Waiting for a missing version (strict projections): their events are sequenced
@@ -26,7 +26,7 @@ pub(crate) struct Held {
     pub gaps: HashSet<Aggregate>,
 }
 
-impl Held {
+impl HeldAggregates {
     /// Applies what a committed transaction changed.
     pub fn update(&mut self, strict: StrictOutcome) {
         for k in strict.released {
@@ -62,7 +62,7 @@ where
     pub async fn apply_strict(
         &mut self,
         events: &[&Event],
-        held: &Held,
+        held: &HeldAggregates,
         also: &[Aggregate],
         accept: &[Aggregate],
     ) -> Result<StrictOutcome, EngineError> {
@@ -251,7 +251,7 @@ where
 pub(crate) async fn gap_checks<S, A>(
     rules: &Rules<'_, A>,
     store: &mut S,
-    held: &mut Held,
+    held: &mut HeldAggregates,
     at_head: bool,
 ) -> Result<(), EngineError>
 where

@@ -12,7 +12,7 @@ use walfold_store::memory::{MemoryStore, MemoryTx};
 use walfold_store::StoreError;
 
 use super::retry::{self, Paged};
-use super::strict::{self, Held};
+use super::strict::{self, HeldAggregates};
 use super::work::{Apply, Rules};
 use crate::error::ProjectionError;
 use crate::projection::Applied;
@@ -115,7 +115,7 @@ fn account(id: &str) -> Aggregate {
 async fn page(
     rules: &Rules<'_, Fake>,
     store: &mut MemoryStore,
-    held: &mut Held,
+    held: &mut HeldAggregates,
     events: &[Event],
 ) -> Result<Paged, crate::error::EngineError> {
     for e in events {
@@ -142,7 +142,7 @@ async fn a_duplicate_claim_is_skipped() {
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     let events = [event(1, "a", None), event(2, "b", None)];
     page(&rules, &mut store, &mut held, &events).await.unwrap();
     // Read again (a restart from an older checkpoint): claimed before, not applied.
@@ -161,7 +161,7 @@ async fn a_strict_event_ahead_of_a_missing_version_waits_then_applies_when_it_ar
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     let v1 = event(1, "a", Some(1));
     let v3 = event(2, "a", Some(3));
     let v2 = event(3, "a", Some(2));
@@ -213,7 +213,7 @@ async fn a_strict_version_already_applied_under_a_new_id_is_a_conflict_not_appli
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     page(&rules, &mut store, &mut held, &[event(1, "a", Some(1))])
         .await
         .unwrap();
@@ -237,7 +237,7 @@ async fn a_strict_event_without_a_version_can_never_apply() {
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     page(&rules, &mut store, &mut held, &[event(1, "a", None)])
         .await
         .unwrap();
@@ -259,7 +259,7 @@ async fn a_definite_failure_parks_its_aggregate_and_the_others_go_on() {
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     fake.fail(2, Failure::Invalid);
     let events = [
         event(1, "a", None),
@@ -319,7 +319,7 @@ async fn a_retry_that_fails_again_reopens_the_chain_and_keeps_the_park() {
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     fake.fail(1, Failure::Invalid);
     page(
         &rules,
@@ -355,7 +355,7 @@ async fn a_transient_failure_lands_nothing_and_is_retried_from_the_checkpoint() 
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     fake.fail(2, Failure::Transient);
     let events = [event(1, "a", None), event(2, "b", None)];
     let e = page(&rules, &mut store, &mut held, &events)
@@ -382,7 +382,7 @@ async fn a_commit_that_cannot_prove_leadership_lands_nothing() {
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     store.fail_next_commit(StoreError::Fenced);
     let e = page(&rules, &mut store, &mut held, &[event(1, "a", None)])
         .await
@@ -403,7 +403,7 @@ async fn a_gap_past_its_timeout_opens_a_letter_and_discarding_it_applies_the_wai
         partition: 0,
         projection: &fake,
     };
-    let (mut store, mut held) = (MemoryStore::new(), Held::default());
+    let (mut store, mut held) = (MemoryStore::new(), HeldAggregates::default());
     page(&rules, &mut store, &mut held, &[event(1, "a", Some(3))])
         .await
         .unwrap();

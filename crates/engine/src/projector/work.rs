@@ -14,7 +14,7 @@ use walfold_store::{PartitionStats, PgSubscriber, PgSubscriberTx, SubscriberStor
 use walfold_telemetry::failpoint;
 use walfold_telemetry::signal::Signal;
 
-use super::strict::{Held, StrictOutcome};
+use super::strict::{HeldAggregates, StrictOutcome};
 use crate::error::{EngineError, ProjectionError};
 use crate::projection::{Applied, Projection};
 
@@ -214,7 +214,7 @@ where
     pub async fn process(
         &mut self,
         events: &[&Event],
-        held: &Held,
+        held: &HeldAggregates,
     ) -> Result<StrictOutcome, EngineError> {
         match self.rules.options.version_mode {
             VersionMode::Guard => {

@@ -36,10 +36,10 @@ use tokio::sync::{mpsc, watch, Notify};
 use walfold_event::Lsn;
 use walfold_store::SslMode;
 
-use crate::budget::{Budget, Held};
+use crate::budget::{Budget, InFlightBytes};
 
 /// An event from the worker with the bytes it took from the budget.
-type Delivered = Result<(ReplicationEvent, Held), WireError>;
+type Delivered = Result<(ReplicationEvent, InFlightBytes), WireError>;
 
 /// How to open and start one replication session.
 #[derive(Clone)]
@@ -226,7 +226,7 @@ impl ReplicationClient {
 
     /// The next event, with the bytes it holds of the budget until they are given back
     /// (dropped); `None` once the session has ended without an error.
-    pub async fn recv(&mut self) -> Result<Option<(ReplicationEvent, Held)>, WireError> {
+    pub async fn recv(&mut self) -> Result<Option<(ReplicationEvent, InFlightBytes)>, WireError> {
         match self.events.recv().await {
             Some(Ok(e)) => Ok(Some(e)),
             Some(Err(e)) => Err(e),

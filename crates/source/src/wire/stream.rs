@@ -13,7 +13,7 @@ use walfold_event::Lsn;
 use super::change::{Change, Decoder};
 use super::session::{parse, server_error, Conn, Frame};
 use super::{Delivered, Progress, ReplicationEvent, WireConfig, WireError};
-use crate::budget::Held;
+use crate::budget::InFlightBytes;
 
 type Out = mpsc::Sender<Delivered>;
 
@@ -31,7 +31,7 @@ pub(crate) struct Worker {
     /// Decodes each XLogData once, knowing whether it is inside a streamed block.
     decoder: Decoder,
     /// The budget taken for a large message before reading it (see [`Worker::stream`]).
-    reserved: Option<Held>,
+    reserved: Option<InFlightBytes>,
 }
 
 /// A message larger than this is read only once the budget has room for it: otherwise
@@ -195,7 +195,7 @@ impl Worker {
                         reply_requested,
                         server_time_micros,
                     },
-                    Held::default(),
+                    InFlightBytes::default(),
                 ))) {
                     return Ok(Some(End::Stopped));
                 }
@@ -239,9 +239,9 @@ impl Worker {
 
     /// Takes the event's bytes from the budget, waiting while what is in flight holds
     /// it (status updates go on meanwhile). `None`: stop.
-    async fn take(&mut self, bytes: usize) -> Result<Option<Held>, WireError> {
+    async fn take(&mut self, bytes: usize) -> Result<Option<InFlightBytes>, WireError> {
         let Some(budget) = self.cfg.budget.clone() else {
-            return Ok(Some(Held::default()));
+            return Ok(Some(InFlightBytes::default()));
         };
         if let Some(held) = self.reserved.take() {
             return Ok(Some(held));
