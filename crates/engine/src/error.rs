@@ -2,6 +2,7 @@
 //! pipeline and the binary's exit code act on it, never on messages.
 
 use walfold_event::ErrorKind;
+use walfold_pg::PgError;
 use walfold_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +49,7 @@ pub enum EngineError {
 /// Why a projection could not apply an event (or install itself).
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectionError {
-    #[error("{}", walfold_store::describe(.0))]
+    #[error("{}", walfold_pg::describe(.0))]
     Db(#[from] tokio_postgres::Error),
     /// A row walfold reads back (its installed function's result, the catalog) cannot
     /// be read: no event is at fault.
@@ -62,11 +63,25 @@ pub enum ProjectionError {
     NotInstalled,
 }
 
+/// A row walfold reads back that cannot be read.
+impl From<PgError> for ProjectionError {
+    fn from(e: PgError) -> Self {
+        ProjectionError::Row(e.into())
+    }
+}
+
+/// Connecting to a target, or reading one of its rows.
+impl From<PgError> for EngineError {
+    fn from(e: PgError) -> Self {
+        EngineError::Own(e.into())
+    }
+}
+
 impl ProjectionError {
     /// Whose fault it is: by SQLSTATE for database errors; an invalid event is data.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ProjectionError::Db(e) => walfold_store::kind_of(e),
+            ProjectionError::Db(e) => walfold_pg::kind_of(e),
             ProjectionError::Row(e) => e.kind().own_statement(),
             ProjectionError::Invalid(_) => ErrorKind::Data,
             ProjectionError::NotInstalled => ErrorKind::Environment,
@@ -76,8 +91,8 @@ impl ProjectionError {
     /// The SQLSTATE, for database errors.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            ProjectionError::Db(e) => walfold_store::sqlstate(e),
-            ProjectionError::Row(e) => e.pg().and_then(walfold_store::sqlstate),
+            ProjectionError::Db(e) => walfold_pg::sqlstate(e),
+            ProjectionError::Row(e) => e.pg().and_then(walfold_pg::sqlstate),
             ProjectionError::Invalid(_) | ProjectionError::NotInstalled => None,
         }
     }
@@ -134,9 +149,7 @@ impl EngineError {
         match self {
             EngineError::Store { source, .. }
             | EngineError::Own(source)
-            | EngineError::Unreachable { source, .. } => {
-                source.pg().and_then(walfold_store::sqlstate)
-            }
+            | EngineError::Unreachable { source, .. } => source.pg().and_then(walfold_pg::sqlstate),
             EngineError::Apply { source, .. } => source.sqlstate(),
             EngineError::Source(_)
             | EngineError::Projection { .. }
@@ -175,17 +188,20 @@ impl EngineError {
                 ..
             }) => Some(m.clone()),
             EngineError::Store {
-                source: e @ StoreError::Pooled { .. },
+                source: e @ StoreError::Pg(PgError::Pooled { .. }),
                 ..
             }
-            | EngineError::Own(e @ StoreError::Pooled { .. })
+            | EngineError::Own(e @ StoreError::Pg(PgError::Pooled { .. }))
             | EngineError::Source(walfold_source::SourceError::Store {
-                source: e @ StoreError::Pooled { .. },
+                source: e @ StoreError::Pg(PgError::Pooled { .. }),
                 ..
             }) => Some(e.to_string()),
+            EngineError::Source(walfold_source::SourceError::Pg(e @ PgError::Pooled { .. })) => {
+                Some(e.to_string())
+            }
             EngineError::Unreachable {
                 target,
-                source: e @ StoreError::Pooled { .. },
+                source: e @ StoreError::Pg(PgError::Pooled { .. }),
             } => Some(format!("target {target}: {e}")),
             _ => None,
         }

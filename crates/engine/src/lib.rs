@@ -20,5 +20,6 @@ pub use sql::SqlProjection;
 pub use target::Target;
 pub use walfold_config::{Config, ProjectionConfig};
 pub use walfold_event::Event;
+pub use walfold_pg::connect;
 pub use walfold_store::operator::Pruned;
-pub use walfold_store::{connect, Rebuild};
+pub use walfold_store::Rebuild;

@@ -266,9 +266,9 @@ struct CommandLead {
 impl CommandLead {
     async fn try_acquire(config: &Config) -> Result<Option<CommandLead>, EngineError> {
         use walfold_store::instance::{self, Registration};
-        let tag = walfold_store::tag_sessions();
+        let tag = walfold_pg::tag_sessions();
         let schema = Target::main(config).schema;
-        let control = walfold_store::connect(config.target_url()).await?;
+        let control = walfold_pg::connect(config.target_url()).await?;
         let me = Registration {
             id: uuid::Uuid::new_v4(),
             host: instance::host_name(),

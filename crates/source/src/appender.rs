@@ -94,7 +94,7 @@ pub(crate) struct Reopen {
 
 impl Reopen {
     pub(crate) async fn open(&self) -> Result<EventLog, SourceError> {
-        let target = walfold_store::connect(&self.url).await?;
+        let target = walfold_pg::connect(&self.url).await?;
         let mut log = EventLog::open(
             target,
             &self.schema,

@@ -3,6 +3,7 @@
 //! with a message that says how to fix it).
 
 use walfold_event::{kind_for_code, ErrorKind};
+use walfold_pg::PgError;
 use walfold_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +18,12 @@ pub enum SourceError {
     NoSuchOutbox(String),
     #[error("replication slot {slot} {problem}")]
     Slot { slot: String, problem: String },
+    /// Connecting to a server (the source or the target) or reading a row.
+    #[error(transparent)]
+    Pg(#[from] PgError),
+    /// `source.url` cannot be read as a connection string.
+    #[error("reading source.url: {0}")]
+    SourceUrl(#[source] PgError),
     /// A failure of walfold's own statements. The store's error says what it was doing;
     /// `context` only where it alone would not (which setting, why it matters here).
     #[error("{}{source}", context.as_deref().map(|c| format!("{c}: ")).unwrap_or_default())]
@@ -145,6 +152,7 @@ impl SourceError {
             // walfold's own statements: an event is never at fault here (the appender
             // sets aside events the log refuses before this point).
             SourceError::Store { source, .. } => source.kind().own_statement(),
+            SourceError::Pg(e) | SourceError::SourceUrl(e) => e.kind().own_statement(),
             // The slot or the publication does not exist (any more).
             SourceError::Replication(W::Server { code, .. })
                 if walfold_event::is_undefined_object(code.as_deref()) =>

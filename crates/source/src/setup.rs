@@ -16,7 +16,8 @@
 use tokio_postgres::{Client, Row};
 use walfold_config::{quote_ident, OnSlotLost, OutboxConfig, QualifiedName, SourceView};
 use walfold_event::Lsn;
-use walfold_store::{EventLog, FromRow, IngestCounts, RowExt, StoreError};
+use walfold_pg::{FromRow, RowExt};
+use walfold_store::{EventLog, IngestCounts, StoreError};
 
 use crate::error::{Refusal, SourceError};
 
@@ -420,7 +421,7 @@ struct ExistingSlot {
 }
 
 impl FromRow for ExistingSlot {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("pg_replication_slots");
         Ok(ExistingSlot {
             plugin: r.col("plugin")?,
@@ -493,7 +494,7 @@ async fn record_gap(
 /// name and oid, the server's start time and port. Two sources with the same identity
 /// would read one outbox twice.
 pub async fn database_identity(client: &Client) -> Result<String, StoreError> {
-    client
+    Ok(client
         .query_one(
             "select current_database() || '/' || d.oid::text || '/' || \
              pg_postmaster_start_time()::text || '/' || current_setting('port') \
@@ -506,7 +507,7 @@ pub async fn database_identity(client: &Client) -> Result<String, StoreError> {
             source,
         })?
         .of("pg_database")
-        .col(0)
+        .col(0)?)
 }
 
 /// The configured outboxes and publication as the source's catalog has them.

@@ -32,9 +32,9 @@ use crate::leader::Fence;
 use crate::phantom;
 use crate::prune;
 use crate::rebuild::{self, Rebuild, RebuildState};
+use crate::registry;
 use crate::schema::Schema;
 use crate::status;
-use crate::{answer, connect, registry};
 
 pub use crate::dead_letter::{DeadLetterEntry, RetryRequest};
 pub use crate::event_trail::{
@@ -59,14 +59,14 @@ pub struct Operator<C = Client> {
 impl Operator<Client> {
     /// A connection to `url` (a daemon's: no statement timeout).
     pub async fn connect(url: &str, schema: &Schema) -> Result<Self, StoreError> {
-        Ok(Operator::new(connect::connect(url).await?, schema))
+        Ok(Operator::new(walfold_pg::connect(url).await?, schema))
     }
 
     /// A connection for a one-shot command to `url` (`server` names it in errors): it
     /// answers within seconds or says which server did not.
     pub async fn for_command(url: &str, server: &str, schema: &Schema) -> Result<Self, StoreError> {
         Ok(Operator::new(
-            answer::connect_for_command(url, server).await?,
+            walfold_pg::connect_for_command(url, server).await?,
             schema,
         ))
     }

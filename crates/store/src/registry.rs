@@ -10,8 +10,8 @@ use walfold_config::QualifiedName;
 
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// Registers projection `$1` with subscriber `$2` unless it is registered.
 const REGISTER: &str =
@@ -160,14 +160,15 @@ async fn built_by(
     if !exists {
         return Ok(false);
     }
-    tx.query_one(
-        &format!("select exists (select from {}) as rows", table.quoted()),
-        &[],
-    )
-    .await
-    .map_err(StoreError::db("reading the projection's table"))?
-    .of("projection table")
-    .col("rows")
+    Ok(tx
+        .query_one(
+            &format!("select exists (select from {}) as rows", table.quoted()),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading the projection's table"))?
+        .of("projection table")
+        .col("rows")?)
 }
 
 /// The registry as (projection name, active subscriber) pairs.

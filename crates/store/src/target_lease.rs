@@ -38,10 +38,10 @@
 
 use tokio_postgres::Client;
 
-use crate::connect::connect;
+use walfold_pg::connect;
 use crate::error::StoreError;
 use crate::leader::{EpochKey, Fence};
-use crate::row::RowExt;
+use walfold_pg::RowExt;
 use crate::schema::Schema;
 
 /// The target's recorded leader epoch and its schema's key class (`hashtext($1)`), locked.
@@ -97,7 +97,7 @@ impl Fence {
     ) -> Result<Option<TargetLease>, StoreError> {
         let mut client = connect(url).await?;
         client
-            .batch_execute(crate::connect::SERVER_KEEPALIVES)
+            .batch_execute(walfold_pg::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the lease session"))?;
         let tx = client

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use tokio_postgres::Client;
 use walfold_config::{Config, ProjectionKind, SourceView, VersionMode};
-use walfold_store::RowExt;
+use walfold_pg::RowExt;
 
 use crate::run::load;
 use crate::Failure;
@@ -78,7 +78,7 @@ pub async fn check(
 }
 
 async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Result<(), Failure> {
-    let target = walfold_store::connect_for_command(config.target_url(), "target main")
+    let target = walfold_pg::connect_for_command(config.target_url(), "target main")
         .await
         .map_err(|e| e.to_string());
     let several = config.sources().len() > 1;
@@ -95,9 +95,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
         } else {
             ("source".to_owned(), "source.url".to_owned())
         };
-        match walfold_store::connect_for_command(&view.source().url, &format!("source {name}"))
-            .await
-        {
+        match walfold_pg::connect_for_command(&view.source().url, &format!("source {name}")).await {
             Ok(source) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if !session_check(r, &what, &key, &view.source().url).await {
@@ -166,7 +164,7 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
             format!("target {}", t.label()),
             format!("targets.{}.url", t.label()),
         );
-        match walfold_store::connect_for_command(&t.url, &what).await {
+        match walfold_pg::connect_for_command(&t.url, &what).await {
             Ok(c) => {
                 r.check(Level::Ok, format!("{what} reachable"), "");
                 if !session_check(r, &what, &key, &t.url).await {
@@ -193,8 +191,8 @@ async fn run_checks(r: &mut Report, config: &Config, max_retained_mb: i64) -> Re
 /// sessions (transaction or statement pooling) is a failing check, and the checks that
 /// need a session are skipped (`false`).
 async fn session_check(r: &mut Report, what: &str, key: &str, url: &str) -> bool {
-    use walfold_store::Pooling;
-    match walfold_store::pooling(url).await {
+    use walfold_pg::Pooling;
+    match walfold_pg::pooling(url).await {
         Ok(Pooling::Session) => {
             r.check(
                 Level::Ok,
@@ -211,7 +209,7 @@ async fn session_check(r: &mut Report, what: &str, key: &str, url: &str) -> bool
                      statement pooling): {evidence}; walfold needs a session there (leader \
                      lock, prepared statements, search_path) and refuses to run"
                 ),
-                walfold_store::pooler_fix(key),
+                walfold_pg::pooler_fix(key),
             );
             false
         }

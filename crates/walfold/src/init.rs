@@ -13,7 +13,7 @@ use std::path::Path;
 use tokio_postgres::Client;
 use walfold_config::presets::{Preset, PRESETS};
 use walfold_config::{Config, QualifiedName};
-use walfold_store::RowExt;
+use walfold_pg::RowExt;
 
 use crate::Failure;
 
@@ -303,7 +303,7 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
             "--read-model {name}: cannot read it through --url: {}. Run init with a URL \
              whose role may read that table (the target's), or leave --read-model out and \
              write the projection by hand",
-            walfold_store::describe(&e)
+            walfold_pg::describe(&e)
         ))
     };
     let exists: bool = client
@@ -475,7 +475,7 @@ pub async fn init(
     if !problems.is_empty() {
         return Err(Failure::config(format!("--url: {}", problems.join("; "))));
     }
-    let client = walfold_store::connect_for_command(url, "the database")
+    let client = walfold_pg::connect_for_command(url, "the database")
         .await
         .map_err(Failure::runtime)?;
     let all = tables(&client).await?;

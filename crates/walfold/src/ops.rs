@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 use walfold_config::{Config, SourceView};
 use walfold_engine::ops;
-use walfold_store::{Operator, RebuildState, RowExt, Schema};
+use walfold_pg::RowExt;
+use walfold_store::{Operator, RebuildState, Schema};
 
 use crate::progress::{Progress, Snapshot, POLL};
 use crate::run::load;
@@ -407,7 +408,7 @@ struct BackfillWatcher {
 impl BackfillWatcher {
     /// `None` when progress cannot be read (the backfill itself then says what is wrong).
     async fn open(config: &SourceView<'_>, outbox: &str) -> Option<BackfillWatcher> {
-        let target = walfold_store::connect_for_command(config.target_url(), "target main")
+        let target = walfold_pg::connect_for_command(config.target_url(), "target main")
             .await
             .ok()?;
         let schema = Schema::new(&config.target.schema);
@@ -448,7 +449,7 @@ impl BackfillWatcher {
 /// The planner's estimate of a table's rows (a partitioned table's partitions summed);
 /// `None` while it was never analyzed.
 async fn row_estimate(config: &SourceView<'_>, quoted_table: &str) -> Option<u64> {
-    let source = walfold_store::connect_for_command(&config.source().url, "source")
+    let source = walfold_pg::connect_for_command(&config.source().url, "source")
         .await
         .ok()?;
     let row = source

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Notify};
 use walfold_event::Lsn;
-use walfold_store::SslMode;
+use walfold_pg::SslMode;
 
 use crate::budget::{Budget, Held};
 

@@ -350,7 +350,7 @@ mod tests {
             user: "u".into(),
             password: None,
             database: "d".into(),
-            ssl_mode: walfold_store::SslMode::Disable,
+            ssl_mode: walfold_pg::SslMode::Disable,
             root_cert: None,
             slot: "s".into(),
             publication: "p".into(),

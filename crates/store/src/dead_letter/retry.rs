@@ -8,8 +8,8 @@ use walfold_event::{Aggregate, DeadLetterStatus, Reason};
 use super::DeadLetters;
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
-use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 /// Dead letter `$1` as a retry request reads it; `gap` when it is a version gap's own
 /// letter (reason `$2`, no event).
@@ -87,7 +87,7 @@ impl RetryItem {
 }
 
 impl FromRow for RetryItem {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("dead_letter");
         Ok(RetryItem {
             id: r.col("id")?,
@@ -109,7 +109,7 @@ struct Requested {
 }
 
 impl FromRow for Requested {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("dead_letter");
         Ok(Requested {
             subscriber: r.col("subscriber_id")?,
@@ -245,7 +245,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("reading dead letters to retry"))?;
-        RetryItem::from_rows(&rows)
+        Ok(RetryItem::from_rows(&rows)?)
     }
 
     /// Records that a retried dead letter went through (in the transaction that applied it).

@@ -8,7 +8,7 @@ use tokio_postgres::GenericClient;
 use walfold_config::{quote_ident, QualifiedName};
 
 use crate::error::StoreError;
-use crate::row::RowExt;
+use walfold_pg::RowExt;
 
 /// Whether the table `$1` (quoted) exists.
 const EXISTS: &str = "select to_regclass($1) is not null as found";
@@ -72,11 +72,12 @@ pub(super) fn sibling(live: &QualifiedName, suffix: &str) -> Result<QualifiedNam
 }
 
 async fn exists(tx: &impl GenericClient, table: &QualifiedName) -> Result<bool, StoreError> {
-    tx.query_one(EXISTS, &[&table.quoted()])
+    Ok(tx
+        .query_one(EXISTS, &[&table.quoted()])
         .await
         .map_err(StoreError::db("looking up a table"))?
         .of("pg_class")
-        .col("found")
+        .col("found")?)
 }
 
 /// Creates `shadow` from `live`'s definition, with what `like … including all` leaves

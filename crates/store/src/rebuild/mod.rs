@@ -16,8 +16,8 @@ use walfold_event::{DeadLetterStatus, ErrorKind};
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 walfold_event::stored_enum! {
     /// Where a rebuild is: the `rebuild.state` column, whose check constraint allows
@@ -187,7 +187,7 @@ impl Rebuild {
 }
 
 impl FromRow for Rebuild {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("rebuild");
         Ok(Rebuild {
             subscriber: r.col("subscriber_id")?,
@@ -238,7 +238,7 @@ async fn read_open(
         .query(&schema.sql(statement), &[&RebuildState::OPEN])
         .await
         .map_err(StoreError::db("reading rebuilds"))?;
-    Rebuild::from_rows(&rows)
+    Ok(Rebuild::from_rows(&rows)?)
 }
 
 /// The state of the rebuild under subscriber ID `subscriber` (`None`: no such rebuild).
@@ -247,12 +247,12 @@ pub(crate) async fn state_of(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<Option<RebuildState>, StoreError> {
-    client
+    Ok(client
         .query_opt(&schema.sql(STATE), &[&subscriber])
         .await
         .map_err(StoreError::db("reading a rebuild's state"))?
         .map(|r| r.of("rebuild").col("state"))
-        .transpose()
+        .transpose()?)
 }
 
 /// Whether subscriber ID `subscriber` has left any trace in `schema` (a rebuild needs a
@@ -262,12 +262,12 @@ pub(crate) async fn subscriber_used(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(&schema.sql(USED), &[&subscriber])
         .await
         .map_err(StoreError::db("checking the subscriber ID"))?
         .of("checkpoint")
-        .col("used")
+        .col("used")?)
 }
 
 /// A projection's statement written for a table, with its parameters' types: prepared
@@ -319,10 +319,10 @@ pub(crate) async fn start(
         // Parsed and planned against the new table: a statement that names the live table
         // besides `{table}` fails here instead of at every batch of the replay.
         if let Err(e) = tx.prepare_typed(&sql, &types).await {
-            if e.as_db_error().is_none() || crate::error::kind_of(&e) == ErrorKind::Transient {
+            if e.as_db_error().is_none() || walfold_pg::kind_of(&e) == ErrorKind::Transient {
                 return Err(StoreError::db("checking the statement on the shadow table")(e));
             }
-            let hint = if crate::error::sqlstate(&e) == Some("42P01") {
+            let hint = if walfold_pg::sqlstate(&e) == Some("42P01") {
                 format!(
                     ". A rebuild writes to {shadow}, so the sql must name its table only as \
                      {{table}}: give it an alias (`insert into {{table}} as t ... set total = \
@@ -333,7 +333,7 @@ pub(crate) async fn start(
             };
             return Err(StoreError::Refused(format!(
                 "the projection's statement does not run on the rebuild's table {shadow}: {}{hint}",
-                crate::error::describe(&e)
+                walfold_pg::describe(&e)
             )));
         }
     }
@@ -612,7 +612,7 @@ pub(crate) async fn request_abort(
         .await
         .map_err(StoreError::db("aborting a rebuild"))?;
     match row {
-        Some(r) => Rebuild::from_row(&r),
+        Some(r) => Ok(Rebuild::from_row(&r)?),
         None => Err(StoreError::Refused(
             not_open(client, schema, projection, "abort").await?,
         )),

@@ -7,7 +7,7 @@
 use tokio_postgres::Client;
 use walfold_config::{OnSlotLost, SourceView};
 use walfold_event::Lsn;
-use walfold_store::RowExt;
+use walfold_pg::RowExt;
 
 use super::{setting, CheckError, Level, Report};
 
@@ -115,7 +115,7 @@ pub(super) async fn hosts(r: &mut Report, config: &SourceView<'_>) -> Result<(),
     let slot = &config.source().slot;
     for (label, conninfo) in hosts {
         let what = format!("source host {label}");
-        let client = match walfold_store::connect_for_command(&conninfo, &what).await {
+        let client = match walfold_pg::connect_for_command(&conninfo, &what).await {
             Ok(c) => c,
             Err(e) => {
                 r.check(

@@ -5,7 +5,7 @@
 //! measured effect).
 
 use tokio_postgres::Client;
-use walfold_store::RowExt;
+use walfold_pg::RowExt;
 
 use super::{setting, CheckError, Level, Report};
 
