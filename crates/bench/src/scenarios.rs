@@ -318,7 +318,7 @@ async fn rebuild_timeline(
     let head: i64 = client
         .query_one("select coalesce(max(seq), 0) from walfold.event_log", &[])
         .await?
-        .get(0);
+        .try_get(0)?;
     let mut seen: Vec<(f64, String)> = Vec::new();
     let mut last = (None::<i64>, String::new());
     let mut commits = 0u32;
@@ -333,7 +333,7 @@ async fn rebuild_timeline(
             )
             .await?;
         let t = t0.elapsed().as_secs_f64();
-        let (position, state): (Option<i64>, Option<String>) = (row.get(0), row.get(1));
+        let (position, state): (Option<i64>, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
         let state = state.unwrap_or_default();
         if position != last.0 {
             commits += 1;
@@ -420,7 +420,7 @@ async fn wait_subscribers(
             .ok()
             .flatten();
         if let Some(r) = row {
-            if r.get::<_, i64>(0) >= subscribers && r.get::<_, i64>(1) >= events {
+            if r.try_get::<_, i64>(0)? >= subscribers && r.try_get::<_, i64>(1)? >= events {
                 return Ok(());
             }
         }
@@ -468,7 +468,7 @@ async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client
         .query_one(sql, &[])
         .await
-        .map(|r| r.get::<_, i64>(0))
+        .and_then(|r| r.try_get::<_, i64>(0))
         .unwrap_or(0)
 }
 
@@ -545,8 +545,12 @@ async fn live(
             &[],
         )
         .await?;
-    let (p50, p95, p99, max): (f64, f64, f64, f64) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let (p50, p95, p99, max): (f64, f64, f64, f64) = (
+        row.try_get(0)?,
+        row.try_get(1)?,
+        row.try_get(2)?,
+        row.try_get(3)?,
+    );
     lines.push(Line {
         scenario: format!("3. live latency, {rate} ev/s offered for {secs} s ({written} events)"),
         walfold: format!("p50 {p50:.1} ms, p95 {p95:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),
@@ -710,7 +714,7 @@ async fn one_transaction(
             &[&slot],
         )
         .await?;
-    let (spill, streamed): (i64, i64) = (stats.get(0), stats.get(1));
+    let (spill, streamed): (i64, i64) = (stats.try_get(0)?, stats.try_get(1)?);
     lines.push(Line {
         scenario: format!("7. one transaction of {n} rows, protocol {protocol}"),
         walfold: format!(
@@ -845,15 +849,15 @@ async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxE
         )
         .await?;
     Ok(ServerWork {
-        wal_bytes: row.get(0),
-        wal_fpi: row.get(1),
-        checkpoints_timed: row.get(2),
-        checkpoints_req: row.get(3),
-        index_reads: row.get(4),
-        index_hits: row.get(5),
-        buffers_written: row.get(6),
-        buffers_backend: row.get(7),
-        wal_sync: row.get(8),
+        wal_bytes: row.try_get(0)?,
+        wal_fpi: row.try_get(1)?,
+        checkpoints_timed: row.try_get(2)?,
+        checkpoints_req: row.try_get(3)?,
+        index_reads: row.try_get(4)?,
+        index_hits: row.try_get(5)?,
+        buffers_written: row.try_get(6)?,
+        buffers_backend: row.try_get(7)?,
+        wal_sync: row.try_get(8)?,
     })
 }
 
@@ -868,7 +872,10 @@ async fn wal_settings(client: &tokio_postgres::Client) -> Result<String, BoxErro
         "full_page_writes",
         "wal_compression",
     ] {
-        let v: String = client.query_one(&format!("show {name}"), &[]).await?.get(0);
+        let v: String = client
+            .query_one(&format!("show {name}"), &[])
+            .await?
+            .try_get(0)?;
         out.push(format!("{name}={v}"));
     }
     Ok(out.join(" "))
@@ -910,7 +917,7 @@ async fn history_drain(
             &[],
         )
         .await?
-        .get(0);
+        .try_get(0)?;
     eprintln!("the slot's restart_lsn is {behind} behind the WAL's end before the drain to {upto}");
     let before = server_work(client).await?;
     let server_cpu = crate::measure::server_cpu(cluster.data_dir());
@@ -926,7 +933,7 @@ async fn history_drain(
         let end: String = client
             .query_one("select pg_current_wal_lsn()::text", &[])
             .await?
-            .get(0);
+            .try_get(0)?;
         eprintln!(
             "busiest statements during the drain to {upto}:\n{}",
             blocking(move || setup::top_statements(cluster, db)).await?
@@ -1009,7 +1016,7 @@ async fn history(
             &[],
         )
         .await?
-        .get(0);
+        .try_get(0)?;
     eprintln!(
         "seeded {h} events and {} claims ({size} with the first drain's) in {:.0} s",
         2 * h,

@@ -13,7 +13,7 @@ mod sequence;
 mod sql;
 mod target;
 
-pub use error::{EngineError, ProjectionError};
+pub use error::{EngineError, ProjectionError, RebuildRefusal};
 pub use pipeline::Pipeline;
 pub use projection::{Applied, Projection};
 pub use sql::SqlProjection;

@@ -459,9 +459,7 @@ impl Appender {
             };
             let StagedRow::Event(event) = &change.row else {
                 // A rejected row is staged in a form that cannot be refused.
-                return Err(SourceError::store("staging a streamed dead letter")(
-                    refused,
-                ));
+                return Err(SourceError::StagingDeadLetter(refused));
             };
             Signal::EventRefused {
                 source: &self.source,

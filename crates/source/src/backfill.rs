@@ -78,14 +78,7 @@ pub async fn backfill(
     let order = LogOrder::acquire(config.target_url(), &schema)
         .await
         .map_err(|e| match e {
-            StoreError::Busy(_) => SourceError::Store {
-                context: Some("backfill".into()),
-                source: StoreError::Refused(
-                    "a walfold daemon is appending to the event log; stop it for the backfill \
-                     (its slot keeps every change meanwhile) and start it again afterwards"
-                        .into(),
-                ),
-            },
+            StoreError::Busy(_) => SourceError::BackfillBesideDaemon,
             other => other.into(),
         })?;
     let mut log = EventLog::open(

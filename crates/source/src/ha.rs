@@ -31,7 +31,7 @@ pub(crate) async fn server_version(source: &Client) -> Result<i32, tokio_postgre
     source
         .query_one("select current_setting('server_version_num')::int", &[])
         .await
-        .map(|r| r.get(0))
+        .and_then(|r| r.try_get(0))
 }
 
 /// Checks the slot found after a failover (once per failover) against the ingest

@@ -174,9 +174,9 @@ fn explain(e: SourceError, config: &SourceView<'_>) -> SourceError {
     use crate::wire::WireError;
     let source = config.source();
     match &e {
-        SourceError::Replication(WireError::Server { code, message })
-            if walfold_event::is_undefined_object(code.as_deref())
-                && message.contains("publication") =>
+        // Once streaming, the one object looked up by name is the publication.
+        SourceError::Replication(WireError::Streaming { code, message })
+            if walfold_event::is_undefined_object(code.as_deref()) =>
         {
             SourceError::Slot {
                 slot: source.slot.clone(),

@@ -5,6 +5,8 @@
 use walfold_event::ErrorKind;
 use walfold_pg::{describe, kind_of, sqlstate, PgError};
 
+use crate::refusal::Refusal;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Connecting, a server that did not answer, a pooler sharing sessions, a column
@@ -37,10 +39,10 @@ pub enum StoreError {
     /// checkpoint written with another partition count); retry later.
     #[error("{0}")]
     Busy(String),
-    /// The operator asked for something the current state does not allow; the message
-    /// says why and what to do instead.
-    #[error("{0}")]
-    Refused(String),
+    /// The operator (or the config) asked for something the current state does not
+    /// allow: a usage error, which says why and what to do instead.
+    #[error(transparent)]
+    Refused(Box<Refusal>),
     /// Another instance has taken over leadership: this transaction must not land.
     #[error(
         "this instance no longer leads (another instance took over); the write was not committed"
@@ -61,6 +63,12 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
+}
+
+impl From<Refusal> for StoreError {
+    fn from(refusal: Refusal) -> Self {
+        StoreError::Refused(Box::new(refusal))
+    }
 }
 
 /// A store error from a command's server names the server (see `walfold_pg::answer_within`).

@@ -32,6 +32,7 @@ use crate::leader::Fence;
 use crate::phantom;
 use crate::prune;
 use crate::rebuild::{self, Rebuild, RebuildState};
+use crate::refusal::Refusal;
 use crate::registry;
 use crate::schema::Schema;
 use crate::status;
@@ -370,11 +371,10 @@ impl<C: BorrowMut<Client>> Operator<C> {
     /// the transaction.
     pub async fn abort_rebuild(&mut self, r: &Rebuild) -> Result<(), StoreError> {
         let Some(fence) = self.fence.clone() else {
-            return Err(StoreError::Refused(format!(
-                "only the leader ends the rebuild of {}; the leading daemon carries out the \
-                 recorded abort",
-                r.projection
-            )));
+            return Err(Refusal::NotLeader {
+                projection: r.projection.clone(),
+            }
+            .into());
         };
         let schema = self.schema.clone();
         rebuild::abort(self.client_mut(), &schema, r, &fence).await

@@ -531,7 +531,7 @@ async fn source_checks(
                     &[publication],
                 )
                 .await?
-                .get(0);
+                .try_get(0)?;
             let quoted: Vec<String> = shape.unpublished.iter().map(|t| t.quoted()).collect();
             let owns = owns_publication
                 && shape

@@ -75,7 +75,7 @@ impl From<walfold_pg::PgError> for Failure {
 
 /// An engine error as a failure (see [`store_failure`]).
 pub(crate) fn engine_failure(e: walfold_engine::EngineError) -> Failure {
-    match e.refused() {
+    match e.usage() {
         Some(m) => Failure::config(m),
         None => Failure::runtime(e),
     }

@@ -359,9 +359,9 @@ pub async fn backfill(
             }
         }
     };
-    let r = outcome.map_err(|e| match e {
-        ops::SourceError::Store { source, .. } => crate::store_failure(source),
-        other => Failure::runtime(other),
+    let r = outcome.map_err(|e| match e.is_usage() {
+        true => Failure::config(e),
+        false => Failure::runtime(e),
     })?;
     progress.finish(
         Snapshot {

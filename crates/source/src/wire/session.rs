@@ -459,12 +459,11 @@ pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> WireError {
     WireError::Server { code, message }
 }
 
-/// A pooler that refuses the replication connection's startup: PostgreSQL itself never
-/// says "unsupported startup parameter", PgBouncer does (for `replication`) and retrying
-/// cannot help. Any other error is returned as it is.
+/// A pooler that refuses the replication connection's startup (told in
+/// `walfold_event::is_pooler_startup_refusal`). Any other error is returned as it is.
 fn pooler_refusal(e: WireError, host: &str, port: u16) -> WireError {
     match e {
-        WireError::Server { message, .. } if message.contains("unsupported startup parameter") => {
+        WireError::Server { message, .. } if walfold_event::is_pooler_startup_refusal(&message) => {
             WireError::Unsupported(format!(
                 "the source at {host}:{port} refused the replication connection ({message}): a \
                  connection pooler such as PgBouncer is in front of it, and walfold's \

@@ -8,6 +8,7 @@ use walfold_event::{Aggregate, DeadLetterStatus, Reason};
 use super::DeadLetters;
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
+use crate::refusal::Refusal;
 use crate::schema::Schema;
 use walfold_pg::{FromRow, RowExt};
 
@@ -137,7 +138,7 @@ impl DeadLetters {
                     .query_opt(&schema.sql(READ_ONE), &[&id, &Reason::VersionGap])
                     .await
                     .map_err(StoreError::db("reading a dead letter"))?
-                    .ok_or_else(|| StoreError::Refused(format!("no dead letter with id {id}")))?;
+                    .ok_or_else(|| StoreError::from(Refusal::NoDeadLetter { id }))?;
                 let letter = Requested::from_row(&row)?;
                 if let (true, Some(_), DeadLetterStatus::Open) =
                     (letter.gap, &letter.subscriber, letter.status)
@@ -155,16 +156,14 @@ impl DeadLetters {
                     letter.aggregate_id,
                     letter.seq,
                 ) else {
-                    return Err(StoreError::Refused(format!(
-                        "dead letter {id} was rejected at ingest and never became an event: \
-                         fix the producer and write a new outbox row, then discard this one"
-                    )));
+                    return Err(Refusal::RejectedAtIngest { id }.into());
                 };
                 if letter.status != DeadLetterStatus::Open {
-                    return Err(StoreError::Refused(format!(
-                        "dead letter {id} is {}, not open",
-                        letter.status
-                    )));
+                    return Err(Refusal::LetterNotOpen {
+                        id,
+                        status: letter.status,
+                    }
+                    .into());
                 }
                 client
                     .execute(
