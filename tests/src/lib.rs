@@ -60,7 +60,7 @@ impl TestDb {
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
-        walfold_store::connect(&self.url()).await.expect("connect")
+        walfold_pg::connect(&self.url()).await.expect("connect")
     }
 
     /// A config with three projections: a guarded state upsert (`table`), a running sum
@@ -693,7 +693,7 @@ pub async fn write_events(
     pause: Duration,
     seed: u64,
 ) -> Expected {
-    let mut client = walfold_store::connect(&url).await.expect("writer connect");
+    let mut client = walfold_pg::connect(&url).await.expect("writer connect");
     let mut rng = Rng(seed | 1);
     let mut expected = Expected::default();
     let mut history: Vec<(uuid::Uuid, String, i64, i64)> = Vec::new();
@@ -742,7 +742,7 @@ pub async fn write_events(
             Ok(_) => true,
             Err(_) => loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                let Ok(c) = walfold_store::connect(&url).await else {
+                let Ok(c) = walfold_pg::connect(&url).await else {
                     continue;
                 };
                 client = c;

@@ -13,12 +13,13 @@ mod sequence;
 mod sql;
 mod target;
 
-pub use error::{EngineError, ProjectionError};
+pub use error::{EngineError, ProjectionError, RebuildRefusal};
 pub use pipeline::Pipeline;
 pub use projection::{Applied, Projection};
 pub use sql::SqlProjection;
 pub use target::Target;
 pub use walfold_config::{Config, ProjectionConfig};
 pub use walfold_event::Event;
+pub use walfold_pg::connect;
 pub use walfold_store::operator::Pruned;
-pub use walfold_store::{connect, Rebuild};
+pub use walfold_store::Rebuild;

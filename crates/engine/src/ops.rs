@@ -4,17 +4,18 @@
 //! for the moment it takes. A projection's rebuild runs on its own target (`database`);
 //! pruning reads every target. Every statement goes through the operator's handle
 //! ([`Operator`]), bound to the leader's fence whenever this process leads; its errors
-//! say what failed, so they pass up with `?` ([`EngineError::Own`]).
+//! say what failed, so they pass up with `?` ([`EngineError::Store`]); what the config
+//! or the command line asks for that cannot be done is a [`RebuildRefusal`].
 
 use std::time::Duration;
 
 use walfold_config::{Config, ProjectionConfig};
 use walfold_store::operator::{PrunePolicy, Pruned};
-use walfold_store::{Fence, Leadership, Operator, Rebuild, RebuildState, Schema, StoreError};
+use walfold_store::{Fence, Leadership, Operator, Rebuild, RebuildState, Schema};
 
 pub use walfold_source::{backfill, BackfillReport, SourceError};
 
-use crate::error::EngineError;
+use crate::error::{EngineError, RebuildRefusal};
 use crate::target::Target;
 
 fn projection<'a>(config: &'a Config, name: &str) -> Result<&'a ProjectionConfig, EngineError> {
@@ -22,14 +23,7 @@ fn projection<'a>(config: &'a Config, name: &str) -> Result<&'a ProjectionConfig
         .projection
         .iter()
         .find(|p| p.name == name)
-        .ok_or_else(|| refused(format!("the config has no projection named {name}")))
-}
-
-fn refused(message: String) -> EngineError {
-    EngineError::Store {
-        context: "rebuild",
-        source: StoreError::Refused(message),
-    }
+        .ok_or_else(|| RebuildRefusal::NoSuchProjection(name.to_owned()).into())
 }
 
 /// The operator's handle on `target`, with walfold's schema there created or upgraded
@@ -85,18 +79,14 @@ pub async fn start_rebuild_with(
     history: History,
 ) -> Result<Rebuild, EngineError> {
     let name = options.name.as_str();
-    let live = options.storage().ok_or_else(|| {
-        refused(format!(
-            "projection {name} names no table to rebuild: set `target` and write `{{table}}` in its sql"
-        ))
-    })?;
+    let live = options
+        .storage()
+        .ok_or_else(|| RebuildRefusal::NoTable(name.to_owned()))?;
     if subscriber.trim().is_empty() || subscriber.len() > 200 {
-        return Err(refused("--subscriber must be 1-200 characters".into()));
+        return Err(RebuildRefusal::SubscriberLength.into());
     }
     if subscriber == walfold_config::INGEST_SUBSCRIBER {
-        return Err(refused(
-            "`ingest` names the rows rejected before any subscriber; choose another ID".into(),
-        ));
+        return Err(RebuildRefusal::IngestSubscriber.into());
     }
     // Subscriber IDs name metrics and `walfold status` lines across every target: one
     // configured for a projection, or used on another target, is refused too. Its own
@@ -106,11 +96,11 @@ pub async fn start_rebuild_with(
         .iter()
         .find(|p| p.subscriber == subscriber)
     {
-        return Err(refused(format!(
-            "subscriber ID {subscriber} has been used before (projection {} is configured \
-             with it); a rebuild needs a new one, e.g. {subscriber}.2",
-            p.name
-        )));
+        return Err(RebuildRefusal::SubscriberConfigured {
+            subscriber: subscriber.to_owned(),
+            projection: p.name.clone(),
+        }
+        .into());
     }
     // The log is the main target's. Its prune lock, held by this session until the
     // rebuild is recorded, keeps a prune pass from deleting what this rebuild needs
@@ -119,11 +109,7 @@ pub async fn start_rebuild_with(
     let main = Target::main(config);
     let mut guard = connect_to(&main).await?;
     if !guard.try_hold_off_pruning().await? {
-        return Err(refused(
-            "a prune pass is running on the event log; start the rebuild again once it has \
-             ended"
-                .into(),
-        ));
+        return Err(RebuildRefusal::PruneRunning.into());
     }
     if history == History::Whole {
         if let Some(p) = guard.log_pruned().await? {
@@ -132,12 +118,12 @@ pub async fn start_rebuild_with(
             } else {
                 "the event log starts after seq 1 (pruned before walfold recorded it)"
             };
-            return Err(refused(format!(
-                "{how} through seq {}: a rebuild replays only the events still in the log, so \
-                 {} would lack whatever the pruned events built. Pass --from-retained-log \
-                 (History::Retained) to rebuild from what the log holds anyway",
-                p.through, live
-            )));
+            return Err(RebuildRefusal::LogPruned {
+                how,
+                through: p.through,
+                live,
+            }
+            .into());
         }
     }
     let target = Target::of(config, options);
@@ -148,11 +134,11 @@ pub async fn start_rebuild_with(
             guard.subscriber_used(subscriber).await?
         };
         if used {
-            return Err(refused(format!(
-                "subscriber ID {subscriber} has been used on target {} before; a rebuild \
-                 needs a new one, e.g. {subscriber}.2",
-                other.label()
-            )));
+            return Err(RebuildRefusal::SubscriberUsedOn {
+                subscriber: subscriber.to_owned(),
+                target: other.label().to_owned(),
+            }
+            .into());
         }
     }
     // The main target's rebuild runs on the session that holds the prune lock.
@@ -209,10 +195,11 @@ pub async fn abort_rebuild(
             return Ok(r);
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(refused(format!(
-                "the abort of {name} is recorded, but the leading daemon has not carried it out within {}s; it will",
-                wait.as_secs()
-            )));
+            return Err(RebuildRefusal::AbortPending {
+                projection: name.to_owned(),
+                wait,
+            }
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -267,9 +254,9 @@ struct CommandLead {
 impl CommandLead {
     async fn try_acquire(config: &Config) -> Result<Option<CommandLead>, EngineError> {
         use walfold_store::instance::{self, Registration};
-        let tag = walfold_store::tag_sessions();
+        let tag = walfold_pg::tag_sessions();
         let schema = Target::main(config).schema;
-        let control = walfold_store::connect(config.target_url()).await?;
+        let control = walfold_pg::connect(config.target_url()).await?;
         let me = Registration {
             id: uuid::Uuid::new_v4(),
             host: instance::host_name(),

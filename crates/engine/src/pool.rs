@@ -66,9 +66,9 @@ impl Pool {
         let (client, prepared) = match reused {
             Some(Idle { client, prepared }) => (client, prepared),
             None => {
-                let client = walfold_store::connect(&self.url).await?;
+                let client = walfold_pg::connect(&self.url).await?;
                 client
-                    .batch_execute(walfold_store::WORKER_SESSION)
+                    .batch_execute(walfold_pg::WORKER_SESSION)
                     .await
                     .map_err(|source| StoreError::Db {
                         context: "configuring the projector session".into(),

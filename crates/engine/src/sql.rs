@@ -32,7 +32,8 @@ use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 use walfold_config::{ParamType, Placeholder, Statement, Template, Upsert};
 use walfold_event::{Event, JsonText};
-use walfold_store::{RowExt, Schema};
+use walfold_pg::RowExt;
+use walfold_store::Schema;
 
 use crate::error::ProjectionError;
 use crate::projection::{Applied, Projection};

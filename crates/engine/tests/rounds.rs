@@ -54,7 +54,7 @@ async fn database(prefix: &str) -> (String, tokio_postgres::Client) {
     cluster
         .psql(&db, "create schema walfold")
         .expect("walfold schema");
-    let client = walfold_store::connect(&cluster.url(&db))
+    let client = walfold_pg::connect(&cluster.url(&db))
         .await
         .expect("connect");
     (db, client)

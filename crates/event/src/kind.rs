@@ -1,9 +1,10 @@
 //! The one place that decides whose fault an error is, and so what happens next. Every
 //! caller (the projector, the appender, the supervisors, the binary) reads the
-//! [`ErrorKind`] of an error; nobody else interprets SQLSTATEs (`walfold-store` only
-//! reads them off PostgreSQL errors). The few that mean more than their kind (a lock not
-//! available, a unique violation, an undefined object, a missing privilege) are asked
-//! for by name here too. Codes are tokio-postgres's typed [`SqlState`] constants.
+//! [`ErrorKind`] of an error; nobody else interprets SQLSTATEs (`walfold-pg` only reads
+//! them off PostgreSQL errors). The few that mean more than their kind (a lock not
+//! available, a unique violation, an undefined object, table or column, a missing
+//! privilege) are asked for by name here too, and so is the one message text walfold
+//! reads (a pooler refusing a replication connection). Codes are tokio-postgres's typed [`SqlState`] constants.
 //!
 //! - *Transient*: the connection or the transaction failed, not the work (connection
 //!   lost, server shutting down, serialization failure, deadlock, a lock or slot still
@@ -117,9 +118,26 @@ pub fn is_undefined_object(code: Option<&str>) -> bool {
     is(code, SqlState::UNDEFINED_OBJECT)
 }
 
+/// A statement names a table that does not exist (42P01).
+pub fn is_undefined_table(code: Option<&str>) -> bool {
+    is(code, SqlState::UNDEFINED_TABLE)
+}
+
+/// A statement names a column that does not exist (42703).
+pub fn is_undefined_column(code: Option<&str>) -> bool {
+    is(code, SqlState::UNDEFINED_COLUMN)
+}
+
 /// The role lacks a privilege (42501).
 pub fn is_insufficient_privilege(code: Option<&str>) -> bool {
     is(code, SqlState::INSUFFICIENT_PRIVILEGE)
+}
+
+/// A server's refusal of a replication connection's startup that only a connection
+/// pooler makes: PostgreSQL never says "unsupported startup parameter", PgBouncer does
+/// (for `replication`), and retrying cannot help. The one message text read anywhere.
+pub fn is_pooler_startup_refusal(message: &str) -> bool {
+    message.contains("unsupported startup parameter")
 }
 
 /// The kind of a failure to reach an extra target (`[targets.NAME]`) at all: a target
@@ -189,5 +207,16 @@ mod tests {
         assert_eq!(Data.own_statement(), Environment);
         assert_eq!(unreachable_target(Transient), Environment);
         assert_eq!(unreachable_target(Definite), Definite);
+    }
+
+    #[test]
+    fn the_codes_and_the_text_asked_for_by_name_are_told_apart() {
+        assert!(is_undefined_table(Some("42P01")));
+        assert!(!is_undefined_table(Some("42704")) && !is_undefined_table(None));
+        assert!(is_undefined_column(Some("42703")) && !is_undefined_column(Some("42P01")));
+        assert!(is_pooler_startup_refusal(
+            "unsupported startup parameter: replication"
+        ));
+        assert!(!is_pooler_startup_refusal("password authentication failed"));
     }
 }

@@ -19,8 +19,9 @@ pub use event::{
 };
 pub use json_text::JsonText;
 pub use kind::{
-    is_insufficient_privilege, is_lock_not_available, is_resource_code, is_undefined_object,
-    is_unique_violation, kind_for_code, unreachable_target, ErrorKind,
+    is_insufficient_privilege, is_lock_not_available, is_pooler_startup_refusal, is_resource_code,
+    is_undefined_column, is_undefined_object, is_undefined_table, is_unique_violation,
+    kind_for_code, unreachable_target, ErrorKind,
 };
 pub use lsn::Lsn;
 #[cfg(any(test, feature = "test-util"))]

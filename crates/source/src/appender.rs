@@ -94,7 +94,7 @@ pub(crate) struct Reopen {
 
 impl Reopen {
     pub(crate) async fn open(&self) -> Result<EventLog, SourceError> {
-        let target = walfold_store::connect(&self.url).await?;
+        let target = walfold_pg::connect(&self.url).await?;
         let mut log = EventLog::open(
             target,
             &self.schema,
@@ -461,9 +461,7 @@ impl Appender {
             };
             let StagedRow::Event(event) = &change.row else {
                 // A rejected row is staged in a form that cannot be refused.
-                return Err(SourceError::store("staging a streamed dead letter")(
-                    refused,
-                ));
+                return Err(SourceError::StagingDeadLetter(refused));
             };
             Signal::EventRefused {
                 source: &self.source,

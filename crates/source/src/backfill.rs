@@ -19,8 +19,9 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 use walfold_config::{quote_ident, OutboxConfig, SourceView};
 use walfold_event::{Lsn, RowOrigin};
+use walfold_pg::{connect, RowExt};
 use walfold_pgoutput::{oid, Column, Relation, RelationColumn, Tuple};
-use walfold_store::{connect, EventLog, IngestCounts, LogOrder, RowExt, StoreError};
+use walfold_store::{EventLog, IngestCounts, LogOrder, StoreError};
 
 use crate::error::SourceError;
 use crate::outbox::{Mapped, Mapping, TxContext};
@@ -77,14 +78,7 @@ pub async fn backfill(
     let order = LogOrder::acquire(config.target_url(), &schema)
         .await
         .map_err(|e| match e {
-            StoreError::Busy(_) => SourceError::Store {
-                context: Some("backfill".into()),
-                source: StoreError::Refused(
-                    "a walfold daemon is appending to the event log; stop it for the backfill \
-                     (its slot keeps every change meanwhile) and start it again afterwards"
-                        .into(),
-                ),
-            },
+            StoreError::Busy(_) => SourceError::BackfillBesideDaemon,
             other => other.into(),
         })?;
     let mut log = EventLog::open(
@@ -532,16 +526,16 @@ impl Pager {
             )
             .await
             .map_err(|e| {
-                let context =
-                    if walfold_event::is_insufficient_privilege(walfold_store::sqlstate(&e)) {
-                        format!(
-                            "reading an outbox page (grant select on {} to the source role, then \
+                let context = if walfold_event::is_insufficient_privilege(walfold_pg::sqlstate(&e))
+                {
+                    format!(
+                        "reading an outbox page (grant select on {} to the source role, then \
                          run the backfill again; what it appended is recognised)",
-                            self.table
-                        )
-                    } else {
-                        "reading an outbox page".into()
-                    };
+                        self.table
+                    )
+                } else {
+                    "reading an outbox page".into()
+                };
                 SourceError::from(StoreError::db(context)(e))
             })?;
         rows.iter()

@@ -1,8 +1,11 @@
 //! Source errors, each with its [`ErrorKind`]: transient (reconnect from the last durable
 //! point), environment (the same, loudly: a revoked right, a full disk), definite (stop
-//! with a message that says how to fix it).
+//! with a message that says how to fix it). Whether one is a usage error is said by
+//! [`SourceError::is_usage`]; a long fix is [`SourceError::fix`], which the message ends
+//! with.
 
 use walfold_event::{kind_for_code, ErrorKind};
+use walfold_pg::PgError;
 use walfold_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,24 +20,30 @@ pub enum SourceError {
     NoSuchOutbox(String),
     #[error("replication slot {slot} {problem}")]
     Slot { slot: String, problem: String },
-    /// A failure of walfold's own statements. The store's error says what it was doing;
-    /// `context` only where it alone would not (which setting, why it matters here).
-    #[error("{}{source}", context.as_deref().map(|c| format!("{c}: ")).unwrap_or_default())]
-    Store {
-        context: Option<String>,
-        #[source]
-        source: StoreError,
-    },
+    /// Connecting to a server (the source or the target) or reading a row.
+    #[error(transparent)]
+    Pg(#[from] PgError),
+    /// `source.url` cannot be read as a connection string.
+    #[error("reading source.url: {0}")]
+    SourceUrl(#[source] PgError),
+    /// A failure of walfold's own statements; the store's error says what it was doing.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A streamed event the log refused for a reason that will not go away could not be
+    /// staged as its dead letter either.
+    #[error("staging a streamed dead letter: {0}")]
+    StagingDeadLetter(#[source] StoreError),
+    /// A backfill beside a daemon that appends to the event log: a usage error.
+    #[error(
+        "a walfold daemon is appending to the event log; stop it for the backfill (its slot \
+         keeps every change meanwhile) and start it again afterwards"
+    )]
+    BackfillBesideDaemon,
+    /// A change of a relation that is no outbox: ingest stops before acknowledging it.
     #[error(
         "the publication {publication} sent {change} of {relation}, which is no [[outbox]]; \
-         ingest stopped before acknowledging its transaction (commit {commit_lsn}). Fix: add \
-         {relation} as an [[outbox]]; if it is a partition of an outbox, run alter publication \
-         \"{publication}\" set (publish_via_partition_root = true) and restart; if its changes \
-         are no events, remove it from the publication (changes written before that are still \
-         sent: to skip this transaction, stop walfold and run \
-         select pg_replication_slot_advance('{slot}', '{skip_to}'); walfold then records the \
-         skipped range as a slot gap and backfills its outbox rows from the tables; each such \
-         transaction stops ingest once, so repeat for the next)"
+         ingest stopped before acknowledging its transaction (commit {commit_lsn}). Fix: {}",
+        self.fix().unwrap_or_default()
     )]
     Unmapped {
         change: &'static str,
@@ -49,10 +58,8 @@ pub enum SourceError {
         "outbox {table}: the transaction at commit {commit_lsn} wrote rows without column \
          `{column}` (outbox.{key}); its rows have the columns {columns}. The column was \
          renamed or dropped: ingest stopped before acknowledging the transaction and \
-         retries; nothing is dead-lettered. Fix: set outbox.{key} to the name those rows \
-         use and restart (once walfold has ingested it starts with a column the table no \
-         longer has), then, when ingest stops at the first row of the new shape, set the \
-         new name and restart again; or restore the column"
+         retries; nothing is dead-lettered. Fix: {}",
+        self.fix().unwrap_or_default()
     )]
     OutboxChanged {
         table: String,
@@ -76,6 +83,46 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// What the operator can do about it, where that takes more than the message's own
+    /// clause: the message ends with `Fix: ` and this.
+    pub fn fix(&self) -> Option<String> {
+        match self {
+            SourceError::Unmapped {
+                relation,
+                publication,
+                slot,
+                skip_to,
+                ..
+            } => Some(format!(
+                "add {relation} as an [[outbox]]; if it is a partition of an outbox, run alter \
+                 publication \"{publication}\" set (publish_via_partition_root = true) and \
+                 restart; if its changes are no events, remove it from the publication (changes \
+                 written before that are still sent: to skip this transaction, stop walfold and \
+                 run select pg_replication_slot_advance('{slot}', '{skip_to}'); walfold then \
+                 records the skipped range as a slot gap and backfills its outbox rows from the \
+                 tables; each such transaction stops ingest once, so repeat for the next)"
+            )),
+            SourceError::OutboxChanged { key, .. } => Some(format!(
+                "set outbox.{key} to the name those rows use and restart (once walfold has \
+                 ingested it starts with a column the table no longer has), then, when ingest \
+                 stops at the first row of the new shape, set the new name and restart again; \
+                 or restore the column"
+            )),
+            _ => None,
+        }
+    }
+
+    /// Whether it is a usage error (exit code 2): a request the current state refuses, or
+    /// a URL behind a pooler walfold cannot work through.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            SourceError::BackfillBesideDaemon => true,
+            SourceError::Store(e) => e.is_usage(),
+            SourceError::Pg(e) => e.is_usage(),
+            _ => false,
+        }
+    }
+
     /// What a deferred change is, without the position it does not have yet.
     pub(crate) fn summary(&self) -> String {
         match self {
@@ -123,14 +170,6 @@ impl SourceError {
         }
     }
 
-    pub(crate) fn store(context: impl Into<String>) -> impl FnOnce(StoreError) -> Self {
-        let context = context.into();
-        move |source| SourceError::Store {
-            context: Some(context),
-            source,
-        }
-    }
-
     /// Whose fault it is; the supervisor stops on definite errors and retries the rest.
     pub fn kind(&self) -> ErrorKind {
         use crate::wire::WireError as W;
@@ -144,14 +183,19 @@ impl SourceError {
             | SourceError::Replication(W::Unsupported(_)) => ErrorKind::Definite,
             // walfold's own statements: an event is never at fault here (the appender
             // sets aside events the log refuses before this point).
-            SourceError::Store { source, .. } => source.kind().own_statement(),
+            SourceError::Store(source) | SourceError::StagingDeadLetter(source) => {
+                source.kind().own_statement()
+            }
+            // Definite as the store's refusal it replaces.
+            SourceError::BackfillBesideDaemon => ErrorKind::Definite,
+            SourceError::Pg(e) | SourceError::SourceUrl(e) => e.kind().own_statement(),
             // The slot or the publication does not exist (any more).
-            SourceError::Replication(W::Server { code, .. })
+            SourceError::Replication(W::Server { code, .. } | W::Streaming { code, .. })
                 if walfold_event::is_undefined_object(code.as_deref()) =>
             {
                 ErrorKind::Definite
             }
-            SourceError::Replication(W::Server { code, .. }) => {
+            SourceError::Replication(W::Server { code, .. } | W::Streaming { code, .. }) => {
                 kind_for_code(code.as_deref()).own_statement()
             }
             SourceError::Replication(W::Auth(_) | W::Tls(_)) => ErrorKind::Environment,
@@ -164,16 +208,6 @@ impl SourceError {
             SourceError::StreamEnded => ErrorKind::Transient,
             // The next attempt records the gap and backfills it (`publication_rewritten`).
             SourceError::PublicationRewritten(_) => ErrorKind::Transient,
-        }
-    }
-}
-
-/// A store error whose own context says what walfold was doing (`?` on a store call).
-impl From<StoreError> for SourceError {
-    fn from(source: StoreError) -> Self {
-        SourceError::Store {
-            context: None,
-            source,
         }
     }
 }
@@ -201,5 +235,59 @@ mod tests {
         assert_eq!(e("55006").kind(), ErrorKind::Transient);
         assert_eq!(e("57P01").kind(), ErrorKind::Transient);
         assert_eq!(e("28P01").kind(), ErrorKind::Environment);
+    }
+
+    /// The long fixes moved out of the messages' format strings: the operator reads the
+    /// same words as before, ending with `Fix: ` and [`SourceError::fix`].
+    #[test]
+    fn a_long_fix_ends_the_message_word_for_word() {
+        let (publication, change, relation, slot) =
+            ("walfold_outbox", "an insert", "public.t", "s");
+        let (commit_lsn, skip_to) = (walfold_event::Lsn(0x10), walfold_event::Lsn(0x11));
+        let e = SourceError::Unmapped {
+            change,
+            relation: relation.into(),
+            publication: publication.into(),
+            slot: slot.into(),
+            commit_lsn,
+            skip_to,
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the publication {publication} sent {change} of {relation}, which is no [[outbox]]; \
+                 ingest stopped before acknowledging its transaction (commit {commit_lsn}). Fix: add \
+                 {relation} as an [[outbox]]; if it is a partition of an outbox, run alter publication \
+                 \"{publication}\" set (publish_via_partition_root = true) and restart; if its changes \
+                 are no events, remove it from the publication (changes written before that are still \
+                 sent: to skip this transaction, stop walfold and run \
+                 select pg_replication_slot_advance('{slot}', '{skip_to}'); walfold then records the \
+                 skipped range as a slot gap and backfills its outbox rows from the tables; each such \
+                 transaction stops ingest once, so repeat for the next)"
+            )
+        );
+        assert!(e
+            .to_string()
+            .ends_with(&format!("Fix: {}", e.fix().unwrap())));
+        let (table, key, column, columns) = ("public.outbox", "id", "id", "uuid, body");
+        let e = SourceError::OutboxChanged {
+            table: table.into(),
+            key,
+            column: column.into(),
+            columns: columns.into(),
+            commit_lsn,
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "outbox {table}: the transaction at commit {commit_lsn} wrote rows without column \
+                 `{column}` (outbox.{key}); its rows have the columns {columns}. The column was \
+                 renamed or dropped: ingest stopped before acknowledging the transaction and \
+                 retries; nothing is dead-lettered. Fix: set outbox.{key} to the name those rows \
+                 use and restart (once walfold has ingested it starts with a column the table no \
+                 longer has), then, when ingest stops at the first row of the new shape, set the \
+                 new name and restart again; or restore the column"
+            )
+        );
     }
 }

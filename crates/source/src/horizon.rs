@@ -27,7 +27,8 @@
 
 use tokio_postgres::types::PgLsn;
 use walfold_event::Lsn;
-use walfold_store::{RowExt, StoreError};
+use walfold_pg::RowExt;
+use walfold_store::StoreError;
 
 /// The slot's confirmed position and catalog_xmin, with the next xid for its epoch.
 const READ: &str = "select confirmed_flush_lsn, catalog_xmin::text::int8 as catalog_xmin, \

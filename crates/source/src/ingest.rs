@@ -11,7 +11,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use walfold_config::{Config, SourceConfig, SourceView};
 use walfold_event::ErrorKind;
-use walfold_store::{connect, Backoff, Fence, LogOrder};
+use walfold_pg::connect;
+use walfold_store::{Backoff, Fence, LogOrder};
 use walfold_telemetry::signal::Signal;
 
 use crate::appender::{Appender, Reopen, Repeats};
@@ -173,9 +174,9 @@ fn explain(e: SourceError, config: &SourceView<'_>) -> SourceError {
     use crate::wire::WireError;
     let source = config.source();
     match &e {
-        SourceError::Replication(WireError::Server { code, message })
-            if walfold_event::is_undefined_object(code.as_deref())
-                && message.contains("publication") =>
+        // Once streaming, the one object looked up by name is the publication.
+        SourceError::Replication(WireError::Streaming { code, message })
+            if walfold_event::is_undefined_object(code.as_deref()) =>
         {
             SourceError::Slot {
                 slot: source.slot.clone(),
@@ -203,7 +204,7 @@ async fn attempt(
 ) -> Result<(), SourceError> {
     // Its statements are prepared, and heartbeats and slot checks follow on their own
     // connections: a pooler that shares sessions is refused before any of it.
-    walfold_store::refuse_pooling(
+    walfold_pg::refuse_pooling(
         &config.source().url,
         &format!("the url of source {}", config.source().name),
     )
@@ -348,7 +349,7 @@ fn heartbeat(
                     )
                     .await
                 {
-                    tracing::warn!(error = %walfold_store::describe(&e), "heartbeat failed");
+                    tracing::warn!(error = %walfold_pg::describe(&e), "heartbeat failed");
                 }
             }
             match crate::horizon::read(c, &source.slot).await {

@@ -10,7 +10,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walfold_config::SourceView;
 use walfold_event::{DeadLetter, Lsn, NewEvent, RowOrigin};
-use walfold_store::{ConnectOptions, StagedChange, StagedRow};
+use walfold_pg::ConnectOptions;
+use walfold_store::{StagedChange, StagedRow};
 use walfold_telemetry::throttle::{Admit, Throttle};
 
 use crate::budget::InFlightBytes;
@@ -48,11 +49,8 @@ pub enum Item {
 
 /// The replication connection settings for the source URL.
 pub fn replication_config(config: &SourceView<'_>) -> Result<WireConfig, SourceError> {
-    let options = ConnectOptions::parse(&config.source().url)
-        .map_err(SourceError::store("reading source.url"))?;
-    let pg = options
-        .pg_config()
-        .map_err(SourceError::store("reading source.url"))?;
+    let options = ConnectOptions::parse(&config.source().url).map_err(SourceError::SourceUrl)?;
+    let pg = options.pg_config().map_err(SourceError::SourceUrl)?;
     // libpq's rules: one port for every host, or one per host.
     let ports = pg.get_ports();
     let port_of = |i: usize| match ports {

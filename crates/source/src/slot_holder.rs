@@ -35,7 +35,7 @@ pub(crate) async fn end_stale_holder(
     let pid: i32 = row
         .try_get(0)
         .map_err(walfold_store::StoreError::db("reading who holds the slot"))?;
-    let mut target = walfold_store::connect(config.target_url()).await?;
+    let mut target = walfold_pg::connect(config.target_url()).await?;
     let tx = target
         .transaction()
         .await
@@ -49,7 +49,7 @@ pub(crate) async fn end_stale_holder(
         Ok(_) => {
             tracing::info!(slot = %slot, pid, "ended the walsender that held the slot: a previous leader's, gone")
         }
-        Err(e) if walfold_event::is_insufficient_privilege(walfold_store::sqlstate(&e)) => {
+        Err(e) if walfold_event::is_insufficient_privilege(walfold_pg::sqlstate(&e)) => {
             tracing::warn!(slot = %slot, pid, "the slot is held by a walsender this role may not end (another role's): streaming waits for wal_sender_timeout; run every instance as one role, or grant pg_signal_backend to walfold's role");
             return Ok(());
         }

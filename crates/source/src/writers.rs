@@ -5,7 +5,8 @@
 
 use tokio_postgres::Client;
 use walfold_config::OutboxConfig;
-use walfold_store::{RowExt, StoreError};
+use walfold_pg::RowExt;
+use walfold_store::StoreError;
 
 use crate::error::Refusal;
 
@@ -305,7 +306,7 @@ async fn roles(
         .await
         .map_err(StoreError::db("reading who may write events"))?
         .iter()
-        .map(|r| r.of("pg_roles").col(0))
+        .map(|r| Ok(r.of("pg_roles").col(0)?))
         .collect()
 }
 

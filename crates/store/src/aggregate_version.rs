@@ -8,8 +8,8 @@ use tokio_postgres::GenericClient;
 use walfold_event::Aggregate;
 
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// The recorded version of each aggregate (types `$2`, IDs `$3`) for subscriber `$1`.
 const APPLIED: &str = "select v.aggregate_type, v.aggregate_id, v.version \
@@ -88,10 +88,10 @@ pub async fn ran_without_versions(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(&schema.sql(RAN_WITHOUT), &[&subscriber])
         .await
         .map_err(StoreError::db("reading applied versions"))?
         .of("aggregate_version")
-        .col("ran_without_versions")
+        .col("ran_without_versions")?)
 }

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use tokio_postgres::{Client, Statement, Transaction};
 
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// Advisory-lock class serializing checkpoint reconciles (`'walC'`).
 const CHECKPOINT_LOCK: i32 = 0x7761_6c43;
@@ -211,7 +211,7 @@ impl Checkpoints {
             .query_opt(&schema.sql(POSITION), &[&subscriber, &(partition as i32)])
             .await
             .map_err(StoreError::db("loading a checkpoint"))?
-            .map_or(Ok(0), |r| r.of("checkpoint").col("position"))
+            .map_or(Ok(0), |r| Ok(r.of("checkpoint").col("position")?))
     }
 
     /// Saves a partition's position and adds `stats` (in the batch's transaction;

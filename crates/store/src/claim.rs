@@ -30,8 +30,8 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// Claims each of the events `$2` (their IDs) with claim seqs `$3` for subscriber `$1`;
 /// returns the IDs not claimed before, by seq or (a claim made before seqs) by ID.
@@ -70,7 +70,7 @@ pub(crate) async fn claim(
         .await
         .map_err(StoreError::db("claiming events"))?;
     rows.iter()
-        .map(|r| r.of("processed_message").col("message_id"))
+        .map(|r| Ok(r.of("processed_message").col("message_id")?))
         .collect()
 }
 

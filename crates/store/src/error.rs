@@ -1,31 +1,24 @@
-//! Store errors, with the context we own (schema, subscriber), and what kind of failure
-//! a PostgreSQL error is.
+//! Store errors, with the context we own (schema, subscriber), and whose fault each is.
+//! Errors of talking to PostgreSQL itself (a URL, TLS, connecting, a pooler, a column
+//! that cannot be read) are `walfold_pg`'s, carried as [`StoreError::Pg`].
 
-use walfold_event::{kind_for_code, ErrorKind};
+use walfold_event::ErrorKind;
+use walfold_pg::{describe, kind_of, sqlstate, PgError};
+
+use crate::refusal::Refusal;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("invalid database url {url}: {reason}")]
-    Url { url: String, reason: String },
-    #[error("cannot read sslrootcert {path}: {reason}")]
-    RootCert { path: String, reason: String },
-    #[error("cannot connect to {url}: {}", describe(source))]
-    Connect {
-        url: String,
-        #[source]
-        source: tokio_postgres::Error,
-    },
+    /// Connecting, a server that did not answer, a pooler sharing sessions, a column
+    /// that cannot be read.
+    #[error(transparent)]
+    Pg(#[from] PgError),
     /// A server a command or scrape needs failed or did not answer: which one.
     #[error("{server}: {source}")]
     Server {
         server: String,
         #[source]
         source: Box<StoreError>,
-    },
-    #[error("did not answer within {} s ({url})", within.as_secs_f64())]
-    NoAnswer {
-        url: String,
-        within: std::time::Duration,
     },
     #[error("migrating schema {schema}{}: {}", version.map(|v| format!(" to {v}")).unwrap_or_default(), describe(source))]
     Migrate {
@@ -46,25 +39,10 @@ pub enum StoreError {
     /// checkpoint written with another partition count); retry later.
     #[error("{0}")]
     Busy(String),
-    /// The operator asked for something the current state does not allow; the message
-    /// says why and what to do instead.
-    #[error("{0}")]
-    Refused(String),
-    /// A pooler in front of `url` shares server sessions between clients (transaction
-    /// or statement pooling): walfold needs a session of its own there.
-    #[error(
-        "{key} ({url}) leads to a pooler that shares server sessions between clients \
-         (transaction or statement pooling): {evidence}; walfold needs a session of its own \
-         there (its leader lock, prepared statements, search_path). Fix: {}",
-        crate::pooler::pooler_fix(key)
-    )]
-    Pooled {
-        /// What names the URL in the config (`source.url`, `the target URL`).
-        key: String,
-        /// The URL, redacted.
-        url: String,
-        evidence: String,
-    },
+    /// The operator (or the config) asked for something the current state does not
+    /// allow: a usage error, which says why and what to do instead.
+    #[error(transparent)]
+    Refused(Box<Refusal>),
     /// Another instance has taken over leadership: this transaction must not land.
     #[error(
         "this instance no longer leads (another instance took over); the write was not committed"
@@ -85,71 +63,22 @@ pub enum StoreError {
         #[source]
         source: tokio_postgres::Error,
     },
-    /// A row lacks a column walfold reads, or holds it as another type (or null): the
-    /// table has drifted from what this walfold expects (an operator altered or dropped
-    /// the column). No event is at fault: pause and retry until it is restored.
-    #[error(
-        "column {column} of {table} cannot be read: {}; if it was altered or dropped, restore it",
-        unreadable(source)
-    )]
-    Column {
-        table: &'static str,
-        column: String,
-        #[source]
-        source: tokio_postgres::Error,
-    },
 }
 
-/// Why `try_get` could not read a column, without tokio-postgres's position of it.
-fn unreadable(err: &tokio_postgres::Error) -> String {
-    match std::error::Error::source(err) {
-        // The conversion's own reason: "cannot convert between the Rust type `i64` and
-        // the Postgres type `text`", "a Postgres value was `NULL`".
-        Some(cause) => cause.to_string(),
-        None => "the row has no such column".to_owned(),
+impl From<Refusal> for StoreError {
+    fn from(refusal: Refusal) -> Self {
+        StoreError::Refused(Box::new(refusal))
     }
 }
 
-/// A PostgreSQL error in one line with what an operator needs: SQLSTATE, message,
-/// detail and constraint (tokio-postgres's own `Display` says only "db error").
-pub fn describe(err: &tokio_postgres::Error) -> String {
-    match err.as_db_error() {
-        Some(db) => {
-            let mut s = format!("{} ({}): {}", db.severity(), db.code().code(), db.message());
-            if let Some(d) = db.detail() {
-                s.push_str(&format!("; detail: {d}"));
-            }
-            if let Some(c) = db.constraint() {
-                s.push_str(&format!("; constraint: {c}"));
-            }
-            s
-        }
-        // "error connecting to server" says nothing without its cause ("Connection
-        // refused", a TLS failure, a timeout).
-        None => {
-            let mut s = err.to_string();
-            let mut cause = std::error::Error::source(err);
-            while let Some(c) = cause {
-                let text = c.to_string();
-                if !s.contains(&text) {
-                    s.push_str(": ");
-                    s.push_str(&text);
-                }
-                cause = c.source();
-            }
-            s
+/// A store error from a command's server names the server (see `walfold_pg::answer_within`).
+impl walfold_pg::ServerError for StoreError {
+    fn at_server(self, server: &str) -> Self {
+        StoreError::Server {
+            server: server.to_owned(),
+            source: Box::new(self),
         }
     }
-}
-
-/// Maps a PostgreSQL error to its kind.
-pub fn kind_of(err: &tokio_postgres::Error) -> ErrorKind {
-    kind_for_code(sqlstate(err))
-}
-
-/// The SQLSTATE of a PostgreSQL error, if the server sent one.
-pub fn sqlstate(err: &tokio_postgres::Error) -> Option<&str> {
-    err.code().map(|c| c.code())
 }
 
 impl StoreError {
@@ -162,18 +91,13 @@ impl StoreError {
     /// Whose fault it is (see [`ErrorKind`]).
     pub fn kind(&self) -> walfold_event::ErrorKind {
         match self {
-            StoreError::Busy(_) | StoreError::Fenced | StoreError::NoAnswer { .. } => {
-                ErrorKind::Transient
-            }
+            StoreError::Busy(_) | StoreError::Fenced => ErrorKind::Transient,
+            StoreError::Pg(e) => e.kind(),
             StoreError::Server { source, .. } | StoreError::Subscriber { source, .. } => {
                 source.kind()
             }
-            StoreError::Connect { source, .. } | StoreError::Db { source, .. } => kind_of(source),
-            // The URL is wrong: retrying through the same pooler cannot help.
-            StoreError::Url { .. }
-            | StoreError::RootCert { .. }
-            | StoreError::Refused(_)
-            | StoreError::Pooled { .. } => ErrorKind::Definite,
+            StoreError::Db { source, .. } => kind_of(source),
+            StoreError::Refused(_) => ErrorKind::Definite,
             // A migration that fails needs the right to create the schema, or a repair;
             // only a lost connection is retried as such.
             StoreError::Migrate { source, .. } => match kind_of(source) {
@@ -183,8 +107,17 @@ impl StoreError {
             StoreError::SchemaRights { .. } | StoreError::MigrationHistory { .. } => {
                 ErrorKind::Environment
             }
-            // A drifted table: the environment, never the event nor the connection.
-            StoreError::Column { .. } => ErrorKind::Environment,
+        }
+    }
+
+    /// Whether it is a usage error (exit code 2): an operator request the current state
+    /// refuses, or a URL behind a pooler walfold cannot work through.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            StoreError::Refused(_) => true,
+            StoreError::Pg(e) => e.is_usage(),
+            StoreError::Server { source, .. } => source.is_usage(),
+            _ => false,
         }
     }
 
@@ -196,9 +129,8 @@ impl StoreError {
     /// The PostgreSQL error behind this one, if any.
     pub fn pg(&self) -> Option<&tokio_postgres::Error> {
         match self {
-            StoreError::Connect { source, .. }
-            | StoreError::Db { source, .. }
-            | StoreError::Migrate { source, .. } => Some(source),
+            StoreError::Db { source, .. } | StoreError::Migrate { source, .. } => Some(source),
+            StoreError::Pg(e) => e.pg(),
             StoreError::Server { source, .. } | StoreError::Subscriber { source, .. } => {
                 source.pg()
             }

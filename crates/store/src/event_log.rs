@@ -12,13 +12,13 @@ use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 use walfold_event::{partition_hash, DeadLetter, Event, JsonText, Lsn, NewEvent, Reason};
 
-use crate::connect::SERVER_KEEPALIVES;
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::jsonb::Jsonb;
 use crate::log_order::{LogOrder, Turn};
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
+use walfold_pg::SERVER_KEEPALIVES;
 
 /// What one append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -363,7 +363,8 @@ impl EventLog {
     /// a version that does so wrote the position): then a slot past the recorded
     /// position was moved by something other than walfold.
     pub async fn acks_recorded(&self) -> Result<bool, StoreError> {
-        self.client
+        Ok(self
+            .client
             .query_one(
                 &self
                     .schema
@@ -373,7 +374,7 @@ impl EventLog {
             .await
             .map_err(StoreError::db("reading the ingest position"))?
             .of("ingest_position")
-            .col("acks_recorded")
+            .col("acks_recorded")?)
     }
 
     /// The publication this slot was last read through (`None`: not recorded, as before
@@ -1183,11 +1184,11 @@ pub async fn event_rate(client: &Client, schema: &Schema) -> Result<Option<f64>,
         )
         .await
         .map_err(StoreError::db("reading the log's event rate"))?;
-    row.of("event_log").col(0)
+    Ok(row.of("event_log").col(0)?)
 }
 
 async fn log_exists(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(
             "select to_regclass($1) is not null",
             &[&schema.sql("{schema}.event_log")],
@@ -1195,5 +1196,5 @@ async fn log_exists(client: &Client, schema: &Schema) -> Result<bool, StoreError
         .await
         .map_err(StoreError::db("looking for the event log"))?
         .of("pg_class")
-        .col(0)
+        .col(0)?)
 }

@@ -10,8 +10,8 @@ use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 /// Up to `$6` events after seq `$1` that pass the filters (`null`: any): aggregate ID
 /// `$2`, aggregate type `$3`, event type `$4`, committed (else appended) at or after `$5`,
@@ -142,11 +142,11 @@ pub async fn log_page(
         )
         .await
         .map_err(StoreError::db("reading the event log"))?;
-    LoggedEvent::from_rows(&rows)
+    Ok(LoggedEvent::from_rows(&rows)?)
 }
 
 impl FromRow for LoggedEvent {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("event_log");
         Ok(LoggedEvent {
             seq: r.col("seq")?,
@@ -165,22 +165,22 @@ impl FromRow for LoggedEvent {
 
 /// The server's time `ago` before now, as [`LoggedEvent::at`] writes times.
 pub async fn log_time_ago(client: &Client, ago: Duration) -> Result<String, StoreError> {
-    client
+    Ok(client
         .query_one(SINCE_AGO, &[&ago.as_secs_f64()])
         .await
         .map_err(StoreError::db("reading the server's time"))?
         .of("the server's time")
-        .col("at")
+        .col("at")?)
 }
 
 /// Timestamp `text` as the server reads it, as [`LoggedEvent::at`] writes times.
 pub async fn log_time(client: &Client, text: &str) -> Result<String, StoreError> {
-    client
+    Ok(client
         .query_one(SINCE_TIME, &[&text])
         .await
         .map_err(StoreError::db("reading a timestamp"))?
         .of("a timestamp")
-        .col("at")
+        .col("at")?)
 }
 
 /// Whether this target holds `subscriber`'s state or names it in a rebuild.
@@ -189,12 +189,12 @@ pub async fn knows_subscriber(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(&schema.sql(KNOWS), &[&subscriber])
         .await
         .map_err(StoreError::db("looking for the subscriber"))?
         .of("checkpoint")
-        .col("known")
+        .col("known")?)
 }
 
 /// Whether `subscriber` has read anything: a checkpoint or a claim.
@@ -203,12 +203,12 @@ pub async fn subscriber_has_read(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(&schema.sql(HAS_READ), &[&subscriber])
         .await
         .map_err(StoreError::db("looking for the subscriber"))?
         .of("checkpoint")
-        .col("known")
+        .col("known")?)
 }
 
 /// The subscribers with a checkpoint, by name.
@@ -221,7 +221,7 @@ pub async fn checkpointed_subscribers(
         .await
         .map_err(StoreError::db("reading checkpoints"))?
         .iter()
-        .map(|r| r.of("checkpoint").col("subscriber_id"))
+        .map(|r| Ok(r.of("checkpoint").col("subscriber_id")?))
         .collect()
 }
 
@@ -231,14 +231,14 @@ pub async fn projection_of(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<Option<String>, StoreError> {
-    client
+    Ok(client
         .query_opt(&schema.sql(PROJECTION_OF), &[&subscriber])
         .await
         .map_err(StoreError::db(
             "reading rebuilds and the projection registry",
         ))?
         .map(|r| r.of("rebuild").col("projection"))
-        .transpose()
+        .transpose()?)
 }
 
 /// What walfold recorded for one subscriber about some events.
@@ -305,7 +305,7 @@ pub async fn recorded_for(
 }
 
 impl FromRow for Claim {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("processed_message");
         Ok(Claim {
             event_id: r.col("message_id")?,
@@ -315,7 +315,7 @@ impl FromRow for Claim {
 }
 
 impl FromRow for DeadLetterAt {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("dead_letter");
         Ok(DeadLetterAt {
             seq: r.col("seq")?,
@@ -325,7 +325,7 @@ impl FromRow for DeadLetterAt {
 }
 
 impl FromRow for PartitionPosition {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("checkpoint");
         Ok(PartitionPosition {
             partition: r.col("partition")?,

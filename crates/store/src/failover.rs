@@ -15,7 +15,7 @@ use walfold_event::Lsn;
 
 use crate::error::StoreError;
 use crate::event_log::EventLog;
-use crate::row::{FromRow, RowExt};
+use walfold_pg::{FromRow, RowExt};
 
 /// Slot `$1`'s recorded system identifier and timeline.
 const IDENTITY: &str = "select system_id, timeline from {schema}.ingest_position where slot = $1";
@@ -108,7 +108,7 @@ pub struct Failover {
 }
 
 impl FromRow for Failover {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("source_failover");
         Ok(Failover {
             from_timeline: r.col("from_timeline")?,
@@ -182,13 +182,14 @@ impl EventLog {
 
     /// This slot's last recorded failover.
     pub async fn last_failover(&self) -> Result<Option<Failover>, StoreError> {
-        self.client()
+        Ok(self
+            .client()
             .query_opt(&self.schema().sql(LAST_FAILOVER), &[&self.slot()])
             .await
             .map_err(StoreError::db("reading the last failover"))?
             .as_ref()
             .map(Failover::from_row)
-            .transpose()
+            .transpose()?)
     }
 
     /// The events to check against the new primary after this slot's last failover,

@@ -6,8 +6,8 @@
 use tokio_postgres::{Client, Row};
 
 use crate::error::StoreError;
-use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 /// Slot `$1`'s ingest position as text, once it is past 0/0.
 const INGESTED: &str =
@@ -40,12 +40,12 @@ pub async fn ingested_through(
     schema: &Schema,
     slot: &str,
 ) -> Result<Option<String>, StoreError> {
-    client
+    Ok(client
         .query_opt(&schema.sql(INGESTED), &[&slot])
         .await
         .map_err(StoreError::db("reading the ingest position"))?
         .map(|r| r.of("ingest_position").col("lsn"))
-        .transpose()
+        .transpose()?)
 }
 
 /// The publication `slot` was last read through (`None`: not recorded yet, as before
@@ -73,11 +73,11 @@ pub async fn ingested_slots(
         .query(&schema.sql(SLOTS), &[])
         .await
         .map_err(StoreError::db("reading the ingest positions"))?;
-    IngestedSlot::from_rows(&rows)
+    Ok(IngestedSlot::from_rows(&rows)?)
 }
 
 impl FromRow for IngestedSlot {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("ingest_position");
         Ok(IngestedSlot {
             slot: r.col("slot")?,
@@ -93,10 +93,10 @@ pub async fn ingested_rows(
     schema: &Schema,
     slot: &str,
 ) -> Result<i64, StoreError> {
-    client
+    Ok(client
         .query_one(&schema.sql(COUNTED), &[&slot])
         .await
         .map_err(StoreError::db("counting ingested rows"))?
         .of("ingest_position")
-        .col("counted")
+        .col("counted")?)
 }

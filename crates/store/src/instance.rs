@@ -1,7 +1,7 @@
 //! The `instance` table (main target): who runs. Each `walfold run` registers a row,
 //! heartbeats it every second, and deletes it when it stops cleanly. Every session its
 //! process opens holds the process's tag, an advisory key, shared
-//! ([`crate::connect::tag_sessions`]), so the server can list and end exactly the
+//! ([`walfold_pg::tag_sessions`]), so the server can list and end exactly the
 //! sessions of one instance.
 //!
 //! Whether an instance is alive is decided in one place, [`Seen::alive`]: it is dead
@@ -18,11 +18,11 @@ use tokio_postgres::{Client, GenericClient};
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// Advisory-lock class of an instance's tag (`'walI'`); the key is the tag.
-pub const TAG_CLASS: i32 = 0x7761_6c49;
+pub const TAG_CLASS: i32 = walfold_pg::SESSION_TAG_CLASS;
 
 /// How long an instance must have been silent before a missing set of sessions counts
 /// as its death: a heartbeat missed, not a reconnect in progress.

@@ -13,7 +13,7 @@ use tokio_postgres::Transaction;
 use walfold_event::JsonText;
 
 use crate::error::StoreError;
-use crate::row::RowExt;
+use walfold_pg::RowExt;
 
 /// A payload at least this large is sent by COPY.
 pub(crate) const LARGE: usize = 1 << 20;

@@ -29,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// Advisory-lock class of the session lock releases before the lease took (`'walL'`);
 /// the key is the schema's hash.
@@ -378,7 +378,7 @@ impl Leadership {
                 .execute(&schema.sql(RELEASE), &[&me, &self.fence.key.epoch])
                 .await
             {
-                tracing::debug!(error = %crate::describe(&e), "could not give leadership up; the next leader finds this instance gone");
+                tracing::debug!(error = %walfold_pg::describe(&e), "could not give leadership up; the next leader finds this instance gone");
             }
         }
         let _ = control

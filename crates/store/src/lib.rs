@@ -1,17 +1,16 @@
 //! walfold's durable state in the target database: the event log, dedup claims,
-//! checkpoints and dead letters, plus the connection and retry rules every component
-//! shares. What the rows mean (events, positions, reasons) is `walfold-event`.
+//! checkpoints and dead letters, plus the retry rule every component shares
+//! ([`Backoff`]). Connecting, TLS, rows and SQLSTATEs are `walfold-pg`'s; what the rows
+//! mean (events, positions, reasons) is `walfold-event`.
 //! A projector partition reaches its state through one bound store
 //! ([`SubscriberStore`], `subscriber/`): claims, versions, parks and the checkpoint.
 //! Operators (status, events, dead letters, phantoms, rebuilds, pruning) go through
 //! one handle, [`Operator`], with the types it reads in [`operator`].
 
 mod aggregate_version;
-mod answer;
 mod backoff;
 mod checkpoint;
 mod claim;
-mod connect;
 mod dead_letter;
 mod error;
 mod event_log;
@@ -27,31 +26,23 @@ mod migrate;
 pub mod operator;
 mod pause;
 mod phantom;
-mod pooler;
 mod prune;
 pub mod rebuild;
+mod refusal;
 mod registry;
-mod row;
 mod schema;
 mod status;
 mod stream_stage;
 mod subscriber;
 mod target_lease;
 pub mod target_shape;
-mod tls;
 pub mod work_unit;
 
 pub use aggregate_version::ran_without_versions;
-pub use answer::{
-    answer_within, connect_for_command, connect_within, CONNECT_TIMEOUT, STATEMENT_TIMEOUT,
-};
 pub use backoff::Backoff;
 pub use checkpoint::{Checkpoints, PartitionStats};
-pub use connect::{
-    connect, connect_listening, tag_sessions, ConnectOptions, Notice, WORKER_SESSION,
-};
 pub use dead_letter::{DeadLetters, Gap, RetryItem};
-pub use error::{describe, kind_of, sqlstate, StoreError};
+pub use error::StoreError;
 pub use event_log::{event_rate, latest_types};
 pub use event_log::{read_page, read_sql, AppendOutcome, EventLog, Filter, IngestCounts, Page};
 pub use failover::{failover_summary, Failover, FailoverSummary};
@@ -63,11 +54,10 @@ pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, SchemaAccess};
 pub use operator::Operator;
 pub use pause::{clear_pauses, record_ingest_pause};
-pub use pooler::{pooler_fix, pooling, refuse_pooling, Pooling};
 pub use prune::register_target;
 pub use rebuild::{Rebuild, RebuildState};
+pub use refusal::{OpenState, Refusal};
 pub use registry::active_subscriber;
-pub use row::{Column, Columns, FromRow, RowExt};
 pub use schema::Schema;
 pub use status::server_time;
 pub use stream_stage::{StagedChange, StagedRow, StreamCommit, StreamOutcome};
@@ -77,4 +67,3 @@ pub use subscriber::{
     PgSubscriber, PgSubscriberTx, Prepared, Subscriber, SubscriberStore, SubscriberTx,
 };
 pub use target_lease::TargetLease;
-pub use tls::{client_config as tls_client_config, SslMode};

@@ -14,10 +14,10 @@
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::Client;
 
-use crate::connect::connect;
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::connect;
+use walfold_pg::RowExt;
 
 /// Advisory-lock class of the appender lock (`'walf'`); the key is the schema's hash.
 const APPENDER_LOCK: i32 = 0x7761_6c66;
@@ -89,7 +89,7 @@ impl LogOrder {
     async fn lock_session(&self) -> Result<Client, StoreError> {
         let client = connect(&self.url).await?;
         client
-            .batch_execute(crate::connect::SERVER_KEEPALIVES)
+            .batch_execute(walfold_pg::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the appender lock session"))?;
         let locked: bool = client
@@ -148,10 +148,10 @@ pub async fn head(
     client: &impl tokio_postgres::GenericClient,
     schema: &Schema,
 ) -> Result<i64, StoreError> {
-    client
+    Ok(client
         .query_one(&schema.sql(HEAD), &[])
         .await
         .map_err(StoreError::db("reading the event log head"))?
         .of("event_log")
-        .col("head")
+        .col("head")?)
 }

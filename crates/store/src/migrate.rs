@@ -12,10 +12,10 @@ use tokio_postgres::Client;
 
 use walfold_config::quote_ident;
 
-use crate::connect::connect;
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::connect;
+use walfold_pg::RowExt;
 
 /// Every file in `migrations/`, found and embedded at build time.
 pub(crate) fn embedded() -> Migrator {
@@ -99,7 +99,7 @@ pub async fn schema_access(client: &Client, schema: &str) -> Result<SchemaAccess
 /// a URL behind a pooler that shares server sessions: the migration is the first thing
 /// walfold does on every target, and nothing after it works there (see `pooler`).
 pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
-    crate::pooler::refuse_pooling(url, "the target URL").await?;
+    walfold_pg::refuse_pooling(url, "the target URL").await?;
     let mut client = connect(url).await?;
     let db = |source| StoreError::Migrate {
         schema: schema.name().to_owned(),

@@ -32,9 +32,10 @@ use crate::leader::Fence;
 use crate::phantom;
 use crate::prune;
 use crate::rebuild::{self, Rebuild, RebuildState};
+use crate::refusal::Refusal;
+use crate::registry;
 use crate::schema::Schema;
 use crate::status;
-use crate::{answer, connect, registry};
 
 pub use crate::dead_letter::{DeadLetterEntry, RetryRequest};
 pub use crate::event_trail::{
@@ -59,14 +60,14 @@ pub struct Operator<C = Client> {
 impl Operator<Client> {
     /// A connection to `url` (a daemon's: no statement timeout).
     pub async fn connect(url: &str, schema: &Schema) -> Result<Self, StoreError> {
-        Ok(Operator::new(connect::connect(url).await?, schema))
+        Ok(Operator::new(walfold_pg::connect(url).await?, schema))
     }
 
     /// A connection for a one-shot command to `url` (`server` names it in errors): it
     /// answers within seconds or says which server did not.
     pub async fn for_command(url: &str, server: &str, schema: &Schema) -> Result<Self, StoreError> {
         Ok(Operator::new(
-            answer::connect_for_command(url, server).await?,
+            walfold_pg::connect_for_command(url, server).await?,
             schema,
         ))
     }
@@ -370,11 +371,10 @@ impl<C: BorrowMut<Client>> Operator<C> {
     /// the transaction.
     pub async fn abort_rebuild(&mut self, r: &Rebuild) -> Result<(), StoreError> {
         let Some(fence) = self.fence.clone() else {
-            return Err(StoreError::Refused(format!(
-                "only the leader ends the rebuild of {}; the leading daemon carries out the \
-                 recorded abort",
-                r.projection
-            )));
+            return Err(Refusal::NotLeader {
+                projection: r.projection.clone(),
+            }
+            .into());
         };
         let schema = self.schema.clone();
         rebuild::abort(self.client_mut(), &schema, r, &fence).await

@@ -9,8 +9,8 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// Phantoms, oldest first, at most `$3`: every one when `$1`, else the open ones; of
 /// slot `$2` when not null. With each its event and its failover.

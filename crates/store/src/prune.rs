@@ -22,9 +22,9 @@ use tokio_postgres::Client;
 use crate::error::StoreError;
 use crate::leader::Fence;
 use crate::rebuild::RebuildState;
-use crate::row::RowExt;
 use crate::schema::Schema;
 use walfold_event::DeadLetterStatus;
+use walfold_pg::RowExt;
 
 /// A batch (`$3`) of subscriber `$1`'s claims older than `$2` seconds whose events are
 /// gone or at most seq `$4` (passed by every partition).
@@ -170,7 +170,7 @@ pub async fn lock_pruning(client: &Client, schema: &Schema) -> Result<(), StoreE
 /// Takes the prune lock shared for this session (until it ends), if no prune pass holds
 /// it: what a rebuild start does, so that starts do not wait for one another.
 pub async fn try_hold_off_pruning(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(
             "select pg_try_advisory_lock_shared($1::int4, hashtext($2)) as locked",
             &[&PRUNE_LOCK, &schema.name()],
@@ -178,7 +178,7 @@ pub async fn try_hold_off_pruning(client: &Client, schema: &Schema) -> Result<bo
         .await
         .map_err(StoreError::db("taking the prune lock"))?
         .of("the prune lock")
-        .col("locked")
+        .col("locked")?)
 }
 
 /// How far retention has pruned the event log: a rebuild replays only what it holds.
@@ -280,7 +280,7 @@ async fn holders(client: &Client, schema: &Schema) -> Result<Vec<String>, StoreE
         .await
         .map_err(StoreError::db("reading subscribers for pruning"))?
         .iter()
-        .map(|r| r.of("checkpoint").col("subscriber_id"))
+        .map(|r| Ok(r.of("checkpoint").col("subscriber_id")?))
         .collect()
 }
 

@@ -10,8 +10,9 @@ use walfold_config::QualifiedName;
 
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
-use crate::row::RowExt;
+use crate::refusal::Refusal;
 use crate::schema::Schema;
+use walfold_pg::RowExt;
 
 /// Registers projection `$1` with subscriber `$2` unless it is registered.
 const REGISTER: &str =
@@ -86,33 +87,22 @@ pub async fn active_subscriber(
         // The config still names the subscriber a rebuild replaced: stale, not a choice.
         active
     } else if role.as_deref() == Some("rebuilding") {
-        return Err(StoreError::Refused(format!(
-            "the config names {configured} for {projection}, but a rebuild is replaying under \
-             that ID; keep {active} until the rebuild has switched over"
-        )));
+        return Err(Refusal::SubscriberRebuilding {
+            projection: projection.to_owned(),
+            configured: configured.to_owned(),
+            active,
+        }
+        .into());
     } else {
         if active != configured && built_by(&tx, schema, &active, storage).await? {
-            let (what, fix) = match storage {
-                Some(t) => (
-                    format!("its table {t}"),
-                    format!("to replay all of history into {t} deliberately, empty it first"),
-                ),
-                None => (
-                    "what it writes".to_owned(),
-                    format!(
-                        "to replay all of history deliberately, undo what it wrote and delete its \
-                         registry row (delete from {}.projection where name = '{projection}')",
-                        schema.quoted()
-                    ),
-                ),
-            };
-            return Err(StoreError::Refused(format!(
-                "the config names subscriber {configured} for {projection}, but {what} holds \
-                 what {active} built: under a new ID every event would be applied to it \
-                 again. To move {projection} to a new ID, rebuild it (walfold rebuild \
-                 {projection} --subscriber {configured}); to keep it, set subscriber = \
-                 \"{active}\"; {fix}"
-            )));
+            return Err(Refusal::SubscriberBuiltOver {
+                projection: projection.to_owned(),
+                configured: configured.to_owned(),
+                active,
+                table: storage.cloned(),
+                registry: schema.quoted().to_string(),
+            }
+            .into());
         }
         tx.execute(&schema.sql(ADOPT), &[&projection, &configured])
             .await
@@ -160,14 +150,15 @@ async fn built_by(
     if !exists {
         return Ok(false);
     }
-    tx.query_one(
-        &format!("select exists (select from {}) as rows", table.quoted()),
-        &[],
-    )
-    .await
-    .map_err(StoreError::db("reading the projection's table"))?
-    .of("projection table")
-    .col("rows")
+    Ok(tx
+        .query_one(
+            &format!("select exists (select from {}) as rows", table.quoted()),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("reading the projection's table"))?
+        .of("projection table")
+        .col("rows")?)
 }
 
 /// The registry as (projection name, active subscriber) pairs.

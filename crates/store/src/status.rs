@@ -14,8 +14,8 @@ use walfold_telemetry::metrics::{
 
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
-use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 /// Slot `$1` on the source: whether it streams, how far it confirmed, what it retains.
 const SLOT: &str = "select active, confirmed_flush_lsn, \
@@ -349,7 +349,7 @@ async fn read_slot(source: &Client, slot: &str) -> Result<Option<SlotStatus>, St
 }
 
 impl FromRow for IngestStatus {
-    fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("ingest_position");
         Ok(IngestStatus {
             lsn: Lsn::from(r.col::<PgLsn>("lsn")?).to_string(),
@@ -542,12 +542,12 @@ pub async fn metrics_reading(
 
 /// The planner's estimate of the event log's rows, for the metrics scrape.
 pub async fn event_log_estimate(target: &Client, schema: &Schema) -> Result<i64, StoreError> {
-    target
+    Ok(target
         .query_one(EVENT_LOG_ESTIMATE, &[&schema.sql("{schema}.event_log")])
         .await
         .map_err(StoreError::db("estimating event_log"))?
         .of("pg_class")
-        .col("rows")
+        .col("rows")?)
 }
 
 /// The planner's row estimate of table `$1` (a name for `to_regclass`, bound as a value).
@@ -679,7 +679,7 @@ pub async fn target_status(
 
 /// The server's clock, as `walfold status --watch` heads its screen with it.
 pub async fn server_time(client: &Client) -> Result<String, StoreError> {
-    client
+    Ok(client
         .query_one(
             "select to_char(now() at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"')",
             &[],
@@ -687,5 +687,5 @@ pub async fn server_time(client: &Client) -> Result<String, StoreError> {
         .await
         .map_err(StoreError::db("reading the server's time"))?
         .of("the server's time")
-        .col(0)
+        .col(0)?)
 }

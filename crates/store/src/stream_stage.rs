@@ -21,7 +21,7 @@ use walfold_event::{
 use crate::error::StoreError;
 use crate::event_log::{AppendOutcome, EventLog, IngestCounts};
 use crate::jsonb;
-use crate::row::RowExt;
+use walfold_pg::RowExt;
 
 /// One change of a streamed transaction, in stream order.
 #[derive(Debug, Clone)]
@@ -443,7 +443,7 @@ impl EventLog {
                         head = moved_to;
                         break;
                     }
-                    Err(e) if walfold_event::is_unique_violation(crate::error::sqlstate(&e)) => {
+                    Err(e) if walfold_event::is_unique_violation(walfold_pg::sqlstate(&e)) => {
                         sp.rollback()
                             .await
                             .map_err(StoreError::db("committing a streamed transaction"))?;

@@ -38,11 +38,11 @@
 
 use tokio_postgres::Client;
 
-use crate::connect::connect;
 use crate::error::StoreError;
 use crate::leader::{EpochKey, Fence};
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::connect;
+use walfold_pg::RowExt;
 
 /// The target's recorded leader epoch and its schema's key class (`hashtext($1)`), locked.
 const LOCK_EPOCH: &str = "select epoch, hashtext($1) as class from {schema}.leader for update";
@@ -97,7 +97,7 @@ impl Fence {
     ) -> Result<Option<TargetLease>, StoreError> {
         let mut client = connect(url).await?;
         client
-            .batch_execute(crate::connect::SERVER_KEEPALIVES)
+            .batch_execute(walfold_pg::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the lease session"))?;
         let tx = client

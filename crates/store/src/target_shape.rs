@@ -7,7 +7,7 @@ use tokio_postgres::Client;
 use walfold_config::{quote_ident, QualifiedName};
 
 use crate::error::StoreError;
-use crate::row::RowExt;
+use walfold_pg::RowExt;
 
 /// The connections the server allows, and those in use (by walfold's processes apart).
 const CONNECTIONS: &str = "select current_setting('max_connections')::int8 as max, \
@@ -132,7 +132,7 @@ pub async fn schema_writers(client: &Client, schema: &str) -> Result<Vec<String>
         .await
         .map_err(StoreError::db("reading who may write walfold's schema"))?
         .iter()
-        .map(|row| row.of("pg_roles").col(0))
+        .map(|row| Ok(row.of("pg_roles").col(0)?))
         .collect()
 }
 

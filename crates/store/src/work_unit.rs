@@ -27,11 +27,11 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::connect::connect;
 use crate::error::StoreError;
 use crate::leader::{EpochKey, Fence};
-use crate::row::RowExt;
 use crate::schema::Schema;
+use walfold_pg::connect;
+use walfold_pg::RowExt;
 
 /// How long one wait for a previous owner's transactions lasts before it is said (and,
 /// for a dead owner, its sessions are ended).
@@ -141,12 +141,12 @@ pub async fn units(client: &impl GenericClient, schema: &Schema) -> Result<Vec<U
 }
 
 async fn class_of(client: &impl GenericClient, schema: &Schema) -> Result<i32, StoreError> {
-    client
+    Ok(client
         .query_one(CLASS, &[&schema.name()])
         .await
         .map_err(StoreError::db("reading the work units' key class"))?
         .of("work_unit")
-        .col("class")
+        .col("class")?)
 }
 
 /// One instance's session for the units of one target: it holds, for each unit the
@@ -183,7 +183,7 @@ impl UnitLeases {
     ) -> Result<UnitLeases, StoreError> {
         let client = connect(url).await?;
         client
-            .batch_execute(crate::connect::SERVER_KEEPALIVES)
+            .batch_execute(walfold_pg::SERVER_KEEPALIVES)
             .await
             .map_err(StoreError::db("configuring the lease session"))?;
         let class = class_of(&client, schema).await?;
@@ -333,7 +333,7 @@ pub(crate) async fn lock_exclusively(
                 locked = true;
                 break;
             }
-            Err(e) if walfold_event::is_lock_not_available(crate::error::sqlstate(&e)) => {
+            Err(e) if walfold_event::is_lock_not_available(walfold_pg::sqlstate(&e)) => {
                 match dead {
                     Some(tag) => {
                         let ended = crate::instance::end_sessions(client, schema, tag).await?;

@@ -25,7 +25,7 @@ async fn an_ingest_dead_letter_finds_its_raw_row_through_an_index() {
              from generate_series(1, 20000) g; analyze walfold.dead_letter;",
         )
         .expect("letters");
-    let client = walfold_store::connect(&url).await.expect("connect");
+    let client = walfold_pg::connect(&url).await.expect("connect");
     let letters = DeadLetters::prepare_for(&client, &schema, Some("default"))
         .await
         .expect("prepare");

@@ -5,7 +5,8 @@
 
 use tokio_postgres::Client;
 use walfold_event::ErrorKind;
-use walfold_store::{Operator, RowExt, Schema, StoreError};
+use walfold_pg::{PgError, RowExt};
+use walfold_store::{Operator, Schema, StoreError};
 use walfold_tempdb::Cluster;
 
 /// A fresh database with walfold's schema: its name, a connection and the schema.
@@ -17,7 +18,7 @@ async fn migrated(prefix: &str) -> (String, Client, Schema) {
     walfold_store::migrate(&url, &schema)
         .await
         .expect("migrate");
-    let client = walfold_store::connect(&url).await.expect("connect");
+    let client = walfold_pg::connect(&url).await.expect("connect");
     (db, client, schema)
 }
 
@@ -29,7 +30,7 @@ fn psql(db: &str, sql: &str) {
 fn assert_unreadable(e: &StoreError, table: &str, column: &str, reason: &str) {
     assert_eq!(e.kind(), ErrorKind::Environment, "{e}");
     assert!(
-        matches!(e, StoreError::Column { table: t, column: c, .. } if *t == table && c == column),
+        matches!(e, StoreError::Pg(PgError::Column { table: t, column: c, .. }) if *t == table && c == column),
         "{e:?}"
     );
     let text = e.to_string();
@@ -114,19 +115,21 @@ async fn a_column_read_by_position_is_named_by_what_the_query_returned_there() {
         .query_one("select 'seven'::text as counted", &[])
         .await
         .expect("a row");
-    let e = row
+    let e: StoreError = row
         .of("ingest_position")
         .col::<i64>(0)
-        .expect_err("text is no i64");
+        .expect_err("text is no i64")
+        .into();
     assert_unreadable(
         &e,
         "ingest_position",
         "counted",
         "cannot convert between the Rust type `i64` and the Postgres type `text`",
     );
-    let e = row
+    let e: StoreError = row
         .of("ingest_position")
         .col::<String>(1)
-        .expect_err("one column only");
+        .expect_err("one column only")
+        .into();
     assert_unreadable(&e, "ingest_position", "#1", "the row has no such column");
 }

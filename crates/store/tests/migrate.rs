@@ -24,7 +24,7 @@ async fn migrate_with_sqlx(url: &str, schema: &Schema) -> Result<(), sqlx::migra
 }
 
 async fn versions(url: &str, schema: &Schema) -> Vec<(i64, bool)> {
-    let client = walfold_store::connect(url).await.unwrap();
+    let client = walfold_pg::connect(url).await.unwrap();
     client
         .query(
             &format!(

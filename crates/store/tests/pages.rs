@@ -44,7 +44,7 @@ async fn pages_are_cut_by_bytes_and_a_larger_event_comes_alone() {
          0, '0/1', 'default');",
     );
     cluster.psql(&db, &sql).expect("events");
-    let client = walfold_store::connect(&url).await.expect("connect");
+    let client = walfold_pg::connect(&url).await.expect("connect");
     let sql = read_sql(&schema);
     let read = |after: i64| {
         let (client, sql) = (&client, &sql);

@@ -35,7 +35,7 @@ async fn the_subscribers_that_claimed_a_phantom_are_found_without_reading_every_
         .expect("claims");
     let operator = Operator::connect(&url, &schema).await.expect("operator");
     let scans = || async {
-        let client = walfold_store::connect(&url).await.expect("connect");
+        let client = walfold_pg::connect(&url).await.expect("connect");
         client
             .batch_execute("select pg_stat_clear_snapshot()")
             .await

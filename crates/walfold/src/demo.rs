@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 use walfold_config::builder::ConfigBuilder;
 use walfold_config::{Config, LogConfig};
 use walfold_engine::Pipeline;
-use walfold_store::{Operator, RowExt};
+use walfold_pg::RowExt;
+use walfold_store::Operator;
 use walfold_tempdb::{Cluster, Options};
 
 use crate::{telemetry, Failure};
@@ -121,9 +122,7 @@ pub async fn demo() -> Result<(), Failure> {
 
     let cancel = CancellationToken::new();
     let pipeline = tokio::spawn(Pipeline::new(config).run(cancel.clone()));
-    let client = walfold_store::connect(&url)
-        .await
-        .map_err(Failure::runtime)?;
+    let client = walfold_pg::connect(&url).await.map_err(Failure::runtime)?;
     // Write once the slot exists, so the events are in its stream.
     wait_for(Duration::from_secs(30), || async {
         client

@@ -45,7 +45,7 @@ pub async fn check(
     to_stderr: bool,
 ) -> Result<usize, Failure> {
     let mut r = Report::new(to_stderr);
-    let target = walfold_store::connect_for_command(config.target_url(), "target main")
+    let target = walfold_pg::connect_for_command(config.target_url(), "target main")
         .await
         .map_err(|e| e.to_string());
     check_sources(&mut r, config, target.as_ref().ok(), max_retained_mb).await?;
@@ -81,7 +81,7 @@ async fn check_sources(
         let name = &view.source().name;
         let (what, key) = source_names(config, &view);
         let source =
-            match walfold_store::connect_for_command(&view.source().url, &format!("source {name}"))
+            match walfold_pg::connect_for_command(&view.source().url, &format!("source {name}"))
                 .await
             {
                 Ok(source) => source,
@@ -170,7 +170,7 @@ async fn check_extra_targets(r: &mut Report, config: &Config) -> Result<(), Fail
             format!("target {}", t.label()),
             format!("targets.{}.url", t.label()),
         );
-        let c = match walfold_store::connect_for_command(&t.url, &what).await {
+        let c = match walfold_pg::connect_for_command(&t.url, &what).await {
             Ok(c) => c,
             Err(e) => {
                 r.add(Finding::fail(
@@ -200,7 +200,13 @@ async fn check_extra_targets(r: &mut Report, config: &Config) -> Result<(), Fail
 /// sessions (transaction or statement pooling) is a failing check, and the checks that
 /// need a session are skipped (`false`).
 async fn session_check(r: &mut Report, what: &str, key: &str, url: &str) -> bool {
-    let finding = pooling_finding(what, key, walfold_store::pooling(url).await);
+    let finding = pooling_finding(
+        what,
+        key,
+        walfold_pg::pooling(url)
+            .await
+            .map_err(walfold_store::StoreError::from),
+    );
     let shared = finding.level == finding::Level::Fail;
     r.add(finding);
     !shared
@@ -209,9 +215,9 @@ async fn session_check(r: &mut Report, what: &str, key: &str, url: &str) -> bool
 fn pooling_finding(
     what: &str,
     key: &str,
-    pooling: Result<walfold_store::Pooling, walfold_store::StoreError>,
+    pooling: Result<walfold_pg::Pooling, walfold_store::StoreError>,
 ) -> Finding {
-    use walfold_store::Pooling;
+    use walfold_pg::Pooling;
     let unknown = |reason: &dyn std::fmt::Display| {
         Finding::warn(
             format!("cannot tell whether {what} is behind a pooler that shares sessions: {reason}"),
@@ -228,7 +234,7 @@ fn pooling_finding(
                  statement pooling): {evidence}; walfold needs a session there (leader \
                  lock, prepared statements, search_path) and refuses to run"
             ),
-            walfold_store::pooler_fix(key),
+            walfold_pg::pooler_fix(key),
         ),
         Ok(Pooling::Unknown { reason }) => unknown(&reason),
         Err(e) => unknown(&e),

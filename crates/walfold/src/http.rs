@@ -188,12 +188,8 @@ async fn with_clients<T>(
     if clients.target.as_ref().is_none_or(Client::is_closed) {
         clients.target = None;
         clients.target = Some(
-            walfold_store::connect_within(
-                state.config.target_url(),
-                "target main",
-                CONNECT_TIMEOUT,
-            )
-            .await?,
+            walfold_pg::connect_within(state.config.target_url(), "target main", CONNECT_TIMEOUT)
+                .await?,
         );
     }
     let sources = state.config.sources();
@@ -203,7 +199,7 @@ async fn with_clients<T>(
         let mut error = None;
         if client.as_ref().is_none_or(Client::is_closed) {
             let server = format!("source {}", source.name);
-            match walfold_store::connect_within(&source.url, &server, CONNECT_TIMEOUT).await {
+            match walfold_pg::connect_within(&source.url, &server, CONNECT_TIMEOUT).await {
                 Ok(c) => *client = Some(c),
                 Err(e) => {
                     *client = None;
@@ -356,7 +352,7 @@ async fn ready(state: &State) -> Result<(), String> {
         let target = walfold_engine::Target::main(&state.config);
         let server = format!("target {}", target.label());
         return Err(
-            match walfold_store::connect_within(&target.url, &server, DATABASE_TIMEOUT).await {
+            match walfold_pg::connect_within(&target.url, &server, DATABASE_TIMEOUT).await {
                 Ok(_) => "standby: this instance holds no work (the others run every unit, or it is taking some over)".into(),
                 Err(e) => format!("not leading and holding no work: {e} (retried with backoff)"),
             },

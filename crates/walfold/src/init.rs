@@ -66,7 +66,7 @@ async fn read_model(client: &Client, name: &QualifiedName) -> Result<ReadModel, 
              whose role may read that table (the target's), or leave --read-model out and \
              write the projection by hand",
             e.pg()
-                .map(walfold_store::describe)
+                .map(walfold_pg::describe)
                 .unwrap_or_else(|| e.to_string())
         ))
     })?;
@@ -123,7 +123,7 @@ pub async fn init(
     if !problems.is_empty() {
         return Err(Failure::config(format!("--url: {}", problems.join("; "))));
     }
-    let client = walfold_store::connect_for_command(url, "the database")
+    let client = walfold_pg::connect_for_command(url, "the database")
         .await
         .map_err(Failure::runtime)?;
     let all = tables(&client).await?;

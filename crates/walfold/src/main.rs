@@ -49,10 +49,9 @@ impl Failure {
 /// A store error as a failure: an operator request the state refuses, or a URL behind a
 /// pooler walfold cannot work through, is a usage error.
 pub(crate) fn store_failure(e: walfold_store::StoreError) -> Failure {
-    match e {
-        walfold_store::StoreError::Refused(m) => Failure::config(m),
-        e @ walfold_store::StoreError::Pooled { .. } => Failure::config(e),
-        other => Failure::runtime(other),
+    match e.is_usage() {
+        true => Failure::config(e),
+        false => Failure::runtime(e),
     }
 }
 
@@ -64,9 +63,19 @@ impl From<walfold_store::StoreError> for Failure {
     }
 }
 
+/// A connection or a row that fails (a URL behind a pooler is a usage error).
+impl From<walfold_pg::PgError> for Failure {
+    fn from(e: walfold_pg::PgError) -> Self {
+        match e.is_usage() {
+            true => Failure::config(e),
+            false => Failure::runtime(e),
+        }
+    }
+}
+
 /// An engine error as a failure (see [`store_failure`]).
 pub(crate) fn engine_failure(e: walfold_engine::EngineError) -> Failure {
-    match e.refused() {
+    match e.usage() {
         Some(m) => Failure::config(m),
         None => Failure::runtime(e),
     }

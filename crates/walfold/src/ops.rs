@@ -358,9 +358,9 @@ pub async fn backfill(
             }
         }
     };
-    let r = outcome.map_err(|e| match e {
-        ops::SourceError::Store { source, .. } => crate::store_failure(source),
-        other => Failure::runtime(other),
+    let r = outcome.map_err(|e| match e.is_usage() {
+        true => Failure::config(e),
+        false => Failure::runtime(e),
     })?;
     progress.finish(
         Snapshot {
@@ -407,7 +407,7 @@ struct BackfillWatcher {
 impl BackfillWatcher {
     /// `None` when progress cannot be read (the backfill itself then says what is wrong).
     async fn open(config: &SourceView<'_>, outbox: &str) -> Option<BackfillWatcher> {
-        let target = walfold_store::connect_for_command(config.target_url(), "target main")
+        let target = walfold_pg::connect_for_command(config.target_url(), "target main")
             .await
             .ok()?;
         let schema = Schema::new(&config.target.schema);
@@ -448,7 +448,7 @@ impl BackfillWatcher {
 /// The planner's estimate of a table's rows (a partitioned table's partitions summed);
 /// `None` while it was never analyzed.
 async fn row_estimate(config: &SourceView<'_>, table: &QualifiedName) -> Option<u64> {
-    let source = walfold_store::connect_for_command(&config.source().url, "source")
+    let source = walfold_pg::connect_for_command(&config.source().url, "source")
         .await
         .ok()?;
     walfold_source::shape::row_estimate(&source, table)

@@ -63,9 +63,7 @@ pub async fn migrate_only(path: &Path) -> Result<(), Failure> {
         walfold_store::migrate(&t.url, &t.schema)
             .await
             .map_err(|e| match e {
-                e @ walfold_store::StoreError::Pooled { .. } => {
-                    Failure::config(format!("target {}: {e}", t.label()))
-                }
+                e if e.is_usage() => Failure::config(format!("target {}: {e}", t.label())),
                 e => Failure::runtime(format!("target {}: {e}", t.label())),
             })?;
         if t.is_extra() {

@@ -20,13 +20,13 @@ pub(crate) struct Connections {
 }
 
 pub(crate) async fn connect(config: &Config) -> Result<Connections, Failure> {
-    let target = walfold_store::connect_for_command(config.target_url(), "target main")
+    let target = walfold_pg::connect_for_command(config.target_url(), "target main")
         .await
         .map_err(Failure::runtime)?;
     let mut sources = Vec::new();
     for source in config.sources() {
         let server = format!("source {}", source.name);
-        match walfold_store::connect_for_command(&source.url, &server).await {
+        match walfold_pg::connect_for_command(&source.url, &server).await {
             Ok(c) => sources.push(Ok(c)),
             Err(e) => sources.push(Err(e.to_string())),
         }
@@ -69,8 +69,8 @@ pub(crate) async fn read(config: &Config, c: &Connections) -> Result<Status, Fai
     let main = walfold_engine::Target::main(config);
     let log = Operator::new(&c.target, &main.schema);
     // The sources' slots are each bounded on their own (SOURCE_READ_TIMEOUT).
-    let within = walfold_store::STATEMENT_TIMEOUT + SOURCE_READ_TIMEOUT * probes.len() as u32;
-    let mut status = walfold_store::answer_within(
+    let within = walfold_pg::STATEMENT_TIMEOUT + SOURCE_READ_TIMEOUT * probes.len() as u32;
+    let mut status = walfold_pg::answer_within(
         config.target_url(),
         "target main",
         within,
@@ -85,10 +85,10 @@ pub(crate) async fn read(config: &Config, c: &Connections) -> Result<Status, Fai
         let server = format!("target {}", t.label());
         let part = async {
             let extra = Operator::for_command(&t.url, &server, &t.schema).await?;
-            walfold_store::answer_within(
+            walfold_pg::answer_within(
                 &t.url,
                 &server,
-                walfold_store::STATEMENT_TIMEOUT,
+                walfold_pg::STATEMENT_TIMEOUT,
                 log.target_status(&extra, t.label()),
             )
             .await

@@ -433,7 +433,7 @@ async fn a_rolling_restart_pauses_no_unit_longer_than_one_handover() {
     let sampler = {
         let (url, stop) = (db.url(), stop.clone());
         tokio::spawn(async move {
-            let client = walfold_store::connect(&url).await.unwrap();
+            let client = walfold_pg::connect(&url).await.unwrap();
             let mut since: HashMap<(String, i32), Instant> = HashMap::new();
             let mut longest = Duration::ZERO;
             while !stop.load(Ordering::Relaxed) {

@@ -23,7 +23,7 @@ fn producer(url: String, stop: Arc<AtomicBool>, n: Arc<AtomicU64>) -> tokio::tas
                 .as_ref()
                 .is_none_or(tokio_postgres::Client::is_closed)
             {
-                client = walfold_store::connect(&url).await.ok();
+                client = walfold_pg::connect(&url).await.ok();
                 if client.is_none() {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -121,7 +121,7 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     let stop_cfg = config(&conninfo, &stop_target_conninfo, "walfold_stop", "stop");
     let mut recreate = Daemon::start(&recreate_cfg, &[]);
     let mut stop = Daemon::start(&stop_cfg, &[]);
-    let source = walfold_store::connect(&primary.url(&db)).await.unwrap();
+    let source = walfold_pg::connect(&primary.url(&db)).await.unwrap();
     eventually(Duration::from_secs(30), "both slots streaming", || async {
         source
             .query_one(
@@ -166,7 +166,7 @@ async fn a_failover_is_followed_with_the_gap_from_the_fork_filled_and_nothing_do
     tokio::time::sleep(Duration::from_millis(2000)).await;
     halt.store(true, Ordering::Relaxed);
     writer.await.unwrap();
-    let new_primary = walfold_store::connect(&standby.url(&db)).await.unwrap();
+    let new_primary = walfold_pg::connect(&standby.url(&db)).await.unwrap();
     let history = std::fs::read_to_string(standby.data_dir().join("pg_wal/00000002.history"))
         .expect("the promoted standby's timeline history");
     let fork = history.split_whitespace().nth(1).unwrap().to_owned();

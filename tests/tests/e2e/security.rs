@@ -30,9 +30,7 @@ async fn intruder(db: &TestDb) -> tokio_postgres::Client {
         db.cluster.port(),
         db.name
     );
-    walfold_store::connect(&url)
-        .await
-        .expect("intruder connects")
+    walfold_pg::connect(&url).await.expect("intruder connects")
 }
 
 /// A role with LOGIN and no grant emitted a `Credited` of a million under a message
@@ -263,7 +261,7 @@ async fn the_readmes_least_privilege_recipe_runs_every_command() {
     );
     let at = format!("127.0.0.1:{}/{}", cluster.port(), db.name);
     assert!(
-        walfold_store::connect(&format!("postgresql://walfold_repl@{at}"))
+        walfold_pg::connect(&format!("postgresql://walfold_repl@{at}"))
             .await
             .is_err(),
         "pg_hba asks these roles for their scram-sha-256 password"

@@ -54,7 +54,7 @@ async fn soak_200k_events_through_kills_restarts_and_cut_connections() {
         tokio::spawn(async move {
             for i in 0..40 {
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                if let Ok(c) = walfold_store::connect(&url).await {
+                if let Ok(c) = walfold_pg::connect(&url).await {
                     let _ = c
                         .execute(
                             "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
@@ -93,7 +93,7 @@ async fn soak_200k_events_through_kills_restarts_and_cut_connections() {
                 }
             }
             _ => {
-                if let Ok(c) = walfold_store::connect(&db.url()).await {
+                if let Ok(c) = walfold_pg::connect(&db.url()).await {
                     let n = c
                         .execute(
                             "select pg_terminate_backend(pid) from pg_stat_replication",

@@ -270,7 +270,7 @@ async fn shuffled_versions_through_crashes_apply_once_in_order() {
     let writer = {
         let url = db.url();
         tokio::spawn(async move {
-            let c = walfold_store::connect(&url).await.unwrap();
+            let c = walfold_pg::connect(&url).await.unwrap();
             for chunk in all.chunks(3) {
                 let sql: String = chunk
                     .iter()

@@ -31,7 +31,7 @@ async fn verify_full_trusts_a_self_signed_certificate_given_as_its_root() {
         )
     };
 
-    let client = walfold_store::connect(&url("verify-full", &cert))
+    let client = walfold_pg::connect(&url("verify-full", &cert))
         .await
         .expect("verify-full with the server's own certificate as root");
     let row = client
@@ -63,7 +63,7 @@ async fn verify_full_trusts_a_self_signed_certificate_given_as_its_root() {
     // Another self-signed certificate for the same name is no root for this one.
     let (other, _) = walfold_tempdb::self_signed_cert(cluster.socket_dir(), "localhost", &[])
         .expect("another self-signed certificate");
-    let refused = walfold_store::connect(&url("verify-full", &other))
+    let refused = walfold_pg::connect(&url("verify-full", &other))
         .await
         .expect_err("verify-full with another certificate as root");
     assert!(refused.to_string().contains("certificate"), "{refused}");
@@ -72,17 +72,17 @@ async fn verify_full_trusts_a_self_signed_certificate_given_as_its_root() {
     let elsewhere = cluster
         .serve_self_signed_cert("db.example")
         .expect("a self-signed certificate for another name");
-    let refused = walfold_store::connect(&url("verify-full", &elsewhere))
+    let refused = walfold_pg::connect(&url("verify-full", &elsewhere))
         .await
         .expect_err("verify-full with a certificate for another name");
     assert!(
         refused.to_string().contains("not valid for name"),
         "{refused}"
     );
-    walfold_store::connect(&url("verify-ca", &elsewhere))
+    walfold_pg::connect(&url("verify-ca", &elsewhere))
         .await
         .expect("verify-ca does not check the name");
-    walfold_store::connect(&url("verify-full", &cert))
+    walfold_pg::connect(&url("verify-full", &cert))
         .await
         .expect_err("the first certificate is not the server's any more");
 }

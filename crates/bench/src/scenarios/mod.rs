@@ -145,7 +145,7 @@ async fn wait_subscribers(
 
 /// A client on one of the benchmark's databases.
 async fn connect(cluster: &Cluster, db: &str) -> Result<tokio_postgres::Client, BoxError> {
-    Ok(walfold_store::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?)
+    Ok(walfold_pg::connect(&format!("{}?sslmode=disable", cluster.url(db))).await?)
 }
 
 /// Waits until the pipeline's slot streams, before load is offered.

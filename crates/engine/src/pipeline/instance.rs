@@ -23,9 +23,10 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use walfold_config::{quote_ident, Config};
+use walfold_pg::Notice;
 use walfold_store::instance::{self, Registration, Seen};
 use walfold_store::work_unit::{self, Taken, Unit, UnitKey, UnitLeases};
-use walfold_store::{Attempt, LeaderRow, Leadership, Notice};
+use walfold_store::{Attempt, LeaderRow, Leadership};
 use walfold_telemetry::signal::Signal;
 
 use super::assign::{assign, Place, Worker};
@@ -131,7 +132,7 @@ impl Shared {
 
 /// A session to send notifications on: nothing it does needs to be durable.
 async fn notifier(config: &Config) -> Result<Client, EngineError> {
-    let client = walfold_store::connect(config.target_url()).await?;
+    let client = walfold_pg::connect(config.target_url()).await?;
     client
         .batch_execute("set synchronous_commit = off")
         .await
@@ -162,7 +163,7 @@ struct Control {
 impl Control {
     async fn open(shared: &Shared) -> Result<Control, EngineError> {
         let main = shared.main();
-        let (client, notices) = walfold_store::connect_listening(&main.url).await?;
+        let (client, notices) = walfold_pg::connect_listening(&main.url).await?;
         client
             .batch_execute(&format!(
                 "set tcp_keepalives_idle = 30; set tcp_keepalives_interval = 10; \
@@ -218,7 +219,7 @@ pub(crate) async fn run(
     definitions: Vec<Definition>,
     cancel: CancellationToken,
 ) -> Result<(), EngineError> {
-    let tag = walfold_store::tag_sessions();
+    let tag = walfold_pg::tag_sessions();
     let me = Registration {
         id: Uuid::new_v4(),
         host: instance::host_name(),

@@ -145,9 +145,9 @@ impl Planner {
     }
 
     async fn connect(&self) -> Result<Client, EngineError> {
-        walfold_store::connect(&self.target.url)
+        walfold_pg::connect(&self.target.url)
             .await
-            .map_err(|source| self.unreachable(source))
+            .map_err(|source| self.unreachable(source.into()))
     }
 
     fn unreachable(&self, source: walfold_store::StoreError) -> EngineError {
@@ -181,7 +181,7 @@ impl Planner {
                 walfold_store::StoreError::Fenced => e.into(),
                 other => self.unreachable(other),
             })?;
-        let mut log = walfold_store::connect(config.target_url()).await?;
+        let mut log = walfold_pg::connect(config.target_url()).await?;
         walfold_store::register_target(
             &mut log,
             &Target::main(config).schema,

@@ -174,7 +174,7 @@ impl Partition {
                 target: target.clone(),
                 source,
             },
-            None => EngineError::Own(source),
+            None => EngineError::Store(source),
         }
     }
 

@@ -16,18 +16,10 @@ const PAUSE_RECORD_WAIT: Duration = Duration::from_secs(2);
 /// The error, with where its fix is for the causes an operator meets most: a right
 /// walfold's role lacks, a table or column the projection names that is missing.
 fn with_fix(e: &EngineError) -> String {
-    let fix = match e.sqlstate() {
-        Some("42501") => {
-            "; walfold's role lacks a right on the target: `walfold doctor` lists the grants \
-             it needs"
-        }
-        Some("42P01") | Some("42703") => {
-            "; the projection names a table or column the target does not have: create it or \
-             fix the projection (`walfold doctor` checks its table)"
-        }
-        _ => "",
-    };
-    format!("{e}{fix}")
+    match e.fix() {
+        Some(fix) => format!("{e}; {fix}"),
+        None => e.to_string(),
+    }
 }
 
 /// A partition's pause: entered on an environment error, left after the next commit.

@@ -458,7 +458,10 @@ fn a_subscriber_store_error_keeps_its_class_through_the_engine() {
             StoreError::Busy("another layout".into()),
             ErrorKind::Transient,
         ),
-        (StoreError::Refused("no".into()), ErrorKind::Definite),
+        (
+            StoreError::from(walfold_store::Refusal::NoDeadLetter { id: 1 }),
+            ErrorKind::Definite,
+        ),
         (
             StoreError::SchemaRights {
                 schema: "walfold".into(),

@@ -233,7 +233,7 @@ async fn updatable_view_over_a_table_with_a_trigger() {
         ));
     }
     cluster.psql(&db, &ddl).expect("ddl");
-    let mut client = walfold_store::connect(&cluster.url(&db))
+    let mut client = walfold_pg::connect(&cluster.url(&db))
         .await
         .expect("connect");
     let fast = projection(
@@ -320,7 +320,7 @@ async fn rls_policy_reading_the_table_for_an_ordinary_role() {
     );
     cluster.psql(&db, &ddl).expect("ddl");
     let url = cluster.url(&db).replace("postgres@", &format!("{role}@"));
-    let mut client = walfold_store::connect(&url).await.expect("connect");
+    let mut client = walfold_pg::connect(&url).await.expect("connect");
     let fast = projection(
         "public.fast",
         "order_id",
@@ -455,7 +455,7 @@ async fn quoted_mixed_case_names() {
                create trigger keep_the_loop before insert on "Sales"."Slow" for each row execute function walfold_test_noop();"#,
         )
         .expect("ddl");
-    let mut client = walfold_store::connect(&cluster.url(&db)).await.unwrap();
+    let mut client = walfold_pg::connect(&cluster.url(&db)).await.unwrap();
     let mk = |t: &str| {
         let mut options = ProjectionConfig::new("state", "state.v1");
         let table = match QualifiedName::parse(t) {

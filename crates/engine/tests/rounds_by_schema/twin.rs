@@ -86,7 +86,7 @@ pub(crate) async fn twin(prefix: &str, ddl: &str, key: &str, columns: &[(&str, &
                for each row execute function walfold_test_noop();",
         )
         .expect("trigger");
-    let mut client = walfold_store::connect(&cluster.url(&db))
+    let mut client = walfold_pg::connect(&cluster.url(&db))
         .await
         .expect("connect");
     let cols = |t: &str| -> Vec<(&str, String)> {

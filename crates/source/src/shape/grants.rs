@@ -5,7 +5,8 @@
 
 use tokio_postgres::Client;
 use walfold_config::QualifiedName;
-use walfold_store::{RowExt, StoreError};
+use walfold_pg::RowExt;
+use walfold_store::StoreError;
 
 use crate::writers::{definers, emitters, inserters, Definer, Writers};
 

@@ -6,7 +6,8 @@
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, QualifiedName, SourceView};
 use walfold_event::Lsn;
-use walfold_store::{RowExt, StoreError};
+use walfold_pg::RowExt;
+use walfold_store::StoreError;
 
 /// How walfold creates its publication. Through the partition root: a partitioned
 /// outbox's rows then arrive under the outbox's name (otherwise under each partition's),
@@ -181,7 +182,7 @@ async fn strings(
         .await
         .map_err(StoreError::db("source"))?
         .iter()
-        .map(|r| r.of(of).col(0))
+        .map(|r| Ok(r.of(of).col(0)?))
         .collect()
 }
 
@@ -297,7 +298,7 @@ async fn publication_names(
         .await
         .map_err(StoreError::db("reading the slot and the publications"))?
         .iter()
-        .map(|r| r.of("pg_publication").col("publication"))
+        .map(|r| Ok(r.of("pg_publication").col("publication")?))
         .collect()
 }
 

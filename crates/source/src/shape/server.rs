@@ -3,7 +3,8 @@
 //! connects as; what a host of a several-host URL is; which database this is.
 
 use tokio_postgres::Client;
-use walfold_store::{RowExt, StoreError};
+use walfold_pg::RowExt;
+use walfold_store::StoreError;
 
 /// The settings and counts `walfold doctor` reports (a setting the version lacks is
 /// empty).
@@ -133,32 +134,32 @@ pub async fn host(client: &Client, slot: &str) -> Result<Host, StoreError> {
 
 /// The source's `wal_level`.
 pub(crate) async fn wal_level(client: &Client) -> Result<String, StoreError> {
-    client
+    Ok(client
         .query_one("select current_setting('wal_level')", &[])
         .await
         .map_err(StoreError::db("reading wal_level"))?
         .of("pg_settings")
-        .col(0)
+        .col(0)?)
 }
 
 /// The source's `server_version_num`.
 pub(crate) async fn server_version(client: &Client) -> Result<i32, StoreError> {
-    client
+    Ok(client
         .query_one("select current_setting('server_version_num')::int", &[])
         .await
         .map_err(StoreError::db("reading server_version_num"))?
         .of("pg_settings")
-        .col(0)
+        .col(0)?)
 }
 
 /// What identifies the database `client` is connected to, whatever URL reached it: its
 /// name and oid, the server's start time and port. Two sources with the same identity
 /// would read one outbox twice.
 pub async fn database_identity(client: &Client) -> Result<String, StoreError> {
-    client
+    Ok(client
         .query_one(IDENTITY, &[])
         .await
         .map_err(StoreError::db("reading the database's identity"))?
         .of("pg_database")
-        .col("identity")
+        .col("identity")?)
 }

@@ -2,7 +2,8 @@
 //! statements that create, drop or look for one.
 
 use tokio_postgres::{Client, Row};
-use walfold_store::{FromRow, RowExt, StoreError};
+use walfold_pg::{FromRow, RowExt};
+use walfold_store::StoreError;
 
 /// Slot `$1`, of any database.
 const SLOT: &str = "select plugin, database = current_database() as same_database, active, \
@@ -40,7 +41,7 @@ pub struct Slot {
 }
 
 impl FromRow for Slot {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("pg_replication_slots");
         Ok(Slot {
             plugin: r.col("plugin")?,
@@ -68,6 +69,7 @@ impl Slot {
             .map_err(StoreError::db("reading the slot"))?
             .map(|row| Slot::from_row(&row))
             .transpose()
+            .map_err(StoreError::from)
     }
 }
 
@@ -84,12 +86,12 @@ pub(crate) async fn retained(client: &Client, name: &str) -> Result<Option<i64>,
 
 /// Whether slot `name` exists in this database.
 pub(crate) async fn exists(client: &Client, name: &str) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(EXISTS, &[&name])
         .await
         .map_err(StoreError::db("reading the slot"))?
         .of("pg_replication_slots")
-        .col(0)
+        .col(0)?)
 }
 
 /// Creates slot `name` (a failover slot where `version` has them); its start, as
@@ -99,12 +101,12 @@ pub(crate) async fn create(
     name: &str,
     version: i32,
 ) -> Result<String, StoreError> {
-    client
+    Ok(client
         .query_one(crate::ha::create_slot_sql(version), &[&name])
         .await
         .map_err(StoreError::db("creating the replication slot"))?
         .of("pg_create_logical_replication_slot")
-        .col(0)
+        .col(0)?)
 }
 
 /// Drops slot `name`.

@@ -4,7 +4,8 @@
 
 use tokio_postgres::Client;
 use walfold_config::{QualifiedName, SourceView};
-use walfold_store::{RowExt, StoreError};
+use walfold_pg::RowExt;
+use walfold_store::StoreError;
 
 /// The columns of the relation `c` (by position, dropped ones left out), as four arrays:
 /// names, type oids, types without and with their modifiers.
@@ -135,7 +136,7 @@ pub struct ModelTable {
     pub unique_keys: Vec<Vec<String>>,
 }
 
-fn columns(r: &walfold_store::Columns<'_>) -> Result<Vec<Column>, StoreError> {
+fn columns(r: &walfold_pg::Columns<'_>) -> Result<Vec<Column>, StoreError> {
     let names: Vec<String> = r.col("columns")?;
     let types: Vec<i64> = r.col("types")?;
     let type_names: Vec<String> = r.col("type_names")?;
@@ -295,7 +296,7 @@ pub async fn column_values(
         .await
         .map_err(StoreError::db("reading a column's values"))?
         .iter()
-        .map(|row| row.of("the table").col(0))
+        .map(|row| Ok(row.of("the table").col(0)?))
         .collect()
 }
 

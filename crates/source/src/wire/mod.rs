@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Notify};
 use walfold_event::Lsn;
-use walfold_store::SslMode;
+use walfold_pg::SslMode;
 
 use crate::budget::{Budget, InFlightBytes};
 
@@ -146,8 +146,17 @@ pub enum WireError {
     Tls(String),
     #[error("authentication: {0}")]
     Auth(String),
+    /// The server refused a command of the session (its startup, `IDENTIFY_SYSTEM`,
+    /// `START_REPLICATION`: a missing slot is one of these).
     #[error("{message} (SQLSTATE {})", code.as_deref().unwrap_or("?"))]
     Server {
+        code: Option<String>,
+        message: String,
+    },
+    /// The server failed the stream after `START_REPLICATION` was accepted, while
+    /// decoding WAL: the only object pgoutput then looks up by name is the publication.
+    #[error("{message} (SQLSTATE {})", code.as_deref().unwrap_or("?"))]
+    Streaming {
         code: Option<String>,
         message: String,
     },
@@ -164,6 +173,14 @@ pub enum WireError {
 }
 
 impl WireError {
+    /// A server's error read from the running stream rather than as a command's answer.
+    pub(crate) fn in_stream(self) -> WireError {
+        match self {
+            WireError::Server { code, message } => WireError::Streaming { code, message },
+            other => other,
+        }
+    }
+
     pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> WireError {
         move |source| WireError::Io { context, source }
     }

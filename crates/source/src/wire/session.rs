@@ -13,7 +13,7 @@ use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM
 use postgres_protocol::message::backend::{ErrorFields, Message};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use walfold_store::SslMode;
+use walfold_pg::SslMode;
 
 use super::identify::Identity;
 use super::{WireConfig, WireError};
@@ -231,7 +231,7 @@ async fn socket(cfg: &WireConfig, host: &str, port: u16) -> Result<Io, WireError
             )))
         }
     }
-    let config = walfold_store::tls_client_config(cfg.ssl_mode, cfg.root_cert.as_deref())
+    let config = walfold_pg::tls_client_config(cfg.ssl_mode, cfg.root_cert.as_deref())
         .map_err(|e| WireError::Tls(e.to_string()))?;
     let name = rustls::pki_types::ServerName::try_from(host.to_owned())
         .map_err(|e| WireError::Tls(format!("host {host}: {e}")))?;
@@ -459,12 +459,11 @@ pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> WireError {
     WireError::Server { code, message }
 }
 
-/// A pooler that refuses the replication connection's startup: PostgreSQL itself never
-/// says "unsupported startup parameter", PgBouncer does (for `replication`) and retrying
-/// cannot help. Any other error is returned as it is.
+/// A pooler that refuses the replication connection's startup (told in
+/// `walfold_event::is_pooler_startup_refusal`). Any other error is returned as it is.
 fn pooler_refusal(e: WireError, host: &str, port: u16) -> WireError {
     match e {
-        WireError::Server { message, .. } if message.contains("unsupported startup parameter") => {
+        WireError::Server { message, .. } if walfold_event::is_pooler_startup_refusal(&message) => {
             WireError::Unsupported(format!(
                 "the source at {host}:{port} refused the replication connection ({message}): a \
                  connection pooler such as PgBouncer is in front of it, and walfold's \

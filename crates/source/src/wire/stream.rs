@@ -150,7 +150,7 @@ impl Worker {
             b'd' => self.copy_data(frame.body.freeze()).await,
             b'c' => Err(WireError::Protocol("the server ended the stream".into())),
             _ => match parse(frame)? {
-                Backend::ErrorResponse(body) => Err(server_error(body.fields())),
+                Backend::ErrorResponse(body) => Err(server_error(body.fields()).in_stream()),
                 Backend::NoticeResponse(_) | Backend::ParameterStatus(_) => Ok(None),
                 Backend::CommandComplete(_) | Backend::ReadyForQuery(_) => {
                     Err(WireError::Protocol("the server ended the stream".into()))
@@ -350,7 +350,7 @@ mod tests {
             user: "u".into(),
             password: None,
             database: "d".into(),
-            ssl_mode: walfold_store::SslMode::Disable,
+            ssl_mode: walfold_pg::SslMode::Disable,
             root_cert: None,
             slot: "s".into(),
             publication: "p".into(),

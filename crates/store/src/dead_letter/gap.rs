@@ -8,8 +8,8 @@ use walfold_event::{Aggregate, DeadLetter, DeadLetterStatus, Reason};
 use super::retry::RetryItem;
 use super::DeadLetters;
 use crate::error::StoreError;
-use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 /// Subscriber `$1`'s events of the aggregates (`$2[i]`, `$3[i]`) with status `$4`
 /// (waiting) and reason `$5` (version gap), in log order.
@@ -81,7 +81,7 @@ impl Gap {
 }
 
 impl FromRow for Gap {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("parked_aggregate");
         Ok(Gap {
             aggregate_type: r.col("aggregate_type")?,
@@ -122,7 +122,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("reading waiting events"))?;
-        RetryItem::from_rows(&rows)
+        Ok(RetryItem::from_rows(&rows)?)
     }
 
     /// Deletes the letters of waiting events that went through, in the caller's
@@ -179,7 +179,7 @@ impl DeadLetters {
             .query(&schema.sql(GAPS), &[&subscriber, &Reason::VersionGap])
             .await
             .map_err(StoreError::db("reading version gaps"))?;
-        Gap::from_rows(&rows)
+        Ok(Gap::from_rows(&rows)?)
     }
 
     /// A gap outlived its timeout: records it as an open dead letter (no event: the

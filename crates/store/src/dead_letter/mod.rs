@@ -17,8 +17,8 @@ use walfold_event::{Aggregate, DeadLetter, DeadLetterStatus, Reason, RowOrigin};
 
 use crate::error::StoreError;
 use crate::jsonb;
-use crate::row::{FromRow, RowExt};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 pub use gap::Gap;
 pub use retry::{RetryItem, RetryRequest};
@@ -181,7 +181,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("recording a dead letter"))?;
-        row.map(|r| r.of("dead_letter").col("id")).transpose()
+        Ok(row.map(|r| r.of("dead_letter").col("id")).transpose()?)
     }
 
     /// Parks an aggregate for a subscriber (in the caller's transaction).
@@ -251,7 +251,7 @@ impl DeadLetters {
         schema: &Schema,
         subscriber: &str,
     ) -> Result<i64, StoreError> {
-        client
+        Ok(client
             .query_one(
                 &schema.sql(COUNT),
                 &[&subscriber, &DeadLetterStatus::OPEN_OR_RETRYING],
@@ -259,7 +259,7 @@ impl DeadLetters {
             .await
             .map_err(StoreError::db("counting a subscriber's dead letters"))?
             .of("dead_letter")
-            .col("letters")
+            .col("letters")?)
     }
 
     /// The aggregates of `subscriber` parked behind a dead letter an operator discarded,
@@ -319,7 +319,7 @@ pub struct DeadLetterEntry {
 }
 
 impl FromRow for DeadLetterEntry {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("dead_letter");
         Ok(DeadLetterEntry {
             id: r.col("id")?,
@@ -359,7 +359,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("listing dead letters"))?;
-        DeadLetterEntry::from_rows(&rows)
+        Ok(DeadLetterEntry::from_rows(&rows)?)
     }
 
     /// Marks an open dead letter discarded with the operator's reason. Returns false when

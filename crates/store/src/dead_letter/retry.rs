@@ -8,8 +8,9 @@ use walfold_event::{Aggregate, DeadLetterStatus, Reason};
 use super::DeadLetters;
 use crate::error::StoreError;
 use crate::rebuild::RebuildState;
-use crate::row::{FromRow, RowExt};
+use crate::refusal::Refusal;
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 /// Dead letter `$1` as a retry request reads it; `gap` when it is a version gap's own
 /// letter (reason `$2`, no event).
@@ -87,7 +88,7 @@ impl RetryItem {
 }
 
 impl FromRow for RetryItem {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("dead_letter");
         Ok(RetryItem {
             id: r.col("id")?,
@@ -109,7 +110,7 @@ struct Requested {
 }
 
 impl FromRow for Requested {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("dead_letter");
         Ok(Requested {
             subscriber: r.col("subscriber_id")?,
@@ -137,7 +138,7 @@ impl DeadLetters {
                     .query_opt(&schema.sql(READ_ONE), &[&id, &Reason::VersionGap])
                     .await
                     .map_err(StoreError::db("reading a dead letter"))?
-                    .ok_or_else(|| StoreError::Refused(format!("no dead letter with id {id}")))?;
+                    .ok_or_else(|| StoreError::from(Refusal::NoDeadLetter { id }))?;
                 let letter = Requested::from_row(&row)?;
                 if let (true, Some(_), DeadLetterStatus::Open) =
                     (letter.gap, &letter.subscriber, letter.status)
@@ -155,16 +156,14 @@ impl DeadLetters {
                     letter.aggregate_id,
                     letter.seq,
                 ) else {
-                    return Err(StoreError::Refused(format!(
-                        "dead letter {id} was rejected at ingest and never became an event: \
-                         fix the producer and write a new outbox row, then discard this one"
-                    )));
+                    return Err(Refusal::RejectedAtIngest { id }.into());
                 };
                 if letter.status != DeadLetterStatus::Open {
-                    return Err(StoreError::Refused(format!(
-                        "dead letter {id} is {}, not open",
-                        letter.status
-                    )));
+                    return Err(Refusal::LetterNotOpen {
+                        id,
+                        status: letter.status,
+                    }
+                    .into());
                 }
                 client
                     .execute(
@@ -245,7 +244,7 @@ impl DeadLetters {
             )
             .await
             .map_err(StoreError::db("reading dead letters to retry"))?;
-        RetryItem::from_rows(&rows)
+        Ok(RetryItem::from_rows(&rows)?)
     }
 
     /// Records that a retried dead letter went through (in the transaction that applied it).

@@ -8,7 +8,8 @@ use tokio_postgres::GenericClient;
 use walfold_config::{quote_ident, QualifiedName};
 
 use crate::error::StoreError;
-use crate::row::RowExt;
+use crate::refusal::Refusal;
+use walfold_pg::RowExt;
 
 /// Whether the table `$1` (quoted) exists.
 const EXISTS: &str = "select to_regclass($1) is not null as found";
@@ -61,9 +62,11 @@ const OWNED_SEQUENCES: &str =
 pub(super) fn sibling(live: &QualifiedName, suffix: &str) -> Result<QualifiedName, StoreError> {
     let name = format!("{}{suffix}", live.name);
     if name.len() > 63 {
-        return Err(StoreError::Refused(format!(
-            "table name {name} would be longer than PostgreSQL's 63 bytes; rename {live} first"
-        )));
+        return Err(Refusal::NameTooLong {
+            name,
+            live: live.clone(),
+        }
+        .into());
     }
     Ok(QualifiedName {
         schema: live.schema.clone(),
@@ -72,11 +75,12 @@ pub(super) fn sibling(live: &QualifiedName, suffix: &str) -> Result<QualifiedNam
 }
 
 async fn exists(tx: &impl GenericClient, table: &QualifiedName) -> Result<bool, StoreError> {
-    tx.query_one(EXISTS, &[&table.quoted()])
+    Ok(tx
+        .query_one(EXISTS, &[&table.quoted()])
         .await
         .map_err(StoreError::db("looking up a table"))?
         .of("pg_class")
-        .col("found")
+        .col("found")?)
 }
 
 /// Creates `shadow` from `live`'s definition, with what `like … including all` leaves
@@ -90,15 +94,11 @@ pub(super) async fn create_shadow(
     retired: &QualifiedName,
 ) -> Result<(), StoreError> {
     if !exists(tx, live).await? {
-        return Err(StoreError::Refused(format!(
-            "the live table {live} does not exist"
-        )));
+        return Err(Refusal::NoLiveTable { live: live.clone() }.into());
     }
     for t in [shadow, retired] {
         if exists(tx, t).await? {
-            return Err(StoreError::Refused(format!(
-                "table {t} exists already; walfold needs that name for the rebuild: drop or rename it"
-            )));
+            return Err(Refusal::NameTaken { table: t.clone() }.into());
         }
     }
     refuse_dependents(tx, live).await?;
@@ -115,13 +115,11 @@ pub(super) async fn create_shadow(
     let row = row.of("pg_class");
     if !row.col::<bool>("owns")? {
         let role: String = row.col("role")?;
-        return Err(StoreError::Refused(format!(
-            "walfold's role {role} does not own {live}, and the switch-over renames it: \
-             run alter table {} owner to {} as its owner (or grant the owner's role to \
-             {role}); `walfold doctor` lists what a rebuild needs",
-            live.quoted(),
-            quote_ident(&role)
-        )));
+        return Err(Refusal::NotOwner {
+            role,
+            live: live.clone(),
+        }
+        .into());
     }
     tx.batch_execute(&format!(
         "create table {} (like {} including all)",
@@ -299,11 +297,11 @@ async fn refuse_dependents(
     if found.is_empty() {
         return Ok(());
     }
-    Err(StoreError::Refused(format!(
-        "{live} has {}: a rebuild swaps tables by renaming, which would leave them on the \
-         retired table; drop them and recreate them after the switch-over",
-        found.join("; ")
-    )))
+    Err(Refusal::Dependents {
+        live: live.clone(),
+        found: found.join("; "),
+    }
+    .into())
 }
 
 /// Gives the shadow table the live table's grants (`like` does not copy them).

@@ -16,8 +16,9 @@ use walfold_event::{DeadLetterStatus, ErrorKind};
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
 use crate::leader::Fence;
-use crate::row::{FromRow, RowExt};
+use crate::refusal::{OpenState, Refusal};
 use crate::schema::Schema;
+use walfold_pg::{FromRow, RowExt};
 
 walfold_event::stored_enum! {
     /// Where a rebuild is: the `rebuild.state` column, whose check constraint allows
@@ -187,7 +188,7 @@ impl Rebuild {
 }
 
 impl FromRow for Rebuild {
-    fn from_row(row: &Row) -> Result<Self, StoreError> {
+    fn from_row(row: &Row) -> Result<Self, walfold_pg::PgError> {
         let r = row.of("rebuild");
         Ok(Rebuild {
             subscriber: r.col("subscriber_id")?,
@@ -238,7 +239,7 @@ async fn read_open(
         .query(&schema.sql(statement), &[&RebuildState::OPEN])
         .await
         .map_err(StoreError::db("reading rebuilds"))?;
-    Rebuild::from_rows(&rows)
+    Ok(Rebuild::from_rows(&rows)?)
 }
 
 /// The state of the rebuild under subscriber ID `subscriber` (`None`: no such rebuild).
@@ -247,12 +248,12 @@ pub(crate) async fn state_of(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<Option<RebuildState>, StoreError> {
-    client
+    Ok(client
         .query_opt(&schema.sql(STATE), &[&subscriber])
         .await
         .map_err(StoreError::db("reading a rebuild's state"))?
         .map(|r| r.of("rebuild").col("state"))
-        .transpose()
+        .transpose()?)
 }
 
 /// Whether subscriber ID `subscriber` has left any trace in `schema` (a rebuild needs a
@@ -262,12 +263,12 @@ pub(crate) async fn subscriber_used(
     schema: &Schema,
     subscriber: &str,
 ) -> Result<bool, StoreError> {
-    client
+    Ok(client
         .query_one(&schema.sql(USED), &[&subscriber])
         .await
         .map_err(StoreError::db("checking the subscriber ID"))?
         .of("checkpoint")
-        .col("used")
+        .col("used")?)
 }
 
 /// A projection's statement written for a table, with its parameters' types: prepared
@@ -298,43 +299,35 @@ pub(crate) async fn start(
         .into_iter()
         .find(|r| r.projection == projection)
     {
-        let next = if open.state == RebuildState::Switched {
-            format!("run `walfold rebuild {projection} --finish` to drop its retired table first")
-        } else {
-            format!("wait for it to switch and run `walfold rebuild {projection} --finish`, or `--abort` it")
-        };
-        return Err(StoreError::Refused(format!(
-            "projection {projection} already has a rebuild ({}, state {}); {next}",
-            open.subscriber, open.state
-        )));
+        return Err(Refusal::RebuildOpen {
+            projection: projection.to_owned(),
+            subscriber: open.subscriber,
+            state: open.state.to_string(),
+            switched: open.state == RebuildState::Switched,
+        }
+        .into());
     }
     if subscriber_used(&tx, schema, subscriber).await? {
-        return Err(StoreError::Refused(format!(
-            "subscriber ID {subscriber} has been used before; a rebuild needs a new one \
-             (its claims must start empty), e.g. {subscriber}.2"
-        )));
+        return Err(Refusal::SubscriberUsed {
+            subscriber: subscriber.to_owned(),
+        }
+        .into());
     }
     ddl::create_shadow(&tx, live, &shadow, &retired).await?;
     if let Some((sql, types)) = probe(&shadow) {
         // Parsed and planned against the new table: a statement that names the live table
         // besides `{table}` fails here instead of at every batch of the replay.
         if let Err(e) = tx.prepare_typed(&sql, &types).await {
-            if e.as_db_error().is_none() || crate::error::kind_of(&e) == ErrorKind::Transient {
+            if e.as_db_error().is_none() || walfold_pg::kind_of(&e) == ErrorKind::Transient {
                 return Err(StoreError::db("checking the statement on the shadow table")(e));
             }
-            let hint = if crate::error::sqlstate(&e) == Some("42P01") {
-                format!(
-                    ". A rebuild writes to {shadow}, so the sql must name its table only as \
-                     {{table}}: give it an alias (`insert into {{table}} as t ... set total = \
-                     t.total + 1`) instead of writing {live}'s name"
-                )
-            } else {
-                String::new()
-            };
-            return Err(StoreError::Refused(format!(
-                "the projection's statement does not run on the rebuild's table {shadow}: {}{hint}",
-                crate::error::describe(&e)
-            )));
+            return Err(Refusal::StatementOnShadow {
+                shadow,
+                live: live.clone(),
+                error: walfold_pg::describe(&e),
+                undefined_table: walfold_event::is_undefined_table(walfold_pg::sqlstate(&e)),
+            }
+            .into());
         }
     }
     let row = tx
@@ -612,10 +605,8 @@ pub(crate) async fn request_abort(
         .await
         .map_err(StoreError::db("aborting a rebuild"))?;
     match row {
-        Some(r) => Rebuild::from_row(&r),
-        None => Err(StoreError::Refused(
-            not_open(client, schema, projection, "abort").await?,
-        )),
+        Some(r) => Ok(Rebuild::from_row(&r)?),
+        None => Err(not_open(client, schema, projection, "abort").await?.into()),
     }
 }
 
@@ -623,19 +614,20 @@ async fn not_open(
     client: &Client,
     schema: &Schema,
     projection: &str,
-    action: &str,
-) -> Result<String, StoreError> {
+    action: &'static str,
+) -> Result<Refusal, StoreError> {
     let open = open(client, schema).await?;
-    Ok(match open.iter().find(|r| r.projection == projection) {
-        Some(r) if r.state == RebuildState::Switched => format!(
-            "the rebuild of {projection} has switched over already; nothing to {action} \
-             (run `walfold rebuild {projection} --finish` to drop the retired table)"
-        ),
-        Some(r) => format!(
-            "the rebuild of {projection} is still {}; it switches over once it has caught up",
-            r.state
-        ),
-        None => format!("projection {projection} has no rebuild to {action}"),
+    let state = open
+        .iter()
+        .find(|r| r.projection == projection)
+        .map(|r| match r.state {
+            RebuildState::Switched => OpenState::Switched,
+            other => OpenState::Replaying(other.to_string()),
+        });
+    Ok(Refusal::NoRebuildTo {
+        projection: projection.to_owned(),
+        action,
+        state,
     })
 }
 
@@ -705,9 +697,7 @@ pub async fn finish(
         .map_err(StoreError::db("finishing a rebuild"))?;
     let Some(row) = row else {
         drop(tx);
-        return Err(StoreError::Refused(
-            not_open(client, schema, projection, "finish").await?,
-        ));
+        return Err(not_open(client, schema, projection, "finish").await?.into());
     };
     let rebuild = Rebuild::from_row(&row)?;
     if let Some(fence) = fence {

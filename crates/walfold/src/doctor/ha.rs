@@ -89,7 +89,7 @@ pub(super) async fn hosts(r: &mut Report, config: &SourceView<'_>) -> Result<(),
     let slot = &config.source().slot;
     for (label, conninfo) in hosts {
         let what = format!("source host {label}");
-        match walfold_store::connect_for_command(&conninfo, &what).await {
+        match walfold_pg::connect_for_command(&conninfo, &what).await {
             Ok(client) => {
                 let host = walfold_source::shape::host(&client, slot).await?;
                 r.add(host_finding(&what, slot, &host));

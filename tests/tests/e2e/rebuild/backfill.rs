@@ -19,7 +19,7 @@ async fn backfill_with_concurrent_inserts_puts_every_row_in_the_log_once() {
     let writer = {
         let (stop, url) = (stop.clone(), db.url());
         tokio::spawn(async move {
-            let c = walfold_store::connect(&url).await.unwrap();
+            let c = walfold_pg::connect(&url).await.unwrap();
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
                 c.batch_execute(

@@ -30,7 +30,7 @@ async fn a_rebuild_replays_100k_events_beside_the_live_table_and_switches_over()
     let reader = {
         let (stop, reads, url) = (stop.clone(), reads.clone(), db.url());
         tokio::spawn(async move {
-            let c = walfold_store::connect(&url).await.unwrap();
+            let c = walfold_pg::connect(&url).await.unwrap();
             while !stop.load(Ordering::Relaxed) {
                 let n = count(&c, "select count(*) from order_total").await;
                 assert!(n >= live_rows, "a reader saw {n} rows: a half-built table");
@@ -42,7 +42,7 @@ async fn a_rebuild_replays_100k_events_beside_the_live_table_and_switches_over()
     let writer = {
         let (stop, url) = (stop.clone(), db.url());
         tokio::spawn(async move {
-            let c = walfold_store::connect(&url).await.unwrap();
+            let c = walfold_pg::connect(&url).await.unwrap();
             let mut written = 0i64;
             while !stop.load(Ordering::Relaxed) {
                 c.batch_execute(

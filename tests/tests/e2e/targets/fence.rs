@@ -149,7 +149,7 @@ on conflict (order_id) do update set total = t.total + excluded.total
     let writer = {
         let url = db.url();
         tokio::spawn(async move {
-            let c = walfold_store::connect(&url).await.unwrap();
+            let c = walfold_pg::connect(&url).await.unwrap();
             for i in 0..120 {
                 c.batch_execute(&format!(
                     "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \

@@ -8,7 +8,7 @@ use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use walfold_config::{conninfo, redact_url};
 
-use crate::error::StoreError;
+use crate::error::PgError;
 use crate::tls::SslMode;
 
 /// A URL split into what tokio-postgres understands and the TLS settings it does not.
@@ -32,8 +32,8 @@ impl std::fmt::Debug for ConnectOptions {
 
 impl ConnectOptions {
     /// Reads a URL or libpq's key=value pairs (`host=a,b port=5432,5433 dbname=app`).
-    pub fn parse(url: &str) -> Result<ConnectOptions, StoreError> {
-        let bad = |reason: String| StoreError::Url {
+    pub fn parse(url: &str) -> Result<ConnectOptions, PgError> {
+        let bad = |reason: String| PgError::Url {
             url: redact_url(url),
             reason,
         };
@@ -85,8 +85,8 @@ impl ConnectOptions {
     }
 
     /// The tokio-postgres config for this URL.
-    pub fn pg_config(&self) -> Result<Config, StoreError> {
-        let mut config: Config = self.base_url.parse().map_err(|e| StoreError::Url {
+    pub fn pg_config(&self) -> Result<Config, PgError> {
+        let mut config: Config = self.base_url.parse().map_err(|e| PgError::Url {
             url: redact_url(&self.base_url),
             reason: format!("{e}"),
         })?;
@@ -116,19 +116,24 @@ impl ConnectOptions {
 }
 
 /// Connects and drives the connection on a background task.
-pub async fn connect(url: &str) -> Result<Client, StoreError> {
+pub async fn connect(url: &str) -> Result<Client, PgError> {
     connect_tuned(url, |_| {}).await
 }
 
+/// The advisory-lock class of session tags (`'walI'`): a session of a process that
+/// runs an instance holds `pg_advisory_lock_shared(SESSION_TAG_CLASS, tag)`, so the
+/// server can list and end that instance's sessions (the store's `instance.rs`).
+pub const SESSION_TAG_CLASS: i32 = 0x7761_6c49;
+
 /// The tag that every session of this process holds once it runs an instance
-/// (`instance.rs`): drawn once per process.
+/// (the store's `instance.rs`): drawn once per process.
 static SESSION_TAG: OnceLock<i32> = OnceLock::new();
 
 /// Whether this process tags its sessions: from its first instance on.
 static TAGGING: AtomicBool = AtomicBool::new(false);
 
 /// This process's session tag; from now on every session it opens holds it (see
-/// `instance.rs`).
+/// [`SESSION_TAG_CLASS`]).
 pub fn tag_sessions() -> i32 {
     TAGGING.store(true, Ordering::Relaxed);
     *SESSION_TAG.get_or_init(rand::random)
@@ -145,7 +150,7 @@ pub struct Notice {
 /// the returned channel; it closes when the connection does.
 pub async fn connect_listening(
     url: &str,
-) -> Result<(Client, tokio::sync::mpsc::UnboundedReceiver<Notice>), StoreError> {
+) -> Result<(Client, tokio::sync::mpsc::UnboundedReceiver<Notice>), PgError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let client = open(url, |_| {}, Some(tx)).await?;
     Ok((client, rx))
@@ -156,7 +161,7 @@ pub async fn connect_listening(
 pub(crate) async fn connect_tuned(
     url: &str,
     tune: impl FnOnce(&mut Config),
-) -> Result<Client, StoreError> {
+) -> Result<Client, PgError> {
     open(url, tune, None).await
 }
 
@@ -164,7 +169,7 @@ async fn open(
     url: &str,
     tune: impl FnOnce(&mut Config),
     notices: Option<tokio::sync::mpsc::UnboundedSender<Notice>>,
-) -> Result<Client, StoreError> {
+) -> Result<Client, PgError> {
     let options = ConnectOptions::parse(url)?;
     let mut config = options.pg_config()?;
     tune(&mut config);
@@ -176,7 +181,7 @@ async fn open(
         config
             .connect(tls)
             .await
-            .map_err(|source| StoreError::Connect {
+            .map_err(|source| PgError::Connect {
                 url: redact_url(url),
                 source,
             })?;
@@ -206,8 +211,7 @@ async fn open(
     });
     let setup = match TAGGING.load(Ordering::Relaxed) {
         true => format!(
-            "{PIN_SEARCH_PATH}; select pg_advisory_lock_shared({}, {})",
-            crate::instance::TAG_CLASS,
+            "{PIN_SEARCH_PATH}; select pg_advisory_lock_shared({SESSION_TAG_CLASS}, {})",
             tag_sessions()
         ),
         false => PIN_SEARCH_PATH.to_owned(),
@@ -215,10 +219,7 @@ async fn open(
     client
         .batch_execute(&setup)
         .await
-        .map_err(|source| StoreError::Db {
-            context: "pinning the session's search_path".into(),
-            source,
-        })?;
+        .map_err(PgError::db("pinning the session's search_path"))?;
     Ok(client)
 }
 
@@ -236,7 +237,7 @@ const PIN_SEARCH_PATH: &str = "select set_config('search_path', \
 /// The server notices a vanished client within about a minute (its default is the
 /// kernel's two hours), so a lock held by a dead session does not stall ingest for long;
 /// and no statement timeout cuts an append short.
-pub(crate) const SERVER_KEEPALIVES: &str = "set tcp_keepalives_idle = 30; \
+pub const SERVER_KEEPALIVES: &str = "set tcp_keepalives_idle = 30; \
     set tcp_keepalives_interval = 10; set tcp_keepalives_count = 3; set statement_timeout = 0;";
 
 /// For projector sessions: half-open connections are noticed as above, and a

@@ -11,15 +11,15 @@ use tokio_postgres::row::RowIndex;
 use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
 
-use crate::error::StoreError;
+use crate::error::PgError;
 
 /// A row type, decoded by column through one fallible conversion.
 pub trait FromRow: Sized {
     /// The row as `Self`, or an environment error naming the column that cannot be read.
-    fn from_row(row: &Row) -> Result<Self, StoreError>;
+    fn from_row(row: &Row) -> Result<Self, PgError>;
 
     /// Every row as `Self`, in order; the first column that cannot be read fails all.
-    fn from_rows(rows: &[Row]) -> Result<Vec<Self>, StoreError> {
+    fn from_rows(rows: &[Row]) -> Result<Vec<Self>, PgError> {
         rows.iter().map(Self::from_row).collect()
     }
 }
@@ -48,14 +48,12 @@ impl<'r> Columns<'r> {
     /// Column `column` (a name, or a position) as a `T`: an environment error naming the
     /// table and the column when the row has no such column, holds it as another type, or
     /// holds a null that `T` cannot take.
-    pub fn col<T: FromSql<'r>>(&self, column: impl Column) -> Result<T, StoreError> {
-        self.row
-            .try_get(column)
-            .map_err(|source| StoreError::Column {
-                table: self.table,
-                column: column.name(self.row),
-                source,
-            })
+    pub fn col<T: FromSql<'r>>(&self, column: impl Column) -> Result<T, PgError> {
+        self.row.try_get(column).map_err(|source| PgError::Column {
+            table: self.table,
+            column: column.name(self.row),
+            source,
+        })
     }
 }
 

@@ -19,7 +19,7 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 use walfold_config::redact_url;
 
 use crate::connect::connect;
-use crate::error::StoreError;
+use crate::error::PgError;
 
 /// Rounds of the check: one is enough behind PgBouncer's default LIFO reuse of server
 /// connections; more catch a pool that hands out backends round robin.
@@ -27,14 +27,6 @@ const ROUNDS: usize = 3;
 
 /// How long one step may take before the check gives up as inconclusive.
 const STEP_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What to do about a pooler that shares sessions in front of the URL named `key`.
-pub fn pooler_fix(key: &str) -> String {
-    format!(
-        "point {key} at PostgreSQL directly, or at a pool in session mode (PgBouncer: \
-         pool_mode = session, for walfold's database or user)"
-    )
-}
 
 /// What a URL's connections are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +42,7 @@ pub enum Pooling {
 /// Whether `url` leads to its own server sessions or to a pooler that shares them.
 /// Opens two short-lived connections; an error is a failure to connect or to run the
 /// check's statements.
-pub async fn pooling(url: &str) -> Result<Pooling, StoreError> {
+pub async fn pooling(url: &str) -> Result<Pooling, PgError> {
     let first = connect(url).await?;
     let second = connect(url).await?;
     let mut seen = [BTreeSet::new(), BTreeSet::new()];
@@ -67,7 +59,7 @@ async fn round(
     first: &Client,
     second: &Client,
     seen: &mut [BTreeSet<i32>; 2],
-) -> Result<Option<Pooling>, StoreError> {
+) -> Result<Option<Pooling>, PgError> {
     let Some(pid) = step(backend_pid(first), "reading the first connection's backend").await?
     else {
         return Ok(Some(timed_out("reading the first connection's backend")));
@@ -90,7 +82,7 @@ async fn round(
     match step(second.simple_query("begin"), "opening a transaction").await {
         Ok(Some(_)) => {}
         Ok(None) => return Ok(Some(timed_out("opening a transaction"))),
-        Err(StoreError::Db { source, .. }) if source.as_db_error().is_some() => {
+        Err(PgError::Db { source, .. }) if source.as_db_error().is_some() => {
             return Ok(Some(Pooling::Shared {
                 evidence: format!(
                     "a transaction block was refused ({})",
@@ -145,9 +137,9 @@ fn timed_out(what: &str) -> Pooling {
 async fn step<T>(
     future: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     context: &'static str,
-) -> Result<Option<T>, StoreError> {
+) -> Result<Option<T>, PgError> {
     match tokio::time::timeout(STEP_TIMEOUT, future).await {
-        Ok(result) => result.map(Some).map_err(StoreError::db(context)),
+        Ok(result) => result.map(Some).map_err(PgError::db(context)),
         Err(_) => Ok(None),
     }
 }
@@ -168,10 +160,10 @@ async fn backend_pid(client: &Client) -> Result<i32, tokio_postgres::Error> {
 /// Refuses `url` when a pooler there shares server sessions: walfold needs a session of
 /// its own on it. `key` names the URL for the fix (`source.url`, `the target URL`). An
 /// inconclusive check is logged and passes: walfold does not refuse on a guess.
-pub async fn refuse_pooling(url: &str, key: &str) -> Result<(), StoreError> {
+pub async fn refuse_pooling(url: &str, key: &str) -> Result<(), PgError> {
     match pooling(url).await? {
         Pooling::Session => Ok(()),
-        Pooling::Shared { evidence } => Err(StoreError::Pooled {
+        Pooling::Shared { evidence } => Err(PgError::Pooled {
             key: key.to_owned(),
             url: redact_url(url),
             evidence,

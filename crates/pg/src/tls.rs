@@ -18,7 +18,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::ParsedCertificate;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use crate::error::StoreError;
+use crate::error::PgError;
 
 /// libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum SslMode {
 }
 
 /// A rustls client config for `mode`; `root_cert` is a PEM file (else the webpki roots).
-pub fn client_config(mode: SslMode, root_cert: Option<&str>) -> Result<ClientConfig, StoreError> {
+pub fn client_config(mode: SslMode, root_cert: Option<&str>) -> Result<ClientConfig, PgError> {
     let provider = Arc::new(ring::default_provider());
     Ok(ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -45,7 +45,7 @@ fn verifier(
     mode: SslMode,
     root_cert: Option<&str>,
     provider: Arc<CryptoProvider>,
-) -> Result<Arc<dyn ServerCertVerifier>, StoreError> {
+) -> Result<Arc<dyn ServerCertVerifier>, PgError> {
     Ok(match mode {
         SslMode::Disable | SslMode::Prefer | SslMode::Require => Arc::new(NoVerify {
             algorithms: provider.signature_verification_algorithms,
@@ -54,7 +54,7 @@ fn verifier(
             let (roots, pinned) = roots(root_cert)?;
             let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| StoreError::RootCert {
+                .map_err(|e| PgError::RootCert {
                     path: root_cert.unwrap_or("webpki roots").to_owned(),
                     reason: e.to_string(),
                 })?;
@@ -69,13 +69,13 @@ fn verifier(
 
 /// The trust anchors, and the certificates of `sslrootcert` as they are (none for the
 /// webpki roots).
-fn roots(path: Option<&str>) -> Result<(RootCertStore, Vec<CertificateDer<'static>>), StoreError> {
+fn roots(path: Option<&str>) -> Result<(RootCertStore, Vec<CertificateDer<'static>>), PgError> {
     let mut store = RootCertStore::empty();
     let Some(path) = path else {
         store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         return Ok((store, Vec::new()));
     };
-    let err = |reason: String| StoreError::RootCert {
+    let err = |reason: String| PgError::RootCert {
         path: path.to_owned(),
         reason,
     };

@@ -1,12 +1,12 @@
-//! Connections that must answer within seconds: those of the one-shot commands
-//! (`status`, `doctor`, `dead-letters`, `events`, ...) and of the metrics scrape. A
-//! server that does not answer (a silent partition, a stuck proxy) is named, with its
-//! URL redacted, instead of hanging the operator's terminal.
+//! Deadlines for the connections that must answer within seconds: those of the one-shot
+//! commands (`status`, `doctor`, `dead-letters`, `events`, ...) and of the metrics
+//! scrape. A server that does not answer (a silent partition, a stuck proxy) is named,
+//! with its URL redacted, instead of hanging the operator's terminal.
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::error::StoreError;
+use crate::error::PgError;
 use tokio_postgres::Client;
 use walfold_config::redact_url;
 
@@ -16,29 +16,41 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// on a server (client side, [`answer_within`]).
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// An error that can say which server it came from (`source default`, `target main`):
+/// what [`answer_within`] returns, whatever the work's own error type.
+pub trait ServerError: From<PgError> {
+    /// This error, as `server`'s.
+    fn at_server(self, server: &str) -> Self;
+}
+
+impl ServerError for PgError {
+    fn at_server(self, server: &str) -> Self {
+        PgError::Server {
+            server: server.to_owned(),
+            source: Box::new(self),
+        }
+    }
+}
+
 /// Connects to `server` (as the operator knows it: `source default`, `target main`)
 /// at `url` within [`CONNECT_TIMEOUT`], with a server-side statement timeout of
 /// [`STATEMENT_TIMEOUT`] and a TCP user timeout, so that a partition after connecting
 /// ends the command's next statement instead of hanging it.
-pub async fn connect_for_command(url: &str, server: &str) -> Result<Client, StoreError> {
+pub async fn connect_for_command(url: &str, server: &str) -> Result<Client, PgError> {
     let client = connect_within(url, server, CONNECT_TIMEOUT).await?;
     let set = format!("set statement_timeout = {}", STATEMENT_TIMEOUT.as_millis());
     answer_within(url, server, CONNECT_TIMEOUT, async {
         client
             .batch_execute(&set)
             .await
-            .map_err(StoreError::db("setting the statement timeout"))
+            .map_err(PgError::db("setting the statement timeout"))
     })
     .await?;
     Ok(client)
 }
 
 /// Connects to `server` at `url`, giving up after `within`.
-pub async fn connect_within(
-    url: &str,
-    server: &str,
-    within: Duration,
-) -> Result<Client, StoreError> {
+pub async fn connect_within(url: &str, server: &str, within: Duration) -> Result<Client, PgError> {
     let connect = crate::connect::connect_tuned(url, |config| {
         config
             .connect_timeout(within)
@@ -49,23 +61,20 @@ pub async fn connect_within(
 
 /// Runs `work` against `server` at `url`, giving up after `within`; either way an
 /// error names the server.
-pub async fn answer_within<T>(
+pub async fn answer_within<T, E: ServerError>(
     url: &str,
     server: &str,
     within: Duration,
-    work: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let failed = |source: StoreError| StoreError::Server {
-        server: server.to_owned(),
-        source: Box::new(source),
-    };
+    work: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     match tokio::time::timeout(within, work).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(failed(e)),
-        Err(_) => Err(failed(StoreError::NoAnswer {
+        Ok(Err(e)) => Err(e.at_server(server)),
+        Err(_) => Err(E::from(PgError::NoAnswer {
             url: redact_url(url),
             within,
-        })),
+        })
+        .at_server(server)),
     }
 }
 
