@@ -249,7 +249,7 @@ async fn rebuild_timeline(
     let head: i64 = client
         .query_one("select coalesce(max(seq), 0) from walfold.event_log", &[])
         .await?
-        .get(0);
+        .try_get(0)?;
     let mut seen: Vec<(f64, String)> = Vec::new();
     let mut last = (None::<i64>, String::new());
     let mut commits = 0u32;
@@ -264,7 +264,7 @@ async fn rebuild_timeline(
             )
             .await?;
         let t = t0.elapsed().as_secs_f64();
-        let (position, state): (Option<i64>, Option<String>) = (row.get(0), row.get(1));
+        let (position, state): (Option<i64>, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
         let state = state.unwrap_or_default();
         if position != last.0 {
             commits += 1;

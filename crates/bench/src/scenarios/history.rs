@@ -46,15 +46,15 @@ async fn server_work(client: &tokio_postgres::Client) -> Result<ServerWork, BoxE
         )
         .await?;
     Ok(ServerWork {
-        wal_bytes: row.get(0),
-        wal_fpi: row.get(1),
-        checkpoints_timed: row.get(2),
-        checkpoints_req: row.get(3),
-        index_reads: row.get(4),
-        index_hits: row.get(5),
-        buffers_written: row.get(6),
-        buffers_backend: row.get(7),
-        wal_sync: row.get(8),
+        wal_bytes: row.try_get(0)?,
+        wal_fpi: row.try_get(1)?,
+        checkpoints_timed: row.try_get(2)?,
+        checkpoints_req: row.try_get(3)?,
+        index_reads: row.try_get(4)?,
+        index_hits: row.try_get(5)?,
+        buffers_written: row.try_get(6)?,
+        buffers_backend: row.try_get(7)?,
+        wal_sync: row.try_get(8)?,
     })
 }
 
@@ -69,7 +69,10 @@ async fn wal_settings(client: &tokio_postgres::Client) -> Result<String, BoxErro
         "full_page_writes",
         "wal_compression",
     ] {
-        let v: String = client.query_one(&format!("show {name}"), &[]).await?.get(0);
+        let v: String = client
+            .query_one(&format!("show {name}"), &[])
+            .await?
+            .try_get(0)?;
         out.push(format!("{name}={v}"));
     }
     Ok(out.join(" "))
@@ -111,7 +114,7 @@ async fn history_drain(
             &[],
         )
         .await?
-        .get(0);
+        .try_get(0)?;
     eprintln!("the slot's restart_lsn is {behind} behind the WAL's end before the drain to {upto}");
     let before = server_work(client).await?;
     let server_cpu = crate::measure::server_cpu(cluster.data_dir());
@@ -127,7 +130,7 @@ async fn history_drain(
         let end: String = client
             .query_one("select pg_current_wal_lsn()::text", &[])
             .await?
-            .get(0);
+            .try_get(0)?;
         eprintln!(
             "busiest statements during the drain to {upto}:\n{}",
             blocking(move || setup::top_statements(cluster, db)).await?
@@ -210,7 +213,7 @@ pub(super) async fn history(
             &[],
         )
         .await?
-        .get(0);
+        .try_get(0)?;
     eprintln!(
         "seeded {h} events and {} claims ({size} with the first drain's) in {:.0} s",
         2 * h,

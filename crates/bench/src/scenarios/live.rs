@@ -83,8 +83,12 @@ pub(super) async fn live(
             &[],
         )
         .await?;
-    let (p50, p95, p99, max): (f64, f64, f64, f64) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let (p50, p95, p99, max): (f64, f64, f64, f64) = (
+        row.try_get(0)?,
+        row.try_get(1)?,
+        row.try_get(2)?,
+        row.try_get(3)?,
+    );
     lines.push(Line {
         scenario: format!("3. live latency, {rate} ev/s offered for {secs} s ({written} events)"),
         walfold: format!("p50 {p50:.1} ms, p95 {p95:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),

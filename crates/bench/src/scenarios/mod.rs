@@ -132,7 +132,7 @@ async fn wait_subscribers(
             .ok()
             .flatten();
         if let Some(r) = row {
-            if r.get::<_, i64>(0) >= subscribers && r.get::<_, i64>(1) >= events {
+            if r.try_get::<_, i64>(0)? >= subscribers && r.try_get::<_, i64>(1)? >= events {
                 return Ok(());
             }
         }
@@ -180,6 +180,6 @@ async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client
         .query_one(sql, &[])
         .await
-        .map(|r| r.get::<_, i64>(0))
+        .and_then(|r| r.try_get::<_, i64>(0))
         .unwrap_or(0)
 }

@@ -116,7 +116,7 @@ pub(super) async fn one_transaction(
             &[&slot],
         )
         .await?;
-    let (spill, streamed): (i64, i64) = (stats.get(0), stats.get(1));
+    let (spill, streamed): (i64, i64) = (stats.try_get(0)?, stats.try_get(1)?);
     lines.push(Line {
         scenario: format!("7. one transaction of {n} rows, protocol {protocol}"),
         walfold: format!(
