@@ -38,8 +38,14 @@ pub struct Args {
     /// `history` (a drain into an empty walfold schema, then `--history` earlier events
     /// and their claims seeded set-based, then the same drain again; on the cluster
     /// `--history-cluster` names).
-    #[arg(long, value_parser = ["protocols", "sources", "history"])]
+    /// `handover` runs three `walfold` processes (the release binary beside this one)
+    /// on one config: the share each applies, and the handover time over
+    /// `--handover-rounds` SIGKILLs and as many SIGSTOPs.
+    #[arg(long, value_parser = ["protocols", "sources", "history", "handover"])]
     pub only: Option<String>,
+    /// Kills, and freezes, of the handover scenario.
+    #[arg(long, default_value_t = 10)]
+    pub handover_rounds: usize,
     /// Earlier events (each claimed by both drain projections) of the history scenario.
     #[arg(
         long = "history",

@@ -6,6 +6,7 @@
 //! they share here.
 
 mod backlog;
+mod handover;
 mod history;
 mod live;
 mod sources;
@@ -61,7 +62,9 @@ pub async fn run_all(args: Args) -> Result<(), BoxError> {
             big_transaction(cluster, &args, &mut lines).await?;
         }
     }
-    if args.only.as_deref() == Some("sources") {
+    if args.only.as_deref() == Some("handover") {
+        handover::handover(cluster, args.handover_rounds, &mut lines).await?;
+    } else if args.only.as_deref() == Some("sources") {
         several_sources(cluster, args.sources_events, &mut lines).await?;
     } else if args.stream_txn > 0 {
         for protocol in [1, 2] {
