@@ -5,7 +5,6 @@
 //! walfold states: `[cluster] lease_s` + 3 s for a frozen instance; a killed one's sessions
 //! end at once, so about 3 s.
 
-use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
