@@ -156,9 +156,7 @@ pub(super) async fn handover(
     setup::create_db(cluster, DB)?;
     cluster.psql(
         DB,
-        "create table outbox (id uuid primary key, aggregate_type text, aggregate_id text, \
-           event_type text, version bigint, payload jsonb, occurred_at timestamptz default now()); \
-         create table total (projection text, order_id text, amount numeric, \
+        "create table total (projection text, order_id text, amount numeric, \
            primary key (projection, order_id))",
     )?;
     let dir = std::env::temp_dir().join(format!("walfold-bench-handover-{}", std::process::id()));
