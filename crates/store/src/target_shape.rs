@@ -124,6 +124,33 @@ pub async fn connections(client: &Client) -> Result<Connections, StoreError> {
     })
 }
 
+/// How many instances of the deployment whose schema is `schema` heartbeat now (on the
+/// main target); `None` before its first start (no `instance` table yet).
+pub async fn running_instances(client: &Client, schema: &str) -> Result<Option<i64>, StoreError> {
+    let table = format!("{}.instance", walfold_config::quote_ident(schema));
+    let exists: bool = client
+        .query_one("select to_regclass($1) is not null", &[&table])
+        .await
+        .map_err(StoreError::db("looking for the instances"))?
+        .of("pg_class")
+        .col(0)?;
+    if !exists {
+        return Ok(None);
+    }
+    let count: i64 = client
+        .query_one(
+            &format!(
+                "select count(*) from {table} where heartbeat_at > now() - interval '1 minute'"
+            ),
+            &[],
+        )
+        .await
+        .map_err(StoreError::db("counting the instances"))?
+        .of("instance")
+        .col(0)?;
+    Ok(Some(count))
+}
+
 /// The roles other than the connected one (and superusers) that may write a table of
 /// `schema`.
 pub async fn schema_writers(client: &Client, schema: &str) -> Result<Vec<String>, StoreError> {

@@ -11,6 +11,7 @@ use std::path::Path;
 use tokio_postgres::Client;
 use walfold_config::{Config, SourceView};
 use walfold_engine::Target;
+use walfold_store::target_shape;
 
 use crate::run::load;
 use crate::Failure;
@@ -146,8 +147,11 @@ async fn check_main_target(
         return Ok(());
     }
     let main = Target::main(config);
+    let instances = target_shape::running_instances(&t, main.schema.name())
+        .await
+        .map_err(Failure::runtime)?;
     r.extend(
-        target::checks(config, &main, &t)
+        target::checks(config, &main, &t, instances)
             .await
             .map_err(Failure::runtime)?,
     );
@@ -187,8 +191,15 @@ async fn check_extra_targets(r: &mut Report, config: &Config) -> Result<(), Fail
         if !session_check(r, &what, &key, &t.url).await {
             continue;
         }
+        let instances = match walfold_pg::connect_for_command(config.target_url(), "target").await {
+            Ok(main) => target_shape::running_instances(&main, &config.target.schema)
+                .await
+                .ok()
+                .flatten(),
+            Err(_) => None,
+        };
         r.extend(
-            target::checks(config, t, &c)
+            target::checks(config, t, &c, instances)
                 .await
                 .map_err(Failure::runtime)?,
         );

@@ -113,7 +113,7 @@ sql = "insert into folded (projection, event_id) values ('p{p}', :event_id)"
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains(
-            "ok    walfold takes at most 15 connections (target.pool_size + 7 of its own); \
+            "ok    walfold takes at most 15 connections (target.pool_size + 7 of its own) per instance; \
              the server allows 97 (100 - 3 reserved)"
         ),
         "{out}"

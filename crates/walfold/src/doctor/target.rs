@@ -47,6 +47,7 @@ pub(super) async fn checks(
     config: &Config,
     home: &Target,
     client: &Client,
+    instances: Option<i64>,
 ) -> Result<Vec<Finding>, StoreError> {
     let facts = read(config, home, client).await?;
     let on = if home.is_extra() {
@@ -57,7 +58,7 @@ pub(super) async fn checks(
     let schema = home.schema.name();
     let mut found = vec![
         schema_rights(&facts.access, schema, &on),
-        connections(config, home, &facts.connections, &on),
+        connections(config, home, &facts.connections, instances, &on),
     ];
     if let Some(others) = &facts.writers {
         found.push(schema_writers(others, schema, &on));
@@ -86,8 +87,15 @@ fn schema_rights(access: &SchemaAccess, schema: &str, on: &str) -> Finding {
 
 /// walfold's connection budget on a target beside what the server allows and what
 /// else is connected: a warning when the budget would not fit.
-fn connections(config: &Config, home: &Target, c: &Connections, on: &str) -> Finding {
+fn connections(
+    config: &Config,
+    home: &Target,
+    c: &Connections,
+    instances: Option<i64>,
+    on: &str,
+) -> Finding {
     let budget = home.connection_budget(config) as i64;
+    let n = instances.unwrap_or(0).max(1);
     let allowed = c.max - c.reserved;
     // This doctor's own connection is among those in use.
     let others = (c.used - c.walfold - 1).max(0);
@@ -101,15 +109,21 @@ fn connections(config: &Config, home: &Target, c: &Connections, on: &str) -> Fin
             config.target.pool_size as i64,
         ),
     };
+    let running = match instances {
+        Some(n) if n > 1 => format!(", {} for the {n} instances running now", n * budget),
+        _ => String::new(),
+    };
     let what = format!(
-        "walfold takes at most {budget} connections{on} ({key} + {} of its own); the server \
-         allows {allowed} ({} - {} reserved), {others} used by others now",
+        "walfold takes at most {budget} connections{on} ({key} + {} of its own) per \
+         instance{running}; the server allows {allowed} ({} - {} reserved), {others} used by \
+         others now",
         budget - pool,
         c.max,
         c.reserved
     );
+    // The instances running now are among those in use: only their budget's rest counts.
     Finding::unless(
-        budget + others <= allowed,
+        n * budget + others <= allowed,
         Level::Warn,
         what,
         format!("lower {key}, or raise max_connections (restart needed)"),
