@@ -1,5 +1,5 @@
 //! What walfold is about, free of any table: the event and its identity, WAL positions,
-//! the partition hash, why something is set aside (dead letters), and whose fault an
+//! the partition hash, why something is set aside (dead letters) or may be missing (slot gaps), and whose fault an
 //! error is (by SQLSTATE), with the macro that stores such states as text. Every crate
 //! that handles events depends on this one; it depends on no walfold crate.
 
@@ -10,6 +10,7 @@ pub mod json;
 mod json_text;
 mod kind;
 mod lsn;
+mod slot_gap;
 mod stored_enum;
 
 pub use aggregate::Aggregate;
@@ -24,6 +25,7 @@ pub use kind::{
     kind_for_code, unreachable_target, ErrorKind,
 };
 pub use lsn::Lsn;
+pub use slot_gap::GapReason;
 #[cfg(any(test, feature = "test-util"))]
 pub use stored_enum::assert_round_trips;
 pub use stored_enum::UnknownValue;

@@ -6,7 +6,7 @@
 //! and everything after; one created there after the promotion starts past the fork and
 //! never streams what the new primary committed in between, so that range is a gap.
 
-use walfold_event::Lsn;
+use walfold_event::{GapReason, Lsn};
 use walfold_store::EventLog;
 
 use crate::error::SourceError;
@@ -41,7 +41,7 @@ pub(crate) async fn slot_after_failover(
     match confirmed {
         Some(at) if at > ingested => {
             tracing::error!(slot, fork = %fork, from = %ingested, to = %at, "the slot on the new primary starts past walfold's position at the fork (a slot created after the promotion, e.g. a Patroni permanent slot): what the new primary committed between is not in it; recorded as a slot gap and backfilled");
-            log.open_gap(ingested, "failover").await?;
+            log.open_gap(ingested, GapReason::Failover).await?;
             log.close_gap(at).await?;
         }
         Some(at) => {

@@ -12,7 +12,7 @@
 
 use tokio_postgres::Client;
 use walfold_config::{OnSlotLost, QualifiedName, SourceView};
-use walfold_event::Lsn;
+use walfold_event::{GapReason, Lsn};
 use walfold_store::{EventLog, Failover, IngestCounts, StoreError};
 
 use crate::error::{Refusal, SourceError};
@@ -300,8 +300,8 @@ impl SlotAt<'_> {
     /// one, with the range between recorded as a gap.
     async fn recreate_missing(&self, log: &mut EventLog) -> Result<(), SourceError> {
         let reason = match log.last_failover().await {
-            Ok(Some(f)) if self.ingested_through <= f.fork => "failover",
-            _ => "missing",
+            Ok(Some(f)) if self.ingested_through <= f.fork => GapReason::Failover,
+            _ => GapReason::Missing,
         };
         open_gap(log, self.slot(), self.ingested_through, reason).await?;
         let to = self.create().await?;
@@ -353,7 +353,7 @@ impl SlotAt<'_> {
                     problem: "was invalidated (wal_status=lost): WAL it needed was removed, so events may be missing; investigate, then drop the slot and backfill".into(),
                 });
             }
-            open_gap(log, slot, self.ingested_through, "invalidated").await?;
+            open_gap(log, slot, self.ingested_through, GapReason::Invalidated).await?;
             shape::drop_slot(self.source, slot).await?;
             let to = self.create().await?;
             close_gap(log, slot, to).await?;
@@ -404,8 +404,13 @@ async fn record_start(log: &mut EventLog, start: Lsn) -> Result<(), SourceError>
 }
 
 /// Records the start of a slot gap before the new slot is created.
-async fn open_gap(log: &EventLog, slot: &str, from: Lsn, reason: &str) -> Result<(), SourceError> {
-    tracing::error!(slot, from = %from, reason, "the slot was lost; recreating it (on_slot_lost = recreate): outbox rows committed after this LSN, until the new slot's start, may be missing; recorded in slot_gap");
+async fn open_gap(
+    log: &EventLog,
+    slot: &str,
+    from: Lsn,
+    reason: GapReason,
+) -> Result<(), SourceError> {
+    tracing::error!(slot, from = %from, reason = %reason, "the slot was lost; recreating it (on_slot_lost = recreate): outbox rows committed after this LSN, until the new slot's start, may be missing; recorded in slot_gap");
     Ok(log.open_gap(from, reason).await?)
 }
 
@@ -429,7 +434,7 @@ async fn close_gap(log: &mut EventLog, slot: &str, to: Lsn) -> Result<bool, Sour
 /// is recorded as a gap, which `fill_gaps` backfills from the table outboxes next.
 async fn advanced(log: &mut EventLog, slot: &str, from: Lsn, to: Lsn) -> Result<(), SourceError> {
     tracing::error!(slot, from = %from, to = %to, "the slot was moved past walfold's ingest position by something other than walfold (pg_replication_slot_advance, or another client reading the slot): outbox rows committed in between were not streamed; recorded in slot_gap and backfilled from the table outboxes now (a message outbox's events there are lost)");
-    record_gap(log, "advanced", from, to).await
+    record_gap(log, GapReason::Advanced, from, to).await
 }
 
 /// Records the WAL range `from`..`to` as a closed slot gap for `fill_gaps` to backfill.
@@ -437,7 +442,7 @@ async fn advanced(log: &mut EventLog, slot: &str, from: Lsn, to: Lsn) -> Result<
 /// the slot's position: a wider backfill, nothing lost.
 async fn record_gap(
     log: &mut EventLog,
-    reason: &str,
+    reason: GapReason,
     from: Lsn,
     to: Lsn,
 ) -> Result<(), SourceError> {
@@ -464,7 +469,7 @@ pub(crate) async fn publication_rewritten(
         if before != now && ingested > Lsn::ZERO {
             let from = at.min(ingested);
             tracing::error!(publication = %config.source().publication, from = %from, "the publication was rewritten since walfold last looked (an outbox taken out and put back, a row filter added and removed, …): rows committed meanwhile may not have been streamed; recorded as a slot gap and backfilled from the table outboxes now");
-            record_gap(log, "publication", from, ingested).await?;
+            record_gap(log, GapReason::Publication, from, ingested).await?;
         }
     }
     if let Some(at) = confirmed {

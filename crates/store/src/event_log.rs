@@ -10,7 +10,9 @@ use serde_json::Value;
 use tokio_postgres::types::{PgLsn, Type};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
-use walfold_event::{partition_hash, DeadLetter, Event, JsonText, Lsn, NewEvent, Reason};
+use walfold_event::{
+    partition_hash, DeadLetter, Event, GapReason, JsonText, Lsn, NewEvent, Reason,
+};
 
 use crate::dead_letter::DeadLetters;
 use crate::error::StoreError;
@@ -870,7 +872,7 @@ fn id_conflict(event: &NewEvent, existing: Value) -> DeadLetter {
 impl EventLog {
     /// Records that the WAL after `from` is being skipped, unless a gap is open already
     /// (a retry after a crash).
-    pub async fn open_gap(&self, from: Lsn, reason: &str) -> Result<(), StoreError> {
+    pub async fn open_gap(&self, from: Lsn, reason: GapReason) -> Result<(), StoreError> {
         let from: PgLsn = from.into();
         self.client
             .execute(&self.schema.sql(OPEN_GAP), &[&self.slot, &reason, &from])

@@ -279,19 +279,29 @@ pub(crate) mod tests {
 
     /// The values the migrations' last `check (column in (…))` allows, sorted: what a test
     /// compares with an enum's `ALL`.
+    /// The values the last migration with a `check (<column> in ('a', 'b', …))` allows.
     pub(crate) fn checked_values(column: &str) -> Vec<String> {
-        let needle = format!("check ({column} in (");
+        last_list(&format!("check ({column} in ("))
+    }
+
+    /// The values the last migration that adds check constraint `name` allows.
+    pub(crate) fn constraint_values(name: &str) -> Vec<String> {
+        last_list(&format!("add constraint {name}"))
+    }
+
+    /// The sorted values of the first `in (…)` list after the last migration's `needle`.
+    fn last_list(needle: &str) -> Vec<String> {
         let migrations = super::embedded();
         let last = migrations
             .iter()
             .filter_map(|m| {
                 let sql = m.sql.as_str();
-                sql.rfind(&needle)
-                    .map(|at| sql[at + needle.len()..].to_owned())
+                sql.rfind(needle).map(|at| sql[at..].to_owned())
             })
             .next_back()
-            .unwrap_or_else(|| panic!("no check constraint on {column}"));
-        let list = &last[..last.find(')').expect("the list closes")];
+            .unwrap_or_else(|| panic!("no migration has {needle}"));
+        let list = &last[last.find(" in (").expect("a list of values") + 5..];
+        let list = &list[..list.find(')').expect("the list closes")];
         let mut values: Vec<String> = list
             .split(',')
             .map(|v| v.trim().trim_matches('\'').to_owned())

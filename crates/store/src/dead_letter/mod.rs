@@ -388,17 +388,20 @@ impl DeadLetters {
 
 #[cfg(test)]
 mod tests {
-    use walfold_event::{DeadLetterStatus, Reason};
+    use walfold_event::{DeadLetterStatus, GapReason, Reason};
 
-    use crate::migrate::tests::checked_values;
+    use crate::migrate::tests::{checked_values, constraint_values};
 
     #[test]
-    fn the_check_constraints_allow_exactly_the_statuses_and_reasons() {
+    fn the_check_constraints_allow_exactly_the_statuses_and_reasons_of_letters_and_gaps() {
         let mut statuses: Vec<&str> = DeadLetterStatus::ALL.iter().map(|s| s.as_str()).collect();
         statuses.sort();
         assert_eq!(checked_values("status"), statuses);
         let mut reasons: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
         reasons.sort();
-        assert_eq!(checked_values("reason"), reasons);
+        assert_eq!(constraint_values("dead_letter_reason_check"), reasons);
+        let mut gaps: Vec<&str> = GapReason::ALL.iter().map(|r| r.as_str()).collect();
+        gaps.sort();
+        assert_eq!(constraint_values("slot_gap_reason_check"), gaps);
     }
 }
