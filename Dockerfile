@@ -8,8 +8,6 @@ FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* && useradd --system walfold
 COPY --from=build /src/target/release/walfold /usr/local/bin/walfold
-# Freed buffers of 1 MiB or more go back to the system at once (docs/OPERATIONS.md: memory).
-ENV MALLOC_MMAP_THRESHOLD_=1048576
 USER walfold
 ENTRYPOINT ["walfold"]
 CMD ["run", "--config", "/etc/walfold/walfold.toml"]

@@ -25,6 +25,23 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
+/// Fixes glibc's mmap threshold at 1 MiB, as `MALLOC_MMAP_THRESHOLD_=1048576` would, so
+/// every freed buffer of 1 MiB or more (a payload, a connection's grown buffer) goes back
+/// to the system at once and memory stays bounded in bytes however the binary is started.
+/// Left to itself, glibc raises the threshold as large buffers are freed and keeps later
+/// ones in its per-thread arenas (docs/OPERATIONS.md, memory). A threshold the
+/// environment sets is kept.
+#[allow(unsafe_code)]
+fn return_large_buffers() {
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some() {
+        return;
+    }
+    // SAFETY: mallopt only sets one of malloc's tunables; no other thread exists yet.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 /// A failure with its exit code.
 pub(crate) struct Failure {
     pub code: u8,
@@ -82,6 +99,7 @@ pub(crate) fn engine_failure(e: walfold_engine::EngineError) -> Failure {
 }
 
 fn main() -> ExitCode {
+    return_large_buffers();
     // `walfold status | head`: a closed stdout ends the command quietly, not with a
     // panic and a backtrace.
     let default_hook = std::panic::take_hook();
