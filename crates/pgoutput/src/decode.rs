@@ -3,8 +3,9 @@
 use crate::cursor::Cursor;
 use crate::error::DecodeError;
 use crate::message::{
-    Begin, Commit, Delete, Insert, InsertAt, LogicalMessage, Message, Origin, Relation,
-    RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage, Update,
+    Begin, Commit, Delete, Insert, InsertAt, LogicalMessage, Message, MessageHead, Origin,
+    Relation, RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage,
+    Update,
 };
 use crate::tuple::{read_tuple, skip_tuple};
 
@@ -37,6 +38,30 @@ pub fn decode(buf: &[u8], in_stream: bool) -> Result<Message<'_>, DecodeError> {
     };
     c.finish()?;
     Ok(message)
+}
+
+/// The head of a logical decoding message (`M`) from the first bytes of its payload, for
+/// a message too large to be read before deciding whether to read it: everything but the
+/// content, and the content's length. `len`: the whole payload's length, which the head
+/// must account for exactly. `None` when `start` does not hold the whole head yet, or is
+/// not a message, or the lengths disagree (the whole message, read as usual, says why).
+pub fn decode_message_head(start: &[u8], len: usize, in_stream: bool) -> Option<MessageHead<'_>> {
+    let mut c = Cursor::new(start);
+    if c.u8().ok()? != b'M' {
+        return None;
+    }
+    let xid = stream_xid(&mut c, in_stream).ok()?;
+    let transactional = bool_byte(&mut c, "message flags").ok()?;
+    let lsn = c.u64().ok()?;
+    let prefix = c.cstr().ok()?;
+    let content_len = c.len32().ok()?;
+    (c.position().checked_add(content_len)? == len).then_some(MessageHead {
+        xid,
+        transactional,
+        lsn,
+        prefix,
+        content_len,
+    })
 }
 
 /// [`decode`] of an Insert (`I`) without collecting its row: the same checks and the

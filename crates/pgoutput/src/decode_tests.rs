@@ -1,9 +1,9 @@
 //! Unit tests for [`decode`](super::decode) over hand-built messages of every type.
 
-use super::{decode, decode_insert, decode_tuple};
+use super::{decode, decode_insert, decode_message_head, decode_tuple};
 use crate::error::DecodeError;
 use crate::message::{
-    Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, Origin, Relation,
+    Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, MessageHead, Origin, Relation,
     RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage, Update,
 };
 
@@ -401,6 +401,50 @@ fn truncate() {
         decode(&buf, false),
         Err(DecodeError::Truncated { .. })
     ));
+}
+
+#[test]
+fn a_message_head_is_read_from_the_first_bytes_of_its_payload() {
+    let whole = W::tag(b'M')
+        .u8(1)
+        .u64(77)
+        .s("big")
+        .i32(1000)
+        .raw(&[7; 1000])
+        .0;
+    let head = MessageHead {
+        xid: None,
+        transactional: true,
+        lsn: 77,
+        prefix: "big",
+        content_len: 1000,
+    };
+    // The head alone, or with some of the content: the same.
+    for start in [18, 19, 500, whole.len()] {
+        assert_eq!(
+            decode_message_head(&whole[..start], whole.len(), false),
+            Some(head.clone()),
+            "{start} bytes"
+        );
+    }
+    // Not all of the head yet: the prefix's NUL, or the length, still to come.
+    for start in [0, 1, 10, 13, 14, 17] {
+        assert_eq!(
+            decode_message_head(&whole[..start], whole.len(), false),
+            None
+        );
+    }
+    // The head's length and the payload's disagree, or not a message.
+    assert_eq!(decode_message_head(&whole, whole.len() + 1, false), None);
+    let insert = W::tag(b'I').u32(1).0;
+    assert_eq!(decode_message_head(&insert, 1000, false), None);
+    // Inside a streamed block, the xid first.
+    let streamed = W::tag(b'M').u32(9).u8(0).u64(5).s("p").i32(2).raw(b"ab").0;
+    let head = decode_message_head(&streamed[..22], streamed.len(), true).unwrap();
+    assert_eq!(
+        (head.xid, head.transactional, head.content_len),
+        (Some(9), false, 2)
+    );
 }
 
 #[test]

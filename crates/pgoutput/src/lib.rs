@@ -15,11 +15,12 @@ mod timestamp;
 mod tuple;
 mod value;
 
-pub use decode::{decode, decode_insert, decode_tuple};
+pub use decode::{decode, decode_insert, decode_message_head, decode_tuple};
 pub use error::{DecodeError, ValueError};
 pub use message::{
-    Begin, Column, Commit, Delete, Insert, InsertAt, LogicalMessage, Message, Origin, Relation,
-    RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage, Update,
+    Begin, Column, Commit, Delete, Insert, InsertAt, LogicalMessage, Message, MessageHead, Origin,
+    Relation, RelationColumn, StreamAbort, StreamCommit, StreamStart, Truncate, Tuple, TypeMessage,
+    Update,
 };
 pub use timestamp::parse_time;
 pub use value::{oid, parse_text, Value};

@@ -199,6 +199,21 @@ pub struct LogicalMessage<'a> {
     pub content: &'a [u8],
 }
 
+/// A logical decoding message without its content (see [`crate::decode_message_head`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageHead<'a> {
+    /// Transaction id, present only inside a streamed block.
+    pub xid: Option<u32>,
+    /// Whether the message was emitted transactionally.
+    pub transactional: bool,
+    /// LSN of the message.
+    pub lsn: u64,
+    /// The message prefix.
+    pub prefix: &'a str,
+    /// The content's length in bytes.
+    pub content_len: usize,
+}
+
 /// `S`: start of a streamed block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamStart {

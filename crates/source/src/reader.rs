@@ -18,7 +18,9 @@ use crate::budget::InFlightBytes;
 use crate::error::SourceError;
 use crate::feedback::Acknowledger;
 use crate::outbox::{pg_time, Mapped, Mapping, MessageMapping, TxContext};
-use crate::wire::{Change, ReplicationClient, ReplicationEvent, WireConfig, WireError};
+use crate::wire::{
+    Change, MessageFilter, ReplicationClient, ReplicationEvent, WireConfig, WireError,
+};
 
 /// What the reader hands the appender, in stream order.
 // Events are nearly every item: boxing them would cost an allocation per event.
@@ -119,7 +121,43 @@ pub fn replication_config(config: &SourceView<'_>) -> Result<WireConfig, SourceE
         observer: None,
         expect: None,
         budget: None,
+        messages: Some(MessageFilter {
+            prefixes: config
+                .outboxes()
+                .filter_map(|o| o.message_prefix.clone())
+                .collect(),
+            max_bytes: config.pipeline.max_event_bytes,
+        }),
     })
+}
+
+/// A logical message's content: read, or left in the stream (its length; see
+/// [`MessageFilter`]).
+#[derive(Clone, Copy)]
+enum Content<'a> {
+    Read(&'a [u8]),
+    LeftOut(usize),
+}
+
+impl Content<'_> {
+    fn map(
+        self,
+        mapping: &MessageMapping,
+        tx: TxContext,
+        origin: Option<RowOrigin>,
+    ) -> Result<NewEvent, Box<DeadLetter>> {
+        match self {
+            Content::Read(content) => mapping.map(content, tx, origin),
+            Content::LeftOut(len) => Err(mapping.too_large(len, tx, origin)),
+        }
+    }
+
+    fn reject_nontransactional(self, mapping: &MessageMapping, tx: TxContext) -> Box<DeadLetter> {
+        match self {
+            Content::Read(content) => mapping.reject_nontransactional(content, tx),
+            Content::LeftOut(len) => mapping.reject_nontransactional_left_out(len, tx),
+        }
+    }
 }
 
 /// A relation as its Relation message announced it.
@@ -313,7 +351,7 @@ impl<'a> Reader<'a> {
         transactional: bool,
         at: Lsn,
         prefix: &str,
-        content: &[u8],
+        content: Content<'_>,
         (xid, stream): (Option<u32>, Option<u32>),
     ) -> Result<(), SourceError> {
         let streamed = match (transactional, stream) {
@@ -347,8 +385,8 @@ impl<'a> Reader<'a> {
                 };
                 (
                     tx,
-                    mapping
-                        .map(content, tx, origin)
+                    content
+                        .map(mapping, tx, origin)
                         .map_or_else(Item::Rejected, Item::Event),
                 )
             }
@@ -356,8 +394,8 @@ impl<'a> Reader<'a> {
                 let origin = origin(&mut self.change, at);
                 (
                     tx,
-                    mapping
-                        .map(content, tx, origin)
+                    content
+                        .map(mapping, tx, origin)
                         .map_or_else(Item::Rejected, Item::Event),
                 )
             }
@@ -369,7 +407,7 @@ impl<'a> Reader<'a> {
                 };
                 (
                     tx,
-                    Item::Rejected(mapping.reject_nontransactional(content, tx)),
+                    Item::Rejected(content.reject_nontransactional(mapping, tx)),
                 )
             }
         };
@@ -411,8 +449,13 @@ impl<'a> Reader<'a> {
                 prefix,
                 content,
                 xid,
+                left_out,
             } => {
-                self.message(transactional, Lsn(lsn), &prefix, &content, (xid, stream))
+                let content = match left_out {
+                    Some(len) => Content::LeftOut(len),
+                    None => Content::Read(&content),
+                };
+                self.message(transactional, Lsn(lsn), &prefix, content, (xid, stream))
                     .await?
             }
             // What an earlier session staged was cleared when this one began (the

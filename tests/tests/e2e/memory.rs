@@ -198,3 +198,78 @@ sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
     let mut d = d;
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }
+
+/// A logical message walfold does not read whole (a prefix no outbox has, or content over
+/// `max_event_bytes`) is left in the stream as it arrives: memory does not grow with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_logical_messages_walfold_does_not_read_pass_in_bounded_memory() {
+    let db = TestDb::new("bigmessages");
+    db.psql(walfold_tests::REVOKE_PUBLIC_EMIT);
+    db.psql("create table folded (event_id uuid primary key, kind text)");
+    let config = config_builder(&db.url())
+        .set("pipeline", "max_event_bytes", 10_000_000)
+        .text(
+            r#"
+[[outbox]]
+message_prefix = "walfold:orders"
+
+[[projection]]
+name = "kinds"
+subscriber = "bigmessages.kinds.v1"
+sql = "insert into folded (event_id, kind) values (:event_id, :payload.kind)"
+"#,
+        )
+        .to_toml();
+    let d = Daemon::start(&config, &[]);
+    slot_active(&db.client().await).await;
+    let pid = d.child.id();
+    let order = |id: u32, kind: &str| {
+        format!(
+            "select pg_logical_emit_message(true, 'walfold:orders', jsonb_build_object(\
+             'id', '00000000-0000-4000-8000-{id:012}', 'aggregate_type', 'order', \
+             'aggregate_id', 'o{id}', 'event_type', 'Placed', 'version', 1, \
+             'payload', jsonb_build_object('kind', {kind}))::text);"
+        )
+    };
+    let mut problems = Vec::new();
+    // 200 MB under a prefix no outbox has, then an order behind it.
+    let peak = measure(
+        &db,
+        pid,
+        &format!(
+            "begin; select pg_logical_emit_message(true, 'someone-else', repeat('x', 200000000)); \
+             {} commit;",
+            order(1, "'first'")
+        ),
+        "select count(*) = 1 from folded",
+    )
+    .await;
+    problems.extend(over(
+        "a 200 MB message under another prefix",
+        peak,
+        64 * MIB,
+    ));
+    // 50 MB under the outbox's prefix, over max_event_bytes: a dead letter with its size.
+    let peak = measure(
+        &db,
+        pid,
+        &order(2, "repeat('y', 50000000)"),
+        "select exists (select from walfold.dead_letter where reason = 'too_large')",
+    )
+    .await;
+    problems.extend(over("a 50 MB order over max_event_bytes", peak, 64 * MIB));
+    assert!(problems.is_empty(), "{problems:#?}");
+    let error = db.psql("select error from walfold.dead_letter where reason = 'too_large'");
+    assert!(
+        error.contains("the message is 50000") && error.contains("over pipeline.max_event_bytes"),
+        "{error}"
+    );
+    // The pipeline goes on after them.
+    db.psql(&order(3, "'after'"));
+    eventually(Duration::from_secs(20), "an order after", || async {
+        db.psql("select string_agg(kind, ',' order by event_id) from folded") == "first,after"
+    })
+    .await;
+    let mut d = d;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}

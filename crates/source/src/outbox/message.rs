@@ -52,16 +52,7 @@ impl MessageMapping {
     ) -> Result<NewEvent, Box<DeadLetter>> {
         let raw = |content: Value| self.raw(content);
         if content.len() > self.max_bytes {
-            let fields = JsonFields {
-                object: &Object::new(),
-                names: &self.names,
-                scope: &self.scope,
-            };
-            let error = too_large("message", content.len(), self.max_bytes);
-            let left_out = Value::String(format!("<{} bytes, left out>", content.len()));
-            let mut dead = rejected(&fields, error, raw(left_out), tx, origin);
-            dead.reason = Reason::TooLarge;
-            return Err(dead);
+            return Err(self.too_large(content.len(), tx, origin));
         }
         let object = match parse_message(content) {
             Ok(object) => object,
@@ -93,15 +84,37 @@ impl MessageMapping {
 impl MessageMapping {
     /// A non-transactional message under an outbox's prefix is sent even when its
     /// transaction rolls back, so it is never an event: a dead letter that says so.
+    /// A message whose `len` bytes of content were not read (over `max_bytes`, or left in
+    /// the stream): a `too_large` dead letter keeping its size.
+    pub fn too_large(
+        &self,
+        len: usize,
+        tx: TxContext,
+        origin: Option<RowOrigin>,
+    ) -> Box<DeadLetter> {
+        let fields = JsonFields {
+            object: &Object::new(),
+            names: &self.names,
+            scope: &self.scope,
+        };
+        let error = too_large("message", len, self.max_bytes);
+        let left_out = Value::String(format!("<{len} bytes, left out>"));
+        let mut dead = rejected(&fields, error, self.raw(left_out), tx, origin);
+        dead.reason = Reason::TooLarge;
+        dead
+    }
+
+    /// [`MessageMapping::reject_nontransactional`] of a message whose `len` bytes of
+    /// content were left in the stream.
+    pub fn reject_nontransactional_left_out(&self, len: usize, tx: TxContext) -> Box<DeadLetter> {
+        let mut dead = self.too_large(len, tx, Some(wal_origin(tx)));
+        dead.error = format!("{NONTRANSACTIONAL}; also: {}", dead.error);
+        dead
+    }
+
     pub fn reject_nontransactional(&self, content: &[u8], tx: TxContext) -> Box<DeadLetter> {
-        let origin = Some(RowOrigin::Wal {
-            lsn: tx.commit_lsn,
-            index: 0,
-            element: 0,
-        });
-        let problem = "emitted non-transactional (pg_logical_emit_message(false, …)): such a \
-                       message is sent even when its transaction rolls back, so it cannot be an \
-                       event; emit it with true";
+        let origin = Some(wal_origin(tx));
+        let problem = NONTRANSACTIONAL;
         match self.map(content, tx, origin) {
             Err(mut dead) => {
                 dead.error = format!("{problem}; also: {}", dead.error);
@@ -133,6 +146,20 @@ impl MessageMapping {
         map.insert("message_prefix".into(), Value::String(self.prefix.clone()));
         map.insert("content".into(), content);
         Value::Object(map)
+    }
+}
+
+/// Why a non-transactional message under an outbox's prefix is not an event.
+const NONTRANSACTIONAL: &str = "emitted non-transactional (pg_logical_emit_message(false, …)): \
+                                such a message is sent even when its transaction rolls back, so \
+                                it cannot be an event; emit it with true";
+
+/// Where a non-transactional message was read: its own LSN.
+fn wal_origin(tx: TxContext) -> RowOrigin {
+    RowOrigin::Wal {
+        lsn: tx.commit_lsn,
+        index: 0,
+        element: 0,
     }
 }
 

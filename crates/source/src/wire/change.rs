@@ -37,6 +37,9 @@ pub enum Change {
         prefix: String,
         content: Bytes,
         xid: Option<u32>,
+        /// The content's length when it was not read (a prefix walfold ignores, or over
+        /// `max_event_bytes`): `content` is then empty.
+        left_out: Option<usize>,
     },
     StreamStart(StreamStart),
     StreamStop,
@@ -84,6 +87,11 @@ pub(crate) struct Decoder {
 }
 
 impl Decoder {
+    /// The top-level xid of the streamed block being read, if one is.
+    pub(crate) fn stream(&self) -> Option<u32> {
+        self.stream
+    }
+
     /// One payload, decoded, with the top-level xid of the streamed block it belongs to.
     pub(crate) fn decode(&mut self, data: &Bytes) -> Result<(Change, Option<u32>), DecodeError> {
         let in_block = self.stream;
@@ -128,6 +136,7 @@ impl Decoder {
                 prefix: m.prefix.to_owned(),
                 content: data.slice_ref(m.content),
                 xid: m.xid,
+                left_out: None,
             },
             Message::StreamStart(s) => {
                 self.stream = Some(s.xid);

@@ -83,6 +83,24 @@ pub struct WireConfig {
     /// Bytes of messages in flight from the worker on (`pipeline.ingest_bytes`); `None`:
     /// bounded in messages only.
     pub budget: Option<Budget>,
+    /// Which logical messages are read whole; `None`: every one.
+    pub messages: Option<MessageFilter>,
+}
+
+/// The logical messages walfold reads whole: those under a message outbox's prefix
+/// whose content fits `max_bytes`. Any other large one is passed on without its content
+/// and discarded as it arrives, so memory stays bounded whatever its size.
+#[derive(Debug, Clone)]
+pub struct MessageFilter {
+    pub prefixes: Vec<String>,
+    pub max_bytes: usize,
+}
+
+impl MessageFilter {
+    /// Whether a message under `prefix` with `len` bytes of content is read whole.
+    pub(crate) fn reads(&self, prefix: &str, len: usize) -> bool {
+        len <= self.max_bytes && self.prefixes.iter().any(|p| p == prefix)
+    }
 }
 
 impl std::fmt::Debug for WireConfig {

@@ -29,6 +29,9 @@ pub(crate) enum Io {
 pub(crate) struct Conn {
     pub(crate) io: Io,
     pub(crate) buf: BytesMut,
+    /// Bytes of a message being discarded that are still to arrive (see
+    /// [`Conn::discard`]).
+    pub(crate) skip: usize,
 }
 
 /// One backend message: its tag and its body (without tag and length).
@@ -73,6 +76,13 @@ impl Conn {
         (self.buf.len() < len + 1).then_some(len + 1)
     }
 
+    /// Discards the message the buffer holds only the start of (`len` bytes in all):
+    /// what is buffered now, and the rest as it arrives. Its buffer is given back.
+    pub(crate) fn discard(&mut self, len: usize) {
+        self.skip = len.saturating_sub(self.buf.len());
+        self.buf = BytesMut::new();
+    }
+
     /// Reads more bytes into the buffer; cancel-safe. EOF is an error.
     pub(crate) async fn fill(&mut self) -> Result<(), WireError> {
         if self.buf.capacity() - self.buf.len() < 8192 {
@@ -88,6 +98,11 @@ impl Conn {
                 context: "reading from the source",
                 source: std::io::ErrorKind::UnexpectedEof.into(),
             });
+        }
+        if self.skip > 0 {
+            let n = self.skip.min(self.buf.len());
+            self.buf.advance(n);
+            self.skip -= n;
         }
         Ok(())
     }
@@ -124,6 +139,7 @@ pub(crate) struct Login {
 pub(crate) async fn login(cfg: &WireConfig, host: &str, port: u16) -> Result<Login, WireError> {
     let io = socket(cfg, host, port).await?;
     let mut conn = Conn {
+        skip: 0,
         io,
         buf: BytesMut::with_capacity(64 * 1024),
     };

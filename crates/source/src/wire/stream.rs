@@ -9,6 +9,7 @@ use postgres_protocol::message::frontend;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use walfold_event::Lsn;
+use walfold_pgoutput::decode_message_head;
 
 use super::change::{Change, Decoder};
 use super::session::{parse, server_error, Conn, Frame};
@@ -99,6 +100,15 @@ impl Worker {
             if heard {
                 self.last_heard = Instant::now();
             }
+            if let Some((event, len)) = self.unread_message() {
+                // Its budget, if taken while its head arrived, is not needed.
+                self.reserved = None;
+                self.conn.discard(len);
+                if !self.forward(event, 0).await? {
+                    return Ok(End::Stopped);
+                }
+                continue;
+            }
             let due = self.last_status + self.cfg.status_interval;
             let dead = self.last_heard + self.cfg.silence;
             let progress = self.progress.clone();
@@ -142,6 +152,42 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// A large logical message walfold does not read whole (a prefix it ignores, content
+    /// over `max_event_bytes`), known from the first bytes of its frame: the message
+    /// without its content, and the frame's length, to be discarded as it arrives rather
+    /// than read into memory. `None` for anything else, or until its head is in.
+    fn unread_message(&self) -> Option<(ReplicationEvent, usize)> {
+        let filter = self.cfg.messages.as_ref()?;
+        let len = self.conn.incomplete()?;
+        // CopyData ('d', length), XLogData ('w', WAL start, WAL end, clock), then the
+        // pgoutput payload.
+        const PAYLOAD_AT: usize = 1 + 4 + 1 + 8 + 8 + 8;
+        let buf = &self.conn.buf;
+        if len <= READ_AFTER_TAKING || buf.len() <= PAYLOAD_AT || buf[0] != b'd' || buf[5] != b'w' {
+            return None;
+        }
+        let wal_start = Lsn(u64::from_be_bytes(buf[6..14].try_into().ok()?));
+        let stream = self.decoder.stream();
+        let head = decode_message_head(&buf[PAYLOAD_AT..], len - PAYLOAD_AT, stream.is_some())?;
+        if filter.reads(head.prefix, head.content_len) {
+            return None;
+        }
+        let change = Change::Message {
+            transactional: head.transactional,
+            lsn: head.lsn,
+            prefix: head.prefix.to_owned(),
+            content: Bytes::new(),
+            xid: head.xid,
+            left_out: Some(head.content_len),
+        };
+        let event = ReplicationEvent::Change {
+            wal_start,
+            change,
+            stream,
+        };
+        Some((event, len))
     }
 
     /// Handles one message; `Some` when the stream is over.
@@ -337,6 +383,7 @@ fn now_pg_micros() -> i64 {
 mod tests {
     use super::*;
     use crate::wire::session::Io;
+    use crate::wire::MessageFilter;
     use std::sync::atomic::{AtomicU64, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::UnixStream;
@@ -363,6 +410,7 @@ mod tests {
             stop_lsn: None,
             observer: None,
             budget: None,
+            messages: None,
         }
     }
 
@@ -384,6 +432,7 @@ mod tests {
         let conn = Conn {
             io: Io::Unix(ours),
             buf: BytesMut::new(),
+            skip: 0,
         };
         let (tx, rx) = mpsc::channel(capacity);
         let progress = Arc::new(Progress {
@@ -546,5 +595,76 @@ mod tests {
             .await
             .expect("reported at once");
         assert_eq!(reported, 0x99);
+    }
+
+    fn message(prefix: &str, content: &[u8]) -> Vec<u8> {
+        let mut b = vec![b'M', 1];
+        b.extend_from_slice(&7u64.to_be_bytes());
+        b.extend_from_slice(prefix.as_bytes());
+        b.push(0);
+        b.extend_from_slice(&(content.len() as u32).to_be_bytes());
+        b.extend_from_slice(content);
+        b
+    }
+
+    #[tokio::test]
+    async fn a_large_message_not_read_whole_is_passed_on_without_its_content() {
+        let mut cfg = config(Duration::from_secs(3600));
+        cfg.messages = Some(MessageFilter {
+            prefixes: vec!["orders".into()],
+            max_bytes: 1_000_000,
+        });
+        let (mut server, mut events, _progress, _stop) = worker_with(cfg, 8);
+        status(&mut server).await;
+        let (_read, mut write) = server.into_split();
+        tokio::spawn(async move {
+            let frames = [
+                xlog(1, &message("other", &vec![b'x'; 3_000_000])),
+                xlog(2, &message("orders", &vec![b'y'; 2_000_000])),
+                xlog(3, &message("orders", &vec![b'z'; 100_000])),
+                keepalive(4, false),
+            ];
+            for frame in frames {
+                // In pieces, as a socket delivers a large message.
+                for piece in frame.chunks(8192) {
+                    write.write_all(piece).await.unwrap();
+                }
+            }
+            std::future::pending::<()>().await;
+        });
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            match events.recv().await {
+                Some(Ok((
+                    ReplicationEvent::Change {
+                        change, wal_start, ..
+                    },
+                    _,
+                ))) => match change {
+                    Change::Message {
+                        prefix,
+                        content,
+                        left_out,
+                        ..
+                    } => seen.push((wal_start.0, prefix, content.len(), left_out)),
+                    other => panic!("unexpected {other:?}"),
+                },
+                Some(Ok((ReplicationEvent::KeepAlive { wal_end, .. }, _))) => {
+                    seen.push((wal_end.0, "keepalive".into(), 0, None))
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            seen,
+            [
+                // A prefix walfold ignores, and one over max_bytes: left in the stream.
+                (1, "other".to_owned(), 0, Some(3_000_000)),
+                (2, "orders".to_owned(), 0, Some(2_000_000)),
+                // Read whole, and the stream goes on where the discarded ones ended.
+                (3, "orders".to_owned(), 100_000, None),
+                (4, "keepalive".to_owned(), 0, None),
+            ]
+        );
     }
 }

@@ -115,26 +115,13 @@ pub(super) fn message_outboxes(s: &Source<'_>) -> Vec<Finding> {
             )
         })
         .collect();
-    if !message_outboxes.is_empty() {
-        if !emitters.public {
-            let names: Vec<String> = message_outboxes.iter().map(|o| o.describe()).collect();
-            found.push(Finding::ok(format!(
-                "roles that may write events into {} (execute pg_logical_emit_message): {}",
-                names.join(", "),
-                roles(&emitters.roles)
-            )));
-        }
-    } else if emitters.public {
-        // Not events, but the slot sends every one: read whole before its prefix is
-        // known to be none of walfold's.
-        found.push(Finding::warn(
-            "any role may write logical messages into the WAL walfold reads \
-             (pg_logical_emit_message is PUBLIC's): walfold skips those of other prefixes, \
-             but reads each whole first, so one of hundreds of MB raises its memory by as much \
-             (and again on every restart until the slot passes it)",
-            "revoke execute on function pg_logical_emit_message from public, granting it to \
-             the roles that need it (walfold's source role for its heartbeats)",
-        ));
+    if !message_outboxes.is_empty() && !emitters.public {
+        let names: Vec<String> = message_outboxes.iter().map(|o| o.describe()).collect();
+        found.push(Finding::ok(format!(
+            "roles that may write events into {} (execute pg_logical_emit_message): {}",
+            names.join(", "),
+            roles(&emitters.roles)
+        )));
     }
     found
 }
