@@ -76,6 +76,9 @@ begin
     end if;
 
     if v_ingest < p_lsn then
+        -- Tells the appender someone waits for this source (walfold_store::wait::
+        -- WAITER_LOCK): it then records how far it has read at once, not every 10 s.
+        perform pg_try_advisory_xact_lock_shared(2002873431, hashtext(v_source));
         select w.lsn, w.read_at into v_wal from source_wal w where w.source = v_source;
         if found and v_wal.read_at >= p_since and v_wal.lsn < p_lsn then
             raise exception 'position % is past the WAL of source % (at % when read)',
@@ -201,3 +204,18 @@ begin
         v_nap := least(v_nap * 2, 0.05);
     end loop;
 end $$;
+
+-- An application's role calls wait_for with no right on walfold's tables: it runs with
+-- its owner's (walfold's writer), on a search_path pinned to walfold's schema with pg_temp
+-- last (a caller's temporary table cannot stand in for one of walfold's). Only the roles
+-- granted it may call it (docs/SECURITY.md: `grant execute on function
+-- walfold.wait_for(text, pg_lsn, interval, text, text, text)` and usage on the schema).
+do $$
+begin
+    execute format('alter function wait_for(text, pg_lsn, interval, text, text, text) '
+                   'security definer set search_path = %I, pg_temp', current_schema());
+    execute format('alter function wait_check(text, pg_lsn, text, text, text, timestamptz) '
+                   'set search_path = %I, pg_temp', current_schema());
+end $$;
+revoke execute on function wait_for(text, pg_lsn, interval, text, text, text) from public;
+revoke execute on function wait_check(text, pg_lsn, text, text, text, timestamptz) from public;
