@@ -181,6 +181,47 @@ async fn every_read_after_a_wait_finds_the_write_under_load() {
     );
     assert!(background > 0);
     assert_eq!(misses, 0, "reads that missed their own write");
+
+    // Freshness for everyone else: the status and the metrics say how far each
+    // projection has folded the source, and how old its newest folded commit is.
+    let last = commit(&client, "ryw-last", 1).await;
+    assert_eq!(
+        wait_sql(&client, "order_state", &last, 10_000)
+            .await
+            .unwrap()
+            .0,
+        "folded"
+    );
+    let status = walfold_tests::status(&client).await.expect("status");
+    let state = status
+        .subscribers
+        .iter()
+        .find(|s| s.subscriber == "orders.state.v1")
+        .expect("orders.state.v1");
+    let folded = &state.folded[0];
+    assert_eq!(folded.source, "default", "{folded:?}");
+    let at_least: bool = client
+        .query_one(
+            "select $1::text::pg_lsn >= $2::text::pg_lsn",
+            &[&folded.lsn, &last],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(at_least, "{folded:?} covers {last}");
+    assert!(
+        folded.newest_commit_age_s.is_some_and(|a| a < 60.0),
+        "{folded:?}"
+    );
+    let metrics = tokio::task::spawn_blocking(move || http_get(port, "/metrics").1)
+        .await
+        .unwrap();
+    for series in [
+        r#"walfold_projection_folded_lsn{projection="order_state",subscriber="orders.state.v1",source="default"}"#,
+        r#"walfold_projection_folded_age_seconds{projection="order_total",subscriber="orders.total.v1",source="default"}"#,
+    ] {
+        assert!(metrics.contains(series), "no {series} in\n{metrics}");
+    }
 }
 
 /// A paused projection answers with why at once (not at its timeout), over SQL and HTTP;
