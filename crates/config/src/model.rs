@@ -98,7 +98,7 @@ impl Default for ClusterConfig {
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// `host:port` for `/metrics` (Prometheus/OpenMetrics text), `/healthz`, `/readyz`,
-    /// e.g. `"127.0.0.1:9187"`
+    /// `/wait`, e.g. `"127.0.0.1:9187"`
     ///
     /// Default: off
     pub listen: Option<String>,

@@ -120,6 +120,8 @@ struct Pending {
 
 /// How often a position-only advance is written to `ingest_position`.
 const POSITION_REFRESH: Duration = Duration::from_secs(10);
+/// How often it is written while a `wait_for` waits for it (read your own writes).
+const AWAITED_REFRESH: Duration = Duration::from_millis(20);
 
 impl Appender {
     /// Runs until the reader closes the channel, then returns after the last commit.
@@ -321,8 +323,13 @@ impl Appender {
             // every time would feed back (the write makes WAL, the server sends a
             // keepalive, which is a new marker). Never acknowledged unrecorded, so a
             // slot found past the recorded position was moved by someone else (setup).
+            // A `wait_for` waiting for this source to be read further asks for it sooner
+            // (at most every AWAITED_REFRESH while one waits).
             if let Some(lsn) = through {
-                if self.position_written.elapsed() >= POSITION_REFRESH {
+                let since = self.position_written.elapsed();
+                if since >= POSITION_REFRESH
+                    || (since >= AWAITED_REFRESH && self.log.ingest_awaited().await)
+                {
                     self.log.append(&[], &[], Some(lsn), counts).await?;
                     self.position_written = tokio::time::Instant::now();
                     self.durable.committed_through(lsn);

@@ -259,6 +259,11 @@ async fn attempt(
     let reader = Reader::new(config, items_tx, ingested);
     cfg.budget = Some(budget);
     let _heartbeat = heartbeat(config.source().clone(), horizon_tx);
+    let _wal_watch = crate::wal_watch::watch(
+        config.source().clone(),
+        config.target_url().to_owned(),
+        walfold_store::Schema::new(config.target.schema.as_str()),
+    );
     let stream = async { tokio::join!(reader.run(cfg, ack, cancel), appender.run(items_rx)) };
     // A publication changed under the stream stops it, as if walfold had crashed: the
     // slot holds everything not yet in the log, and the start refuses until it is fixed.
@@ -364,7 +369,7 @@ fn heartbeat(
 }
 
 /// Aborts its task when dropped, however the owner ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

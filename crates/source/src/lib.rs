@@ -20,6 +20,7 @@ pub mod shape;
 mod slot_holder;
 mod timeline;
 mod verdict;
+mod wal_watch;
 mod wire;
 mod writers;
 

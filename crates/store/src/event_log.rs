@@ -350,6 +350,14 @@ impl EventLog {
         self.head
     }
 
+    /// Whether a `wait_for` waits for this source's ingest to move (see
+    /// [`crate::wait::ingest_awaited`]); false when it cannot tell.
+    pub async fn ingest_awaited(&self) -> bool {
+        crate::wait::ingest_awaited(&self.client, &self.source)
+            .await
+            .unwrap_or(false)
+    }
+
     /// The durable ingest position: every source transaction ending at or before it is
     /// in the log.
     pub async fn durable_lsn(&self) -> Result<Lsn, StoreError> {

@@ -36,6 +36,7 @@ mod stream_stage;
 mod subscriber;
 mod target_lease;
 pub mod target_shape;
+pub mod wait;
 pub mod work_unit;
 
 pub use aggregate_version::ran_without_versions;

@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 
 use walfold_event::{DeadLetterStatus, Lsn};
 use walfold_telemetry::metrics::{
-    DatabaseReading, Lag, SlotReading, SourceReading, SubscriberReading,
+    DatabaseReading, Folded, Lag, SlotReading, SourceReading, SubscriberReading,
 };
 
 use crate::error::StoreError;
@@ -65,6 +65,15 @@ const SUBSCRIBERS: &str = "select c.subscriber_id, max(c.partitions) as partitio
 const OLDEST_AFTER: &str =
     "select coalesce(committed_at, appended_at) as at from {schema}.event_log \
      where seq > $1 order by seq limit 1";
+
+/// Per source: how far ingest has read it, and the commit position and time of its last
+/// event at or before seq `$1` (a subscriber's lowest position).
+const FOLDED: &str = "select i.source, max(i.lsn)::text as ingested, \
+     (select l.source_lsn::text from {schema}.event_log l where l.source = i.source \
+       and l.seq <= $1 order by l.seq desc limit 1) as last_lsn, \
+     (select coalesce(l.committed_at, l.appended_at) from {schema}.event_log l \
+       where l.source = i.source and l.seq <= $1 order by l.seq desc limit 1) as last_at \
+     from {schema}.ingest_position i group by i.source order by i.source";
 
 /// How many dead letters are in status `$1`.
 const DEAD_LETTERS: &str = "select count(*) as letters from {schema}.dead_letter where status = $1";
@@ -299,6 +308,20 @@ pub struct SubscriberStatus {
     /// The projection it serves or rebuilds, as the registry records it (a projection
     /// removed from the config keeps its row: the CLI shows its subscriber as unused).
     pub projection: Option<String>,
+    /// Per source, the position it has folded up to (read your own writes).
+    pub folded: Vec<FoldedStatus>,
+}
+
+/// How far a subscriber has folded one source: every event the source committed at or
+/// before `lsn` is applied (or set aside) by each of its partitions.
+#[derive(Debug, Clone, Serialize)]
+pub struct FoldedStatus {
+    pub source: String,
+    /// Caught up: as far as ingest has read the source; behind: the commit of the last
+    /// event its slowest partition has passed.
+    pub lsn: String,
+    /// How old the newest folded event's commit is (none folded yet: `None`).
+    pub newest_commit_age_s: Option<f64>,
 }
 
 /// Why a subscriber's partitions are paused.
@@ -508,6 +531,24 @@ pub async fn metrics_reading(
                     seconds: sub.lag_seconds.unwrap_or(0.0),
                 }),
             parked_aggregates: sub.parked_aggregates,
+            folded: match &sub.projection {
+                Some(projection)
+                    if active
+                        .iter()
+                        .any(|(t, s)| *t == sub.target && *s == sub.subscriber) =>
+                {
+                    sub.folded
+                        .iter()
+                        .map(|f| Folded {
+                            projection: projection.clone(),
+                            source: f.source.clone(),
+                            lsn: f.lsn.parse::<Lsn>().map_or(0, |l| l.0),
+                            newest_commit_age_s: f.newest_commit_age_s,
+                        })
+                        .collect()
+                }
+                _ => Vec::new(),
+            },
         })
         .collect();
     let sources = s
@@ -588,6 +629,26 @@ pub async fn target_status(
         } else {
             None
         };
+        let mut folded = Vec::new();
+        for f in log
+            .query(&log_schema.sql(FOLDED), &[&position])
+            .await
+            .map_err(StoreError::db("reading how far subscribers have folded"))?
+        {
+            let f = f.of("event_log");
+            let last_lsn: Option<String> = f.col("last_lsn")?;
+            let last_at: Option<SystemTime> = f.col("last_at")?;
+            folded.push(FoldedStatus {
+                source: f.col("source")?,
+                lsn: if position >= head {
+                    f.col("ingested")?
+                } else {
+                    last_lsn.unwrap_or_else(|| "0/0".into())
+                },
+                newest_commit_age_s: last_at
+                    .map(|t| now.duration_since(t).map_or(0.0, |d| d.as_secs_f64())),
+            });
+        }
         subscribers.push(SubscriberStatus {
             subscriber: r.col("subscriber_id")?,
             target: name.to_owned(),
@@ -603,6 +664,7 @@ pub async fn target_status(
             paused: pause_status(r.col("paused")?, r.col("first_pause")?),
             serves: r.col("serves")?,
             projection: r.col("projection")?,
+            folded,
         });
     }
     let dead_letters_open: i64 = target

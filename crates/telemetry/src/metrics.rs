@@ -22,6 +22,13 @@ pub(crate) struct SubscriberLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FoldedLabel {
+    projection: String,
+    subscriber: String,
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct SourceLabel {
     source: String,
 }
@@ -61,6 +68,8 @@ pub struct Metrics {
     lag_events: Family<SubscriberLabel, Gauge>,
     lag_seconds: Family<SubscriberLabel, FloatGauge>,
     parked: Family<SubscriberLabel, Gauge>,
+    folded_lsn: Family<FoldedLabel, Gauge>,
+    folded_age: Family<FoldedLabel, FloatGauge>,
     slot_retained_bytes: Family<SourceLabel, Gauge>,
     slot_lag_bytes: Family<SourceLabel, Gauge>,
     slot_confirmed_flush_lsn: Family<SourceLabel, Gauge>,
@@ -130,6 +139,8 @@ impl Metrics {
             lag_events: reg!("subscriber_lag_events", "Events in the log the subscriber's slowest partition has not read", Family::default()),
             lag_seconds: reg!("subscriber_lag_seconds", "Age of the last applied event's source commit, while behind", Family::default()),
             parked: reg!("parked_aggregates", "Aggregates whose events wait behind a dead letter", Family::default()),
+            folded_lsn: reg!("projection_folded_lsn", "The source position up to which the projection has applied every event, as a number (read your own writes)", Family::default()),
+            folded_age: reg!("projection_folded_age_seconds", "Age of the source commit of the newest event the projection has applied everything up to", Family::default()),
             slot_retained_bytes: reg!("slot_retained_wal_bytes", "WAL the slot keeps on the source (current LSN - restart_lsn)", Family::default()),
             slot_lag_bytes: reg!("slot_lag_bytes", "WAL not yet confirmed (current LSN - confirmed_flush_lsn)", Family::default()),
             slot_confirmed_flush_lsn: reg!("slot_confirmed_flush_lsn", "The slot's confirmed flush LSN, as a number", Family::default()),
@@ -311,6 +322,8 @@ impl Metrics {
         self.lag_events.clear();
         self.lag_seconds.clear();
         self.parked.clear();
+        self.folded_lsn.clear();
+        self.folded_age.clear();
         for sub in &reading.subscribers {
             let l = Self::subscriber(&sub.subscriber);
             if let Some(lag) = &sub.lag {
@@ -318,6 +331,17 @@ impl Metrics {
                 self.lag_seconds.get_or_create(&l).set(lag.seconds);
             }
             self.parked.get_or_create(&l).set(sub.parked_aggregates);
+            for f in &sub.folded {
+                let l = FoldedLabel {
+                    projection: f.projection.clone(),
+                    subscriber: sub.subscriber.clone(),
+                    source: f.source.clone(),
+                };
+                self.folded_lsn.get_or_create(&l).set(f.lsn as i64);
+                if let Some(age) = f.newest_commit_age_s {
+                    self.folded_age.get_or_create(&l).set(age);
+                }
+            }
         }
         for source in &reading.sources {
             let l = Self::source(&source.name);
@@ -408,6 +432,17 @@ pub struct SubscriberReading {
     /// is behind by design, and a retired one forever.
     pub lag: Option<Lag>,
     pub parked_aggregates: i64,
+    /// Per source, for a subscriber serving a projection now.
+    pub folded: Vec<Folded>,
+}
+
+/// How far a live subscriber has folded one source (read your own writes).
+#[derive(Debug)]
+pub struct Folded {
+    pub projection: String,
+    pub source: String,
+    pub lsn: u64,
+    pub newest_commit_age_s: Option<f64>,
 }
 
 #[derive(Debug)]

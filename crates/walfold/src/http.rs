@@ -2,7 +2,7 @@
 //! `/healthz` (the process is up), `/readyz` (this instance leads, streams from the slot,
 //! nothing is paused and every subscriber is within `metrics.ready_max_lag_s` of its
 //! newest event). The database gauges and the lag check include the projections on
-//! extra targets (`[targets.NAME]`). It serves at most 64 connections at once and
+//! extra targets (`[targets.NAME]`); `/wait` (read your own writes, `wait.rs`). It serves at most 64 connections at once and
 //! closes one after 20 s (5 s to send its headers), so no client can take the daemon's
 //! file descriptors or hold its tasks.
 
@@ -29,6 +29,8 @@ use walfold_telemetry::metrics::metrics;
 struct State {
     config: Config,
     clients: Mutex<Clients>,
+    /// Connections of `/wait` requests (read your own writes).
+    waits: crate::wait::Waits,
 }
 
 /// Connections kept between requests: the target's, and one per source (`None` until
@@ -46,10 +48,11 @@ pub async fn start(
     cancel: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /wait");
     let state = Arc::new(State {
         config,
         clients: Mutex::new(Clients::default()),
+        waits: crate::wait::Waits::default(),
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
@@ -137,6 +140,17 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Full<Bytes>> 
             Ok(()) => text(StatusCode::OK, "ready\n".into()),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         },
+        "/wait" => {
+            let (code, body) =
+                crate::wait::answer(&state.config, &state.waits, req.uri().query().unwrap_or(""))
+                    .await;
+            let mut r = text(code, body);
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
     }
 }

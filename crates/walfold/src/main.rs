@@ -18,6 +18,7 @@ mod shutdown;
 mod status;
 mod telemetry;
 mod text;
+mod wait;
 
 use std::process::ExitCode;
 

@@ -336,6 +336,20 @@ fn render(config: &Config, s: &Status) -> String {
             target_of(&sub.target)
         );
     }
+    // Read your own writes: how far each projection served now has folded each source.
+    for sub in s.subscribers.iter().filter(|sub| sub.serves == "live") {
+        for f in &sub.folded {
+            println!(
+                "folded {} ({}): source {} up to {}, newest folded commit {}",
+                sub.projection.as_deref().unwrap_or("-"),
+                sub.subscriber,
+                f.source,
+                f.lsn,
+                f.newest_commit_age_s
+                    .map_or_else(|| "none yet".into(), |a| format!("{a:.1}s old"))
+            );
+        }
+    }
     for sub in &s.subscribers {
         if let Some(p) = &sub.paused {
             println!(

@@ -19,6 +19,7 @@ mod partition;
 mod pipeline;
 mod poison;
 mod pooler;
+mod read_your_writes;
 mod rebuild;
 mod resources;
 mod secrets;

@@ -208,6 +208,18 @@ fn documented_recipe() -> String {
         .to_owned()
 }
 
+/// The first sql block of `docs/SECURITY.md`'s Least privilege section after `marker`.
+fn page_block_after(marker: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/SECURITY.md");
+    let page = std::fs::read_to_string(path).expect("docs/SECURITY.md");
+    let at = page
+        .find(marker)
+        .expect("the marker is in docs/SECURITY.md");
+    let block = &page[at..];
+    let block = &block[block.find("```sql\n").expect("an sql block follows") + 7..];
+    block[..block.find("```").expect("the block closes")].to_owned()
+}
+
 /// The projection the recipe's read model serves.
 const ORDER_STATUS: &str = r#"
 [[projection]]
@@ -337,6 +349,26 @@ async fn the_readmes_least_privilege_recipe_runs_every_command() {
     assert_eq!(db.psql(read_model), "o-1 paid 2, o-2 placed 1");
     doctor("while it runs");
 
+    // The application's role, with the recipe's grant made as walfold's writer, waits
+    // for its write and reads it, with no right on walfold's tables.
+    let grant = page_block_after("After walfold's first start");
+    let writer = walfold_pg::connect(&target_url).await.unwrap();
+    writer.batch_execute(&grant).await.unwrap();
+    db.psql(&order(6, "o-3", 1, "placed"));
+    let waited = db.psql(
+        "set role app_reader;          select status from walfold.wait_for('order_status', pg_current_wal_lsn(), '10 s')",
+    );
+    assert!(waited.ends_with("folded"), "{waited}");
+    let denied = db.cluster.psql(
+        &db.name,
+        "set role app_reader; select count(*) from walfold.event_log",
+    );
+    assert!(denied.is_err(), "{denied:?}");
+    let read = db.psql(
+        "set role app_reader; select status from read_model.order_status where order_id = 'o-3'",
+    );
+    assert!(read.ends_with("placed"), "{read}");
+
     let (code, out, err) = cli(&["status"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("orders.status.v1"), "{out}");
@@ -362,12 +394,15 @@ async fn the_readmes_least_privilege_recipe_runs_every_command() {
     assert!(out.contains("switched over"), "{out}\n{err}");
     let (code, out, err) = cli(&["rebuild", "order_status", "--finish"]);
     assert_eq!(code, 0, "rebuild --finish:\n{out}\n{err}");
-    assert_eq!(db.psql(read_model), "o-1 paid 2, o-2 placed 1");
+    assert_eq!(
+        db.psql(read_model),
+        "o-1 paid 2, o-2 placed 1, o-3 placed 1"
+    );
     db.psql(&order(5, "o-2", 2, "paid"));
     eventually(
         Duration::from_secs(30),
         "the rebuilt table to follow",
-        || async { db.psql(read_model) == "o-1 paid 2, o-2 paid 2" },
+        || async { db.psql(read_model) == "o-1 paid 2, o-2 paid 2, o-3 placed 1" },
     )
     .await;
     let (code, out, err) = cli(&["prune"]);

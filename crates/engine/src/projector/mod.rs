@@ -272,6 +272,14 @@ impl Partition {
             aggregate_types: self.options.aggregate_types.clone(),
             sources: self.options.sources.clone(),
         };
+        // What `wait_for` needs to know of this subscriber: which events it folds.
+        walfold_store::wait::record_scope(
+            &**conn.store.client(),
+            &self.schema,
+            self.subscriber(),
+            &filter,
+        )
+        .await?;
         let full = self.options.batch_size as i64;
         let mut limit = full;
         let mut good_batches = 0u32;
