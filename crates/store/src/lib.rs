@@ -51,7 +51,7 @@ pub use ingest_position::{
 };
 pub use leader::{leader_row, Attempt, Fence, LeaderRow, Leadership};
 pub use log_order::{head, LogOrder};
-pub use migrate::{migrate, schema_access, SchemaAccess};
+pub use migrate::{migrate, schema_access, schema_current, SchemaAccess};
 pub use operator::Operator;
 pub use pause::{clear_pauses, record_ingest_pause};
 pub use prune::register_target;

@@ -95,6 +95,38 @@ pub async fn schema_access(client: &Client, schema: &str) -> Result<SchemaAccess
     })
 }
 
+/// Whether walfold's bookkeeping table exists (`$1`: its name as `to_regclass` reads it).
+const HAS_BOOKKEEPING: &str = "select to_regclass($1) is not null as exists";
+
+/// The newest migration applied to walfold's schema.
+const NEWEST_APPLIED: &str =
+    "select max(version) as newest from {schema}._sqlx_migrations where success";
+
+/// Whether `schema` holds every migration of this build (or more: a newer release's):
+/// until then its tables are missing or incomplete, and what reads them (a scrape, a
+/// readiness check) has nothing to read yet rather than something wrong to report.
+pub async fn schema_current(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
+    let db = || StoreError::db("reading which migrations walfold's schema holds");
+    let table = format!("{}._sqlx_migrations", schema.quoted());
+    let exists: bool = client
+        .query_one(HAS_BOOKKEEPING, &[&table])
+        .await
+        .map_err(db())?
+        .of("pg_class")
+        .col("exists")?;
+    if !exists {
+        return Ok(false);
+    }
+    let newest: Option<i64> = client
+        .query_one(&schema.sql(NEWEST_APPLIED), &[])
+        .await
+        .map_err(db())?
+        .of("_sqlx_migrations")
+        .col("newest")?;
+    let ours = embedded().iter().map(|m| m.version).max().unwrap_or(0);
+    Ok(newest.is_some_and(|n| n >= ours))
+}
+
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently. Refuses
 /// a URL behind a pooler that shares server sessions: the migration is the first thing
 /// walfold does on every target, and nothing after it works there (see `pooler`).
