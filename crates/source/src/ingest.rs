@@ -243,6 +243,8 @@ async fn attempt(
     let (horizon_tx, horizon) = watch::channel(None);
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
     let budget = Budget::new(config.pipeline.ingest_bytes);
+    // Everything the appender writes comes from the stream, once it has started.
+    log.streams();
     let appender = Appender {
         reopen,
         budget: budget.clone(),
