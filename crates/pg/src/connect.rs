@@ -115,10 +115,24 @@ impl ConnectOptions {
     }
 }
 
-/// Connects and drives the connection on a background task.
+/// Connects and drives the connection on a background task. A server that accepts TCP
+/// and never finishes the startup is given up on after [`DAEMON_CONNECT_TIMEOUT`] (an
+/// error a daemon retries; a command says it), never waited on for the kernel's timeouts.
 pub async fn connect(url: &str) -> Result<Client, PgError> {
-    connect_tuned(url, |_| {}).await
+    let connect = connect_tuned(url, |config| {
+        config.connect_timeout(DAEMON_CONNECT_TIMEOUT);
+    });
+    match tokio::time::timeout(DAEMON_CONNECT_TIMEOUT, connect).await {
+        Ok(result) => result,
+        Err(_) => Err(PgError::NoAnswer {
+            url: redact_url(url),
+            within: DAEMON_CONNECT_TIMEOUT,
+        }),
+    }
 }
+
+/// How long any connection may take to be ready (TCP, TLS, authentication, startup).
+pub const DAEMON_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The advisory-lock class of session tags (`'walI'`): a session of a process that
 /// runs an instance holds `pg_advisory_lock_shared(SESSION_TAG_CLASS, tag)`, so the

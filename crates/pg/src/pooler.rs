@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, SimpleQueryMessage};
 use walfold_config::redact_url;
 
-use crate::connect::connect;
+use crate::deadline::connect_within;
 use crate::error::PgError;
 
 /// Rounds of the check: one is enough behind PgBouncer's default LIFO reuse of server
@@ -43,8 +43,10 @@ pub enum Pooling {
 /// Opens two short-lived connections; an error is a failure to connect or to run the
 /// check's statements.
 pub async fn pooling(url: &str) -> Result<Pooling, PgError> {
-    let first = connect(url).await?;
-    let second = connect(url).await?;
+    // Within a bound like every other step: a server that accepts TCP and never answers
+    // must not hold a start (or every ingest reconnect) for the kernel's timeouts.
+    let first = connect_within(url, "the pooler check", STEP_TIMEOUT).await?;
+    let second = connect_within(url, "the pooler check", STEP_TIMEOUT).await?;
     let mut seen = [BTreeSet::new(), BTreeSet::new()];
     for _ in 0..ROUNDS {
         if let Some(verdict) = round(&first, &second, &mut seen).await? {
@@ -157,12 +159,36 @@ async fn backend_pid(client: &Client) -> Result<i32, tokio_postgres::Error> {
     Ok(pid.and_then(|p: &str| p.parse().ok()).unwrap_or(-1))
 }
 
+/// The URLs this process found to keep their sessions.
+fn checked() -> &'static std::sync::Mutex<BTreeSet<String>> {
+    static CHECKED: std::sync::OnceLock<std::sync::Mutex<BTreeSet<String>>> =
+        std::sync::OnceLock::new();
+    CHECKED.get_or_init(Default::default)
+}
+
 /// Refuses `url` when a pooler there shares server sessions: walfold needs a session of
 /// its own on it. `key` names the URL for the fix (`source.url`, `the target URL`). An
 /// inconclusive check is logged and passes: walfold does not refuse on a guess.
+///
+/// A URL found to keep its sessions is not checked again in this process: what sits
+/// behind a URL does not change between reconnects, and the check costs two
+/// connections (ingest reconnects after every transient error).
 pub async fn refuse_pooling(url: &str, key: &str) -> Result<(), PgError> {
+    if checked()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(url)
+    {
+        return Ok(());
+    }
     match pooling(url).await? {
-        Pooling::Session => Ok(()),
+        Pooling::Session => {
+            checked()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(url.to_owned());
+            Ok(())
+        }
         Pooling::Shared { evidence } => Err(PgError::Pooled {
             key: key.to_owned(),
             url: redact_url(url),

@@ -166,6 +166,7 @@ impl Appender {
             held.clear();
             if largest >= self.budget.bytes() {
                 self.log = self.reopen.open().await?;
+                self.log.streams();
             }
         }
         tracing::info!(

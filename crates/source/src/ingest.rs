@@ -243,6 +243,8 @@ async fn attempt(
     let (horizon_tx, horizon) = watch::channel(None);
     let (items_tx, items_rx) = mpsc::channel(config.pipeline.channel_capacity);
     let budget = Budget::new(config.pipeline.ingest_bytes);
+    // Everything the appender writes comes from the stream, once it has started.
+    log.streams();
     let appender = Appender {
         reopen,
         budget: budget.clone(),
@@ -312,6 +314,32 @@ async fn publication_watch(config: &SourceView<'_>, signature: Option<String>) -
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "cannot check the publication"),
         }
+        public_emit_watch(c, config).await;
+    }
+}
+
+/// The start refuses a message outbox that any role may write to; a grant to PUBLIC
+/// made while running is said here (a warning and `walfold_public_emit`), each period,
+/// rather than found at the next restart. Ingest goes on: what was read so far is the
+/// producers', and stopping would hold WAL for a grant the operator may have meant.
+async fn public_emit_watch(source: &tokio_postgres::Client, config: &SourceView<'_>) {
+    if !config.outboxes().any(|o| o.message_prefix.is_some()) {
+        return;
+    }
+    let heartbeats = config.source().heartbeat_interval_s > 0;
+    match crate::writers::public_emit(source, config.outboxes(), heartbeats).await {
+        Ok(found) => {
+            let problem = found
+                .refusal
+                .map(|r| format!("{}; fix: {}", r.problem, r.fix));
+            // Accepted (`allow_public_emit`): said at the start already.
+            Signal::PublicEmit {
+                source: &config.source().name,
+                public: problem.as_ref().map(|p| p as &dyn std::fmt::Display),
+            }
+            .report();
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot check who may emit messages"),
     }
 }
 

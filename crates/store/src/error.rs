@@ -31,6 +31,16 @@ pub enum StoreError {
     /// walfold's role lacks a right its schema needs; `missing` says which, with the fix.
     #[error("migrating schema {schema}: {missing}")]
     SchemaRights { schema: String, missing: String },
+    /// A migration waited `waited` for a lock on one of walfold's tables and gave up
+    /// (`lock_timeout`), rather than hold every later session of that table in the lock
+    /// queue; `blockers` names the sessions holding locks there.
+    #[error("migrating schema {schema}{}: waited {}s for a lock on walfold's tables, held by {blockers}; end that transaction (select pg_terminate_backend(pid)) or retry when it is done", version.map(|v| format!(" to {v}")).unwrap_or_default(), waited.as_secs())]
+    MigrationBlocked {
+        schema: String,
+        version: Option<i64>,
+        waited: std::time::Duration,
+        blockers: String,
+    },
     /// The schema's migrations do not match this build's (one failed part-way, one
     /// changed, one is newer).
     #[error("migrating schema {schema}: {reason}")]
@@ -104,6 +114,8 @@ impl StoreError {
                 ErrorKind::Transient => ErrorKind::Transient,
                 _ => ErrorKind::Environment,
             },
+            // Retried by a daemon (the transaction in the way ends some time).
+            StoreError::MigrationBlocked { .. } => ErrorKind::Transient,
             StoreError::SchemaRights { .. } | StoreError::MigrationHistory { .. } => {
                 ErrorKind::Environment
             }

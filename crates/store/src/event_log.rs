@@ -65,6 +65,9 @@ pub struct EventLog {
     /// Whether this slot may have open phantoms (see [`CONFIRM_PHANTOMS`]): read at open,
     /// set when a failover's check records some.
     phantoms_open: std::sync::atomic::AtomicBool,
+    /// Whether this handle appends what this process streams from the slot (see
+    /// [`EventLog::streams`]).
+    streams: bool,
 }
 
 /// Accepts slot `$1`'s open phantoms among the events `$2` (IDs) that its source has just
@@ -170,12 +173,15 @@ const COMPARE: &str = "with i as (select * from unnest($1::uuid[], $2::text[], $
                    i.aggregate_id, i.version, i.payload) \
                  and not exists (select from {schema}.event_log e where e.event_id = i.event_id)";
 
-/// Moves slot `$1`'s ingest position to `$2` (never back) and adds the counts `$3`…`$7`.
+/// Moves slot `$1`'s ingest position to `$2` (never back) and adds the counts `$3`…`$7`;
+/// `$8`: whether the write vouches for the acknowledgements from here on, which it does
+/// only when it moves the position too (see [`EventLog::streams`]).
 const UPDATE_POSITION: &str = "update {schema}.ingest_position set lsn = greatest(lsn, $2), \
                  appended = appended + $3, duplicates = duplicates + $4, \
                  id_conflicts = id_conflicts + $5, malformed = malformed + $6, \
                  ignored_changes = ignored_changes + $7, updated_at = now(), \
-                 paused_since = null, pause_error = null, acks_recorded = true where slot = $1";
+                 paused_since = null, pause_error = null, acks_recorded = acks_recorded or ($8 and $2 > '0/0'::pg_lsn) \
+                 where slot = $1";
 
 /// Slot `$1`'s ingest position.
 const READ_POSITION: &str = "select lsn from {schema}.ingest_position where slot = $1";
@@ -274,7 +280,34 @@ impl EventLog {
             dead_letters,
             fence: None,
             phantoms_open: phantoms_open.into(),
+            streams: false,
         })
+    }
+
+    /// Marks this handle as the one appending what this process streams from the slot:
+    /// its position writes set `acks_recorded`, which makes a slot found past the
+    /// recorded position at the next start a gap.
+    ///
+    /// Why only these writes. `acks_recorded` says that every acknowledgement the slot
+    /// received since was of a position recorded first, so that a slot past the recorded
+    /// position was moved by something else. A release before acknowledgements followed
+    /// the recorded position acknowledged keepalives without writing, and its final
+    /// standby status on SIGTERM can pass what it recorded. A write made before this
+    /// process streams (a start's gap backfill, `walfold backfill`, a slot's first
+    /// position) comes while such an instance may still hold the slot, or after its
+    /// final acknowledgement, which nothing recorded: vouching then turns that
+    /// acknowledgement into a false gap. Once this process streams, the slot is its own:
+    /// any other walsender on it has ended, so its last acknowledgement is in the past,
+    /// and every position this handle writes from here on is at least where the stream
+    /// started (the slot's confirmed position, whoever moved it): a write that moves no
+    /// position (a batch before its end marker) vouches for nothing, since a crash right
+    /// after it would leave the older acknowledgement past the recorded position. An older release can never
+    /// stream from it again (the schema refuses its leadership). The cost: a slot moved
+    /// by someone else between this release's first stream and its first write (at most
+    /// a keepalive's 10 s, once, on the first start after an upgrade) is not detected;
+    /// from the first write on, every one is.
+    pub fn streams(&mut self) {
+        self.streams = true;
     }
 
     /// Notes that this slot has open phantoms: from now on each append accepts those its
@@ -480,6 +513,7 @@ impl EventLog {
             position: &self.position,
             fence: self.fence.as_ref(),
             slot: &self.slot,
+            vouches: self.streams,
         };
         ending.commit(tx, through, outcome, counts).await?;
         if let Some(turn) = turn {
@@ -505,6 +539,7 @@ impl EventLog {
                 position: &self.position,
                 fence: self.fence.as_ref(),
                 slot: &self.slot,
+                vouches: self.streams,
             },
             schema: &self.schema,
             slot: &self.slot,
@@ -565,6 +600,8 @@ pub(crate) struct Ending<'a> {
     position: &'a Statement,
     fence: Option<&'a crate::leader::PreparedFence>,
     slot: &'a str,
+    /// Whether the position write sets `acks_recorded` (see [`EventLog::streams`]).
+    vouches: bool,
 }
 
 impl<'a> Writer<'a> {
@@ -755,6 +792,7 @@ impl Ending<'_> {
                     &conflicts,
                     &malformed,
                     &ignored,
+                    &self.vouches,
                 ],
             )
             .await

@@ -197,6 +197,23 @@ const OLDER: &str = "select l.pid from pg_locks l where l.locktype = 'advisory' 
 /// Gives leadership up (a clean stop): the next leader takes it without waiting.
 const RELEASE: &str = "update {schema}.leader set owner = null where owner = $1 and epoch = $2";
 
+/// The backend pid of an older release's leader (one holding the session-level leader
+/// lock releases before the lease took), while one leads `schema`: status and doctor
+/// say so, since such an instance appends but applies nothing on a migrated schema.
+pub async fn older_release_leader(
+    client: &Client,
+    schema: &Schema,
+) -> Result<Option<i32>, StoreError> {
+    match client
+        .query_opt(&schema.sql(OLDER), &[&LEADER_LOCK, &schema.name()])
+        .await
+        .map_err(StoreError::db("looking for an older release's leader lock"))?
+    {
+        Some(row) => Ok(Some(row.of("pg_locks").col("pid")?)),
+        None => Ok(None),
+    }
+}
+
 /// [`FENCE`] for `schema`.
 fn fence_sql(schema: &Schema) -> String {
     schema.sql(FENCE)
@@ -281,14 +298,8 @@ impl Leadership {
         seen: LeaderRow,
         dead: Option<i32>,
     ) -> Result<Attempt, StoreError> {
-        if let Some(row) = control
-            .query_opt(&schema.sql(OLDER), &[&LEADER_LOCK, &schema.name()])
-            .await
-            .map_err(StoreError::db("looking for an older release's leader lock"))?
-        {
-            return Ok(Attempt::Older {
-                pid: row.of("pg_locks").col("pid")?,
-            });
+        if let Some(pid) = older_release_leader(control, schema).await? {
+            return Ok(Attempt::Older { pid });
         }
         let Some(row) = control
             .query_opt(&schema.sql(ADVANCE), &[&schema.name(), &me, &seen.epoch])

@@ -50,9 +50,9 @@ pub use failover::{failover_summary, Failover, FailoverSummary};
 pub use ingest_position::{
     ingested_rows, ingested_slots, ingested_through, read_through, IngestedSlot,
 };
-pub use leader::{leader_row, Attempt, Fence, LeaderRow, Leadership};
+pub use leader::{leader_row, older_release_leader, Attempt, Fence, LeaderRow, Leadership};
 pub use log_order::{head, LogOrder};
-pub use migrate::{migrate, schema_access, SchemaAccess};
+pub use migrate::{migrate, schema_access, schema_current, SchemaAccess};
 pub use operator::Operator;
 pub use pause::{clear_pauses, record_ingest_pause};
 pub use prune::register_target;

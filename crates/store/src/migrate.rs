@@ -95,6 +95,38 @@ pub async fn schema_access(client: &Client, schema: &str) -> Result<SchemaAccess
     })
 }
 
+/// Whether walfold's bookkeeping table exists (`$1`: its name as `to_regclass` reads it).
+const HAS_BOOKKEEPING: &str = "select to_regclass($1) is not null as exists";
+
+/// The newest migration applied to walfold's schema.
+const NEWEST_APPLIED: &str =
+    "select max(version) as newest from {schema}._sqlx_migrations where success";
+
+/// Whether `schema` holds every migration of this build (or more: a newer release's):
+/// until then its tables are missing or incomplete, and what reads them (a scrape, a
+/// readiness check) has nothing to read yet rather than something wrong to report.
+pub async fn schema_current(client: &Client, schema: &Schema) -> Result<bool, StoreError> {
+    let db = || StoreError::db("reading which migrations walfold's schema holds");
+    let table = format!("{}._sqlx_migrations", schema.quoted());
+    let exists: bool = client
+        .query_one(HAS_BOOKKEEPING, &[&table])
+        .await
+        .map_err(db())?
+        .of("pg_class")
+        .col("exists")?;
+    if !exists {
+        return Ok(false);
+    }
+    let newest: Option<i64> = client
+        .query_one(&schema.sql(NEWEST_APPLIED), &[])
+        .await
+        .map_err(db())?
+        .of("_sqlx_migrations")
+        .col("newest")?;
+    let ours = embedded().iter().map(|m| m.version).max().unwrap_or(0);
+    Ok(newest.is_some_and(|n| n >= ours))
+}
+
 /// Creates or upgrades walfold's schema; idempotent and safe to run concurrently. Refuses
 /// a URL behind a pooler that shares server sessions: the migration is the first thing
 /// walfold does on every target, and nothing after it works there (see `pooler`).
@@ -109,8 +141,10 @@ pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
     // Quoted, so a mixed-case schema is not folded to lower case.
     client
         .batch_execute(&format!(
-            "set application_name = 'walfold-migrate'; set search_path = {}",
-            schema.quoted()
+            "set application_name = 'walfold-migrate'; set search_path = {}; \
+             set lock_timeout = '{}s'",
+            schema.quoted(),
+            LOCK_TIMEOUT.as_secs()
         ))
         .await
         .map_err(db)?;
@@ -127,7 +161,22 @@ pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
         .execute("select pg_advisory_lock($1)", &[&lock])
         .await
         .map_err(db)?;
-    let result = apply(&mut client, schema).await;
+    let result = match apply(&mut client, schema).await {
+        Err(StoreError::Migrate {
+            schema: name,
+            version,
+            source,
+        }) if walfold_event::is_lock_not_available(walfold_pg::sqlstate(&source)) => {
+            let blockers = blockers(&client, schema).await;
+            Err(StoreError::MigrationBlocked {
+                schema: name,
+                version,
+                waited: LOCK_TIMEOUT,
+                blockers,
+            })
+        }
+        other => other,
+    };
     // On an error the session ends, and the lock with it.
     if result.is_ok() {
         client
@@ -136,6 +185,54 @@ pub async fn migrate(url: &str, schema: &Schema) -> Result<(), StoreError> {
             .map_err(db)?;
     }
     result
+}
+
+/// How long a migration waits for a lock on a table before it gives up (a migration
+/// that sets its own, such as the claims one, keeps it). Waiting longer would hold the
+/// lock queue: every session that needs the table after the migration waits too.
+const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The other sessions holding locks on walfold's tables (`$1`: its schema), as an
+/// operator would look them up.
+const BLOCKERS: &str = "select a.pid, coalesce(a.usename::text, '?') as usename, \
+       coalesce(a.application_name, '') as application_name, coalesce(a.state, '') as state, \
+       coalesce(extract(epoch from now() - a.xact_start)::int8, 0) as xact_age_s, \
+       left(coalesce(a.query, ''), 120) as query \
+     from pg_stat_activity a where a.pid <> pg_backend_pid() and a.pid in ( \
+       select l.pid from pg_locks l join pg_class c on c.oid = l.relation \
+       join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and l.granted) \
+     order by a.xact_start nulls last limit 5";
+
+/// Who holds locks on walfold's tables, for the error of a migration that timed out
+/// waiting for one; what could not be read is said as such.
+async fn blockers(client: &Client, schema: &Schema) -> String {
+    let rows = match client.query(BLOCKERS, &[&schema.name()]).await {
+        Ok(rows) => rows,
+        Err(e) => return format!("(cannot list them: {})", walfold_pg::describe(&e)),
+    };
+    let mut found = Vec::new();
+    for row in rows {
+        let row = row.of("pg_stat_activity");
+        let read = || -> Result<String, StoreError> {
+            Ok(format!(
+                "pid {} (user {}, application {:?}, {}, in a transaction for {} s: {:?})",
+                row.col::<i32>("pid")?,
+                row.col::<String>("usename")?,
+                row.col::<String>("application_name")?,
+                row.col::<String>("state")?,
+                row.col::<i64>("xact_age_s")?,
+                row.col::<String>("query")?,
+            ))
+        };
+        if let Ok(line) = read() {
+            found.push(line);
+        }
+    }
+    if found.is_empty() {
+        "(none holds one now)".into()
+    } else {
+        found.join("; ")
+    }
 }
 
 async fn apply(client: &mut Client, schema: &Schema) -> Result<(), StoreError> {

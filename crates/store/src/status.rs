@@ -114,6 +114,10 @@ pub struct Status {
     pub instances: Vec<InstanceStatus>,
     /// The instance that leads, if one does.
     pub leader: Option<uuid::Uuid>,
+    /// The backend pid of an instance of an older release (before leases) that leads
+    /// on the main target: it appends, but applies nothing on this schema, and the
+    /// instances of this release run nothing beside it.
+    pub older_release_leader_pid: Option<i32>,
     /// Every work unit (projection partition) and who owns it, on every target read.
     pub units: Vec<UnitStatus>,
 }
@@ -497,6 +501,7 @@ pub async fn status_of(
             })
             .collect(),
         leader: crate::leader::leader_row(target, schema).await?.owner,
+        older_release_leader_pid: crate::leader::older_release_leader(target, schema).await?,
         units: Vec::new(),
     };
     status.add(part);

@@ -62,6 +62,9 @@ pub struct Metrics {
     paused: Family<SubscriberLabel, Gauge>,
     /// 1 while a source's ingest waits out an environment error.
     ingest_paused: Family<SourceLabel, Gauge>,
+    /// 1 while PUBLIC may execute `pg_logical_emit_message` on a source with a message
+    /// outbox (seen by the running check).
+    public_emit: Family<SourceLabel, Gauge>,
     /// Paused partitions over every subscriber, and ingest (for `/readyz`).
     paused_total: std::sync::atomic::AtomicI64,
     // Read from the database at scrape time.
@@ -135,6 +138,7 @@ impl Metrics {
             log_pages_shared: reg!("log_pages_shared", "Event-log pages projectors took from a page another partition had just read", Counter::default()),
             paused: reg!("projection_paused", "Partitions of the subscriber paused by an error of the environment (privileges, missing table or column, disk full); 0: running", Family::default()),
             ingest_paused: reg!("ingest_paused", "1 while ingest waits out an error of the environment of the target", Family::default()),
+            public_emit: reg!("public_emit", "1 while any role may write events into a message outbox of the source (pg_logical_emit_message executable by PUBLIC), as the running check last saw", Family::default()),
             paused_total: std::sync::atomic::AtomicI64::new(0),
             lag_events: reg!("subscriber_lag_events", "Events in the log the subscriber's slowest partition has not read", Family::default()),
             lag_seconds: reg!("subscriber_lag_seconds", "Age of the last applied event's source commit, while behind", Family::default()),
@@ -253,6 +257,15 @@ impl Metrics {
             .set(i64::from(paused));
         self.paused_total
             .fetch_add(i64::from(paused) - was, Ordering::Relaxed);
+    }
+
+    /// Whether PUBLIC may write a source's message outboxes' events, as last checked;
+    /// returns what it was.
+    pub(crate) fn set_public_emit(&self, source: &str, public: bool) -> bool {
+        self.public_emit
+            .get_or_create(&Self::source(source))
+            .set(i64::from(public))
+            == 1
     }
 
     /// Whether anything in this process is paused.

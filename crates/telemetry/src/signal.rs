@@ -117,6 +117,13 @@ pub enum Signal<'a> {
     },
 
     // Ingest (walfold_source).
+    /// The running check of who may write a source's message outboxes' events: `public`
+    /// while `pg_logical_emit_message` is executable by PUBLIC (reported every check;
+    /// logged when it changes), with what to do.
+    PublicEmit {
+        source: &'a str,
+        public: Option<&'a dyn Display>,
+    },
     /// A source's ingest waits out an environment error (reported on every retry).
     IngestPaused { source: &'a str },
     /// Why a source's ingest is paused: on the first error, and whenever the cause
@@ -263,6 +270,18 @@ impl Signal<'_> {
                     m.set_paused(s, false);
                 }
                 tracing::info!(target: PIPELINE, target = %target, "target reachable again; its projections resume");
+            }
+            Signal::PublicEmit { source, public } => {
+                let was = m.set_public_emit(source, public.is_some());
+                match public {
+                    Some(problem) if !was => {
+                        tracing::warn!(target: INGEST, source = %source, problem = %problem, "any role may now write events into a message outbox of this source (granted since the start, which refuses it): lock pg_logical_emit_message down again; a restart refuses to read it until then");
+                    }
+                    None if was => {
+                        tracing::info!(target: INGEST, source = %source, "pg_logical_emit_message is no longer executable by PUBLIC");
+                    }
+                    _ => {}
+                }
             }
             Signal::IngestPaused { source } => m.set_ingest_paused(source, true),
             Signal::IngestPauseCause {

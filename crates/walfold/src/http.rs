@@ -250,6 +250,12 @@ async fn scrape(state: &State) -> Result<String, walfold_store::StoreError> {
     let schema = &walfold_engine::Target::main(&state.config).schema;
     let refresh = async {
         let unreachable = with_clients(state, async |sources, target| {
+            // Before the first migration has finished there is nothing to read yet: the
+            // gauges stay absent, silently (a scrape racing a first start is no fault).
+            if !walfold_store::schema_current(target, schema).await? {
+                tracing::debug!("metrics: walfold's schema is not migrated yet");
+                return Ok(Vec::new());
+            }
             let log = Operator::new(target, schema);
             let (extra, active) = every_target(&state.config, &log).await?;
             let reading = log.metrics_reading(sources, extra, &active).await?;
@@ -398,18 +404,22 @@ async fn ready(state: &State) -> Result<(), String> {
     }
     let schema = &walfold_engine::Target::main(&state.config).schema;
     let check = with_clients(state, async |sources, target| {
+        if !walfold_store::schema_current(target, schema).await? {
+            return Ok(None);
+        }
         let log = Operator::new(target, schema);
         let mut status = log.status(sources).await?;
         let (parts, active) = every_target(&state.config, &log).await?;
         for part in parts {
             status.add(part);
         }
-        Ok((status, active))
+        Ok(Some((status, active)))
     });
     let (status, active) = tokio::time::timeout(DATABASE_TIMEOUT, check)
         .await
         .map_err(|_| "the database did not answer within 5 s".to_owned())?
-        .map_err(|e| format!("cannot read status: {e}"))?;
+        .map_err(|e| format!("cannot read status: {e}"))?
+        .ok_or("walfold's schema is not migrated yet (a first start or an upgrade creates it)")?;
     let limit = state.config.metrics.ready_max_lag_s as f64;
     // Only subscribers serving a projection now (not a replaced or replaying one).
     match status

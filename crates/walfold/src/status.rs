@@ -443,6 +443,31 @@ fn render_instances(config: &Config, s: &Status, out: &mut String) {
             "instance", "host", "pid", "version", "up_s", "heartbeat", "units", "role"
         );
     }
+    if let Some(pid) = s.older_release_leader_pid {
+        let _ = writeln!(
+            out,
+            "OLDER RELEASE LEADS: an instance of a walfold release older than this schema leads \
+             (backend pid {pid} on the main target); it appends events but applies none here, and \
+             the instances of this release run nothing beside it: stop it (or upgrade it) to \
+             finish the upgrade"
+        );
+    }
+    let mut releases: Vec<&str> = s
+        .instances
+        .iter()
+        .filter(|i| alive(i))
+        .map(|i| i.version.as_str())
+        .collect();
+    releases.sort_unstable();
+    releases.dedup();
+    if releases.len() > 1 {
+        let _ = writeln!(
+            out,
+            "instances run different releases ({}): a rolling upgrade in progress; finish it \
+             (every instance of a deployment runs one release)",
+            crate::text::escape_controls(&releases.join(", "))
+        );
+    }
     for i in &s.instances {
         let units = s.units.iter().filter(|u| u.owner == Some(i.id)).count();
         let role = match (alive(i), s.leader == Some(i.id)) {

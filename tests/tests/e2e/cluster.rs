@@ -580,6 +580,24 @@ async fn an_older_release_is_kept_out_and_refused() {
         0,
         "it runs nothing beside it"
     );
+    // Status and doctor say who leads, not only the log; status shows each version.
+    let (_, text, _) = walfold_tests::walfold(&["status", "-c", d.config_path()], &[]);
+    assert!(text.contains("OLDER RELEASE LEADS"), "{text}");
+    assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");
+    let (_, json, _) = walfold_tests::walfold(&["status", "-c", d.config_path(), "--json"], &[]);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("status --json");
+    assert!(json["older_release_leader_pid"].is_i64(), "{json}");
+    assert_eq!(
+        json["instances"][0]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{json}"
+    );
+    let (code, doctor, _) = walfold_tests::walfold(&["doctor", "-c", d.config_path()], &[]);
+    assert_eq!(code, 1, "{doctor}");
+    assert!(
+        doctor.contains("an instance of an older walfold release leads this schema"),
+        "{doctor}"
+    );
     drop(older);
     slot_active(&client).await;
     spread_over(&client, 2, 1).await;

@@ -266,3 +266,46 @@ async fn a_pooler_in_front_of_the_replication_connection_stops_ingest_with_the_f
         "{log}"
     );
 }
+
+/// Found on call: the pooler check connected without a timeout, and ran again on every
+/// ingest reconnect (two connections each time). A server that accepts TCP and never
+/// answers is given up on within seconds; a URL found to keep its sessions is not
+/// checked again by the same process (here: not even once its database refuses new
+/// connections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pooler_check_answers_within_seconds_and_runs_once_per_url() {
+    // Accepts connections (the kernel's backlog) and never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "postgresql://postgres@127.0.0.1:{}/x",
+        silent.local_addr().unwrap().port()
+    );
+    let started = Instant::now();
+    let checked = tokio::time::timeout(
+        Duration::from_secs(20),
+        walfold_pg::refuse_pooling(&url, "source.url"),
+    )
+    .await
+    .expect("the pooler check hung on a server that does not answer");
+    assert!(checked.is_err(), "{checked:?}");
+    assert!(started.elapsed() < Duration::from_secs(12));
+
+    let db = TestDb::new("pooler_once");
+    walfold_pg::refuse_pooling(&db.url(), "source.url")
+        .await
+        .expect("a direct URL keeps its sessions");
+    db.cluster
+        .psql(
+            "postgres",
+            &format!("alter database {} allow_connections false", db.name),
+        )
+        .unwrap();
+    let again = walfold_pg::refuse_pooling(&db.url(), "source.url").await;
+    db.cluster
+        .psql(
+            "postgres",
+            &format!("alter database {} allow_connections true", db.name),
+        )
+        .unwrap();
+    again.expect("checked again: it connected");
+}

@@ -623,3 +623,43 @@ fn init_says_why_it_cannot_read_the_read_model() {
         "{err}"
     );
 }
+
+/// Found on call: `pg_logical_emit_message` granted to PUBLIC after the start went
+/// unnoticed until a restart (only doctor saw it). The running check says it within a
+/// period: a warning, and `walfold_public_emit` at 1 until it is revoked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emit_granted_to_public_while_running_is_said_and_counted() {
+    let db = TestDb::new("public_emit_later");
+    db.psql(REVOKE_PUBLIC_EMIT);
+    let port = walfold_tests::free_port();
+    let config = db.config(&format!(
+        "\n[[outbox]]\nmessage_prefix = \"walfold:accounts\"\n\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"
+    ));
+    let (d, _client) = Daemon::streaming(&db, &config).await;
+    let gauge = move || {
+        walfold_tests::http_get(port, "/metrics")
+            .1
+            .lines()
+            .find(|l| l.starts_with("walfold_public_emit{"))
+            .map(|l| l.rsplit(' ').next().unwrap_or("").to_owned())
+    };
+    db.psql(
+        &REVOKE_PUBLIC_EMIT
+            .replace("revoke execute", "grant execute")
+            .replace("from public", "to public"),
+    );
+    eventually(Duration::from_secs(20), "the warning and the gauge", || {
+        let said = d
+            .log_text()
+            .contains("any role may now write events into a message outbox");
+        let counted = gauge().as_deref() == Some("1");
+        async move { said && counted }
+    })
+    .await;
+    db.psql(REVOKE_PUBLIC_EMIT);
+    eventually(Duration::from_secs(20), "the gauge back at 0", || {
+        let counted = gauge().as_deref() == Some("0");
+        async move { counted }
+    })
+    .await;
+}

@@ -26,10 +26,46 @@ pub(super) async fn checks(
             found.extend(failover_leftovers(config, source, &s));
         }
     }
+    if let Ok(pid) = walfold_store::older_release_leader(target, schema).await {
+        found.extend(older_release(pid));
+    }
+    if let Ok(seen) = walfold_store::instance::seen(target, schema).await {
+        let lease = std::time::Duration::from_secs(config.cluster.lease_s);
+        let alive: Vec<&str> = seen
+            .iter()
+            .filter(|i| i.alive(lease, true))
+            .map(|i| i.version.as_str())
+            .collect();
+        found.extend(mixed_releases(&alive));
+    }
     if let Some(seen) = walfold_store::latest_types(target, schema, FILTER_SAMPLE).await? {
         found.extend(filters_meet_the_log(config, &seen));
     }
     Ok(found)
+}
+
+/// An instance of a release before leases that leads a migrated schema appends but
+/// applies nothing (its claims fail the new constraint), and this release's instances
+/// run nothing beside it: the upgrade is half done.
+fn older_release(pid: Option<i32>) -> Option<Finding> {
+    let pid = pid?;
+    Some(Finding::fail(
+        format!("an instance of an older walfold release leads this schema (backend pid {pid} on the main target): it appends events but applies none, and the instances of this release run nothing beside it"),
+        "stop that instance (or upgrade it to this release); this release's instances lead and share the work once it is gone",
+    ))
+}
+
+/// Instances of different releases at once: a rolling upgrade not finished.
+fn mixed_releases(versions: &[&str]) -> Option<Finding> {
+    let mut releases = versions.to_vec();
+    releases.sort_unstable();
+    releases.dedup();
+    (releases.len() > 1).then(|| {
+        Finding::warn(
+            format!("the running instances are of different releases ({})", releases.join(", ")),
+            format!("finish the rolling upgrade: every instance of a deployment runs one release (this one is {})", env!("CARGO_PKG_VERSION")),
+        )
+    })
 }
 
 /// Slots walfold ingested through that no source of the config uses any more (a

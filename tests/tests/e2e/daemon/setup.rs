@@ -132,3 +132,48 @@ async fn scram_and_verified_tls_with_a_least_privilege_role() {
     caught_up(&client, expected.distinct(), 3).await;
     expected.check(&client).await;
 }
+
+/// Found on call: migrations but the claims one set no `lock_timeout`, so a migration
+/// behind a long application transaction waited forever, holding every later session of
+/// the table in the lock queue. Each migration gives up after 10 s and names the
+/// session in the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_behind_a_long_transaction_gives_up_naming_it() {
+    let db = TestDb::new("migrate_blocked");
+    let schema = walfold_store::Schema::new("walfold");
+    walfold_store::migrate(&db.url(), &schema).await.unwrap();
+    // As before the last migration that alters ingest_position was applied.
+    db.psql(
+        "alter table walfold.ingest_position drop column publication_signature, \
+         drop column publication_checked_at; \
+         delete from walfold._sqlx_migrations where version = 20261207100300",
+    );
+    let holder = db.client().await;
+    holder
+        .batch_execute("begin; lock table walfold.ingest_position in access share mode")
+        .await
+        .unwrap();
+    let pid: i32 = holder
+        .query_one("select pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let path = write_config(&db.config(""));
+    let started = std::time::Instant::now();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        walfold(&["migrate", "-c", path.to_str().unwrap()], &[])
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(took < Duration::from_secs(25), "took {took:?}");
+    assert!(
+        err.contains("waited 10s for a lock") && err.contains(&format!("pid {pid}")),
+        "{err}"
+    );
+    holder.batch_execute("rollback").await.unwrap();
+    let path = write_config(&db.config(""));
+    let (code, out, err) = walfold(&["migrate", "-c", path.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+}

@@ -276,3 +276,68 @@ async fn a_slot_advanced_behind_walfolds_back_is_a_gap_that_is_backfilled() {
         d.log_text()
     );
 }
+
+/// Found upgrading from a release that acknowledged an idle slot's keepalives without
+/// recording them: its final standby status on SIGTERM passed its recorded position, and
+/// once anything of this release wrote the position before streaming (here an operator's
+/// backfill; at start, a gap's backfill), the next start took the difference for a slot
+/// moved by someone else: an ERROR, a slot gap and the `WalfoldSlotGap` page, with nothing
+/// lost. Only a position written while this release streams from the slot vouches for
+/// the acknowledgements after it; and a slot advanced past outbox rows after that is
+/// still a gap, backfilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_releases_final_acknowledgement_is_no_gap_but_a_later_advance_is() {
+    let db = TestDb::new("olderack");
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
+    db.psql(&paid(1, "o-1", "10"));
+    caught_up(&client, 1, 3).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    // As an older release leaves it: its writes never vouched for its acknowledgements,
+    // and its final one went past what it recorded (WAL of other tables only).
+    db.psql("update walfold.ingest_position set acks_recorded = false");
+    db.psql("create table elsewhere (x int); insert into elsewhere values (1)");
+    db.psql("select pg_replication_slot_advance('walfold', pg_current_wal_lsn())");
+    // The operator backfills before starting the new release: a write of the position.
+    let (code, out, err) = walfold(
+        &[
+            "backfill",
+            "-c",
+            d.config_path(),
+            "--outbox",
+            "public.outbox",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let (mut d, client) = Daemon::streaming(&db, &db.config("")).await;
+    db.psql(&paid(2, "o-2", "10"));
+    caught_up(&client, 2, 3).await;
+    assert_eq!(
+        db.psql("select count(*) from walfold.slot_gap"),
+        "0",
+        "{}",
+        d.log_text()
+    );
+    assert!(!d
+        .log_text()
+        .contains("moved past walfold's ingest position"));
+    // What the rule must still catch: stopped again, an event, the slot moved past it.
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    db.psql(&paid(3, "o-3", "10"));
+    db.psql("select pg_replication_slot_advance('walfold', pg_current_wal_lsn())");
+    let (d, client) = Daemon::streaming(&db, &db.config("")).await;
+    caught_up(&client, 3, 3).await;
+    assert_eq!(
+        db.psql(
+            "select count(*) from walfold.slot_gap where reason = 'advanced' \
+             and filled_at is not null"
+        ),
+        "1",
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(
+        db.psql("select string_agg(order_id, ',' order by order_id) from order_total"),
+        "o-1,o-2,o-3"
+    );
+}

@@ -70,3 +70,63 @@ async fn a_projection_removed_from_the_config_shows_as_unused_without_lag() {
         .collect();
     assert_eq!((row[2], row[3], row[9]), ("-", "-", "unused"), "{out}");
 }
+
+/// Found on a first start: a scrape that came before the migration logged `WARN …
+/// relation "walfold.projection" does not exist`. Until walfold's schema exists the
+/// database gauges are left out silently; the first thing a new user reads in the log
+/// is not a warning about walfold's own tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_scraped_from_the_first_moment_warns_about_nothing_of_its_own() {
+    let db = TestDb::new("firststart");
+    let port = walfold_tests::free_port();
+    let d = Daemon::start(
+        &db.config(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n")),
+        &[],
+    );
+    // Scrape as fast as the listener answers, from before the schema exists until the
+    // daemon streams, and a little beyond.
+    let client = db.client().await;
+    let start = std::time::Instant::now();
+    let mut scraped_before_schema = false;
+    let mut streaming_since = None;
+    while start.elapsed() < Duration::from_secs(30) {
+        let (code, _) = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+            .await
+            .unwrap();
+        // Readiness reads the same tables.
+        tokio::task::spawn_blocking(move || http_get(port, "/readyz"))
+            .await
+            .unwrap();
+        let schema = db.psql("select to_regclass('walfold.projection') is not null") == "t";
+        if code == 200 && !schema {
+            scraped_before_schema = true;
+        }
+        if streaming_since.is_none()
+            && walfold_tests::count(
+                &client,
+                "select count(*) from pg_replication_slots where active",
+            )
+            .await
+                > 0
+        {
+            streaming_since = Some(std::time::Instant::now());
+        }
+        if streaming_since.is_some_and(|s| s.elapsed() > Duration::from_secs(2)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(streaming_since.is_some(), "{}", d.log_text());
+    let log = d.log_text();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .filter(|l| l.contains("walfold.") || l.contains("relation") || l.contains("gauges"))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "a first start warned about walfold's own schema (scraped before it existed: \
+         {scraped_before_schema}):\n{}",
+        warnings.join("\n")
+    );
+}
