@@ -5,6 +5,7 @@ pub mod builder;
 mod compile;
 pub mod conninfo;
 pub mod defaults;
+mod definition;
 mod duration;
 mod env;
 mod error;
@@ -18,11 +19,14 @@ mod template;
 mod validate;
 mod view;
 
+pub use definition::{
+    definition_diff, digest_of, normalise_sql, short_digest, FoldDefinition, FoldKind, SHORT_DIGEST,
+};
 pub use duration::{parse_retention, Retention};
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
-    ClusterConfig, Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig, OnSlotLost,
+    ClusterConfig, Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig, OnDefinitionChange, OnSlotLost,
     OutboxConfig, OutboxField, PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig,
     SourceConfig, Statement, TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX,
     INGEST_SUBSCRIBER,
