@@ -47,7 +47,10 @@ pub enum FoldKind {
         columns: BTreeMap<String, String>,
     },
     /// A projection written in Rust: its code is named by the version it declares.
-    Rust { version: u32, target: Option<String> },
+    Rust {
+        version: u32,
+        target: Option<String>,
+    },
 }
 
 impl FoldDefinition {
@@ -123,9 +126,13 @@ impl FoldDefinition {
                 lines.push(format!("target = {}", target.as_deref().unwrap_or("-")));
             }
         }
-        let filter = |v: &Option<Vec<String>>| v.as_ref().map_or("(all)".to_owned(), |v| v.join(", "));
+        let filter =
+            |v: &Option<Vec<String>>| v.as_ref().map_or("(all)".to_owned(), |v| v.join(", "));
         lines.push(format!("event_types = {}", filter(&self.event_types)));
-        lines.push(format!("aggregate_types = {}", filter(&self.aggregate_types)));
+        lines.push(format!(
+            "aggregate_types = {}",
+            filter(&self.aggregate_types)
+        ));
         lines.push(format!("sources = {}", filter(&self.sources)));
         lines.push(format!(
             "version_mode = {}",
@@ -302,7 +309,9 @@ pub fn normalise_sql(sql: &str) -> String {
                 .position(|&t| !(t.is_alphanumeric() || t == '_'))
                 .map(|p| i + 1 + p);
             match tag_end {
-                Some(e) if chars[e] == '$' && !chars.get(i + 1).is_some_and(char::is_ascii_digit) => {
+                Some(e)
+                    if chars[e] == '$' && !chars.get(i + 1).is_some_and(char::is_ascii_digit) =>
+                {
                     let tag: String = chars[i..=e].iter().collect();
                     let body_start = e + 1;
                     let rest: String = chars[body_start..].iter().collect();
@@ -374,7 +383,8 @@ mod tests {
             "select 'a  --b',\"X  y\",$q$ a  b $q$"
         );
         assert_eq!(normalise_sql("select $1 ,  $2"), "select $1,$2");
-        let a = digest("sql = \"insert into t (id) values (:aggregate_id) on conflict do nothing\"");
+        let a =
+            digest("sql = \"insert into t (id) values (:aggregate_id) on conflict do nothing\"");
         let b = digest(
             "sql = \"\"\"\n-- keep the first\ninsert into t(id)\n   values (:aggregate_id)\n   on conflict do nothing\n\"\"\"",
         );
@@ -400,7 +410,9 @@ mod tests {
         );
         assert_eq!(digest(&format!("{base}\nfirst_version = 0")), d);
         assert_ne!(
-            digest(&format!("{base}\nversion_mode = \"strict\"\nfirst_version = 0")),
+            digest(&format!(
+                "{base}\nversion_mode = \"strict\"\nfirst_version = 0"
+            )),
             digest(&format!("{base}\nversion_mode = \"strict\""))
         );
     }
@@ -433,7 +445,9 @@ mod tests {
         let t = "table = \"public.s\"\nkey = \"id\"\nversion_column = \"version\"\n";
         let d = digest(&format!("{t}columns = {{ status = \":payload.status\" }}"));
         assert_eq!(
-            digest(&format!("{t}columns = {{ status = \"  :payload.status  \" }}")),
+            digest(&format!(
+                "{t}columns = {{ status = \"  :payload.status  \" }}"
+            )),
             d
         );
         assert_ne!(
@@ -441,7 +455,9 @@ mod tests {
             d
         );
         assert_ne!(
-            digest(&format!("{t}columns = {{ status = \"upper(:payload.status)\" }}")),
+            digest(&format!(
+                "{t}columns = {{ status = \"upper(:payload.status)\" }}"
+            )),
             d
         );
     }

@@ -26,10 +26,10 @@ pub use duration::{parse_retention, Retention};
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
-    ClusterConfig, Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig, OnDefinitionChange, OnSlotLost,
-    OutboxConfig, OutboxField, PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig,
-    SourceConfig, Statement, TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX,
-    INGEST_SUBSCRIBER,
+    ClusterConfig, Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig,
+    OnDefinitionChange, OnSlotLost, OutboxConfig, OutboxField, PipelineConfig, ProjectionConfig,
+    ProjectionKind, RetentionConfig, SourceConfig, Statement, TableProjection, TargetConfig,
+    VersionMode, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER,
 };
 pub use redact::{redact_url, without_password};
 pub use template::{ParamType, Placeholder, Template, TemplateError, Upsert};

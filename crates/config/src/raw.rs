@@ -15,7 +15,8 @@ use crate::duration::Retention;
 use crate::error::Problem;
 use crate::ident::{is_identifier, QualifiedName, IDENTIFIER_RULE};
 use crate::model::{
-    OnDefinitionChange, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, VersionMode,
+    OnDefinitionChange, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig,
+    VersionMode,
 };
 use crate::template::Template;
 /// `[retention]`, as written in the file.

@@ -245,7 +245,8 @@ impl Config {
                 );
             }
             subscribers.push(&proj.subscriber);
-            if proj.on_definition_change == OnDefinitionChange::Rebuild && proj.storage().is_none() {
+            if proj.on_definition_change == OnDefinitionChange::Rebuild && proj.storage().is_none()
+            {
                 push(
                     &key("on_definition_change"),
                     "`rebuild` needs the projection's table: set `target` and write `{table}` in its sql (or use `refuse` or `accept`)".into(),

@@ -15,6 +15,7 @@ use walfold_engine::Target;
 use crate::run::load;
 use crate::Failure;
 
+mod definitions;
 mod finding;
 mod ha;
 mod outboxes;
@@ -152,6 +153,11 @@ async fn check_main_target(
             .map_err(Failure::runtime)?,
     );
     r.extend(
+        definitions::checks(config, &main, &t)
+            .await
+            .map_err(Failure::runtime)?,
+    );
+    r.extend(
         records::checks(config, &main.schema, &t)
             .await
             .map_err(Failure::runtime)?,
@@ -189,6 +195,11 @@ async fn check_extra_targets(r: &mut Report, config: &Config) -> Result<(), Fail
         }
         r.extend(
             target::checks(config, t, &c)
+                .await
+                .map_err(Failure::runtime)?,
+        );
+        r.extend(
+            definitions::checks(config, t, &c)
                 .await
                 .map_err(Failure::runtime)?,
         );
