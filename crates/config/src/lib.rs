@@ -5,6 +5,7 @@ pub mod builder;
 mod compile;
 pub mod conninfo;
 pub mod defaults;
+mod definition;
 mod duration;
 mod env;
 mod error;
@@ -18,14 +19,17 @@ mod template;
 mod validate;
 mod view;
 
+pub use definition::{
+    definition_diff, digest_of, normalise_sql, short_digest, FoldDefinition, FoldKind, SHORT_DIGEST,
+};
 pub use duration::{parse_retention, Retention};
 pub use error::{ConfigError, Problem};
 pub use ident::{quote_ident, QualifiedName};
 pub use model::{
-    ClusterConfig, Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig, OnSlotLost,
-    OutboxConfig, OutboxField, PipelineConfig, ProjectionConfig, ProjectionKind, RetentionConfig,
-    SourceConfig, Statement, TableProjection, TargetConfig, VersionMode, HEARTBEAT_PREFIX,
-    INGEST_SUBSCRIBER,
+    ClusterConfig, Config, ExtraTarget, IdField, LogConfig, LogFormat, MetricsConfig,
+    OnDefinitionChange, OnSlotLost, OutboxConfig, OutboxField, PipelineConfig, ProjectionConfig,
+    ProjectionKind, RetentionConfig, SourceConfig, Statement, TableProjection, TargetConfig,
+    VersionMode, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER,
 };
 pub use redact::{redact_url, without_password};
 pub use template::{ParamType, Placeholder, Template, TemplateError, Upsert};

@@ -570,18 +570,36 @@ pub struct ProjectionConfig {
     /// The `[targets.NAME]` holding this projection's read model and state; `None`:
     /// `[target]`.
     pub database: Option<String>,
+    /// What happens when its definition differs from the one its subscriber folded with.
+    pub on_definition_change: OnDefinitionChange,
     /// What reading the entry found wrong (keys within the entry); [`Config::validate`]
     /// reports it, with the entry's index, among every other problem.
     pub(crate) unresolved: Vec<Problem>,
 }
 
 /// `projection.version_mode`
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VersionMode {
     #[default]
     Guard,
     Strict,
+}
+
+/// `projection.on_definition_change`: what happens at start when a projection's
+/// definition (see [`crate::FoldDefinition`]) differs from the one its subscriber
+/// folded with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDefinitionChange {
+    /// The projection is not run: walfold stops with what differs and the fix.
+    #[default]
+    Refuse,
+    /// A blue/green rebuild under a derived subscriber ID starts by itself; the old
+    /// definition serves until the switch-over.
+    Rebuild,
+    /// The change is compatible: recorded (who, when) and the fold goes on.
+    Accept,
 }
 
 /// What a projection does, resolved once from its flat keys when the config is read.
@@ -645,6 +663,7 @@ impl ProjectionConfig {
             first_version: DEFAULT_FIRST_VERSION,
             gap_timeout: DEFAULT_GAP_TIMEOUT,
             database: None,
+            on_definition_change: OnDefinitionChange::default(),
             unresolved: Vec::new(),
         }
     }

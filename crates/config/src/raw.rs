@@ -14,7 +14,10 @@ use crate::defaults::{
 use crate::duration::Retention;
 use crate::error::Problem;
 use crate::ident::{is_identifier, QualifiedName, IDENTIFIER_RULE};
-use crate::model::{ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig, VersionMode};
+use crate::model::{
+    OnDefinitionChange, ProjectionConfig, ProjectionKind, RetentionConfig, SourceConfig,
+    VersionMode,
+};
 use crate::template::Template;
 /// `[retention]`, as written in the file.
 #[derive(Deserialize)]
@@ -197,6 +200,18 @@ pub(crate) struct RawProjection {
     /// Default: the main target
     #[serde(default)]
     database: Option<String>,
+    /// at start, when the projection's definition (its statement or columns, filters,
+    /// version mode, first version, table; not names or tuning such as `batch_size`,
+    /// `parallelism`, `max_attempts`; whitespace and SQL comments do not count) differs
+    /// from the one its subscriber folded with: `refuse` stops with what differs and the
+    /// fix; `rebuild` starts a blue/green rebuild under `SUBSCRIBER~DIGEST` by itself (the
+    /// old definition serves until the switch-over; needs a table: `table`, or `sql` with
+    /// `target`); `accept` takes the change as compatible, records who and when (`walfold
+    /// events`) and goes on ([Changing a projection](PROJECTIONS.md#changing-a-projection))
+    ///
+    /// Default: `"refuse"`
+    #[serde(default)]
+    on_definition_change: OnDefinitionChange,
 }
 
 impl From<RawProjection> for ProjectionConfig {
@@ -243,6 +258,7 @@ impl From<RawProjection> for ProjectionConfig {
             first_version: raw.first_version,
             gap_timeout,
             database: raw.database,
+            on_definition_change: raw.on_definition_change,
             unresolved,
         }
     }

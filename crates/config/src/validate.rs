@@ -2,7 +2,9 @@
 
 use crate::error::{ConfigError, Problem};
 use crate::ident::{is_identifier, QualifiedName, IDENTIFIER_RULE};
-use crate::model::{Config, IdField, ProjectionConfig, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER};
+use crate::model::{
+    Config, IdField, OnDefinitionChange, ProjectionConfig, HEARTBEAT_PREFIX, INGEST_SUBSCRIBER,
+};
 impl Config {
     /// Checks everything and reports every problem at once.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -243,6 +245,13 @@ impl Config {
                 );
             }
             subscribers.push(&proj.subscriber);
+            if proj.on_definition_change == OnDefinitionChange::Rebuild && proj.storage().is_none()
+            {
+                push(
+                    &key("on_definition_change"),
+                    "`rebuild` needs the projection's table: set `target` and write `{table}` in its sql (or use `refuse` or `accept`)".into(),
+                );
+            }
             match &proj.sources {
                 Some(list) if list.is_empty() => push(
                     &key("sources"),

@@ -78,6 +78,43 @@ pub async fn start_rebuild_with(
     subscriber: &str,
     history: History,
 ) -> Result<Rebuild, EngineError> {
+    // A Rust projection's version is the program's: its pipeline records it when the
+    // rebuild's subscriber first runs.
+    let definition = match options.kind {
+        walfold_config::ProjectionKind::Code { .. } => None,
+        _ => Some(walfold_config::FoldDefinition::of(options, 1)),
+    };
+    start_rebuild_recording(
+        config,
+        options,
+        subscriber,
+        history,
+        Recording {
+            definition: definition.as_ref(),
+            ..Recording::default()
+        },
+    )
+    .await
+}
+
+/// What a rebuild records beside itself: the definition its subscriber folds with, and,
+/// when the leader starts it for a changed definition, its fence on the projection's
+/// target and the definition the live subscriber folds with, with who decided.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Recording<'a> {
+    pub definition: Option<&'a walfold_config::FoldDefinition>,
+    pub fence: Option<&'a Fence>,
+    pub changed_from: Option<(&'a walfold_store::definition::RecordedDefinition, &'a str)>,
+}
+
+/// [`start_rebuild_with`], recording `recording` in the rebuild's transaction.
+pub(crate) async fn start_rebuild_recording(
+    config: &Config,
+    options: &ProjectionConfig,
+    subscriber: &str,
+    history: History,
+    recording: Recording<'_>,
+) -> Result<Rebuild, EngineError> {
     let name = options.name.as_str();
     let live = options
         .storage()
@@ -147,6 +184,12 @@ pub async fn start_rebuild_with(
     } else {
         None
     };
+    if let Some(fence) = recording.fence {
+        match own.take() {
+            Some(o) => own = Some(o.leading(fence.clone())),
+            None => guard = guard.leading(fence.clone()),
+        }
+    }
     let op = own.as_mut().unwrap_or(&mut guard);
     let previous = op
         .active_subscriber(name, &options.subscriber, Some(&live))
@@ -159,7 +202,18 @@ pub async fn start_rebuild_with(
         Some(projection.probe())
     };
     Ok(op
-        .start_rebuild(name, &live, &previous, subscriber, &probe)
+        .start_rebuild(
+            name,
+            &live,
+            &previous,
+            subscriber,
+            &probe,
+            walfold_store::rebuild::StartWith {
+                definition: recording.definition,
+                fence: None,
+                changed_from: recording.changed_from,
+            },
+        )
         .await?)
 }
 

@@ -48,6 +48,14 @@ pub trait Projection: Send + Sync + 'static {
         false
     }
 
+    /// The version of this projection's code: part of its definition, so raising it
+    /// (when `apply` folds differently) is a changed definition, which
+    /// `on_definition_change` decides about (refuse, rebuild, accept) before any event is
+    /// folded with it onto the old rows. The default is 1.
+    fn definition_version(&self) -> u32 {
+        1
+    }
+
     /// Applies one event.
     fn apply<'a>(
         &'a self,

@@ -344,16 +344,20 @@ impl<C: BorrowMut<Client>> Operator<C> {
     /// Starts a rebuild of `projection` (live table `live`, served by `previous`) under
     /// the unused subscriber ID `subscriber`. A request: it creates an empty shadow table,
     /// prepares the statement `probe` gives for it there (when it gives one) and records
-    /// the rebuild in one transaction; the leader replays into it, fenced.
+    /// the rebuild (with what `with` holds: the new subscriber's definition, and when the leader
+    /// starts it for a changed definition, its fence and the trail) in one transaction;
+    /// the leader replays into it, fenced.
     pub async fn start_rebuild(
         &mut self,
         projection: &str,
         live: &QualifiedName,
         previous: &str,
         subscriber: &str,
-        probe: &dyn Fn(&QualifiedName) -> Option<rebuild::Probe>,
+        probe: &(dyn Fn(&QualifiedName) -> Option<rebuild::Probe> + Sync),
+        with: rebuild::StartWith<'_>,
     ) -> Result<Rebuild, StoreError> {
         let schema = self.schema.clone();
+        let fence = self.fence.clone();
         rebuild::start(
             self.client_mut(),
             &schema,
@@ -362,6 +366,10 @@ impl<C: BorrowMut<Client>> Operator<C> {
             previous,
             subscriber,
             probe,
+            rebuild::StartWith {
+                fence: with.fence.or(fence.as_ref()),
+                ..with
+            },
         )
         .await
     }

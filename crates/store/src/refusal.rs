@@ -38,6 +38,32 @@ pub enum Refusal {
         /// walfold's schema, quoted, whose `projection` table is the registry.
         registry: String,
     },
+    /// A projection's definition differs from the one its subscriber folded with, and
+    /// its `on_definition_change` is `refuse`.
+    #[error(
+        "projection {projection}: its definition changed since subscriber {subscriber} folded \
+         with it, and walfold never folds a new definition onto the rows an old one built. \
+         What differs (- recorded, + config):\n{diff}\nTo go on: set on_definition_change = \
+         \"rebuild\" on it (a blue/green rebuild under a new subscriber starts by itself; the \
+         old definition serves until the switch-over), or on_definition_change = \"accept\" \
+         if the change is compatible with the rows built so far, or undo the change"
+    )]
+    DefinitionChanged {
+        projection: String,
+        subscriber: String,
+        diff: String,
+    },
+    /// A changed definition would start a rebuild, but one with another definition is
+    /// replaying.
+    #[error(
+        "projection {projection}: its definition changed again while rebuild {subscriber} \
+         replays another one; abort that rebuild (walfold rebuild {projection} --abort) and \
+         start again, or restore the definition it rebuilds"
+    )]
+    DefinitionRebuildOpen {
+        projection: String,
+        subscriber: String,
+    },
     /// Ending a rebuild is the leader's work; this handle is bound to no fence.
     #[error(
         "only the leader ends the rebuild of {projection}; the leading daemon carries out the \

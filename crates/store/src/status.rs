@@ -221,6 +221,23 @@ pub struct RebuildStatus {
     /// Why its last switch-over failed (the daemon tries again), and when.
     pub switch_error: Option<String>,
     pub switch_failed_at_unix: Option<f64>,
+    /// Started by itself for a changed definition (`on_definition_change = "rebuild"`).
+    pub for_changed_definition: bool,
+}
+
+/// What a subscriber folds with, as recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct DefinitionStatus {
+    /// The SHA-256 of the normalised definition, in hex.
+    pub digest: String,
+    /// A Rust projection's own version (`Projection::definition_version`).
+    pub version: Option<u32>,
+    /// `first`, `rebuild` or `accepted`.
+    pub origin: crate::definition::DefinitionOrigin,
+    pub recorded_at_unix: f64,
+    /// `accepted`: who (OS user, host, instance) and the digest it replaced.
+    pub accepted_by: Option<String>,
+    pub previous_digest: Option<String>,
 }
 
 /// One source: its slot on the source server, its ingest position in the target.
@@ -314,6 +331,8 @@ pub struct SubscriberStatus {
     pub projection: Option<String>,
     /// Per source, the position it has folded up to (read your own writes).
     pub folded: Vec<FoldedStatus>,
+    /// The definition it folds with (`None`: not recorded yet).
+    pub definition: Option<DefinitionStatus>,
 }
 
 /// How far a subscriber has folded one source: every event the source committed at or
@@ -670,7 +689,29 @@ pub async fn target_status(
             serves: r.col("serves")?,
             projection: r.col("projection")?,
             folded,
+            definition: None,
         });
+    }
+    for d in crate::definition::all(target, schema).await? {
+        if let Some(sub) = subscribers
+            .iter_mut()
+            .find(|s| s.subscriber == d.subscriber)
+        {
+            sub.definition = Some(DefinitionStatus {
+                version: match &d.parts {
+                    Some(walfold_config::FoldDefinition {
+                        kind: walfold_config::FoldKind::Rust { version, .. },
+                        ..
+                    }) => Some(*version),
+                    _ => None,
+                },
+                digest: d.digest,
+                origin: d.origin,
+                recorded_at_unix: d.recorded_at_unix,
+                accepted_by: d.accepted_by,
+                previous_digest: d.previous_digest,
+            });
+        }
     }
     let dead_letters_open: i64 = target
         .query_one(&schema.sql(DEAD_LETTERS), &[&DeadLetterStatus::Open])
@@ -719,11 +760,16 @@ pub async fn target_status(
         };
         let open_dead_letters =
             crate::dead_letter::DeadLetters::open_count(target, schema, &r.subscriber).await?;
+        let for_changed_definition = crate::definition::changes(target, schema, &r.subscriber)
+            .await?
+            .iter()
+            .any(|c| c.action == crate::definition::ChangeAction::Rebuild);
         rebuilds.push(RebuildStatus {
             target: name.to_owned(),
             open_dead_letters,
             switch_error: r.switch_error,
             switch_failed_at_unix: r.switch_failed_at_unix,
+            for_changed_definition,
             eta_s: (r.state == RebuildState::Running && rate_per_s > 0.0)
                 .then(|| remaining as f64 / rate_per_s),
             projection: r.projection,

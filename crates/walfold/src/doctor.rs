@@ -16,6 +16,7 @@ use walfold_store::target_shape;
 use crate::run::load;
 use crate::Failure;
 
+mod definitions;
 mod finding;
 mod ha;
 mod outboxes;
@@ -156,6 +157,11 @@ async fn check_main_target(
             .map_err(Failure::runtime)?,
     );
     r.extend(
+        definitions::checks(config, &main, &t)
+            .await
+            .map_err(Failure::runtime)?,
+    );
+    r.extend(
         records::checks(config, &main.schema, &t)
             .await
             .map_err(Failure::runtime)?,
@@ -200,6 +206,11 @@ async fn check_extra_targets(r: &mut Report, config: &Config) -> Result<(), Fail
         };
         r.extend(
             target::checks(config, t, &c, instances)
+                .await
+                .map_err(Failure::runtime)?,
+        );
+        r.extend(
+            definitions::checks(config, t, &c)
                 .await
                 .map_err(Failure::runtime)?,
         );

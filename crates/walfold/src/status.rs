@@ -351,6 +351,36 @@ fn render(config: &Config, s: &Status) -> String {
         }
     }
     for sub in &s.subscribers {
+        let Some(d) = &sub.definition else { continue };
+        if !matches!(&sub.serves[..], "live" | "rebuilding") {
+            continue;
+        }
+        let how = match d.origin {
+            walfold_store::definition::DefinitionOrigin::First => {
+                "recorded at its first start".to_owned()
+            }
+            walfold_store::definition::DefinitionOrigin::Rebuild => {
+                "recorded by its rebuild".to_owned()
+            }
+            walfold_store::definition::DefinitionOrigin::Accepted => format!(
+                "accepted by {} {:.0}s ago, replacing {}",
+                d.accepted_by.as_deref().unwrap_or("?"),
+                (unix_now() - d.recorded_at_unix).max(0.0),
+                d.previous_digest
+                    .as_deref()
+                    .map_or("?", walfold_config::short_digest)
+            ),
+        };
+        println!(
+            "definition {} ({}): {}{} {how}",
+            sub.projection.as_deref().unwrap_or("-"),
+            sub.subscriber,
+            walfold_config::short_digest(&d.digest),
+            d.version
+                .map_or_else(String::new, |v| format!(" version {v}")),
+        );
+    }
+    for sub in &s.subscribers {
         if let Some(p) = &sub.paused {
             println!(
                 "PAUSED {}{}: {} partition(s) since {}s ago, {}{} (an error of the target or the config: nothing is dead-lettered for it; it resumes by itself once fixed)",
@@ -384,6 +414,15 @@ fn render(config: &Config, s: &Status) -> String {
                 String::new()
             }
         );
+        if r.for_changed_definition && r.state == walfold_store::RebuildState::Running {
+            println!(
+                "  for a changed definition (on_definition_change = \"rebuild\"): {} serves the old one until the switch-over",
+                s.subscribers
+                    .iter()
+                    .find(|sub| sub.serves == "live" && sub.projection.as_deref() == Some(&r.projection))
+                    .map_or("the live subscriber", |sub| sub.subscriber.as_str())
+            );
+        }
         if let Some(e) = &r.switch_error {
             let ago = r.switch_failed_at_unix.map_or_else(String::new, |t| {
                 format!(" {:.0}s ago", (unix_now() - t).max(0.0))

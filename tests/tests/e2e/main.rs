@@ -5,6 +5,7 @@
 
 mod cluster;
 mod daemon;
+mod definitions;
 mod descriptors;
 mod failover;
 mod frameworks;

@@ -762,6 +762,7 @@ async fn an_operator_handle_of_a_deposed_leader_cannot_write() {
         "orders.total.v1",
         "orders.total.v2",
         &|_| None,
+        Default::default(),
     )
     .await
     .unwrap();

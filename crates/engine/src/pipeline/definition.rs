@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use walfold_config::{Config, ProjectionConfig, QualifiedName};
+use walfold_config::{Config, FoldDefinition, ProjectionConfig, QualifiedName};
+use walfold_store::definition::RecordedDefinition;
 use walfold_store::Fence;
 
 use crate::error::EngineError;
@@ -24,6 +25,8 @@ pub(crate) struct Definition {
     index: Option<usize>,
     /// Where its state lives.
     pub target: Target,
+    /// What defines its fold, as its subscriber records it.
+    pub fold: FoldDefinition,
 }
 
 impl Definition {
@@ -40,15 +43,48 @@ impl Definition {
                 live: build(p, i, &target.schema, None)?,
                 index: Some(i),
                 target,
+                fold: FoldDefinition::of(p, 1),
             });
         }
         all.extend(custom.into_iter().map(|(options, live)| Definition {
             target: Target::of(config, &options),
+            fold: FoldDefinition::of(&options, live.definition_version()),
             options,
             live,
             index: None,
         }));
         Ok(all)
+    }
+
+    /// This projection as it folds for a subscriber that recorded `recorded`: itself
+    /// when that is its own definition (or none is recorded yet), else the recorded
+    /// definition built again with these options' names and tuning (a `sql` or `table`
+    /// projection's; the old definition serves until a rebuild switches over, or an
+    /// operator accepts the new one). `None`: it cannot be built (a Rust projection's
+    /// older code).
+    pub(crate) fn folding(
+        &self,
+        recorded: Option<&RecordedDefinition>,
+    ) -> Result<Option<Definition>, EngineError> {
+        let Some(recorded) = recorded else {
+            return Ok(Some(self.clone()));
+        };
+        if recorded.digest == self.fold.digest() {
+            return Ok(Some(self.clone()));
+        }
+        let (Some(index), Some(parts)) = (self.index, recorded.parts.as_ref()) else {
+            return Ok(None);
+        };
+        let Some(options) = parts.apply_to(&self.options) else {
+            return Ok(None);
+        };
+        Ok(Some(Definition {
+            live: build(&options, index, &self.target.schema, None)?,
+            fold: parts.clone(),
+            options,
+            index: Some(index),
+            target: self.target.clone(),
+        }))
     }
 
     /// The projection writing to `table` (a rebuild's shadow); `None` if it cannot.

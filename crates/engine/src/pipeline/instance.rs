@@ -261,6 +261,7 @@ pub(crate) async fn run(
         leading: None,
         older: None,
         heard: Instant::now(),
+        cannot_fold: HashSet::new(),
         shared,
     };
     let result = runner.run(&cancel).await;
@@ -281,6 +282,8 @@ struct Runner {
     older: Option<i32>,
     /// When the last heartbeat landed.
     heard: Instant,
+    /// Subscribers whose recorded definition this program cannot build (said once).
+    cannot_fold: HashSet<String>,
 }
 
 impl Runner {
@@ -661,6 +664,21 @@ impl Runner {
         else {
             return self.give_back(&label, &unit.key, token).await;
         };
+        // A unit folds with what its subscriber recorded, whatever this instance's config
+        // says: the leader decides about a changed definition, once.
+        let recorded = walfold_store::definition::recorded(
+            self.leases[&label].client(),
+            &target.schema,
+            &unit.key.subscriber,
+        )
+        .await?;
+        let Some(definition) = definition.folding(recorded.as_ref())? else {
+            if self.cannot_fold.insert(unit.key.subscriber.clone()) {
+                tracing::warn!(projection = %unit.projection, subscriber = %unit.key.subscriber, "this subscriber folds with a definition this program cannot build (a Rust projection's older version): its units wait, and its read model stays as it is, until a rebuild switches over or the change is accepted");
+            }
+            return self.give_back(&label, &unit.key, token).await;
+        };
+        let definition = &definition;
         let replay = match unit.rebuild {
             false => None,
             true => {

@@ -12,6 +12,7 @@
 //! `walfold_projection_paused`, `/readyz`) and everything else goes on.
 
 mod assign;
+mod changed;
 mod definition;
 mod instance;
 mod lead;

@@ -22,6 +22,7 @@ use walfold_store::rebuild::Readiness;
 use walfold_store::work_unit::{self, Planned, Unit};
 use walfold_store::{migrate, rebuild, Backoff, Checkpoints, Fence, Rebuild, RebuildState};
 
+use super::changed::Decided;
 use super::definition::Definition;
 use super::instance::Shared;
 use super::switch::{self, FailedSwitch};
@@ -222,8 +223,7 @@ impl Planner {
             open = rebuild::open_settled(client, schema).await?;
         }
         let basis = Basis::of(&open);
-        if rounds.basis.as_ref() != Some(&basis) {
-            self.plan(client, fence, &open, rounds).await?;
+        if rounds.basis.as_ref() != Some(&basis) && self.plan(client, fence, &open, rounds).await? {
             rounds.basis = Some(basis);
         }
         rounds.failed.retain(|f| !f.over());
@@ -330,16 +330,19 @@ impl Planner {
     }
 
     /// The units this target should have, made so: resolves each projection's active
-    /// subscriber (the registry), and adds, changes and removes units to match.
+    /// subscriber (the registry), decides about a changed definition (`changed.rs`), and
+    /// adds, changes and removes units to match. `false`: a rebuild started (or waits to
+    /// start), so the plan is made again next round.
     async fn plan(
         &self,
         client: &mut Client,
         fence: &Fence,
         open: &[Rebuild],
         rounds: &mut Rounds,
-    ) -> Result<(), EngineError> {
+    ) -> Result<bool, EngineError> {
         let schema = &self.target.schema;
         let mut wanted: Vec<Planned> = Vec::new();
+        let mut settled = true;
         for d in self.definitions() {
             let options = &d.options;
             let active = walfold_store::active_subscriber(
@@ -350,7 +353,17 @@ impl Planner {
                 options.storage().as_ref(),
             )
             .await?;
-            if options.version_mode == VersionMode::Strict
+            let running = open
+                .iter()
+                .find(|r| r.projection == options.name && r.state == RebuildState::Running);
+            let decided = self
+                .decide_definition(client, fence, d, &active, running)
+                .await?;
+            settled &= decided != Decided::Rebuilding;
+            // The live subscriber folds with the config's definition only when it matches.
+            let folds_config = matches!(decided, Decided::Same | Decided::Recorded);
+            if folds_config
+                && options.version_mode == VersionMode::Strict
                 && walfold_store::ran_without_versions(client, schema, &active).await?
             {
                 return Err(EngineError::Projection {
@@ -449,7 +462,7 @@ impl Planner {
         if changed {
             self.shared.units_changed().await;
         }
-        Ok(())
+        Ok(settled)
     }
 
     /// Holds every unit of `subscribers` for a change of plan and waits until none of

@@ -275,10 +275,22 @@ pub(crate) async fn subscriber_used(
 /// against a rebuild's shadow table before the rebuild is recorded.
 pub type Probe = (String, Vec<tokio_postgres::types::Type>);
 
+/// What a rebuild's start records beside the rebuild, in its transaction.
+#[derive(Default, Clone, Copy)]
+pub struct StartWith<'a> {
+    /// The definition the new subscriber folds with.
+    pub definition: Option<&'a walfold_config::FoldDefinition>,
+    /// The leader's fence, when the leader starts it (a changed definition).
+    pub fence: Option<&'a Fence>,
+    /// Started for a changed definition: what the live subscriber folds with, and who.
+    pub changed_from: Option<(&'a crate::definition::RecordedDefinition, &'a str)>,
+}
+
 /// Starts a rebuild of `projection` (whose live table is `live`, served by `previous`)
 /// under the unused subscriber ID `subscriber`: creates the shadow table from the live
 /// table's definition, checks that the statement `probe` gives for it runs there, and
-/// records the rebuild, in one transaction.
+/// records the rebuild (and what `with` holds), in one transaction.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn start(
     client: &mut Client,
     schema: &Schema,
@@ -286,7 +298,8 @@ pub(crate) async fn start(
     live: &QualifiedName,
     previous: &str,
     subscriber: &str,
-    probe: &dyn Fn(&QualifiedName) -> Option<Probe>,
+    probe: &(dyn Fn(&QualifiedName) -> Option<Probe> + Sync),
+    with: StartWith<'_>,
 ) -> Result<Rebuild, StoreError> {
     let shadow = ddl::sibling(live, "__rebuild")?;
     let retired = ddl::sibling(live, "__retired")?;
@@ -294,6 +307,9 @@ pub(crate) async fn start(
         .transaction()
         .await
         .map_err(StoreError::db("starting a rebuild"))?;
+    if let Some(fence) = with.fence {
+        fence.check(&tx).await?;
+    }
     if let Some(open) = open(&tx, schema)
         .await?
         .into_iter()
@@ -346,6 +362,22 @@ pub(crate) async fn start(
         .await
         .map_err(StoreError::db("recording the rebuild"))?;
     let rebuild = Rebuild::from_row(&row)?;
+    if let Some(definition) = with.definition {
+        crate::definition::record_rebuild(&tx, schema, subscriber, projection, definition).await?;
+        if let Some((from, by)) = with.changed_from {
+            crate::definition::changed(
+                &tx,
+                schema,
+                projection,
+                subscriber,
+                crate::definition::ChangeAction::Rebuild,
+                from,
+                definition,
+                by,
+            )
+            .await?;
+        }
+    }
     tx.commit()
         .await
         .map_err(StoreError::db("starting a rebuild"))?;
