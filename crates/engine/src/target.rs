@@ -82,9 +82,11 @@ impl Target {
         match &self.name {
             Some(name) => config.targets[name].pool_size + 3,
             None => {
+                // Per source: its appender, and the session that records the source's
+                // WAL position for `wait_for` (wal_watch.rs).
                 config.target.pool_size
                     + 6
-                    + config.sources().len()
+                    + 2 * config.sources().len()
                     + usize::from(config.metrics.listen.is_some())
             }
         }

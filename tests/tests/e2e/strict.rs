@@ -510,7 +510,14 @@ async fn switching_a_running_subscriber_to_strict_is_refused_with_the_fix() {
     db.psql(&credit("m-1", 1, 1));
     versions_become(&client, "m-1", "1").await;
     d.kill();
-    std::fs::write(d.config_path(), config(&db, "")).unwrap();
+    // The version mode is part of the fold's definition: accepted here, so that what
+    // refuses is the strict check (a changed definition alone is refused with exit 2,
+    // tests/tests/e2e/definitions.rs).
+    let strict = config(&db, "").replace(
+        "version_mode = \"strict\"\n",
+        "version_mode = \"strict\"\non_definition_change = \"accept\"\n",
+    );
+    std::fs::write(d.config_path(), strict).unwrap();
     d.kill_and_restart(None);
     assert_eq!(d.wait_exit("the refusal").await, Some(1));
     let log = d.log_text();

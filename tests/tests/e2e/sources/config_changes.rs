@@ -91,7 +91,12 @@ sql = "insert into only_a (event_id) values (:event_id)"
     let renamed = grown
         .replace("name = \"default\"", "name = \"shop\"")
         .replace("source = \"default\"", "source = \"shop\"")
-        .replace("sources = [\"default\"]", "sources = [\"shop\"]");
+        .replace(
+            "sources = [\"default\"]",
+            // A projection's sources are part of its definition: the operator says the
+            // rename folds the same events (tests/tests/e2e/definitions.rs).
+            "sources = [\"shop\"]\non_definition_change = \"accept\"",
+        );
     let mut daemon = Daemon::start(&renamed, &[]);
     eventually(
         Duration::from_secs(60),
