@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 
 use walfold_event::{DeadLetterStatus, Lsn};
 use walfold_telemetry::metrics::{
-    DatabaseReading, Folded, Lag, SlotReading, SourceReading, SubscriberReading,
+    DatabaseReading, DefinitionReading, Folded, Lag, SlotReading, SourceReading, SubscriberReading,
 };
 
 use crate::error::StoreError;
@@ -573,7 +573,23 @@ pub async fn metrics_reading(
                 }
                 _ => Vec::new(),
             },
+            definition: match (&sub.projection, &sub.definition) {
+                (Some(projection), Some(d)) if matches!(&sub.serves[..], "live" | "rebuilding") => {
+                    Some(DefinitionReading {
+                        projection: projection.clone(),
+                        digest: walfold_config::short_digest(&d.digest).to_owned(),
+                        version: d.version,
+                    })
+                }
+                _ => None,
+            },
         })
+        .collect();
+    let rebuilding_for_definition = s
+        .rebuilds
+        .iter()
+        .filter(|r| r.for_changed_definition && r.state == RebuildState::Running)
+        .map(|r| r.projection.clone())
         .collect();
     let sources = s
         .sources
@@ -602,6 +618,7 @@ pub async fn metrics_reading(
         sources,
         dead_letters_open: s.dead_letters_open,
         processed_message_rows: s.processed_message_rows,
+        rebuilding_for_definition,
     })
 }
 

@@ -29,6 +29,21 @@ pub(crate) struct FoldedLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DefinitionLabel {
+    projection: String,
+    subscriber: String,
+    /// The short digest `walfold status` prints.
+    digest: String,
+    /// A Rust projection's own version; empty for `sql` and `table` projections.
+    version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ProjectionLabel {
+    projection: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct SourceLabel {
     source: String,
 }
@@ -73,6 +88,8 @@ pub struct Metrics {
     parked: Family<SubscriberLabel, Gauge>,
     folded_lsn: Family<FoldedLabel, Gauge>,
     folded_age: Family<FoldedLabel, FloatGauge>,
+    definition_info: Family<DefinitionLabel, Gauge>,
+    definition_rebuilding: Family<ProjectionLabel, Gauge>,
     slot_retained_bytes: Family<SourceLabel, Gauge>,
     slot_lag_bytes: Family<SourceLabel, Gauge>,
     slot_confirmed_flush_lsn: Family<SourceLabel, Gauge>,
@@ -145,6 +162,8 @@ impl Metrics {
             parked: reg!("parked_aggregates", "Aggregates whose events wait behind a dead letter", Family::default()),
             folded_lsn: reg!("projection_folded_lsn", "The source position up to which the projection has applied every event, as a number (read your own writes)", Family::default()),
             folded_age: reg!("projection_folded_age_seconds", "Age of the source commit of the newest event the projection has applied everything up to", Family::default()),
+            definition_info: reg!("projection_definition_info", "1 for the definition each subscriber serving or rebuilding a projection folds with (digest as walfold status prints it)", Family::default()),
+            definition_rebuilding: reg!("projection_definition_rebuilding", "1 while a rebuild started for the projection's changed definition (on_definition_change = \"rebuild\") replays; the old definition serves until its switch-over", Family::default()),
             slot_retained_bytes: reg!("slot_retained_wal_bytes", "WAL the slot keeps on the source (current LSN - restart_lsn)", Family::default()),
             slot_lag_bytes: reg!("slot_lag_bytes", "WAL not yet confirmed (current LSN - confirmed_flush_lsn)", Family::default()),
             slot_confirmed_flush_lsn: reg!("slot_confirmed_flush_lsn", "The slot's confirmed flush LSN, as a number", Family::default()),
@@ -337,6 +356,8 @@ impl Metrics {
         self.parked.clear();
         self.folded_lsn.clear();
         self.folded_age.clear();
+        self.definition_info.clear();
+        self.definition_rebuilding.clear();
         for sub in &reading.subscribers {
             let l = Self::subscriber(&sub.subscriber);
             if let Some(lag) = &sub.lag {
@@ -355,6 +376,25 @@ impl Metrics {
                     self.folded_age.get_or_create(&l).set(age);
                 }
             }
+            if let Some(d) = &sub.definition {
+                let l = DefinitionLabel {
+                    projection: d.projection.clone(),
+                    subscriber: sub.subscriber.clone(),
+                    digest: d.digest.clone(),
+                    version: d.version.map_or_else(String::new, |v| v.to_string()),
+                };
+                self.definition_info.get_or_create(&l).set(1);
+                let _ = self.definition_rebuilding.get_or_create(&ProjectionLabel {
+                    projection: d.projection.clone(),
+                });
+            }
+        }
+        for projection in &reading.rebuilding_for_definition {
+            self.definition_rebuilding
+                .get_or_create(&ProjectionLabel {
+                    projection: projection.clone(),
+                })
+                .set(1);
         }
         for source in &reading.sources {
             let l = Self::source(&source.name);
@@ -436,6 +476,8 @@ pub struct DatabaseReading {
     pub sources: Vec<SourceReading>,
     pub dead_letters_open: i64,
     pub processed_message_rows: i64,
+    /// Projections with a rebuild for a changed definition replaying.
+    pub rebuilding_for_definition: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -447,6 +489,18 @@ pub struct SubscriberReading {
     pub parked_aggregates: i64,
     /// Per source, for a subscriber serving a projection now.
     pub folded: Vec<Folded>,
+    /// What it folds with, for a subscriber serving or rebuilding a projection.
+    pub definition: Option<DefinitionReading>,
+}
+
+/// The recorded definition of a subscriber serving or rebuilding a projection.
+#[derive(Debug)]
+pub struct DefinitionReading {
+    pub projection: String,
+    /// Short, as `walfold status` prints it.
+    pub digest: String,
+    /// A Rust projection's own version.
+    pub version: Option<u32>,
 }
 
 /// How far a live subscriber has folded one source (read your own writes).

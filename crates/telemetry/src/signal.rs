@@ -707,6 +707,62 @@ mod tests {
     }
 
     #[test]
+    fn definitions_and_their_rebuilds_are_gauges() {
+        let sub = |name: &str, projection: &str, digest: &str, version| {
+            crate::metrics::SubscriberReading {
+                subscriber: name.into(),
+                lag: None,
+                parked_aggregates: 0,
+                folded: Vec::new(),
+                definition: Some(crate::metrics::DefinitionReading {
+                    projection: projection.into(),
+                    digest: digest.into(),
+                    version,
+                }),
+            }
+        };
+        let (m, _) = report(vec![]);
+        m.set_database(&crate::metrics::DatabaseReading {
+            subscribers: vec![
+                sub("t.v1", "total", "aaaa", None),
+                sub("t.v1~def2", "total", "bbbb", None),
+                sub("r.v1", "rust", "cccc", Some(3)),
+            ],
+            rebuilding_for_definition: vec!["total".into()],
+            ..Default::default()
+        });
+        let mut info = samples(&m, "walfold_projection_definition_info");
+        info.sort();
+        assert_eq!(
+            info,
+            [
+                r#"walfold_projection_definition_info{projection="rust",subscriber="r.v1",digest="cccc",version="3"} 1"#,
+                r#"walfold_projection_definition_info{projection="total",subscriber="t.v1",digest="aaaa",version=""} 1"#,
+                r#"walfold_projection_definition_info{projection="total",subscriber="t.v1~def2",digest="bbbb",version=""} 1"#,
+            ]
+        );
+        let mut rebuilding = samples(&m, "walfold_projection_definition_rebuilding");
+        rebuilding.sort();
+        assert_eq!(
+            rebuilding,
+            [
+                r#"walfold_projection_definition_rebuilding{projection="rust"} 0"#,
+                r#"walfold_projection_definition_rebuilding{projection="total"} 1"#,
+            ]
+        );
+        // The switch-over retires the old subscriber and ends the rebuild.
+        m.set_database(&crate::metrics::DatabaseReading {
+            subscribers: vec![sub("t.v1~def2", "total", "bbbb", None)],
+            ..Default::default()
+        });
+        assert_eq!(
+            samples(&m, "walfold_projection_definition_rebuilding"),
+            [r#"walfold_projection_definition_rebuilding{projection="total"} 0"#]
+        );
+        assert_eq!(samples(&m, "walfold_projection_definition_info").len(), 1);
+    }
+
+    #[test]
     fn feedback_sent_is_the_time_since_feedback() {
         let reading = crate::metrics::DatabaseReading {
             sources: vec![crate::metrics::SourceReading {

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use walfold_tests::{
-    config_builder, count, difference, eventually, insert_event, subscribers_caught_up, walfold,
-    Daemon, TestDb,
+    config_builder, count, difference, eventually, free_port, http_get, insert_event,
+    subscribers_caught_up, walfold, Daemon, TestDb,
 };
 
 /// The running total as first written: every amount counts.
@@ -242,6 +242,8 @@ async fn tuning_and_whitespace_are_no_change_of_definition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_definition_rebuilds_itself_blue_green() {
     let db = TestDb::new("defrebuild");
+    let port = free_port();
+    let listen = format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"");
     let (mut d, client) = run_until(&db, &config(&db, SUM_ALL, ""), 6000, SUBSCRIBER).await;
 
     // A slow replay (10 events a transaction), so the old definition is seen serving.
@@ -250,9 +252,31 @@ async fn a_changed_definition_rebuilds_itself_blue_green() {
         &config(
             &db,
             SUM_PAID,
-            "on_definition_change = \"rebuild\"\nrebuild_batch_size = 10",
+            &format!("on_definition_change = \"rebuild\"\nrebuild_batch_size = 10{listen}"),
         ),
     );
+    let definitions = || async move {
+        let text = tokio::task::spawn_blocking(move || http_get(port, "/metrics").1)
+            .await
+            .unwrap();
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("walfold_projection_definition_"))
+            .map(|l| {
+                // The digest is the test's noise, once it is a short one.
+                let mut l = l.to_owned();
+                if let Some(at) = l.find("digest=\"") {
+                    let end = l[at + 8..].find('"').unwrap() + at + 8;
+                    if end - at - 8 == walfold_config::SHORT_DIGEST {
+                        l.replace_range(at + 8..end, "DIGEST");
+                    }
+                }
+                l
+            })
+            .collect();
+        lines.sort();
+        lines
+    };
     let rebuild = || {
         db.psql("select coalesce((select subscriber_id || ' ' || state from walfold.rebuild), '')")
     };
@@ -280,8 +304,28 @@ async fn a_changed_definition_rebuilds_itself_blue_green() {
         out.contains("definition") && out.contains(&new_subscriber),
         "status shows the definition and its rebuild: {out}"
     );
+    let info = |subscriber: &str| {
+        format!(
+            r#"walfold_projection_definition_info{{projection="order_total",subscriber="{subscriber}",digest="DIGEST",version=""}} 1"#
+        )
+    };
+    let rebuilding = |on| {
+        format!(r#"walfold_projection_definition_rebuilding{{projection="order_total"}} {on}"#)
+    };
+    eventually(
+        Duration::from_secs(15),
+        "the metrics of the rebuild",
+        || async {
+            definitions().await == [info(SUBSCRIBER), info(&new_subscriber), rebuilding(1)]
+        },
+    )
+    .await;
     eventually(Duration::from_secs(60), "the switch-over", || async {
         rebuild().ends_with("switched")
+    })
+    .await;
+    eventually(Duration::from_secs(15), "the metrics after it", || async {
+        definitions().await == [info(&new_subscriber), rebuilding(0)]
     })
     .await;
     assert_eq!(
