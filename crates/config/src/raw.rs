@@ -207,7 +207,8 @@ pub(crate) struct RawProjection {
     /// fix; `rebuild` starts a blue/green rebuild under `SUBSCRIBER~DIGEST` by itself (the
     /// old definition serves until the switch-over; needs a table: `table`, or `sql` with
     /// `target`); `accept` takes the change as compatible, records who and when (`walfold
-    /// events`) and goes on ([Changing a projection](PROJECTIONS.md#changing-a-projection))
+    /// status`, `walfold.definition_change`) and goes on ([Changing a
+    /// projection](PROJECTIONS.md#changing-a-projection))
     ///
     /// Default: `"refuse"`
     #[serde(default)]
