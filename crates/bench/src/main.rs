@@ -41,8 +41,19 @@ pub struct Args {
     /// `handover` runs three `walfold` processes (the release binary beside this one)
     /// on one config: the share each applies, and the handover time over
     /// `--handover-rounds` SIGKILLs and as many SIGSTOPs.
-    #[arg(long, value_parser = ["protocols", "sources", "history", "handover"])]
+    /// `wait` measures read your own writes: one waiter's rounds, then many waiters'
+    /// cost, beside `--rate` single-row transactions a second.
+    #[arg(long, value_parser = ["protocols", "sources", "history", "handover", "wait"])]
     pub only: Option<String>,
+    /// Rounds of the wait scenario's single waiter.
+    #[arg(long, default_value_t = 1000)]
+    pub wait_rounds: u64,
+    /// Concurrent waiters of the wait scenario's second part.
+    #[arg(long, default_value_t = 64)]
+    pub waiters: u64,
+    /// Seconds of the wait scenario's concurrent waiters.
+    #[arg(long, default_value_t = 15)]
+    pub wait_secs: u64,
     /// Kills, and freezes, of the handover scenario.
     #[arg(long, default_value_t = 10)]
     pub handover_rounds: usize,

@@ -431,29 +431,59 @@ pub fn pgbench(
     script: &str,
     args: &[&str],
 ) -> Result<String, BoxError> {
-    let dir = std::env::temp_dir().join(format!("walfold-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join("script.sql");
-    std::fs::write(&path, script)?;
-    let out = tool(cluster, "pgbench")
-        .args([
-            "-n",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &cluster.port().to_string(),
-            "-U",
-            "postgres",
-        ])
-        .args(args)
-        .arg("-f")
-        .arg(&path)
-        .arg(db)
-        .output()?;
+    let out = pgbench_command(cluster, db, script, args)?.output()?;
     if !out.status.success() {
         return Err(format!("pgbench failed: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// pgbench running a script in the background until killed (or its `-T`).
+pub fn pgbench_child(
+    cluster: &Cluster,
+    db: &str,
+    script: &str,
+    args: &[&str],
+) -> Result<std::process::Child, BoxError> {
+    Ok(pgbench_command(cluster, db, script, args)?
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?)
+}
+
+fn pgbench_command(
+    cluster: &Cluster,
+    db: &str,
+    script: &str,
+    args: &[&str],
+) -> Result<Command, BoxError> {
+    let dir = std::env::temp_dir().join(format!("walfold-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    // One file per script: a background run keeps reading its own.
+    let path = dir.join(format!("script-{:016x}.sql", hash(script)));
+    std::fs::write(&path, script)?;
+    let mut cmd = tool(cluster, "pgbench");
+    cmd.args([
+        "-n",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &cluster.port().to_string(),
+        "-U",
+        "postgres",
+    ])
+    .args(args)
+    .arg("-f")
+    .arg(&path)
+    .arg(db);
+    Ok(cmd)
+}
+
+fn hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
 }
 
 /// pg_recvlogical draining `slot` up to `end` into /dev/null.

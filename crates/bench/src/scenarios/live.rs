@@ -10,6 +10,12 @@ use crate::measure::{rss_mib, Span};
 use crate::setup::{self, BoxError};
 use crate::Args;
 
+/// pgbench's script of one single-row outbox transaction on one of 10,000 orders.
+pub(super) const SINGLE_ROW: &str = "\\set aid random(1, 10000)\n\
+    insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+    values (gen_random_uuid(), 'order', 'o-' || :aid, 'OrderPaid', 1, \
+    '{\"status\": \"paid\", \"amount\": \"12.25\", \"currency\": \"EUR\", \"customer\": \"6512bd43d9caa6e02c990b0a82652dca\", \"sku\": \"c20ad4d76fe97759aa27a0c99bff6710\", \"note\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}');\n";
+
 pub(super) async fn live(
     cluster: &'static Cluster,
     args: &Args,
@@ -29,10 +35,7 @@ pub(super) async fn live(
 
     // 3. Live latency at a steady offered rate of single-row transactions.
     let (rate, secs) = (args.rate, args.latency_secs);
-    let script = "\\set aid random(1, 10000)\n\
-        insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
-        values (gen_random_uuid(), 'order', 'o-' || :aid, 'OrderPaid', 1, \
-        '{\"status\": \"paid\", \"amount\": \"12.25\", \"currency\": \"EUR\", \"customer\": \"6512bd43d9caa6e02c990b0a82652dca\", \"sku\": \"c20ad4d76fe97759aa27a0c99bff6710\", \"note\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}');\n";
+    let script = SINGLE_ROW;
     let sampler = tokio::spawn(async move {
         let mut max_rss: f64 = 0.0;
         let until = Instant::now() + Duration::from_secs(secs);

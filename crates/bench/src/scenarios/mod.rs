@@ -11,6 +11,7 @@ mod history;
 mod live;
 mod sources;
 mod transaction;
+mod wait;
 
 use std::time::{Duration, Instant};
 
@@ -62,7 +63,9 @@ pub async fn run_all(args: Args) -> Result<(), BoxError> {
             big_transaction(cluster, &args, &mut lines).await?;
         }
     }
-    if args.only.as_deref() == Some("handover") {
+    if args.only.as_deref() == Some("wait") {
+        wait::wait(cluster, &args, &mut lines).await?;
+    } else if args.only.as_deref() == Some("handover") {
         handover::handover(cluster, args.handover_rounds, &mut lines).await?;
     } else if args.only.as_deref() == Some("sources") {
         several_sources(cluster, args.sources_events, &mut lines).await?;
