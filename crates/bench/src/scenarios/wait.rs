@@ -2,9 +2,9 @@
 //! `pg_current_wal_lsn()` and calls `walfold.wait_for`, while pgbench offers `--rate`
 //! single-row transactions beside it. One waiter for `--wait-rounds` rounds (its latency
 //! beside the fold's own, commit to applied, of the same events), then `--waiters`
-//! concurrent waiters for `--wait-secs` (what their looks cost the server).
+//! concurrent waiters for `--wait-secs`, and the same crowd sleeping as long instead of
+//! waiting: the server CPU between the two is what the looks cost.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
@@ -33,11 +33,14 @@ struct Waits {
     not_folded: u64,
 }
 
-/// One round: commit, read the position, wait, read the read model.
+/// One round: commit, read the position, wait, read the read model (`check`). With
+/// `instead`, the round sleeps that long where it would wait: the same commits at about
+/// the same pace, without a look.
 async fn round(
     client: &Client,
     aggregate: &str,
     check: bool,
+    instead: Option<Duration>,
     out: &mut Waits,
 ) -> Result<(), BoxError> {
     let id = uuid::Uuid::new_v4();
@@ -47,6 +50,11 @@ async fn round(
         .query_one("select pg_current_wal_lsn()::text", &[])
         .await?
         .get(0);
+    if let Some(pause) = instead {
+        tokio::time::sleep(pause).await;
+        out.ms.push(committed.elapsed().as_secs_f64() * 1000.0);
+        return Ok(());
+    }
     let row = client.query_one(WAIT, &[&lsn]).await?;
     out.ms.push(committed.elapsed().as_secs_f64() * 1000.0);
     let status: String = row.get(0);
@@ -65,6 +73,50 @@ async fn round(
         }
     }
     Ok(())
+}
+
+/// `waiters` clients doing rounds for `secs`: what they saw, the wall seconds and the
+/// server's CPU seconds meanwhile.
+async fn crowd(
+    cluster: &'static Cluster,
+    db: &'static str,
+    waiters: u64,
+    secs: u64,
+    instead: Option<Duration>,
+) -> Result<(Waits, f64, f64), BoxError> {
+    let data_dir = cluster.data_dir().to_owned();
+    let mut clients = Vec::new();
+    for _ in 0..waiters {
+        let c = connect(cluster, db).await?;
+        c.execute("set track_functions = 'pl'", &[]).await?;
+        clients.push(c);
+    }
+    let cpu0 = server_cpu(&data_dir);
+    let span = Span::start();
+    let until = Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(w, c)| {
+            tokio::spawn(async move {
+                let mut out = Waits::default();
+                let mut i = 0u64;
+                while Instant::now() < until {
+                    round(&c, &format!("m-{w}-{i}"), false, instead, &mut out).await?;
+                    i += 1;
+                }
+                Ok::<_, BoxError>(out)
+            })
+        })
+        .collect();
+    let mut all = Waits::default();
+    for t in tasks {
+        let w = t.await??;
+        all.ms.extend(w.ms);
+        all.not_folded += w.not_folded;
+    }
+    let (wall, _, _) = span.stop();
+    Ok((all, wall, server_cpu(&data_dir) - cpu0))
 }
 
 fn quantile(v: &[f64], q: f64) -> f64 {
@@ -105,7 +157,7 @@ pub(super) async fn wait(
     let mut one = Waits::default();
     let span = Span::start();
     for i in 0..rounds {
-        round(&client, &format!("w-{i}"), true, &mut one).await?;
+        round(&client, &format!("w-{i}"), true, None, &mut one).await?;
     }
     let (one_s, _, _) = span.stop();
     let fold = client
@@ -139,64 +191,61 @@ pub(super) async fn wait(
         rss: "—".into(),
     });
 
-    // Many waiters at once: what their looks cost.
+    // Many waiters at once: what their looks cost. The same crowd then commits at about
+    // the same pace, sleeping where it waited: the server CPU between the two is the cost.
     let (waiters, secs) = (args.waiters, args.wait_secs);
     client.execute("select pg_stat_reset()", &[]).await?;
-    let data_dir = cluster.data_dir().to_owned();
-    let cpu0 = server_cpu(&data_dir);
+    if setup::statements_enabled() {
+        blocking(move || Ok(cluster.psql(db, "create extension if not exists pg_stat_statements; select pg_stat_statements_reset()")?)).await?;
+    }
     let span = Span::start();
-    let until = Instant::now() + Duration::from_secs(secs);
-    let mut tasks = Vec::new();
-    for w in 0..waiters {
-        let c = connect(cluster, db).await?;
-        c.execute("set track_functions = 'pl'", &[]).await?;
-        let c = Arc::new(c);
-        tasks.push(tokio::spawn(async move {
-            let mut out = Waits::default();
-            let mut i = 0u64;
-            while Instant::now() < until {
-                round(&c, &format!("m-{w}-{i}"), false, &mut out).await?;
-                i += 1;
-            }
-            Ok::<_, BoxError>(out)
-        }));
-    }
-    let mut many = Waits::default();
-    for t in tasks {
-        let w = t.await??;
-        many.ms.extend(w.ms);
-        many.not_folded += w.not_folded;
-    }
-    let (many_s, walfold_cpu, _) = span.stop();
-    let server_s = server_cpu(&data_dir) - cpu0;
+    let (many, many_s, server_s) = crowd(cluster, db, waiters, secs, None).await?;
+    let (_, walfold_cpu, _) = span.stop();
+    let pause = Duration::from_secs_f64(median(many.ms.clone()) / 1000.0);
+    let (sleepers, sleepers_s, sleepers_server_s) =
+        crowd(cluster, db, waiters, secs, Some(pause)).await?;
     let _ = background.kill();
     let _ = background.wait();
     // The waiters' sessions have ended: their function statistics are flushed.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let looks = client
         .query_opt(
-            "select calls, self_time from pg_stat_user_functions where funcname = 'wait_check'",
+            "select calls from pg_stat_user_functions where funcname = 'wait_check'",
             &[],
         )
         .await?;
-    let (calls, look_ms): (i64, f64) = match &looks {
-        Some(r) => (r.try_get(0)?, r.try_get(1)?),
-        None => (0, 0.0),
+    let calls: i64 = match &looks {
+        Some(r) => r.try_get(0)?,
+        None => 0,
     };
+    if setup::statements_enabled() {
+        let top = blocking(move || setup::top_statements(cluster, db)).await?;
+        eprintln!("busiest statements while {waiters} waiters waited:\n{top}");
+    }
     let n = many.ms.len() as f64;
+    let per_round = |cpu_s: f64, rounds: usize| cpu_s * 1000.0 / rounds.max(1) as f64;
+    let (waiting_ms, sleeping_ms) = (
+        per_round(server_s, many.ms.len()),
+        per_round(sleepers_server_s, sleepers.ms.len()),
+    );
     lines.push(Line {
         scenario: format!("wait: {waiters} concurrent waiters for {secs} s beside {rate} ev/s offered"),
         walfold: format!(
-            "{:.0} waits/s, p50 {:.1} ms, p99 {:.1} ms, not folded {}; {:.1} looks a wait, looking took {:.3} server CPU s/s",
+            "{:.0} waits/s, p50 {:.1} ms, p99 {:.1} ms, not folded {}; {:.1} looks a wait; server CPU {waiting_ms:.2} ms a round ({:.2} CPU s/s)",
             n / many_s,
             median(many.ms.clone()),
             quantile(&many.ms, 0.99),
             many.not_folded,
             calls as f64 / n.max(1.0),
-            look_ms / 1000.0 / many_s
+            server_s / many_s,
         ),
-        limit: format!("the whole server meanwhile: {:.2} CPU s/s", server_s / many_s),
-        ratio: format!("{:.1} % of it", 100.0 * look_ms / 1000.0 / server_s.max(f64::EPSILON)),
+        limit: format!(
+            "the same crowd sleeping {:.0} ms instead of waiting: {:.0} rounds/s, server CPU {sleeping_ms:.2} ms a round ({:.2} CPU s/s)",
+            pause.as_secs_f64() * 1000.0,
+            sleepers.ms.len() as f64 / sleepers_s,
+            sleepers_server_s / sleepers_s
+        ),
+        ratio: format!("a wait costs {:.2} ms of server CPU", waiting_ms - sleeping_ms),
         cpu: format!("{walfold_cpu:.1}"),
         rss: "—".into(),
     });
