@@ -5,4 +5,5 @@
 pub mod failpoint;
 pub mod metrics;
 pub mod signal;
+pub mod stall;
 pub mod throttle;

@@ -295,12 +295,24 @@ impl Partition {
         // Whether the last read reached the head: only then can a gap be judged too old
         // (after downtime, the missing version may be in the backlog).
         let mut at_head = false;
+        let unit = walfold_telemetry::stall::Unit::Partition {
+            subscriber: self.subscriber().to_owned(),
+            partition: self.partition,
+        };
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            // A turn is work held: one that does not commit within the threshold (a
+            // lock, a pool that never frees a connection, a read that never answers)
+            // stalls the partition (`/readyz`, `walfold_projection_stalled`).
+            let turn = walfold_telemetry::stall::hold(
+                unit.clone(),
+                "waiting for a connection of the target's pool",
+            );
             // One turn on a connection of the pool: others take theirs in between.
             let mut conn = self.lease(turns).await?;
+            turn.doing(format!("reading the event log after seq {position}"));
             if self.until.is_some_and(|until| position >= until) {
                 // Saved: a window short of the head moved the position in memory only.
                 Work::begin(&mut conn.store, &rules)
@@ -354,6 +366,13 @@ impl Partition {
                     idle_saved = true;
                 }
             } else {
+                turn.doing(format!(
+                    "applying {} event{} (seq {} to {}) and its checkpoint",
+                    page.events.len(),
+                    if page.events.len() == 1 { "" } else { "s" },
+                    page.events.first().map_or(0, |e| e.seq),
+                    page.events.last().map_or(0, |e| e.seq),
+                ));
                 let store = &mut conn.store;
                 let events = &page.events;
                 let shrinkable = limit > 1;
@@ -387,6 +406,7 @@ impl Partition {
             }
             pause.leave(self, &turns.bound, conn.store.client()).await;
             conn.release();
+            drop(turn);
             position = page.position;
             if page.caught_up && !at_head {
                 if let Some(reached) = &self.reached_head {

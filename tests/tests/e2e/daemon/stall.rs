@@ -1,0 +1,125 @@
+//! Work that stops moving: a projector whose commit waits behind a lock on its read
+//! model, and an ingest whose append waits behind a lock on the event log. `/readyz`
+//! answers 503 naming the stalled unit, what it was doing and the lock's holder, and
+//! `walfold_projection_stalled` / `walfold_ingest_stalled` say so; both are back once the
+//! lock goes. A quiet daemon, longer than the threshold with nothing to do, stays ready.
+
+use std::time::Duration;
+
+use walfold_tests::{caught_up, eventually, free_port, http_get, Daemon, TestDb};
+
+use super::paid;
+
+/// The standard config with `/readyz` on `port` and a 3 s stall threshold.
+fn config(db: &TestDb, port: u16) -> String {
+    db.config(&format!(
+        "\n[metrics]\nlisten = \"127.0.0.1:{port}\"\nready_max_stall_s = 3\n"
+    ))
+}
+
+/// A session holding `lock` (an SQL `lock table …`) in an open transaction.
+async fn holding(db: &TestDb, lock: &str) -> tokio_postgres::Client {
+    let client = db.client().await;
+    client
+        .batch_execute(&format!("begin; {lock}"))
+        .await
+        .expect("take the lock");
+    client
+}
+
+/// Waits until `/readyz` answers `code`, and returns its body.
+async fn readyz(port: u16, code: u16, within: Duration) -> String {
+    let mut last = (0, String::new());
+    eventually(within, &format!("/readyz to answer {code}"), || {
+        last = http_get(port, "/readyz");
+        let done = last.0 == code;
+        async move { done }
+    })
+    .await;
+    last.1
+}
+
+fn metric(port: u16, line: &str) -> bool {
+    http_get(port, "/metrics").1.lines().any(|l| l == line)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_projection_stalled_behind_a_lock_until_it_moves() {
+    let db = TestDb::new("stallproj");
+    let port = free_port();
+    let (_d, client) = Daemon::streaming(&db, &config(&db, port)).await;
+    db.psql(&(1..=3).map(|n| paid(n, "o-1", "1.00")).collect::<String>());
+    caught_up(&client, 3, 3).await;
+    readyz(port, 200, Duration::from_secs(10)).await;
+    // Quiet for longer than the threshold: nothing is held, so nothing stalls.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (code, body) = http_get(port, "/readyz");
+    assert_eq!(code, 200, "a quiet daemon is ready: {body}");
+    assert!(metric(
+        port,
+        "walfold_projection_stalled{subscriber=\"orders.ledger.v1\"} 0"
+    ));
+
+    let lock = holding(&db, "lock table ledger in share mode").await;
+    db.psql(&paid(4, "o-2", "2.00"));
+    let why = readyz(port, 503, Duration::from_secs(20)).await;
+    eprintln!("stall: /readyz said {why}");
+    assert!(
+        why.contains("subscriber orders.ledger.v1 partition 0 has not moved for")
+            && why.contains("applying 1 event (seq"),
+        "{why}"
+    );
+    assert!(
+        why.contains("lock table ledger in share mode") && why.contains("idle in transaction"),
+        "the lock's holder is named: {why}"
+    );
+    assert!(!why.contains("orders.state.v1"), "{why}");
+    assert!(metric(
+        port,
+        "walfold_projection_stalled{subscriber=\"orders.ledger.v1\"} 1"
+    ));
+    // The other projections went on.
+    assert_eq!(
+        db.psql("select status from order_state where order_id = 'o-2'"),
+        "paid"
+    );
+
+    lock.batch_execute("commit").await.unwrap();
+    readyz(port, 200, Duration::from_secs(10)).await;
+    caught_up(&client, 4, 3).await;
+    assert_eq!(db.psql("select count(*) from ledger"), "4");
+    assert!(metric(
+        port,
+        "walfold_projection_stalled{subscriber=\"orders.ledger.v1\"} 0"
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_an_ingest_stalled_behind_a_lock_until_it_moves() {
+    let db = TestDb::new("stallingest");
+    let port = free_port();
+    let (_d, client) = Daemon::streaming(&db, &config(&db, port)).await;
+    db.psql(&paid(1, "o-1", "1.00"));
+    caught_up(&client, 1, 3).await;
+    readyz(port, 200, Duration::from_secs(10)).await;
+
+    let lock = holding(&db, "lock table walfold.event_log in share mode").await;
+    db.psql(&(2..=4).map(|n| paid(n, "o-1", "1.00")).collect::<String>());
+    let why = readyz(port, 503, Duration::from_secs(20)).await;
+    eprintln!("stall: /readyz said {why}");
+    assert!(
+        why.contains("ingest of source default has not moved for")
+            && why.contains("items the source sent"),
+        "{why}"
+    );
+    assert!(
+        why.contains("lock table walfold.event_log in share mode"),
+        "the lock's holder is named: {why}"
+    );
+    assert!(metric(port, "walfold_ingest_stalled{source=\"default\"} 1"));
+
+    lock.batch_execute("commit").await.unwrap();
+    readyz(port, 200, Duration::from_secs(10)).await;
+    caught_up(&client, 4, 3).await;
+    assert!(metric(port, "walfold_ingest_stalled{source=\"default\"} 0"));
+}
