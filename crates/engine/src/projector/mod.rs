@@ -108,6 +108,8 @@ impl Conn {
 const RETRY_CHECK: Duration = Duration::from_secs(1);
 /// Longest wait between attempts while paused or reconnecting.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often a partition reading past events it does not take saves its position.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// Batches that must succeed before a batch size shrunk by a resource error grows again.
 const GROW_AFTER: u32 = 10;
 
@@ -292,6 +294,8 @@ impl Partition {
         conn.release();
         let mut retries_checked = tokio::time::Instant::now() - RETRY_CHECK;
         let mut idle_saved = false;
+        // When the position was last saved (a batch's commit, or a window's).
+        let mut saved_at = tokio::time::Instant::now();
         // Whether the last read reached the head: only then can a gap be judged too old
         // (after downtime, the missing version may be in the backlog).
         let mut at_head = false;
@@ -358,12 +362,23 @@ impl Partition {
                 // has read the log once (a rebuild switches over only then). A window
                 // with nothing for it, short of the head, moves the position in memory
                 // only: the next batch or the head saves it.
+                // Through a long stretch of events it does not take (a filtered
+                // projection), it is saved every SAVE_EVERY too, so that its progress
+                // (`walfold status`, `rebuild --wait`) moves as it reads.
+                let stretch = page.position > position && saved_at.elapsed() >= SAVE_EVERY;
                 if page.caught_up && (page.position > position || !idle_saved) {
                     Work::begin(&mut conn.store, &rules)
                         .await?
                         .commit(page.position, None)
                         .await?;
                     idle_saved = true;
+                    saved_at = tokio::time::Instant::now();
+                } else if stretch {
+                    Work::begin(&mut conn.store, &rules)
+                        .await?
+                        .commit(page.position, None)
+                        .await?;
+                    saved_at = tokio::time::Instant::now();
                 }
             } else {
                 turn.doing(format!(
@@ -403,6 +418,9 @@ impl Partition {
                         continue;
                     }
                 }
+            }
+            if !page.events.is_empty() {
+                saved_at = tokio::time::Instant::now();
             }
             pause.leave(self, &turns.bound, conn.store.client()).await;
             conn.release();
