@@ -123,3 +123,54 @@ async fn readyz_names_an_ingest_stalled_behind_a_lock_until_it_moves() {
     caught_up(&client, 4, 3).await;
     assert!(metric(port, "walfold_ingest_stalled{source=\"default\"} 0"));
 }
+
+/// A long transaction that moves is not a stall: one of 3,000 rows appended 200 at a
+/// time, each append 1.5 s late (a slow target), takes about 20 s during which the
+/// ingest position cannot move (it is one source transaction), yet every append moves
+/// it, so `/readyz` stays 200 throughout with a 3 s threshold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_transaction_that_moves_stays_ready() {
+    let db = TestDb::new("stallmoving");
+    let port = free_port();
+    let text = walfold_tests::config_builder(&db.url())
+        .set("pipeline", "append_batch_size", 200)
+        .text(walfold_tests::PROJECTIONS)
+        .text(&format!(
+            "\n[metrics]\nlisten = \"127.0.0.1:{port}\"\nready_max_stall_s = 3\n"
+        ))
+        .to_toml();
+    let d = Daemon::start(&text, &[("WALFOLD_FAILPOINTS", "append=sleep:1500")]);
+    let client = db.client().await;
+    walfold_tests::slot_active(&client).await;
+    readyz(port, 200, Duration::from_secs(30)).await;
+    db.psql(
+        "insert into outbox (id, aggregate_type, aggregate_id, event_type, version, payload) \
+         select gen_random_uuid(), 'order', 'o-' || i, 'OrderPaid', 1, \
+                jsonb_build_object('status', 'paid', 'amount', '1') \
+         from generate_series(1, 3000) as i",
+    );
+    let started = std::time::Instant::now();
+    let mut answers = 0;
+    loop {
+        let (code, body) = http_get(port, "/readyz");
+        assert_eq!(code, 200, "after {:?}: {body}", started.elapsed());
+        answers += 1;
+        if walfold_tests::count(&client, "select count(*) from walfold.event_log").await == 3000 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "ingest too slow"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "stall: 3000 rows in one transaction appended in {:?}, /readyz 200 all {answers} times",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() > Duration::from_secs(6),
+        "the appends were slow"
+    );
+    drop(d);
+}
