@@ -174,3 +174,60 @@ async fn a_long_transaction_that_moves_stays_ready() {
     );
     drop(d);
 }
+
+/// Readiness is per holder of work: with two instances sharing the units, a lock on the
+/// ledger stalls only the instance that holds its partition; the other stays ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_instance_holding_a_stalled_partition_is_not_ready() {
+    let db = TestDb::new("stallshared");
+    let (port_a, port_b) = (free_port(), free_port());
+    let (a, client) = Daemon::streaming(&db, &config(&db, port_a)).await;
+    let b = Daemon::start(&config(&db, port_b), &[]);
+    let owners = "select count(distinct u.owner) from walfold.work_unit u \
+                  join walfold.instance i on i.id = u.owner \
+                  where not u.held and i.heartbeat_at > now() - interval '5 s'";
+    eventually(Duration::from_secs(60), "the units to spread", || async {
+        walfold_tests::count(&client, owners).await == 2
+    })
+    .await;
+    let holder: i32 = db
+        .psql(
+            "select i.pid from walfold.work_unit u join walfold.instance i on i.id = u.owner \
+             where u.subscriber_id = 'orders.ledger.v1'",
+        )
+        .parse()
+        .unwrap();
+    let (stalled, other) = if holder == a.child.id() as i32 {
+        (port_a, port_b)
+    } else {
+        assert_eq!(holder, b.child.id() as i32);
+        (port_b, port_a)
+    };
+    readyz(stalled, 200, Duration::from_secs(20)).await;
+    readyz(other, 200, Duration::from_secs(20)).await;
+
+    let lock = holding(&db, "lock table ledger in share mode").await;
+    db.psql(&paid(1, "o-1", "1.00"));
+    let why = readyz(stalled, 503, Duration::from_secs(20)).await;
+    assert!(
+        why.contains("subscriber orders.ledger.v1 partition 0 has not moved for"),
+        "{why}"
+    );
+    let (code, body) = http_get(other, "/readyz");
+    assert_eq!(
+        code, 200,
+        "the other instance holds nothing stalled: {body}"
+    );
+    assert!(metric(
+        stalled,
+        "walfold_projection_stalled{subscriber=\"orders.ledger.v1\"} 1"
+    ));
+    assert!(!metric(
+        other,
+        "walfold_projection_stalled{subscriber=\"orders.ledger.v1\"} 1"
+    ));
+
+    lock.batch_execute("commit").await.unwrap();
+    readyz(stalled, 200, Duration::from_secs(10)).await;
+    caught_up(&client, 1, 3).await;
+}
