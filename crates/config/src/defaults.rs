@@ -32,6 +32,7 @@ pub const DEFAULT_PAGE_BYTES: usize = 4_194_304;
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 67_108_864;
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 pub const DEFAULT_READY_MAX_LAG_S: u64 = 60;
+pub const DEFAULT_READY_MAX_STALL_S: u64 = 60;
 pub const DEFAULT_EVENT_LOG_RETENTION: Retention = Retention::Forever;
 pub const DEFAULT_PRUNE_INTERVAL_S: u64 = 300;
 pub const DEFAULT_PRUNE_BATCH_SIZE: i64 = 5_000;
@@ -73,6 +74,7 @@ serde_defaults! {
     max_event_bytes -> usize = DEFAULT_MAX_EVENT_BYTES;
     log_level -> String = DEFAULT_LOG_LEVEL;
     ready_max_lag_s -> u64 = DEFAULT_READY_MAX_LAG_S;
+    ready_max_stall_s -> u64 = DEFAULT_READY_MAX_STALL_S;
     prune_interval_s -> u64 = DEFAULT_PRUNE_INTERVAL_S;
     prune_batch_size -> i64 = DEFAULT_PRUNE_BATCH_SIZE;
     rebuild_batch_size -> usize = DEFAULT_REBUILD_BATCH_SIZE;

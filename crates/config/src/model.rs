@@ -108,6 +108,13 @@ pub struct MetricsConfig {
     /// Default: `60`
     #[serde(default = "defaults::ready_max_lag_s")]
     pub ready_max_lag_s: u64,
+    /// `/readyz` fails, and `walfold_ingest_stalled` or `walfold_projection_stalled`
+    /// counts it, when ingest or a projector partition of this instance has held work
+    /// (what a source sent, a turn at the event log) this long without moving it
+    ///
+    /// Default: `60`
+    #[serde(default = "defaults::ready_max_stall_s")]
+    pub ready_max_stall_s: u64,
 }
 
 impl Default for MetricsConfig {
@@ -115,6 +122,7 @@ impl Default for MetricsConfig {
         MetricsConfig {
             listen: None,
             ready_max_lag_s: defaults::ready_max_lag_s(),
+            ready_max_stall_s: defaults::ready_max_stall_s(),
         }
     }
 }

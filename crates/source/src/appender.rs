@@ -160,7 +160,14 @@ impl Appender {
                     }
                 }
             }
+            // Held until written: a flush that does not move (a commit behind a lock)
+            // stalls this source's ingest (`/readyz`, `walfold_ingest_stalled`).
+            let holding = walfold_telemetry::stall::hold(
+                self.unit(),
+                format!("appending {} items the source sent", batch.len()),
+            );
             self.flush(&mut batch, &mut totals).await?;
+            drop(holding);
             self.record_horizon().await;
             let largest = held.iter().map(InFlightBytes::bytes).max().unwrap_or(0);
             held.clear();
@@ -177,6 +184,17 @@ impl Appender {
             "appender stopped"
         );
         Ok(())
+    }
+
+    fn unit(&self) -> walfold_telemetry::stall::Unit {
+        walfold_telemetry::stall::Unit::Ingest {
+            source: self.source.clone(),
+        }
+    }
+
+    /// Something of the batch is written: its ingest moves.
+    fn moved(&self) {
+        walfold_telemetry::stall::moved(&self.unit());
     }
 
     async fn flush(
@@ -221,6 +239,7 @@ impl Appender {
                         .discard_staged(xid, (subxid != xid).then_some(subxid))
                         .await?;
                     tracing::debug!(xid, subxid, rows = n, "streamed transaction aborted");
+                    self.moved();
                 }
                 Item::StreamCommit {
                     xid,
@@ -302,6 +321,7 @@ impl Appender {
             }
             // Crash window: a streamed transaction partly staged.
             failpoint::hit("after_stage");
+            self.moved();
         }
         let events = std::mem::take(&mut pending.events);
         let dead = std::mem::take(&mut pending.dead);
@@ -336,6 +356,7 @@ impl Appender {
                     self.durable.committed_through(lsn);
                 }
             }
+            self.moved();
             return Ok(());
         }
         let events_len = events.len() as u64;
@@ -395,6 +416,7 @@ impl Appender {
         counts: IngestCounts,
         totals: &mut AppendTotals,
     ) {
+        self.moved();
         Signal::Appended {
             source: &self.source,
             read: events_read + counts.malformed,
@@ -423,6 +445,7 @@ impl Appender {
     ) -> Result<AppendOutcome, SourceError> {
         let mut total = AppendOutcome::default();
         for event in events {
+            self.moved();
             match self
                 .log
                 .append(
@@ -462,6 +485,7 @@ impl Appender {
     /// [`Appender::isolate`] does for committed transactions).
     async fn stage_isolated(&mut self, staged: Vec<StagedChange>) -> Result<(), SourceError> {
         for mut change in staged {
+            self.moved();
             let refused = match self.log.stage(std::slice::from_ref(&change)).await {
                 Ok(()) => continue,
                 Err(e) if is_data_error(&e) => e,

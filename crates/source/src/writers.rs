@@ -12,17 +12,23 @@ use crate::error::Refusal;
 
 /// `$select` over `writable`: the relations through which a row lands in table `$1`
 /// (quoted): the table, its partitions (at any depth), and the automatically updatable
-/// views on any of them (an insert into one is checked against the table as the view's
-/// owner, whoever inserts).
+/// views on any of them or on such a view, at any depth (an insert into one is checked
+/// against the relation below as the view's owner, whoever inserts). A view's rewrite
+/// rule depends (`pg_depend`) on the relations it reads.
 macro_rules! concat_insert {
     ($select:literal) => {
         concat!(
             "with recursive parts(oid) as (select $1::text::regclass::oid \
              union select i.inhrelid from pg_inherits i join parts p on i.inhparent = p.oid), \
-             views(oid) as (select distinct w.ev_class from pg_rewrite w \
+             views(oid) as (select w.ev_class from pg_rewrite w \
                join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = w.oid \
                join parts p on d.refobjid = p.oid \
                where w.ev_class not in (select oid from parts) \
+               and pg_relation_is_updatable(w.ev_class, false) & 8 = 8 \
+             union select w.ev_class from pg_rewrite w \
+               join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = w.oid \
+               join views v on d.refobjid = v.oid \
+               where w.ev_class <> v.oid \
                and pg_relation_is_updatable(w.ev_class, false) & 8 = 8), \
              writable(oid) as (select oid from parts union select oid from views) ",
             $select
@@ -67,24 +73,35 @@ const WRITABLE_VIEWS: &str = concat_insert!(
      where c.relkind = 'v' order by 1"
 );
 
-/// Security-definer functions outside extensions whose body names the table `$2` (its
-/// bare name) and whose owner may insert into `$1` (quoted): whoever may call one
-/// writes the outbox's events through it, with its owner's rights. A trigger function
-/// runs for whoever writes the tables whose triggers call it.
-const DEFINERS: &str = "select p.oid::regprocedure::text as function, \
+/// Security-definer functions outside extensions whose body names a relation of
+/// `writable` ([`concat_insert`]: the table `$1`, a partition, a view on it or on such a
+/// view) that their owner may insert into: whoever may call one writes the outbox's
+/// events through it, with its owner's rights. A trigger function runs for whoever
+/// writes the tables whose triggers call it. `names`: the relation named (the table
+/// when the body names it).
+const DEFINERS: &str = concat_insert!(
+    ", named(proc, relation, direct) as (select p.oid, n.nspname || '.' || c.relname, \
+       w.oid = $1::text::regclass::oid from pg_proc p, writable w \
+       join pg_class c on c.oid = w.oid join pg_namespace n on n.oid = c.relnamespace \
+       where p.prosecdef and strpos(lower(p.prosrc), lower(c.relname)) > 0 \
+       and has_any_column_privilege(p.proowner, w.oid, 'insert')) \
+     select p.oid::regprocedure::text as function, \
      pg_get_userbyid(p.proowner)::text as owner, \
      has_function_privilege('public', p.oid, 'execute') as public, \
      array(select r.rolname::text from pg_roles r where r.rolcanlogin and not r.rolsuper \
        and r.oid <> p.proowner and has_function_privilege(r.oid, p.oid, 'execute') \
        order by 1) as callers, \
      array(select distinct t.tgrelid::regclass::text from pg_trigger t \
-       where t.tgfoid = p.oid and not t.tgisinternal order by 1) as tables \
+       where t.tgfoid = p.oid and not t.tgisinternal order by 1) as tables, \
+     (select m.relation from named m where m.proc = p.oid \
+      order by m.direct desc, m.relation limit 1) as names, \
+     exists (select from named m where m.proc = p.oid and m.direct) as direct \
      from pg_proc p \
-     where p.prosecdef and strpos(lower(p.prosrc), lower($2)) > 0 \
-     and has_any_column_privilege(p.proowner, $1::text::regclass, 'insert') \
+     where exists (select from named m where m.proc = p.oid) \
      and not exists (select from pg_depend d where d.classid = 'pg_proc'::regclass \
        and d.objid = p.oid and d.deptype = 'e') \
-     order by 1";
+     order by 1"
+);
 
 /// A security-definer function that may write a table outbox's events.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,18 +115,18 @@ pub struct Definer {
     pub callers: Vec<String>,
     /// The tables whose triggers call it.
     pub triggers_on: Vec<String>,
+    /// The relation its body names, when that is not the outbox table itself: a
+    /// partition, or a view on it (or on such a view) that writes rows into it.
+    pub through: Option<String>,
 }
 
-/// The security-definer functions that write into `table` (quoted; `name` its bare
-/// name), found by their body naming it: what `inserters` cannot see. A function that
-/// builds the name at run time is not found.
-pub async fn definers(
-    source: &Client,
-    table: &str,
-    name: &str,
-) -> Result<Vec<Definer>, StoreError> {
+/// The security-definer functions that write into `table` (quoted), found by their body
+/// naming it or a relation that writes into it (a partition, a view, a view on a view):
+/// what `inserters` cannot see. A function that builds the name at run time is not
+/// found.
+pub async fn definers(source: &Client, table: &str) -> Result<Vec<Definer>, StoreError> {
     source
-        .query(DEFINERS, &[&table, &name])
+        .query(DEFINERS, &[&table])
         .await
         .map_err(StoreError::db(
             "reading the functions that may write events",
@@ -123,6 +140,10 @@ pub async fn definers(
                 public: r.col("public")?,
                 callers: r.col("callers")?,
                 triggers_on: r.col("tables")?,
+                through: match r.col::<bool>("direct")? {
+                    true => None,
+                    false => r.col("names")?,
+                },
             })
         })
         .collect()

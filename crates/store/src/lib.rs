@@ -22,6 +22,7 @@ pub mod instance;
 mod jsonb;
 mod large_payload;
 mod leader;
+mod lock_wait;
 mod log_order;
 mod migrate;
 pub mod operator;
@@ -52,6 +53,7 @@ pub use ingest_position::{
     ingested_rows, ingested_slots, ingested_through, read_through, IngestedSlot,
 };
 pub use leader::{leader_row, older_release_leader, Attempt, Fence, LeaderRow, Leadership};
+pub use lock_wait::lock_waits;
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, schema_current, SchemaAccess};
 pub use operator::Operator;

@@ -143,6 +143,23 @@ impl Drop for Turn<'_> {
 /// The highest seq in the log (0 when empty).
 const HEAD: &str = "select coalesce(max(seq), 0) as head from {schema}.event_log";
 
+/// The position before the log's first event (what pruning left); 0 when empty.
+const START: &str = "select coalesce(min(seq) - 1, 0) as start from {schema}.event_log";
+
+/// The position before the log's first event: positions after it are the log's span
+/// (a rebuild's progress is counted in them).
+pub async fn start(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &Schema,
+) -> Result<i64, StoreError> {
+    Ok(client
+        .query_one(&schema.sql(START), &[])
+        .await
+        .map_err(StoreError::db("reading the event log's first position"))?
+        .of("event_log")
+        .col("start")?)
+}
+
 /// The log's head: the highest seq (0 when empty).
 pub async fn head(
     client: &impl tokio_postgres::GenericClient,

@@ -206,11 +206,16 @@ pub struct RebuildStatus {
     pub projection: String,
     pub subscriber: String,
     pub state: RebuildState,
-    /// Events the new subscriber has gone through (applied, stale, duplicates, dead).
+    /// Events the new subscriber has gone through (applied, stale, duplicates, dead):
+    /// those of its `event_types`, `aggregate_types` and `sources` only.
     pub replayed: i64,
-    /// Events between its slowest partition and the head.
+    /// Positions of the log its slowest partition has read past, from the log's first
+    /// event: every event, its filter's or not (the replay's progress).
+    pub read: i64,
+    /// Positions of the log between its slowest partition and the head, counted like
+    /// `read` (`read + remaining` is the log's span).
     pub remaining: i64,
-    /// Replayed events per second since the rebuild started.
+    /// Positions of the log read per second since the rebuild started.
     pub rate_per_s: f64,
     /// `remaining / rate`, while replaying.
     pub eta_s: Option<f64>,
@@ -759,19 +764,24 @@ pub async fn target_status(
     let now_unix = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    for r in crate::rebuild::open(target, schema).await? {
-        let (replayed, remaining) = match subscribers.iter().find(|s| s.subscriber == r.subscriber)
-        {
-            Some(sub) => (
-                sub.applied + sub.duplicates + sub.stale + sub.dead_lettered,
-                sub.lag_events,
-            ),
-            None => (0, head),
-        };
+    let open = crate::rebuild::open(target, schema).await?;
+    // Progress is counted in positions of the log (read, remaining), never claims against
+    // positions: a filtered projection claims a few of the events it reads past.
+    let start = match open.is_empty() {
+        true => 0,
+        false => crate::log_order::start(log, log_schema).await?,
+    };
+    for r in open {
+        let sub = subscribers.iter().find(|s| s.subscriber == r.subscriber);
+        let replayed = sub.map_or(0, |s| s.applied + s.duplicates + s.stale + s.dead_lettered);
+        let from = sub
+            .map_or(start, |s| s.position.max(start))
+            .min(head.max(start));
+        let (read, remaining) = (from - start, head.max(start) - from);
         // While replaying; after the switch the subscriber is the live one.
         let elapsed = now_unix - r.requested_at_unix;
         let rate_per_s = if r.state == RebuildState::Running && elapsed > 0.0 {
-            replayed as f64 / elapsed
+            read as f64 / elapsed
         } else {
             0.0
         };
@@ -793,6 +803,7 @@ pub async fn target_status(
             subscriber: r.subscriber,
             state: r.state,
             replayed,
+            read,
             remaining,
             rate_per_s,
             retired_table: r.retired,

@@ -80,6 +80,10 @@ pub struct Metrics {
     /// 1 while PUBLIC may execute `pg_logical_emit_message` on a source with a message
     /// outbox (seen by the running check).
     public_emit: Family<SourceLabel, Gauge>,
+    /// Partitions of a subscriber, and a source's ingest, holding work that has not
+    /// moved for `ready_max_stall_s` (see [`crate::stall`]), set at each scrape.
+    projection_stalled: Family<SubscriberLabel, Gauge>,
+    ingest_stalled: Family<SourceLabel, Gauge>,
     /// Paused partitions over every subscriber, and ingest (for `/readyz`).
     paused_total: std::sync::atomic::AtomicI64,
     // Read from the database at scrape time.
@@ -156,6 +160,8 @@ impl Metrics {
             paused: reg!("projection_paused", "Partitions of the subscriber paused by an error of the environment (privileges, missing table or column, disk full); 0: running", Family::default()),
             ingest_paused: reg!("ingest_paused", "1 while ingest waits out an error of the environment of the target", Family::default()),
             public_emit: reg!("public_emit", "1 while any role may write events into a message outbox of the source (pg_logical_emit_message executable by PUBLIC), as the running check last saw", Family::default()),
+            projection_stalled: reg!("projection_stalled", "Partitions of the subscriber in this process holding work (a turn: a connection, a page of the log, its apply and checkpoint) that has not moved for metrics.ready_max_stall_s; 0: moving or idle", Family::default()),
+            ingest_stalled: reg!("ingest_stalled", "1 while the source's ingest in this process holds what the source sent and has not appended any of it for metrics.ready_max_stall_s", Family::default()),
             paused_total: std::sync::atomic::AtomicI64::new(0),
             lag_events: reg!("subscriber_lag_events", "Events in the log the subscriber's slowest partition has not read", Family::default()),
             lag_seconds: reg!("subscriber_lag_seconds", "Age of the last applied event's source commit, while behind", Family::default()),
@@ -342,11 +348,39 @@ impl Metrics {
             tracing::warn!(error = %e, "metrics: cannot read the database gauges");
         }
         self.database_up.set(i64::from(database.is_ok()));
+        self.set_stalled();
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
         out
+    }
+
+    /// Sets the stalled gauges from what this process holds now.
+    fn set_stalled(&self) {
+        let mut partitions = std::collections::BTreeMap::<&str, i64>::new();
+        let mut sources = std::collections::BTreeMap::<&str, i64>::new();
+        let mut units = Vec::new();
+        crate::stall::each(|unit, stalled| units.push((unit.clone(), stalled)));
+        for (unit, stalled) in &units {
+            let count = match unit {
+                crate::stall::Unit::Ingest { source } => sources.entry(source).or_default(),
+                crate::stall::Unit::Partition { subscriber, .. } => {
+                    partitions.entry(subscriber).or_default()
+                }
+            };
+            *count += i64::from(*stalled);
+        }
+        for (subscriber, n) in partitions {
+            self.projection_stalled
+                .get_or_create(&Self::subscriber(subscriber))
+                .set(n);
+        }
+        for (source, n) in sources {
+            self.ingest_stalled
+                .get_or_create(&Self::source(source))
+                .set(n);
+        }
     }
 
     /// Sets the gauges that describe the database, read at scrape time.

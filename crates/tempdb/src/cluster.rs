@@ -29,6 +29,9 @@ pub struct Options {
     /// Roles that must authenticate with scram-sha-256 over TCP, like [`SCRAM_USER`] (the
     /// caller creates them, with their passwords).
     pub scram_roles: Vec<String>,
+    /// The directory holding `initdb`, `pg_ctl`, `postgres` and `psql` (another version's
+    /// server); `None`: as [`Cluster::start`] finds them.
+    pub bin_dir: Option<PathBuf>,
 }
 
 /// A running throwaway PostgreSQL cluster; stopped and deleted on drop.
@@ -49,7 +52,10 @@ impl Cluster {
     /// 127.0.0.1, plus the role `walfold_scram` (password `walfold-secret`) that must
     /// authenticate with scram-sha-256 over TCP.
     pub fn start(opts: Options) -> Result<Cluster, Error> {
-        let bin_dir = find_bin_dir()?;
+        let bin_dir = match &opts.bin_dir {
+            Some(dir) => dir.clone(),
+            None => find_bin_dir()?,
+        };
         let run_as = RunAs::detect()?;
         let dir = make_temp_dir(&run_as)?;
         let data_dir = dir.join("data");

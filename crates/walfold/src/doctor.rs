@@ -25,6 +25,7 @@ mod records;
 mod server;
 mod slot;
 mod source;
+mod standby_slots;
 mod target;
 mod wal;
 mod writers;

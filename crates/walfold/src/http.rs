@@ -1,7 +1,7 @@
 //! The metrics and health listener (hyper, HTTP/1.1): `/metrics` (Prometheus text),
-//! `/healthz` (the process is up), `/readyz` (this instance leads, streams from the slot,
-//! nothing is paused and every subscriber is within `metrics.ready_max_lag_s` of its
-//! newest event). The database gauges and the lag check include the projections on
+//! `/healthz` (the process is up), `/readyz` (this instance holds work, streams from the
+//! slot, nothing of it is paused or stalled (`walfold_telemetry::stall`) and every
+//! subscriber is within `metrics.ready_max_lag_s` of its newest event). The database gauges and the lag check include the projections on
 //! extra targets (`[targets.NAME]`); `/wait` (read your own writes, `wait.rs`). It serves at most 64 connections at once and
 //! closes one after 20 s (5 s to send its headers), so no client can take the daemon's
 //! file descriptors or hold its tasks.
@@ -401,6 +401,28 @@ async fn ready(state: &State) -> Result<(), String> {
         return Err(
             "paused by an error of the environment (see `walfold status` and the log)".into(),
         );
+    }
+    let stalled = walfold_telemetry::stall::stalled();
+    if !stalled.is_empty() {
+        let mut why = format!(
+            "no progress: {}",
+            stalled
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        // The usual cause, named: a lock that walfold's sessions wait for on the target.
+        let waits = with_clients(state, async |_, target| {
+            walfold_store::lock_waits(target).await
+        });
+        if let Ok(Ok(waits)) = tokio::time::timeout(DATABASE_TIMEOUT, waits).await {
+            if !waits.is_empty() {
+                why.push_str("; walfold's sessions waiting for a lock on the target: ");
+                why.push_str(&waits.join("; "));
+            }
+        }
+        return Err(why);
     }
     let schema = &walfold_engine::Target::main(&state.config).schema;
     let check = with_clients(state, async |sources, target| {

@@ -102,6 +102,9 @@ pub(crate) fn source_names(config: &walfold_config::Config) -> String {
 
 /// How long a rebuild may make no progress before `--wait` says why it might not.
 const STALL: Duration = Duration::from_secs(15);
+/// Positions of the log a rebuild may be short of the head and count as caught up (the
+/// daemon switches one over from that close).
+const CAUGHT_UP: i64 = 100;
 
 /// Follows the open rebuild of `projection` (under `subscriber`, when given) until it
 /// switches over, showing its progress; Ctrl-C stops following, never the rebuild.
@@ -205,11 +208,13 @@ async fn follow_rebuild(
         let p = progress.get_or_insert_with(|| {
             Progress::new(
                 format!("rebuild of {projection} → {}", r.subscriber),
-                "events",
+                "log events",
             )
         });
+        // Both in positions of the log: a filtered projection replays (claims) a few of
+        // the events it reads past, so claims against positions never add up.
         let snapshot = Snapshot {
-            done: r.replayed.max(0) as u64,
+            done: r.read.max(0) as u64,
             remaining: Some(r.remaining.max(0) as u64),
             // The status computes a rate while replaying only: keep the last one.
             rate: Some(r.rate_per_s)
@@ -229,7 +234,10 @@ async fn follow_rebuild(
             );
             return Ok(());
         }
-        p.update(snapshot, r.state.as_str());
+        p.update(
+            snapshot,
+            &format!("{} replayed, {}", r.replayed, r.state.as_str()),
+        );
         if let Some(e) = r
             .switch_error
             .as_ref()
@@ -243,7 +251,7 @@ async fn follow_rebuild(
         }
         if !warned && moved.elapsed() >= STALL {
             warned = true;
-            if r.remaining <= 100 && r.open_dead_letters > 0 {
+            if r.remaining <= CAUGHT_UP && r.open_dead_letters > 0 {
                 eprintln!(
                     "walfold: {} has caught up but has not switched over for {}s: {} open dead letters of \
                      the new subscriber hold the switch (`walfold dead-letters list --subscriber {}`)",
@@ -254,7 +262,7 @@ async fn follow_rebuild(
                 );
             } else if r.switch_error.is_some() {
                 // Said above.
-            } else if r.remaining <= 100 {
+            } else if r.remaining <= CAUGHT_UP {
                 eprintln!(
                     "walfold: {} has caught up but has not switched over for {}s: the leading \
                      `walfold run` switches it; is one running (`walfold status`)?",

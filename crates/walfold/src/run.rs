@@ -31,6 +31,9 @@ pub async fn run(path: &Path, runs: Option<Vec<String>>) -> Result<(), Failure> 
         projections = config.projection.len(),
         "walfold starting"
     );
+    walfold_telemetry::stall::set_threshold(std::time::Duration::from_secs(
+        config.metrics.ready_max_stall_s,
+    ));
     let cancel = CancellationToken::new();
     // The listener outlives the pipeline's drain, so /healthz answers until the end.
     let listener = CancellationToken::new();

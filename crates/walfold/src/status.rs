@@ -399,12 +399,13 @@ fn render(config: &Config, s: &Status) -> String {
     }
     for r in &s.rebuilds {
         println!(
-            "rebuild {} → {}: {} replayed={} remaining={} rate={:.0}/s eta={} retired_table={}{}",
+            "rebuild {} → {}: {} read={} remaining={} replayed={} rate={:.0}/s eta={} retired_table={}{}",
             r.projection,
             r.subscriber,
             r.state,
-            r.replayed,
+            r.read,
             r.remaining,
+            r.replayed,
             r.rate_per_s,
             r.eta_s.map_or_else(|| "-".into(), |s| format!("{s:.0}s")),
             r.retired_table,

@@ -7,6 +7,7 @@ mod cluster;
 mod daemon;
 mod definitions;
 mod descriptors;
+mod doctor;
 mod failover;
 mod frameworks;
 mod library;

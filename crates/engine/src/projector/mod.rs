@@ -108,6 +108,8 @@ impl Conn {
 const RETRY_CHECK: Duration = Duration::from_secs(1);
 /// Longest wait between attempts while paused or reconnecting.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often a partition reading past events it does not take saves its position.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// Batches that must succeed before a batch size shrunk by a resource error grows again.
 const GROW_AFTER: u32 = 10;
 
@@ -292,15 +294,29 @@ impl Partition {
         conn.release();
         let mut retries_checked = tokio::time::Instant::now() - RETRY_CHECK;
         let mut idle_saved = false;
+        // When the position was last saved (a batch's commit, or a window's).
+        let mut saved_at = tokio::time::Instant::now();
         // Whether the last read reached the head: only then can a gap be judged too old
         // (after downtime, the missing version may be in the backlog).
         let mut at_head = false;
+        let unit = walfold_telemetry::stall::Unit::Partition {
+            subscriber: self.subscriber().to_owned(),
+            partition: self.partition,
+        };
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            // A turn is work held: one that does not commit within the threshold (a
+            // lock, a pool that never frees a connection, a read that never answers)
+            // stalls the partition (`/readyz`, `walfold_projection_stalled`).
+            let turn = walfold_telemetry::stall::hold(
+                unit.clone(),
+                "waiting for a connection of the target's pool",
+            );
             // One turn on a connection of the pool: others take theirs in between.
             let mut conn = self.lease(turns).await?;
+            turn.doing(format!("reading the event log after seq {position}"));
             if self.until.is_some_and(|until| position >= until) {
                 // Saved: a window short of the head moved the position in memory only.
                 Work::begin(&mut conn.store, &rules)
@@ -346,14 +362,32 @@ impl Partition {
                 // has read the log once (a rebuild switches over only then). A window
                 // with nothing for it, short of the head, moves the position in memory
                 // only: the next batch or the head saves it.
+                // Through a long stretch of events it does not take (a filtered
+                // projection), it is saved every SAVE_EVERY too, so that its progress
+                // (`walfold status`, `rebuild --wait`) moves as it reads.
+                let stretch = page.position > position && saved_at.elapsed() >= SAVE_EVERY;
                 if page.caught_up && (page.position > position || !idle_saved) {
                     Work::begin(&mut conn.store, &rules)
                         .await?
                         .commit(page.position, None)
                         .await?;
                     idle_saved = true;
+                    saved_at = tokio::time::Instant::now();
+                } else if stretch {
+                    Work::begin(&mut conn.store, &rules)
+                        .await?
+                        .commit(page.position, None)
+                        .await?;
+                    saved_at = tokio::time::Instant::now();
                 }
             } else {
+                turn.doing(format!(
+                    "applying {} event{} (seq {} to {}) and its checkpoint",
+                    page.events.len(),
+                    if page.events.len() == 1 { "" } else { "s" },
+                    page.events.first().map_or(0, |e| e.seq),
+                    page.events.last().map_or(0, |e| e.seq),
+                ));
                 let store = &mut conn.store;
                 let events = &page.events;
                 let shrinkable = limit > 1;
@@ -385,8 +419,12 @@ impl Partition {
                     }
                 }
             }
+            if !page.events.is_empty() {
+                saved_at = tokio::time::Instant::now();
+            }
             pause.leave(self, &turns.bound, conn.store.client()).await;
             conn.release();
+            drop(turn);
             position = page.position;
             if page.caught_up && !at_head {
                 if let Some(reached) = &self.reached_head {

@@ -294,6 +294,10 @@ where
             // Crash window: applied and checkpointed, not yet counted in this process.
             failpoint::hit("after_projection_commit");
         }
+        walfold_telemetry::stall::moved(&walfold_telemetry::stall::Unit::Partition {
+            subscriber: self.rules.subscriber().to_owned(),
+            partition: self.rules.partition,
+        });
         Signal::Committed {
             subscriber: self.rules.subscriber(),
             applied: s.applied as u64,

@@ -79,7 +79,7 @@ impl TableRights {
             owned: r.col::<Option<bool>>("owned")?.unwrap_or(true),
             replica_identity: r.col("identity")?,
             writers: inserters(client, &quoted).await?,
-            definers: definers(client, &quoted, &table.name).await?,
+            definers: definers(client, &quoted).await?,
         }))
     }
 }

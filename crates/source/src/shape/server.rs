@@ -16,7 +16,11 @@ const SETTINGS: &str = "select current_setting('wal_level') as wal_level, \
      (select count(*) from pg_stat_replication)::int as senders, \
      current_setting('max_slot_wal_keep_size') as slot_wal_keep_size, \
      coalesce(current_setting('synchronized_standby_slots', true), '') as standby_slots, \
-     coalesce(current_setting('sync_replication_slots', true), '') as sync_slots";
+     coalesce(current_setting('sync_replication_slots', true), '') as sync_slots, \
+     (select count(*) from pg_replication_slots where slot_type = 'physical')::int \
+       as physical_slots, \
+     (select count(*) from pg_stat_activity where backend_type = 'walsender' \
+       and datid is null)::int as physical_senders";
 
 /// The connected role: whether it may replicate (the attribute, a superuser, or RDS's
 /// `rds_replication`), and create on the database (a publication).
@@ -56,6 +60,10 @@ pub struct Server {
     /// PostgreSQL 17's: the standbys a failover slot waits for (empty before 17).
     pub synchronized_standby_slots: String,
     pub sync_replication_slots: String,
+    /// Physical replication slots on this server (a standby's, a backup's).
+    pub physical_slots: i32,
+    /// WAL senders streaming physically now (a standby without a slot, a base backup).
+    pub physical_senders: i32,
 }
 
 /// The role walfold connects to the source as.
@@ -96,6 +104,8 @@ impl Server {
             max_slot_wal_keep_size: r.col("slot_wal_keep_size")?,
             synchronized_standby_slots: r.col("standby_slots")?,
             sync_replication_slots: r.col("sync_slots")?,
+            physical_slots: r.col("physical_slots")?,
+            physical_senders: r.col("physical_senders")?,
         })
     }
 }

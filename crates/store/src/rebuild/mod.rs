@@ -411,11 +411,14 @@ pub async fn readiness(
     if (layouts.new.len() as i64) < i64::from(partitions) {
         return Ok(Readiness::Behind);
     }
+    // Behind first: open dead letters only hold back a rebuild that has caught up (the
+    // planner logs "has caught up but waits" for them).
+    if !layouts.reached(slack) {
+        return Ok(Readiness::Behind);
+    }
     let dead = DeadLetters::open_count(client, schema, &rebuild.subscriber).await?;
     Ok(if dead > 0 {
         Readiness::Blocked(dead)
-    } else if !layouts.reached(slack) {
-        Readiness::Behind
     } else {
         Readiness::Ready
     })

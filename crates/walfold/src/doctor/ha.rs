@@ -9,7 +9,7 @@ use walfold_event::Lsn;
 use walfold_source::shape::Host;
 use walfold_store::StoreError;
 
-use super::finding::{Finding, Level, Report};
+use super::finding::{Finding, Report};
 use super::source::Source;
 
 /// What happens to the slot (when it exists) at a failover.
@@ -45,13 +45,9 @@ pub(super) fn failover_slot(s: &Source<'_>) -> Vec<Finding> {
     if failover {
         // Where the primary names the standbys a failover slot waits for: without it
         // walfold may confirm what no standby has, and the synced copy is dropped.
-        let standbys = &s.shape.server.synchronized_standby_slots;
         let sync = &s.shape.server.sync_replication_slots;
-        found.push(Finding::unless(
-            !standbys.is_empty(),
-            Level::Warn,
-            format!("synchronized_standby_slots = '{standbys}'"),
-            "name the standbys' physical slots in synchronized_standby_slots on the primary, so walfold's slot never passes what they have; and set sync_replication_slots = on (with hot_standby_feedback = on and a primary_slot_name) on each standby",
+        found.push(super::standby_slots::synchronized_standby_slots(
+            &s.shape.server,
         ));
         found.push(Finding::ok(format!(
             "sync_replication_slots = {} on this server (it matters on the standbys: set it on there)",

@@ -77,9 +77,14 @@ pub(super) fn of_table(table: &QualifiedName, rights: &TableRights) -> Vec<Findi
         found.push(Finding::new(
             level,
             format!(
-                "security-definer function {} names {table} and runs as {}, who may insert \
+                "security-definer function {} names {} and runs as {}, who may insert \
                  into it: {who} may write events through it",
-                d.function, d.owner
+                d.function,
+                match &d.through {
+                    Some(via) => format!("{via}, which writes rows into {table},"),
+                    None => table.to_string(),
+                },
+                d.owner
             ),
             format!(
                 "revoke execute on function {} from public; grant execute on function {} \

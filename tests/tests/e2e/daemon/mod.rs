@@ -4,13 +4,14 @@
 //! By behaviour: configuration and setup refused with the fix (`setup.rs`), stops,
 //! crashes and restarts (`crashes.rs`), the slot (`slot.rs`), the publication
 //! (`publication.rs`), malformed rows and dead letters (`malformed_rows.rs`), what
-//! `/readyz` and `status` say (`status.rs`).
+//! `/readyz` and `status` say (`status.rs`), work that stops moving (`stall.rs`).
 
 mod crashes;
 mod malformed_rows;
 mod publication;
 mod setup;
 mod slot;
+mod stall;
 mod status;
 
 /// Event `n` (its ID `5f0c6a1e-…-n`), an `OrderPaid` of `amount` for `order`, as an

@@ -2,12 +2,13 @@
 //! against a throwaway PostgreSQL. Expected read models are computed in SQL straight
 //! from the event log or the outbox, never by walfold's own projection code.
 //!
-//! By behaviour: a rebuild's replay (`replay.rs`), its switch-over (`switch_over.rs`),
+//! By behaviour: a rebuild's replay (`replay.rs`) and its progress (`progress.rs`), its switch-over (`switch_over.rs`),
 //! what it refuses up front (`refusals.rs`), backfill (`backfill.rs`), retention and
 //! pruning (`retention.rs`), dead-letter retries and discards (`dead_letters.rs`).
 
 mod backfill;
 mod dead_letters;
+mod progress;
 mod refusals;
 mod replay;
 mod retention;
