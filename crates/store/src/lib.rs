@@ -55,7 +55,7 @@ pub use leader::{leader_row, older_release_leader, Attempt, Fence, LeaderRow, Le
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, schema_current, SchemaAccess};
 pub use operator::Operator;
-pub use pause::{clear_pauses, record_ingest_pause};
+pub use pause::{clear_pauses, record_ingest_pause, record_ingest_stop};
 pub use prune::register_target;
 pub use rebuild::{Rebuild, RebuildState};
 pub use refusal::{OpenState, Refusal};
