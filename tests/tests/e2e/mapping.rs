@@ -495,3 +495,92 @@ async fn two_outboxes_numbering_rows_from_one_give_two_events_per_number() {
     );
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
 }
+
+/// Issue 44 (7): an outbox renamed (on the server and in the config) keeps its derived
+/// event IDs with `id_scope` = its old name: a backfill of the renamed table finds every
+/// row already in the log, and a producer's retry of an old ID after the rename is a
+/// duplicate, so a counting projection applies each event once. Without the key, each
+/// row's ID changes with the name and all of them would apply again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_renamed_with_its_old_id_scope_keeps_its_event_ids() {
+    let db = TestDb::new("map_rename");
+    db.psql(
+        "create table tickets (id bigserial, aggregate_type text not null default 'ticket', \
+         aggregate_id text not null default 'a-1', event_type text not null default 'Opened', \
+         payload jsonb not null default '{}'); \
+         create table tally (aggregate_id text primary key, n int not null)",
+    );
+    let config = |table: &str, fields: &str| {
+        ConfigBuilder::new(&db.url())
+            .set("pipeline", "max_backoff_ms", 1000)
+            .set("pipeline", "shutdown_timeout_s", 20)
+            .set("log", "level", "info")
+            .text(&format!("[[outbox]]\ntable = \"{table}\"\n{fields}\n"))
+            .text(
+                r#"
+[[projection]]
+name = "tally"
+subscriber = "tally.v1"
+sql = "insert into tally as t (aggregate_id, n) values (:aggregate_id, 1) on conflict (aggregate_id) do update set n = t.n + 1"
+"#,
+            )
+            .to_toml()
+    };
+    let before = config("public.tickets", "");
+    let (mut d, client) = Daemon::streaming(&db, &before).await;
+    db.psql("insert into tickets default values; insert into tickets default values; insert into tickets default values");
+    caught_up(&client, 3, 1).await;
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+    let old_id = db.psql("select event_id from walfold.event_log where producer_id = '2'");
+    assert_eq!(
+        old_id,
+        walfold_event::producer_event_id("public.tickets", &["2"]).to_string()
+    );
+
+    db.psql("alter table tickets rename to tickets_v2");
+    let after = config("public.tickets_v2", "id_scope = \"tickets\"");
+    let cfg = write_config(&after);
+    let (code, out, err) = walfold(
+        &[
+            "backfill",
+            "--outbox",
+            "public.tickets_v2",
+            "-c",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        db.psql("select count(*) from walfold.event_log"),
+        "3",
+        "the backfill found every row in the log: {out}{err}"
+    );
+
+    let (mut d, client) = Daemon::streaming(&db, &after).await;
+    // A producer's retry of event 2 after the rename, and one new event.
+    db.psql("insert into tickets_v2 (id) values (2); insert into tickets_v2 default values");
+    caught_up(&client, 4, 1).await;
+    eventually(
+        Duration::from_secs(30),
+        "the new event to apply",
+        || async { db.psql("select n from tally") == "4" },
+    )
+    .await;
+    assert_eq!(
+        db.psql("select string_agg(producer_id, ' ' order by producer_id) from walfold.event_log"),
+        "1 2 3 4"
+    );
+    assert_eq!(
+        db.psql("select event_id from walfold.event_log where producer_id = '2'"),
+        old_id
+    );
+    assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        db.psql("select n from tally"),
+        "4",
+        "no event applied twice"
+    );
+    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
