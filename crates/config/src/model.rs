@@ -283,6 +283,14 @@ pub struct OutboxConfig {
     /// Default: `id`
     #[serde(default)]
     pub id: Option<IdField>,
+    /// the outbox name derived event IDs are scoped to, in place of this one's
+    /// (`schema.table`, or `message_prefix:<prefix>`): set it to the old name when the
+    /// outbox is renamed in the config, so its rows keep their event IDs ([Event
+    /// identity](#event-identity))
+    ///
+    /// Default: this outbox
+    #[serde(default)]
+    pub id_scope: Option<String>,
     /// aggregate type, e.g. `order`, or a constant (`"'order'"`)
     ///
     /// Default: the column `aggregate_type`, else the table's name

@@ -19,6 +19,9 @@ impl OutboxField<'_> {
     }
 }
 
+/// How a message outbox's scope of derived event IDs begins.
+const MESSAGE_SCOPE: &str = "message_prefix:";
+
 impl OutboxConfig {
     /// The fields an event cannot do without, as config keys.
     pub const REQUIRED: [&'static str; 5] = [
@@ -148,6 +151,25 @@ impl OutboxConfig {
                 name: table.clone(),
             }),
         )
+    }
+
+    /// What its derived event IDs are scoped to: `id_scope` when set (a table's name
+    /// as `table` reads it, or `message_prefix:<prefix>` verbatim), else this outbox:
+    /// its table (`schema.table`) or `message_prefix:<prefix>`.
+    pub fn id_scope(&self) -> String {
+        match (&self.id_scope, self.table_name(), &self.message_prefix) {
+            (Some(scope), ..) if scope.starts_with(MESSAGE_SCOPE) => scope.clone(),
+            (Some(scope), ..) => QualifiedName::parse(scope)
+                .unwrap_or_else(|_| QualifiedName {
+                    schema: "public".into(),
+                    name: scope.clone(),
+                })
+                .to_string(),
+            (None, Some(table), _) => table.to_string(),
+            (None, None, prefix) => {
+                format!("{MESSAGE_SCOPE}{}", prefix.as_deref().unwrap_or_default())
+            }
+        }
     }
 
     /// What this outbox follows, for messages: `public.outbox` or `messages 'orders'`.

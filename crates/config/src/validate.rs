@@ -87,6 +87,39 @@ impl Config {
                         .into(),
                 ),
             }
+            if let Some(scope) = &o.id_scope {
+                let key = format!("outbox[{i}].id_scope");
+                match scope.strip_prefix("message_prefix:") {
+                    Some(prefix) => {
+                        if let Err(m) = check_prefix(prefix) {
+                            push(&key, m);
+                        }
+                    }
+                    None => {
+                        if let Err(m) = QualifiedName::parse(scope) {
+                            push(
+                                &key,
+                                format!("{m} (a table's name, or message_prefix:<prefix>)"),
+                            );
+                        }
+                    }
+                }
+            }
+            if let Some(j) = self.outbox[..i]
+                .iter()
+                .position(|other| other.id_scope() == o.id_scope())
+            {
+                if o.id_scope.is_some() || self.outbox[j].id_scope.is_some() {
+                    push(
+                        &format!("outbox[{i}].id_scope"),
+                        format!(
+                            "the same as outbox[{j}]'s ({}): rows of both with the same ID value \
+                             would be one event; give each outbox its own scope",
+                            o.id_scope()
+                        ),
+                    );
+                }
+            }
             if o.allow_public_emit && o.table.is_some() && o.message_prefix.is_none() {
                 push(
                     &format!("outbox[{i}].allow_public_emit"),

@@ -741,3 +741,36 @@ fn key_value_connection_strings_are_accepted_and_their_mistakes_name_the_key() {
     assert!(has("target.url: target_session_attrs `read-only`"), "{p:?}");
     assert!(!p.iter().any(|m| m.contains("hunter2")), "{p:?}");
 }
+
+#[test]
+fn an_id_scope_reads_as_a_table_or_a_prefix_and_is_no_other_outboxs() {
+    let base = "[source]\nurl = \"postgresql://h/db\"\n";
+    let config = Config::from_toml(
+        &format!(
+            "{base}[[outbox]]\ntable = \"tickets_v2\"\nid_scope = \"tickets\"\n\
+             [[outbox]]\ntable = \"parcels\"\n\
+             [[outbox]]\nmessage_prefix = \"orders.v2\"\nid_scope = \"message_prefix:orders\"\n"
+        ),
+        vec![],
+    )
+    .unwrap();
+    let scopes: Vec<String> = config.outbox.iter().map(|o| o.id_scope()).collect();
+    assert_eq!(
+        scopes,
+        ["public.tickets", "public.parcels", "message_prefix:orders"]
+    );
+    let p = problems(&format!(
+        "{base}[[outbox]]\ntable = \"tickets\"\n[[outbox]]\ntable = \"tickets_v2\"\nid_scope = \"public.tickets\"\n\
+         [[outbox]]\ntable = \"t3\"\nid_scope = \"message_prefix:\"\n"
+    ));
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("outbox[1].id_scope: the same as outbox[0]'s (public.tickets)")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("outbox[2].id_scope: must be 1-255 characters")),
+        "{p:?}"
+    );
+}

@@ -169,6 +169,12 @@ impl EngineError {
         }
     }
 
+    /// An extra target that cannot be reached or used (even for good: behind a pooler
+    /// that shares sessions): its projections pause, the rest goes on.
+    pub fn is_unusable_target(&self) -> bool {
+        matches!(self, EngineError::Unreachable { .. })
+    }
+
     /// Whether a fence refused a write: what it proved is held elsewhere now.
     pub fn is_fenced(&self) -> bool {
         matches!(self, EngineError::Store(StoreError::Fenced))

@@ -8,7 +8,12 @@
 //! copy a duplicate. Backfilled events keep their producer IDs (derived as the stream
 //! derives them: one [`Mapping`]) and enter the log in the page order (`order_by`, then
 //! the ID's columns when the ID is columns, then the row's place in its table, so rows
-//! that share an ID are each read once even across a page boundary).
+//! that share an ID are each read once even across a page boundary). An ID that is no
+//! columns (an expression, `expand`) has no key: each table holding the outbox's rows
+//! (each partition of a partitioned one) is read in ranges of blocks, widened or
+//! narrowed to about a batch of rows, so every page costs only its own rows (paging by
+//! `(tableoid, ctid) > (…)` over the whole outbox scanned all of it for every page:
+//! 8.2M tuples read for 200k rows in 40 pages).
 //!
 //! A rejected row (malformed, or an ID already in the log with other content) is
 //! identified by a digest of its table and values, so backfilling again records it once.
@@ -218,7 +223,7 @@ async fn import(
     let mut report = BackfillReport::default();
     let mut cursor: Option<Cursor> = None;
     loop {
-        let rows = pager.page(source, cursor.as_ref(), batch).await?;
+        let (rows, next) = pager.page(source, cursor.as_ref(), batch).await?;
         if rows.is_empty() {
             report.skipped = source
                 .query_one(&pager.skipped, &[])
@@ -266,7 +271,7 @@ async fn import(
                 log.gap_progress(p.scanned as i64, p.since_xid).await?;
             }
         }
-        cursor = Some(pager.after(&rows));
+        cursor = Some(next);
     }
 }
 
@@ -281,7 +286,7 @@ pub(crate) async fn confirm(
     let pager = Pager::new(source, outbox, None).await?;
     let mut cursor: Option<Cursor> = None;
     while !candidates.is_empty() {
-        let rows = pager.page(source, cursor.as_ref(), GAP_BATCH).await?;
+        let (rows, next) = pager.page(source, cursor.as_ref(), GAP_BATCH).await?;
         if rows.is_empty() {
             break;
         }
@@ -290,20 +295,84 @@ pub(crate) async fn confirm(
                 candidates.remove(&e.id);
             }
         }
-        cursor = Some(pager.after(&rows));
+        cursor = Some(next);
     }
     Ok(())
 }
 
-/// Where the last page ended: its last row's key, as text.
-struct Cursor {
-    /// The key columns' values (`order_by`, then the ID's columns).
-    keys: Vec<Option<String>>,
-    /// `tableoid` (a partitioned outbox's rows are in several tables) and `ctid`: the
-    /// row's place, which orders rows that share the rest of the key.
-    table: String,
-    ctid: String,
+/// Where the last page ended.
+enum Cursor {
+    /// Keyset pages: the last row's key, as text.
+    Keyset {
+        /// The key columns' values (`order_by`, then the ID's columns).
+        keys: Vec<Option<String>>,
+        /// `tableoid` (a partitioned outbox's rows are in several tables) and `ctid`:
+        /// the row's place, which orders rows that share the rest of the key.
+        table: String,
+        ctid: String,
+    },
+    /// Block ranges: the next block of one of the tables holding rows.
+    Blocks(Blocks),
 }
+
+/// Where block-range paging is: table `table` (of [`Paging::Blocks`]) from `block`,
+/// `span` blocks at a time, and how many blocks that table had when last asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Blocks {
+    table: usize,
+    block: i64,
+    span: i64,
+    known: i64,
+}
+
+/// The widest block range one page reads (1 GiB of 8 kB blocks): ranges widen over
+/// empty or sparse stretches, up to this.
+const MAX_SPAN: i64 = 131_072;
+
+impl Blocks {
+    const START: Blocks = Blocks {
+        table: 0,
+        block: 0,
+        span: 1,
+        known: 0,
+    };
+
+    /// The next range's width: about `batch` rows by the density just read, at most
+    /// four times wider (or, when empty, four times) than this one.
+    fn next_span(&self, rows: usize, batch: i64) -> i64 {
+        let rows = rows as i64;
+        let wider = self.span.saturating_mul(4).min(MAX_SPAN);
+        match rows {
+            0 => wider,
+            _ => (self.span.saturating_mul(batch.max(1)) / rows).clamp(1, wider),
+        }
+    }
+}
+
+/// How an outbox is paged.
+enum Paging {
+    /// By its keys (`order_by`, the ID's columns) and then each row's place: one
+    /// statement over the whole outbox.
+    Keyset,
+    /// An ID that is no columns (an expression, one row's several events): each table
+    /// holding rows (the outbox, or each partition of a partitioned one) in ranges of
+    /// blocks (`ctid >= '(b,0)' and ctid < '(b+n,0)'`, a TID range scan from
+    /// PostgreSQL 14), so a page costs its own rows, not every row before it. Each
+    /// entry is the table's name (`oid::regclass`) and the page statement over it.
+    Blocks(Vec<(String, String)>),
+}
+
+/// Blocks of relation `$1` now.
+const BLOCKS: &str =
+    "select pg_relation_size($1::text::regclass) / current_setting('block_size')::int8";
+
+/// The tables holding an outbox's rows (`$1` and its partitions or children, in oid
+/// order), each as its name.
+const TABLES: &str = "with recursive tree(oid) as ( \
+       select $1::text::regclass::oid \
+       union select i.inhrelid from pg_inherits i join tree t on i.inhparent = t.oid) \
+     select c.oid::regclass::text from tree t join pg_class c on c.oid = t.oid \
+     where c.relkind = 'r' order by c.oid";
 
 /// One row of a page.
 struct PageRow {
@@ -327,6 +396,7 @@ struct Pager {
     keys: Vec<usize>,
     /// Only rows whose xmin is this 32-bit xid or newer, or frozen (a gap's bound).
     since_xid: Option<String>,
+    paging: Paging,
 }
 
 impl Pager {
@@ -457,6 +527,28 @@ impl Pager {
             )
         };
         let values = select.join(", ");
+        let since = "($4::text is null or age(xmin) <= age($4::text::xid) or xmin = '2'::xid)";
+        let paging = match keys.is_empty() {
+            false => Paging::Keyset,
+            true => {
+                let tables = source
+                    .query(TABLES, &[&table.quoted()])
+                    .await
+                    .map_err(StoreError::db("reading the outbox's partitions"))?;
+                let mut statements = Vec::with_capacity(tables.len());
+                for t in &tables {
+                    let name: String = t.of("pg_class").col(0)?;
+                    let sql = format!(
+                        "select {values}, tableoid::text, ctid::text, \
+                         md5($3::text || row({values})::text)::uuid \
+                         from only {name} where ctid >= $1::text::tid and ctid < $2::text::tid \
+                         and {since} order by ctid"
+                    );
+                    statements.push((name, sql));
+                }
+                Paging::Blocks(statements)
+            }
+        };
         let sql = format!(
             "select {values}, tableoid::text, ctid::text, md5($3::text || row({values})::text)::uuid \
              from {} where {not_null} and ($5::text is null or {after}) \
@@ -475,6 +567,7 @@ impl Pager {
             skipped,
             keys,
             since_xid: None,
+            paging,
         })
     }
 
@@ -498,46 +591,118 @@ impl Pager {
         self.mapping.map(&tuple, tx, Some(origin))
     }
 
-    /// Where the next page starts: after the last row of `rows` (not empty). Rows with a
-    /// null key value are not paged (a keyset cannot pass them).
+    /// Where the next keyset page starts: after the last row of `rows` (not empty).
+    /// Rows with a null key value are not paged (a keyset cannot pass them).
     fn after(&self, rows: &[PageRow]) -> Cursor {
         let last = rows.last().expect("a non-empty page");
-        Cursor {
+        Cursor::Keyset {
             keys: self.keys.iter().map(|&k| last.values[k].clone()).collect(),
             table: last.table.clone(),
             ctid: last.ctid.clone(),
         }
     }
 
+    /// The page after `cursor` (`None`: the first), and where the next one starts; no
+    /// rows: the outbox is read to its end.
     async fn page(
+        &self,
+        source: &Client,
+        cursor: Option<&Cursor>,
+        batch: i64,
+    ) -> Result<(Vec<PageRow>, Cursor), SourceError> {
+        let tables = match &self.paging {
+            Paging::Keyset => {
+                let rows = self.keyset_page(source, cursor, batch).await?;
+                let next = match rows.is_empty() {
+                    // Not read on: no rows is the end.
+                    true => Cursor::Blocks(Blocks::START),
+                    false => self.after(&rows),
+                };
+                return Ok((rows, next));
+            }
+            Paging::Blocks(tables) => tables,
+        };
+        let mut at = match cursor {
+            Some(Cursor::Blocks(b)) => *b,
+            _ => Blocks::START,
+        };
+        loop {
+            let Some((name, sql)) = tables.get(at.table) else {
+                return Ok((Vec::new(), Cursor::Blocks(at)));
+            };
+            if at.block >= at.known {
+                // Asked again at the end: rows inserted meanwhile are read too, as a
+                // keyset page would.
+                at.known = source
+                    .query_one(BLOCKS, &[name])
+                    .await
+                    .map_err(StoreError::db("reading the size of an outbox table"))?
+                    .of("the outbox")
+                    .col(0)?;
+                if at.block >= at.known {
+                    at = Blocks {
+                        table: at.table + 1,
+                        ..Blocks::START
+                    };
+                    continue;
+                }
+            }
+            let end = at.block.saturating_add(at.span);
+            let (from, to) = (format!("({},0)", at.block), format!("({end},0)"));
+            let rows = self
+                .read(source, sql, &[&from, &to, &self.table, &self.since_xid])
+                .await?;
+            at.span = at.next_span(rows.len(), batch);
+            at.block = end;
+            if !rows.is_empty() {
+                return Ok((rows, Cursor::Blocks(at)));
+            }
+        }
+    }
+
+    async fn keyset_page(
         &self,
         source: &Client,
         cursor: Option<&Cursor>,
         batch: i64,
     ) -> Result<Vec<PageRow>, SourceError> {
         // No cursor (the first page): all null, every row qualifies.
-        let keys = cursor.map(|c| c.keys.clone());
-        let table = cursor.map(|c| c.table.as_str());
-        let ctid = cursor.map(|c| c.ctid.as_str());
-        let rows = source
-            .query(
-                &self.sql,
-                &[&keys, &batch, &self.table, &table, &ctid, &self.since_xid],
-            )
-            .await
-            .map_err(|e| {
-                let context = if walfold_event::is_insufficient_privilege(walfold_pg::sqlstate(&e))
-                {
-                    format!(
-                        "reading an outbox page (grant select on {} to the source role, then \
-                         run the backfill again; what it appended is recognised)",
-                        self.table
-                    )
-                } else {
-                    "reading an outbox page".into()
-                };
-                SourceError::from(StoreError::db(context)(e))
-            })?;
+        let (keys, table, ctid) = match cursor {
+            Some(Cursor::Keyset { keys, table, ctid }) => (
+                Some(keys.clone()),
+                Some(table.as_str()),
+                Some(ctid.as_str()),
+            ),
+            _ => (None, None, None),
+        };
+        self.read(
+            source,
+            &self.sql,
+            &[&keys, &batch, &self.table, &table, &ctid, &self.since_xid],
+        )
+        .await
+    }
+
+    /// Runs a page's statement: the columns as text, then the row's table, place and
+    /// digest.
+    async fn read(
+        &self,
+        source: &Client,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<PageRow>, SourceError> {
+        let rows = source.query(sql, params).await.map_err(|e| {
+            let context = if walfold_event::is_insufficient_privilege(walfold_pg::sqlstate(&e)) {
+                format!(
+                    "reading an outbox page (grant select on {} to the source role, then \
+                     run the backfill again; what it appended is recognised)",
+                    self.table
+                )
+            } else {
+                "reading an outbox page".into()
+            };
+            SourceError::from(StoreError::db(context)(e))
+        })?;
         rows.iter()
             .map(|row| {
                 let n = row.len() - 3;
@@ -553,5 +718,30 @@ impl Pager {
             })
             .collect::<Result<_, StoreError>>()
             .map_err(SourceError::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Blocks, MAX_SPAN};
+
+    fn at(span: i64) -> Blocks {
+        Blocks {
+            span,
+            ..Blocks::START
+        }
+    }
+
+    #[test]
+    fn a_range_widens_over_empty_blocks_and_fits_the_batch_by_density() {
+        assert_eq!(at(1).next_span(0, 1000), 4);
+        assert_eq!(at(MAX_SPAN).next_span(0, 1000), MAX_SPAN);
+        // 40 rows a block: 25 blocks hold a batch of 1000, reached four-fold at most.
+        assert_eq!(at(4).next_span(160, 1000), 16);
+        assert_eq!(at(16).next_span(640, 1000), 25);
+        assert_eq!(at(25).next_span(1000, 1000), 25);
+        // Denser than thought: narrower at once, never below one block.
+        assert_eq!(at(25).next_span(5000, 1000), 5);
+        assert_eq!(at(1).next_span(291, 100), 1);
     }
 }

@@ -1,7 +1,8 @@
 //! Ingest supervisor: runs reader + appender for one streaming attempt, and restarts a
 //! failed attempt from the last durable point with capped exponential backoff and
 //! jitter. Environment errors (a revoked right, a full disk on the target) are retried
-//! the same way, loudly; definite errors (wal_level, missing table, lost slot) stop it.
+//! the same way, loudly; definite errors (wal_level, missing table, lost slot) stop that
+//! source only (the daemon, once no source is left).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +26,10 @@ use crate::setup::prepare_source;
 /// Follows every source's slot into the event log until `cancel`, publishing the log
 /// head on `head`. Each source has its own reader, appender, ingest position and
 /// backoff, so one that is down or slow never holds up the others; their appends take
-/// turns in one [`LogOrder`], so the log stays one sequence. A definite error of any
-/// source stops them all.
+/// turns in one [`LogOrder`], so the log stays one sequence. A definite error of one
+/// source (its slot lost, its publication dropped) stops that source's ingest only,
+/// loudly (`walfold_ingest_stopped`, `/readyz`, `walfold status`); the others go on.
+/// Once no source is left, the first such error is returned: the daemon stops.
 pub async fn run_ingest(
     config: Arc<Config>,
     cancel: CancellationToken,
@@ -55,11 +58,15 @@ pub async fn run_ingest(
     while let Some(done) = sources.join_next().await {
         let result = done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         if let Err(e) = result {
-            stop.cancel();
             first_error.get_or_insert(e);
         }
     }
-    first_error.map_or(Ok(()), Err)
+    // A source ends by itself only on a definite error: all of them ended before
+    // `cancel`, so no source is left, and the daemon stops.
+    match first_error {
+        Some(e) if !cancel.is_cancelled() => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses two sources on one database (whatever their URLs): its outbox would be read
@@ -139,10 +146,34 @@ async fn follow(
                 return Ok(());
             }
             Err(e) => {
-                tracing::error!(source = %name, slot = %config.source().slot, error = %e, "ingest of this source stopped");
-                return Err(explain(e, config));
+                let e = explain(e, config);
+                let slot = &config.source().slot;
+                Signal::IngestStopped {
+                    source: &name,
+                    slot,
+                    error: &e,
+                }
+                .report();
+                record_stop(config, &fence, &e.to_string()).await;
+                return Err(e);
             }
         }
+    }
+}
+
+/// Records that ingest of this source stopped, and why, for `walfold status`; best
+/// effort, as [`record_pause`].
+async fn record_stop(config: &SourceView<'_>, fence: &Fence, error: &str) {
+    let schema = walfold_store::Schema::new(config.target.schema.as_str());
+    let record = async {
+        let mut client = connect(config.target_url()).await?;
+        walfold_store::record_ingest_stop(&mut client, fence, &schema, &config.source().slot, error)
+            .await
+    };
+    match tokio::time::timeout(Duration::from_secs(5), record).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "cannot record that ingest stopped"),
+        Err(_) => tracing::debug!("cannot record that ingest stopped: the target did not answer"),
     }
 }
 

@@ -180,7 +180,7 @@ const UPDATE_POSITION: &str = "update {schema}.ingest_position set lsn = greates
                  appended = appended + $3, duplicates = duplicates + $4, \
                  id_conflicts = id_conflicts + $5, malformed = malformed + $6, \
                  ignored_changes = ignored_changes + $7, updated_at = now(), \
-                 paused_since = null, pause_error = null, acks_recorded = acks_recorded or ($8 and $2 > '0/0'::pg_lsn) \
+                 paused_since = null, pause_error = null, stopped = false, acks_recorded = acks_recorded or ($8 and $2 > '0/0'::pg_lsn) \
                  where slot = $1";
 
 /// Slot `$1`'s ingest position.

@@ -57,7 +57,7 @@ pub use lock_wait::lock_waits;
 pub use log_order::{head, LogOrder};
 pub use migrate::{migrate, schema_access, schema_current, SchemaAccess};
 pub use operator::Operator;
-pub use pause::{clear_pauses, record_ingest_pause};
+pub use pause::{clear_pauses, record_ingest_pause, record_ingest_stop};
 pub use prune::register_target;
 pub use rebuild::{Rebuild, RebuildState};
 pub use refusal::{OpenState, Refusal};

@@ -88,6 +88,34 @@ pub async fn clear_pause(
 const RECORD_INGEST: &str = "update {schema}.ingest_position \
      set paused_since = coalesce(paused_since, now()), pause_error = $2 where slot = $1";
 
+/// Records that slot `$1`'s ingest stopped on a definite error (`$2`).
+const RECORD_INGEST_STOP: &str = "update {schema}.ingest_position \
+     set paused_since = coalesce(paused_since, now()), pause_error = $2, stopped = true \
+     where slot = $1";
+
+/// Records that ingest through `slot` stopped for good (a definite error, `error`) while
+/// the other sources go on; fenced like [`record_pause`]. The next append clears it.
+pub async fn record_ingest_stop(
+    client: &mut Client,
+    fence: &Fence,
+    schema: &Schema,
+    slot: &str,
+    error: &str,
+) -> Result<(), StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(StoreError::db("recording that ingest stopped"))?;
+    fence.check(&tx).await?;
+    tx.execute(&schema.sql(RECORD_INGEST_STOP), &[&slot, &error])
+        .await
+        .map_err(StoreError::db("recording that ingest stopped"))?;
+    tx.commit()
+        .await
+        .map_err(StoreError::db("recording that ingest stopped"))?;
+    Ok(())
+}
+
 /// Records why ingest through `slot` is paused; fenced like [`record_pause`]. The next
 /// append that commits clears it.
 pub async fn record_ingest_pause(

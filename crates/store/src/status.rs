@@ -26,7 +26,7 @@ const SLOT: &str = "select active, confirmed_flush_lsn, \
 /// Slot `$1`'s ingest position and counters.
 const INGEST: &str = "select lsn, appended, duplicates, id_conflicts, malformed, ignored_changes, \
      extract(epoch from updated_at)::float8 as updated_at_unix, \
-     extract(epoch from paused_since)::float8 as paused_since_unix, pause_error \
+     extract(epoch from paused_since)::float8 as paused_since_unix, pause_error, stopped \
      from {schema}.ingest_position where slot = $1";
 
 /// How many gaps slot `$1` has recorded, how many are not filled, and its open phantoms.
@@ -303,6 +303,9 @@ pub struct IngestStatus {
 pub struct IngestPause {
     pub since_unix: f64,
     pub error: String,
+    /// Stopped on a definite error (the other sources go on): it does not resume by
+    /// itself, but after the fix and a restart.
+    pub stopped: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -414,7 +417,11 @@ impl FromRow for IngestStatus {
                 r.col::<Option<f64>>("paused_since_unix")?,
                 r.col::<Option<String>>("pause_error")?,
             ) {
-                (Some(since_unix), Some(error)) => Some(IngestPause { since_unix, error }),
+                (Some(since_unix), Some(error)) => Some(IngestPause {
+                    since_unix,
+                    error,
+                    stopped: r.col("stopped")?,
+                }),
                 _ => None,
             },
         })

@@ -77,6 +77,8 @@ pub struct Metrics {
     paused: Family<SubscriberLabel, Gauge>,
     /// 1 while a source's ingest waits out an environment error.
     ingest_paused: Family<SourceLabel, Gauge>,
+    /// 1 once a source's ingest stopped on a definite error (the others go on).
+    ingest_stopped: Family<SourceLabel, Gauge>,
     /// 1 while PUBLIC may execute `pg_logical_emit_message` on a source with a message
     /// outbox (seen by the running check).
     public_emit: Family<SourceLabel, Gauge>,
@@ -113,6 +115,9 @@ pub struct Metrics {
     /// Per source: whether its reader streams from the slot, and the Unix milliseconds
     /// of its last standby status update (0: none yet).
     sources: std::sync::Mutex<std::collections::BTreeMap<String, SourceState>>,
+    /// The parts of this process that stopped or pause on their own (a source's ingest,
+    /// an extra target), with why: what `/readyz` names.
+    held: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -159,6 +164,7 @@ impl Metrics {
             log_pages_shared: reg!("log_pages_shared", "Event-log pages projectors took from a page another partition had just read", Counter::default()),
             paused: reg!("projection_paused", "Partitions of the subscriber paused by an error of the environment (privileges, missing table or column, disk full); 0: running", Family::default()),
             ingest_paused: reg!("ingest_paused", "1 while ingest waits out an error of the environment of the target", Family::default()),
+            ingest_stopped: reg!("ingest_stopped", "1 once the source's ingest stopped on a definite error (the other sources go on; restart walfold after the fix)", Family::default()),
             public_emit: reg!("public_emit", "1 while any role may write events into a message outbox of the source (pg_logical_emit_message executable by PUBLIC), as the running check last saw", Family::default()),
             projection_stalled: reg!("projection_stalled", "Partitions of the subscriber in this process holding work (a turn: a connection, a page of the log, its apply and checkpoint) that has not moved for metrics.ready_max_stall_s; 0: moving or idle", Family::default()),
             ingest_stalled: reg!("ingest_stalled", "1 while the source's ingest in this process holds what the source sent and has not appended any of it for metrics.ready_max_stall_s", Family::default()),
@@ -196,6 +202,7 @@ impl Metrics {
             database_up: reg!("database_up", "1 when the last scrape could read the database gauges (0: they hold older values)", Gauge::default()),
             registry: r,
             sources: Default::default(),
+            held: Default::default(),
         }
     }
 
@@ -291,6 +298,29 @@ impl Metrics {
             .get_or_create(&Self::source(source))
             .set(i64::from(public))
             == 1
+    }
+
+    /// A source's ingest stopped for good, because of `cause`.
+    pub(crate) fn set_ingest_stopped(&self, source: &str, cause: String) {
+        self.ingest_stopped
+            .get_or_create(&Self::source(source))
+            .set(1);
+        self.hold(format!("ingest of source {source} stopped"), Some(cause));
+    }
+
+    /// Says that `part` is held by `cause`, or (`None`) no longer.
+    pub(crate) fn hold(&self, part: String, cause: Option<String>) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        match cause {
+            Some(cause) => held.insert(part, cause),
+            None => held.remove(&part),
+        };
+    }
+
+    /// The parts that stopped or pause on their own, each with why (for `/readyz`).
+    pub fn held(&self) -> Vec<(String, String)> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter().map(|(p, c)| (p.clone(), c.clone())).collect()
     }
 
     /// Whether anything in this process is paused.

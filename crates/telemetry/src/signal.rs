@@ -133,6 +133,13 @@ pub enum Signal<'a> {
         slot: &'a str,
         error: &'a dyn Display,
     },
+    /// A source's ingest stopped on a definite error (its slot lost, its publication
+    /// dropped): that source only; the other sources, and every projection, go on.
+    IngestStopped {
+        source: &'a str,
+        slot: &'a str,
+        error: &'a dyn Display,
+    },
     /// A flush of the source's appender succeeded: whatever paused its ingest is over
     /// (reported after every flush; nothing changes when it was not paused).
     IngestResumed { source: &'a str },
@@ -260,6 +267,7 @@ impl Signal<'_> {
                 subscribers,
                 error,
             } => {
+                m.hold(format!("target {target}"), Some(error.to_string()));
                 tracing::error!(target: PIPELINE, target = %target, subscribers = ?subscribers, error = %error, "target unreachable or refusing: its projections are paused; the others go on, and these resume by themselves once it works again");
             }
             Signal::TargetResumed {
@@ -269,6 +277,7 @@ impl Signal<'_> {
                 for s in subscribers {
                     m.set_paused(s, false);
                 }
+                m.hold(format!("target {target}"), None);
                 tracing::info!(target: PIPELINE, target = %target, "target reachable again; its projections resume");
             }
             Signal::PublicEmit { source, public } => {
@@ -292,6 +301,14 @@ impl Signal<'_> {
                 tracing::error!(target: INGEST, error = %error, source = %source, slot = %slot, "ingest paused: the environment is wrong (fix it; walfold retries by itself)");
             }
             Signal::IngestResumed { source } => m.set_ingest_paused(source, false),
+            Signal::IngestStopped {
+                source,
+                slot,
+                error,
+            } => {
+                m.set_ingest_stopped(source, error.to_string());
+                tracing::error!(target: INGEST, error = %error, source = %source, slot = %slot, "ingest of this source stopped: a definite error (the fix is in the message); the other sources and the projections go on; restart walfold once it is fixed");
+            }
             Signal::Appended {
                 source,
                 read,

@@ -1,7 +1,8 @@
 //! The metrics and health listener (hyper, HTTP/1.1): `/metrics` (Prometheus text),
 //! `/healthz` (the process is up), `/readyz` (this instance holds work, streams from the
-//! slot, nothing of it is paused or stalled (`walfold_telemetry::stall`) and every
-//! subscriber is within `metrics.ready_max_lag_s` of its newest event). The database gauges and the lag check include the projections on
+//! slot, no source's ingest stopped and no extra target is down (each named with why),
+//! nothing of it is paused or stalled (`walfold_telemetry::stall`) and every subscriber
+//! is within `metrics.ready_max_lag_s` of its newest event). The database gauges and the lag check include the projections on
 //! extra targets (`[targets.NAME]`); `/wait` (read your own writes, `wait.rs`). It serves at most 64 connections at once and
 //! closes one after 20 s (5 s to send its headers), so no client can take the daemon's
 //! file descriptors or hold its tasks.
@@ -377,6 +378,16 @@ async fn ready(state: &State) -> Result<(), String> {
                 Err(e) => format!("not leading and holding no work: {e} (retried with backoff)"),
             },
         );
+    }
+    // A part that stopped or pauses on its own (a source's ingest on a definite error,
+    // an extra target that cannot be used), named with why: the rest goes on.
+    let held = m.held();
+    if !held.is_empty() {
+        let parts: Vec<String> = held
+            .iter()
+            .map(|(part, cause)| format!("{part}: {cause}"))
+            .collect();
+        return Err(parts.join("; "));
     }
     let names: Vec<&str> = state
         .config

@@ -378,7 +378,16 @@ pub async fn backfill(
         },
         "done",
     );
-    if order_by.is_none() {
+    let keyed = config.table_outbox(outbox).is_some_and(|(o, _)| {
+        o.set("expand").is_none()
+            && o.fields()
+                .iter()
+                .filter(|f| f.key == "id")
+                .all(|f| f.is_column())
+    });
+    if order_by.is_none() && !keyed {
+        eprintln!("walfold: paging in the table's own order (its ID is no columns), so each aggregate's events enter the log in the order of the rows' places; pass --order-by <column> (e.g. created_at) to keep their order");
+    } else if order_by.is_none() {
         eprintln!("walfold: paging in ID order, so each aggregate's events enter the log in ID order; pass --order-by <column> (e.g. created_at) to keep their order");
     }
     println!(

@@ -264,7 +264,13 @@ fn render(config: &Config, s: &Status) -> String {
                 "{name}ingest: lsn={} appended={} duplicates={} id_conflicts={} malformed={} ignored={}",
                 i.lsn, i.appended, i.duplicates, i.id_conflicts, i.malformed, i.ignored_changes
             );
-            if let Some(p) = &i.paused {
+            if let Some(p) = i.paused.as_ref().filter(|p| p.stopped) {
+                println!(
+                    "{name}INGEST STOPPED since {}s ago: {} (a definite error: this source's ingest stays stopped until it is fixed and walfold restarted; the other sources go on)",
+                    (unix_now() - p.since_unix).max(0.0).round(),
+                    crate::text::escape_controls(&p.error)
+                );
+            } else if let Some(p) = &i.paused {
                 println!(
                     "{name}INGEST PAUSED since {}s ago: {} (an error of the target or the config: the slot keeps the WAL meanwhile; ingest resumes by itself once it is fixed)",
                     (unix_now() - p.since_unix).max(0.0).round(),

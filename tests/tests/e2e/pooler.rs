@@ -2,7 +2,8 @@
 //! throwaway cluster: a pool that shares server sessions (transaction or statement
 //! mode) is refused with the fix by `run`, `migrate` and `doctor`; through a session
 //! pool walfold migrates and folds end to end; a pooler in front of the source's
-//! replication connection stops ingest with the fix.
+//! replication connection stops ingest with the fix; an extra target behind a
+//! transaction pool pauses only its projections.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -26,10 +27,16 @@ impl Bouncer {
     /// Nothing in `ignore_startup_parameters`: walfold must send none it refuses.
     /// `None` when PgBouncer is not installed (see [`pgbouncer`]).
     fn start(db: &TestDb, mode: &str) -> Option<Bouncer> {
+        Bouncer::start_on(db, mode, free_port())
+    }
+
+    /// [`Bouncer::start`] on `port` (a pooler put back in another mode keeps its URL).
+    fn start_on(db: &TestDb, mode: &str, port: u16) -> Option<Bouncer> {
         let bin = pgbouncer()?;
-        let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("walfold-pgbouncer-{}-{port}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "walfold-pgbouncer-{}-{port}-{mode}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
         let config = dir.join("pgbouncer.ini");
@@ -195,6 +202,99 @@ async fn a_transaction_pool_is_refused_with_the_fix_by_run_migrate_and_doctor() 
     assert_eq!(code, Some(2), "{log}\n{}", pool.log());
     says_pooling_and_fix(&log);
     assert!(log.contains("the url of source"), "{log}");
+}
+
+/// Issue 44 (3): an extra target behind a transaction pool is wrong for that target
+/// only: its projection pauses, loudly (an ERROR with the fix, the paused gauge,
+/// `/readyz` naming the target and why), while the main target's projections and ingest
+/// go on; once the pooler runs in session mode (same URL, no restart) it folds
+/// everything. Before, the daemon stopped with exit code 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_extra_target_pauses_only_its_projections() {
+    let db = TestDb::new("xpool");
+    let rep = TestDb::new("xpoolrep");
+    let Some(pool) = Bouncer::start(&rep, "transaction") else {
+        return;
+    };
+    let port = free_port();
+    let text = config_builder(&db.url())
+        .set("log", "level", "info")
+        .set("metrics", "listen", format!("127.0.0.1:{port}"))
+        .text(PROJECTIONS)
+        .text(&format!(
+            r#"
+[targets.reporting]
+url = "{}"
+
+[[projection]]
+name = "rep_ledger"
+subscriber = "rep.ledger.v1"
+database = "reporting"
+sql = "insert into ledger (event_id, order_id, amount) values (:event_id, :aggregate_id, 0)"
+"#,
+            pool.url(&rep)
+        ))
+        .to_toml();
+    let mut d = Daemon::start(&text, &[]);
+    let client = db.client().await;
+    walfold_tests::slot_active(&client).await;
+    let expected = write_events(db.url(), 20, 5, 4, Duration::from_millis(5), 44).await;
+    caught_up(&client, expected.distinct(), 3).await;
+    expected.check(&client).await;
+    assert!(
+        d.exited().is_none(),
+        "the daemon stopped:\n{}",
+        d.log_text()
+    );
+    walfold_tests::eventually(
+        Duration::from_secs(30),
+        "/readyz to name the target",
+        || async {
+            let (code, body) = walfold_tests::http_get(port, "/readyz");
+            code == 503
+                && body.contains("target reporting")
+                && body.contains("shares server sessions")
+        },
+    )
+    .await;
+    let (_, metrics) = walfold_tests::http_get(port, "/metrics");
+    assert!(
+        metrics.contains("walfold_projection_paused{subscriber=\"rep.ledger.v1\"} 1"),
+        "{metrics}"
+    );
+    let log = d.log_text();
+    assert!(
+        log.contains("ERROR") && log.contains("its projections are paused"),
+        "{log}"
+    );
+    says_pooling_and_fix(&log);
+    assert_eq!(
+        rep.psql("select count(*) from pg_namespace where nspname = 'walfold'"),
+        "0",
+        "nothing was created through the transaction pool"
+    );
+
+    // The pooler in session mode on the same port: the projection resumes by itself.
+    let pool_port = pool.port;
+    drop(pool);
+    let _pool = Bouncer::start_on(&rep, "session", pool_port).expect("pgbouncer");
+    let r = rep.client().await;
+    let folded = walfold_tests::count(&client, "select count(*) from ledger").await;
+    walfold_tests::eventually(
+        Duration::from_secs(60),
+        "the extra target to fold",
+        || async {
+            r.query_one("select count(*) from ledger", &[])
+                .await
+                .is_ok_and(|row| row.get::<_, i64>(0) == folded)
+        },
+    )
+    .await;
+    walfold_tests::eventually(Duration::from_secs(30), "/readyz", || async {
+        walfold_tests::http_get(port, "/readyz").0 == 200
+    })
+    .await;
+    assert!(d.exited().is_none(), "{}", d.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 //! the event log), the head's news for the other instances' projectors, the prune pass,
 //! and one planner per target (`plan.rs`). All of it writes under the leader's fence; it
 //! stops when leadership is lost, when the instance stops, or when a part fails for good
-//! (a definite ingest error stops the instance, as before).
+//! (ingest once no source is left: a definite error of one source stops only that one;
+//! an extra target that cannot be used pauses only its projections).
 
 use std::sync::Arc;
 use std::time::Duration;

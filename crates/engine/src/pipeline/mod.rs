@@ -8,7 +8,8 @@
 //! Each target (the main one, and every `[targets.NAME]` with projections) has its own
 //! units, registry, rebuilds, checkpoints and pauses. An extra target is migrated and
 //! taken over ([`walfold_store::Fence::extend_to`]) before the leader plans there; while
-//! it cannot be reached its projections are paused (logged once per cause,
+//! it cannot be reached or used (behind a pooler that shares sessions) its projections
+//! are paused (logged once per cause,
 //! `walfold_projection_paused`, `/readyz`) and everything else goes on.
 
 mod assign;

@@ -8,8 +8,8 @@
 //! it is moved. A new rebuild only adds units: nothing else stops.
 //!
 //! An extra target is migrated and taken over ([`Fence::extend_to`]) before its first
-//! plan; while it cannot be reached, its projections count as paused here and
-//! everything else goes on.
+//! plan; while it cannot be reached or used (down, or behind a pooler that shares
+//! sessions), its projections count as paused here and everything else goes on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -126,7 +126,11 @@ impl Planner {
                 }
                 // A newer leader: this one stands down.
                 Err(e) if e.is_fenced() => return Ok(()),
-                Err(e) if e.kind().retries() => {
+                // An extra target that cannot be used, even for good (behind a pooler
+                // that shares sessions, a schema of a newer release): only its
+                // projections pause, and it is looked at again, so fixing its URL's
+                // server (a session pool) needs no restart.
+                Err(e) if e.kind().retries() || e.is_unusable_target() => {
                     if self.target.is_extra() {
                         down.enter(&e);
                         lease = None;

@@ -29,7 +29,7 @@ impl MessageMapping {
     pub fn new(config: &OutboxConfig) -> Option<MessageMapping> {
         let prefix = config.message_prefix.clone()?;
         Some(MessageMapping {
-            scope: format!("message_prefix:{prefix}"),
+            scope: config.id_scope(),
             prefix,
             names: names(config),
             max_bytes: usize::MAX,

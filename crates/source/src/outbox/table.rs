@@ -198,7 +198,7 @@ impl Mapping {
             })
         });
         Mapping {
-            scope: table.to_string(),
+            scope: config.id_scope(),
             table,
             columns,
             fields,
