@@ -741,3 +741,23 @@ fn key_value_connection_strings_are_accepted_and_their_mistakes_name_the_key() {
     assert!(has("target.url: target_session_attrs `read-only`"), "{p:?}");
     assert!(!p.iter().any(|m| m.contains("hunter2")), "{p:?}");
 }
+
+#[test]
+fn a_where_set_beside_a_presets_is_added_to_it() {
+    let c = Config::from_toml(
+        "[source]\nurl = \"postgresql://u@h/d\"\n[[outbox]]\ntable = \"eventuate.message\"\n\
+         preset = \"eventuate_tram\"\nwhere = \"destination = 'orders'\"\n",
+        Vec::<(String, String)>::new(),
+    )
+    .unwrap();
+    let wheres: Vec<&str> = c.outbox[0]
+        .fields()
+        .into_iter()
+        .filter(|f| f.key == "where")
+        .map(|f| f.value)
+        .collect();
+    assert_eq!(
+        wheres,
+        ["headers::jsonb->>'event-type' is not null", "destination = 'orders'"]
+    );
+}
