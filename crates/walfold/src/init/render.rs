@@ -25,6 +25,22 @@ fn column_in_expression(column: &str) -> String {
     }
 }
 
+/// `text` in lines of at most `width` characters, broken between words only (a word
+/// longer than `width`, a path, is a line of its own).
+fn wrapped(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.len() + 1 + word.len() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_owned()),
+        }
+    }
+    lines
+}
+
 /// The `[[outbox]]` keys of a framework's table: the preset and each of its fields,
 /// written out so the user sees and can change every one.
 fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
@@ -33,8 +49,8 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
         "# {}: recognised by its columns. Its table as the framework creates it:\n",
         p.framework
     ));
-    for source in p.ddl_source.split(", ") {
-        t.push_str(&format!("#   {source}\n"));
+    for line in wrapped(p.ddl_source, 84) {
+        t.push_str(&format!("#   {line}\n"));
     }
     t.push_str(
         "# Every field below is the preset's, written out: change any (a field set here wins).\n",
@@ -373,6 +389,27 @@ mod tests {
                 .map(|c| (case(c), "text".to_owned()))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn where_a_presets_ddl_comes_from_is_quoted_whole() {
+        for p in PRESETS {
+            let t = framework_table(p, |c| c.to_owned());
+            let m = map_table(&t).unwrap();
+            let mut text = String::new();
+            render_preset(&mut text, &m.table, m.preset.as_ref().unwrap());
+            let quoted: Vec<&str> = text
+                .lines()
+                .skip(1)
+                .map_while(|l| l.strip_prefix("#   "))
+                .collect();
+            // Joined again, the lines are the source word for word: no break at a
+            // comma inside a parenthesis, nothing lost.
+            let words: Vec<&str> = p.ddl_source.split_whitespace().collect();
+            assert_eq!(quoted.join(" "), words.join(" "), "{}", p.name);
+            assert!(quoted.iter().all(|l| l.len() <= 84 || !l.contains(' ')));
+        }
+        assert_eq!(wrapped("a, b (c, d) e", 6), ["a, b", "(c, d)", "e"]);
     }
 
     #[test]
