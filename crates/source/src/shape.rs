@@ -30,7 +30,7 @@ pub(crate) use slot::{
     create as create_slot, drop as drop_slot, exists as slot_exists, retained as retained_wal,
 };
 pub use tables::{
-    column_values, model_table, row_estimate, tables, Column, ModelTable, OutboxTable, Relation,
+    column_pairs, column_values, model_table, row_estimate, tables, Column, ModelTable, OutboxTable, Relation,
     Table,
 };
 

@@ -25,6 +25,7 @@ mod records;
 mod server;
 mod slot;
 mod source;
+mod stand_in;
 mod target;
 mod wal;
 mod writers;

@@ -14,6 +14,7 @@ pub const MASSTRANSIT: Preset = Preset {
         "MassTransit/MassTransit: src/Persistence/MassTransit.EntityFrameworkCoreIntegration/\
                  Configuration/EntityFrameworkOutboxConfigurationExtensions.cs \
                  (ConfigureOutboxMessageEntity) and EntityFrameworkCoreIntegration/OutboxMessage.cs",
+    aggregate_stand_in: None,
     table: "OutboxMessage",
     columns: &[
         "SequenceNumber",

@@ -27,6 +27,10 @@ pub struct Preset {
     pub framework: &'static str,
     /// Where the DDL was read: repository and path.
     pub ddl_source: &'static str,
+    /// Why the preset's `aggregate_id` is a stand-in, where the framework's rows carry
+    /// no aggregate (Spring Modulith, Wolverine, Watermill): a read model keyed on it
+    /// gets a row per message, not per aggregate. `None`: it is the aggregate's.
+    pub aggregate_stand_in: Option<&'static str>,
     /// The table as the framework names it by default (`message_store.messages`).
     pub table: &'static str,
     /// The columns (as the framework spells them) a table must have to be recognised
@@ -55,6 +59,18 @@ pub const PRESETS: &[Preset] = &[
     eventsourcing::EVENTSOURCING,
     debezium::DEBEZIUM,
 ];
+
+impl Preset {
+    /// What it sets for `key` (one of the `[[outbox]]` keys but `id`).
+    pub fn field(&self, key: &str) -> Option<&'static str> {
+        self.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    /// Its `aggregate_id` when that is a stand-in, with why.
+    pub fn stand_in(&self) -> Option<(&'static str, &'static str)> {
+        Some((self.field("aggregate_id")?, self.aggregate_stand_in?))
+    }
+}
 
 /// The preset named `name`.
 pub fn preset(name: &str) -> Option<&'static Preset> {

@@ -127,6 +127,7 @@ pub fn framework() -> Framework {
         preset: "axon",
         ddl,
         init_read_model: None,
+        init_writes: &[],
         history: Vec::new(),
         writes: writes(false),
         // A tracking processor stores its token.

@@ -106,6 +106,7 @@ pub fn framework() -> Framework {
         preset: "debezium",
         ddl: DDL,
         init_read_model: None,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         text_ids: false,

@@ -107,6 +107,7 @@ pub fn framework() -> Framework {
         preset: "eventuate_tram",
         ddl: DDL,
         init_read_model: None,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         // The CDC service marks what it relayed.

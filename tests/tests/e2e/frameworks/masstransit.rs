@@ -226,6 +226,7 @@ pub fn framework() -> Framework {
         preset: "masstransit",
         ddl: DDL,
         init_read_model: None,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         // The delivery service, once the messages are on the broker.

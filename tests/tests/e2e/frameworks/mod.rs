@@ -16,6 +16,7 @@ mod debezium;
 mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
+mod init_stand_ins;
 mod marten;
 mod masstransit;
 mod message_db;
@@ -80,6 +81,9 @@ pub struct Framework {
     /// `--read-model` for `walfold init` (a `table` projection it generates); `None`:
     /// init's `[[outbox]]` with the documented block's projections.
     pub init_read_model: Option<&'static str>,
+    /// Text the file `walfold init` writes must hold (what it proposes where the
+    /// framework's rows have no column for a field, a stand-in's mark).
+    pub init_writes: &'static [&'static str],
     /// What the framework wrote before walfold came (and before `walfold init` looks at
     /// the table): not streamed, not in the fold.
     pub history: Vec<String>,
@@ -144,6 +148,18 @@ impl Framework {
             self.preset
         );
         eprintln!("{}: walfold init wrote\n{text}", self.preset);
+        for wanted in self.init_writes {
+            assert!(text.contains(wanted), "{}: init wrote no `{wanted}`", self.preset);
+        }
+        // A stand-in or a proposal is said on standard output too, not only in the file.
+        for mark in ["STAND-IN", "PROPOSED"] {
+            assert_eq!(
+                text.contains(mark),
+                out.contains(mark),
+                "{}: `{mark}` in the file but not on stdout, or the reverse\n{out}",
+                self.preset
+            );
+        }
         if self.init_read_model.is_none() {
             text.push('\n');
             text.push_str(projections_of(&documented_block(self.preset)));
