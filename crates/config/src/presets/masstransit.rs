@@ -25,6 +25,7 @@ pub const MASSTRANSIT: Preset = Preset {
         "ConversationId",
         "CorrelationId",
         "SentTime",
+        "Headers",
     ],
     id: &["MessageId"],
     fields: &[

@@ -7,6 +7,7 @@
 
 mod axon;
 mod debezium;
+mod emmett;
 mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
@@ -48,6 +49,7 @@ pub struct Preset {
 pub const PRESETS: &[Preset] = &[
     message_db::MESSAGE_DB,
     marten::MARTEN,
+    emmett::EMMETT,
     masstransit::MASSTRANSIT,
     nservicebus::NSERVICEBUS,
     eventuate_tram::EVENTUATE_TRAM,
@@ -75,4 +77,31 @@ impl Preset {
 /// The preset named `name`.
 pub fn preset(name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A field set to a bare column the table lacks is refused at start: every column a
+    /// preset names must be one `walfold init` recognises its table by.
+    #[test]
+    fn every_column_a_preset_names_is_one_its_table_is_recognised_by() {
+        let bare = |v: &str| v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        let mut missing = Vec::new();
+        for p in PRESETS {
+            let named = p.id.iter().copied().chain(
+                p.fields
+                    .iter()
+                    .filter(|(k, _)| !matches!(*k, "where" | "expand"))
+                    .map(|(_, v)| *v),
+            );
+            for column in named.filter(|v| bare(v)) {
+                if !p.columns.iter().any(|c| c.eq_ignore_ascii_case(column)) {
+                    missing.push(format!("{}: {column}", p.name));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not among the columns recognised: {missing:?}");
+    }
 }

@@ -106,6 +106,7 @@ pub fn framework() -> Framework {
         preset: "debezium",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
         init_writes: &[],
         history: Vec::new(),
         writes,

@@ -93,6 +93,7 @@ pub fn framework() -> Framework {
         preset: "eventsourcing",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
         init_writes: &[],
         history: Vec::new(),
         writes,

@@ -101,6 +101,7 @@ pub fn framework() -> Framework {
         preset: "eventuate_local",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
         init_writes: &[],
         history: Vec::new(),
         writes,

@@ -13,6 +13,7 @@
 
 mod axon;
 mod debezium;
+mod emmett;
 mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
@@ -81,6 +82,10 @@ pub struct Framework {
     /// `--read-model` for `walfold init` (a `table` projection it generates); `None`:
     /// init's `[[outbox]]` with the documented block's projections.
     pub init_read_model: Option<&'static str>,
+    /// The framework's own client writes instead of statements of ours:
+    /// `tests/emmett/write.mjs` (Node and the npm package) creates the schema after `ddl`
+    /// and appends the events before `writes`.
+    pub node_writer: bool,
     /// Text the file `walfold init` writes must hold (what it proposes where the
     /// framework's rows have no column for a field, a stand-in's mark).
     pub init_writes: &'static [&'static str],
@@ -176,6 +181,9 @@ impl Framework {
 
     fn create(&self, db: &TestDb) {
         db.psql(self.ddl);
+        if self.node_writer {
+            node_writer(db, "schema");
+        }
         for h in &self.history {
             db.psql(h);
         }
@@ -192,6 +200,9 @@ impl Framework {
             || async { db.psql(&active) == "1" },
         )
         .await;
+        if self.node_writer {
+            node_writer(db, "events");
+        }
         for w in &self.writes {
             db.psql(w);
         }
@@ -252,6 +263,50 @@ impl Framework {
             d.log_text()
         );
     }
+}
+
+/// The framework's own client, `tests/emmett/write.mjs`, on `db`: `what` is `schema` or
+/// `events`. Its npm packages are installed (`npm ci`) on first use.
+pub fn node_writer(db: &TestDb, what: &str) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/emmett");
+    let installed = std::path::Path::new(dir).join("node_modules/@event-driven-io/emmett-postgresql");
+    if !installed.exists() {
+        let status = std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(dir)
+            .status()
+            .expect("run npm ci in tests/emmett");
+        assert!(status.success(), "npm ci in tests/emmett failed");
+    }
+    let out = std::process::Command::new("node")
+        .args(["write.mjs", &db.url(), what])
+        .current_dir(dir)
+        .output()
+        .expect("run node tests/emmett/write.mjs");
+    assert!(
+        out.status.success(),
+        "node write.mjs {what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether Node and npm are here to run a framework's own client; without them a test
+/// that needs them is skipped with a message, except in CI (`CI=true`), where it fails.
+pub fn node_available(test: &str) -> bool {
+    let found = ["node", "npm"].iter().all(|tool| {
+        std::process::Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !found {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true"),
+            "{test}: node/npm not found in CI"
+        );
+        eprintln!("{test}: skipped, node and npm are not installed");
+    }
+    found
 }
 
 /// Every framework's statements run as written and its independent fold is not empty,

@@ -87,6 +87,7 @@ pub fn framework() -> Framework {
         preset: "spring_modulith",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
         init_writes: &[
             "# aggregate_id: the framework's rows carry no aggregate. PROPOSED",
             "aggregate_id = \"serialized_event::jsonb->>'orderId'\"",

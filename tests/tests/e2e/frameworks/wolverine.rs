@@ -153,6 +153,7 @@ pub fn framework() -> Framework {
         preset: "wolverine",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
         init_writes: &[
             "PROPOSED by walfold init\n# from the payload key `OrderId`",
             "aggregate_id = \"convert_from(substring(body from position(decode('7b22', 'hex') in body)), 'UTF8')::jsonb->>'OrderId'\"",
