@@ -15,6 +15,7 @@ mod marten;
 mod masstransit;
 mod message_db;
 mod nservicebus;
+mod spatie;
 mod spring_modulith;
 mod watermill;
 mod wolverine;
@@ -59,6 +60,7 @@ pub const PRESETS: &[Preset] = &[
     watermill::WATERMILL,
     axon::AXON,
     eventsourcing::EVENTSOURCING,
+    spatie::SPATIE,
     debezium::DEBEZIUM,
 ];
 

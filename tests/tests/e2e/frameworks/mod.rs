@@ -22,6 +22,7 @@ mod marten;
 mod masstransit;
 mod message_db;
 mod nservicebus;
+mod spatie;
 mod spring_modulith;
 mod watermill;
 mod wolverine;
@@ -325,6 +326,7 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         watermill::framework(),
         axon::framework(),
         eventsourcing::framework(),
+        spatie::framework(),
         debezium::framework(),
     ];
     for f in &all {
