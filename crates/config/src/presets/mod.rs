@@ -5,6 +5,7 @@
 //!
 //! One file per framework; each cites where its table's DDL comes from.
 
+mod akka_jdbc;
 mod axon;
 mod debezium;
 mod emmett;
@@ -59,6 +60,7 @@ pub const PRESETS: &[Preset] = &[
     wolverine::WOLVERINE,
     watermill::WATERMILL,
     axon::AXON,
+    akka_jdbc::AKKA_JDBC,
     eventsourcing::EVENTSOURCING,
     spatie::SPATIE,
     debezium::DEBEZIUM,

@@ -11,6 +11,7 @@
 //!
 //! Shared helpers only here; one file per framework.
 
+mod akka_jdbc;
 mod axon;
 mod debezium;
 mod emmett;
@@ -325,6 +326,7 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         wolverine::framework(),
         watermill::framework(),
         axon::framework(),
+        akka_jdbc::framework(),
         eventsourcing::framework(),
         spatie::framework(),
         debezium::framework(),
