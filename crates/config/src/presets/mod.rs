@@ -16,6 +16,7 @@ mod marten;
 mod masstransit;
 mod message_db;
 mod nservicebus;
+mod rails_event_store;
 mod spatie;
 mod spring_modulith;
 mod watermill;
@@ -63,6 +64,7 @@ pub const PRESETS: &[Preset] = &[
     akka_jdbc::AKKA_JDBC,
     eventsourcing::EVENTSOURCING,
     spatie::SPATIE,
+    rails_event_store::RAILS_EVENT_STORE,
     debezium::DEBEZIUM,
 ];
 

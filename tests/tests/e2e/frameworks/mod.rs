@@ -23,6 +23,7 @@ mod marten;
 mod masstransit;
 mod message_db;
 mod nservicebus;
+mod rails_event_store;
 mod spatie;
 mod spring_modulith;
 mod watermill;
@@ -329,6 +330,7 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         akka_jdbc::framework(),
         eventsourcing::framework(),
         spatie::framework(),
+        rails_event_store::framework(),
         debezium::framework(),
     ];
     for f in &all {
