@@ -758,6 +758,9 @@ fn a_where_set_beside_a_presets_is_added_to_it() {
         .collect();
     assert_eq!(
         wheres,
-        ["headers::jsonb->>'event-type' is not null", "destination = 'orders'"]
+        [
+            "headers::jsonb->>'event-type' is not null",
+            "destination = 'orders'"
+        ]
     );
 }

@@ -134,12 +134,25 @@ mod tests {
 
     #[test]
     fn the_closest_column_comes_first() {
-        let names = ["global_position", "stream_id", "stream_position", "message_kind"];
+        let names = [
+            "global_position",
+            "stream_id",
+            "stream_position",
+            "message_kind",
+        ];
         assert_eq!(
             closest_first("stream_pos", &names),
-            ["stream_position", "stream_id", "global_position", "message_kind"]
+            [
+                "stream_position",
+                "stream_id",
+                "global_position",
+                "message_kind"
+            ]
         );
-        assert_eq!(closest_first("Versoin", &["payload", "version"])[0], "version");
+        assert_eq!(
+            closest_first("Versoin", &["payload", "version"])[0],
+            "version"
+        );
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);
     }

@@ -152,7 +152,10 @@ pub async fn sample_events(
         let tuple = Tuple {
             columns: texts
                 .iter()
-                .map(|t| t.as_deref().map_or(Column::Null, |s| Column::Text(s.as_bytes())))
+                .map(|t| {
+                    t.as_deref()
+                        .map_or(Column::Null, |s| Column::Text(s.as_bytes()))
+                })
                 .collect(),
         };
         let kind = payload_kind(

@@ -421,7 +421,12 @@ async fn one_row_per(
     else {
         return Ok(None);
     };
-    let column_of = |wanted: &str| r.columns.iter().find(|c| c.eq_ignore_ascii_case(wanted)).cloned();
+    let column_of = |wanted: &str| {
+        r.columns
+            .iter()
+            .find(|c| c.eq_ignore_ascii_case(wanted))
+            .cloned()
+    };
     let (Some(column), Some(type_column)) = (column_of(wanted), column_of(wanted_type)) else {
         return Ok(None);
     };
@@ -478,7 +483,10 @@ fn given(chosen: &mut [Mapped], outboxes: &Wanted) -> Result<(), Failure> {
             }
         }
         None => {
-            for (key, value) in [("where", &outboxes.r#where), ("aggregate_id", &outboxes.aggregate_id)] {
+            for (key, value) in [
+                ("where", &outboxes.r#where),
+                ("aggregate_id", &outboxes.aggregate_id),
+            ] {
                 if let Some(v) = value {
                     m.columns.retain(|(k, _)| *k != key);
                     m.columns.push((key, v.clone()));

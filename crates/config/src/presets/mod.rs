@@ -108,6 +108,9 @@ mod tests {
                 }
             }
         }
-        assert!(missing.is_empty(), "not among the columns recognised: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "not among the columns recognised: {missing:?}"
+        );
     }
 }

@@ -212,7 +212,13 @@ impl OneRowPer {
         (!per_type.is_empty()).then(|| {
             let expr = per_type
                 .iter()
-                .map(|(t, v)| format!("({type_column} = {} and {column} = {})", literal(t), literal(v)))
+                .map(|(t, v)| {
+                    format!(
+                        "({type_column} = {} and {column} = {})",
+                        literal(t),
+                        literal(v)
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(" or ");
             Filter::PerType(per_type, expr)
@@ -238,7 +244,10 @@ pub(super) enum Aggregate {
     /// payloads.
     Proposed(Proposal),
     /// The preset's is a stand-in and nothing better was found: written, marked.
-    StandIn { value: &'static str, why: &'static str },
+    StandIn {
+        value: &'static str,
+        why: &'static str,
+    },
 }
 
 /// An `aggregate_id` read from the payload's key `key`.
@@ -271,7 +280,9 @@ fn type_word(event_type: &str) -> String {
 /// string or number under a key like an identity, in every payload if one is, the one
 /// whose name starts the event types (`orderId` of `OrderCompleted`) first, then the
 /// one seen most, a plain `id` last. `samples`: (event type, payload).
-pub(super) fn aggregate_key(samples: &[(&str, &serde_json::Value)]) -> Option<(String, usize, Vec<String>)> {
+pub(super) fn aggregate_key(
+    samples: &[(&str, &serde_json::Value)],
+) -> Option<(String, usize, Vec<String>)> {
     struct Seen {
         key: String,
         count: usize,

@@ -97,7 +97,10 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
     if let Some(v) = field("where") {
         t.push_str(&format!("where = {}\n", toml_str(v)));
     } else if let Some(w) = &r.chosen_where {
-        t.push_str(&format!("# The rows that are events (--where).\nwhere = {}\n", toml_str(w)));
+        t.push_str(&format!(
+            "# The rows that are events (--where).\nwhere = {}\n",
+            toml_str(w)
+        ));
     } else if let Some(o) = &r.one_row_per {
         one_row_per(t, o);
     }
@@ -116,7 +119,10 @@ fn aggregate_id(t: &mut String, a: &Aggregate) {
     match a {
         Aggregate::Preset => {}
         Aggregate::Given(v) => {
-            t.push_str(&format!("# aggregate_id: as given (--aggregate-id).\naggregate_id = {}\n", toml_str(v)));
+            t.push_str(&format!(
+                "# aggregate_id: as given (--aggregate-id).\naggregate_id = {}\n",
+                toml_str(v)
+            ));
         }
         Aggregate::Proposed(p) => {
             t.push_str(&format!(
@@ -417,10 +423,10 @@ fn projection_section(t: &mut String, read_model: Option<&ReadModel>, versioned:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::init::mapping::OneRowPer;
     use crate::init::mapping::{map_table, Table, ONE_ROW_PER};
     use walfold_config::presets::{Preset, PRESETS};
     use walfold_config::Config;
-    use crate::init::mapping::OneRowPer;
 
     /// A table with exactly `preset`'s columns, spelled in `case`.
     fn framework_table(preset: &Preset, case: fn(&str) -> String) -> Table {
@@ -441,11 +447,19 @@ mod tests {
         let pairs = |p: &[(&str, &str)]| OneRowPer {
             column: "listener_id".into(),
             type_column: "event_type".into(),
-            pairs: p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
+            pairs: p
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
         };
         // The first listener (in order) has only one of the two types: the second, which
         // has both, is the one kept.
-        let o = pairs(&[("a", "Shipped"), ("b", "Completed"), ("b", "Shipped"), ("c", "Completed")]);
+        let o = pairs(&[
+            ("a", "Shipped"),
+            ("b", "Completed"),
+            ("b", "Shipped"),
+            ("c", "Completed"),
+        ]);
         match o.filter(column_in_expression) {
             Some(Filter::One(v, e)) => {
                 assert_eq!(v, "b");

@@ -91,20 +91,36 @@ fn added(cart: &str, item: &str, quantity: i32) -> String {
 
 pub fn framework() -> Framework {
     let writes = vec![
-        write("cart-1", &[(1, "ItemAdded", &added("cart-1", "socks", 3))], 33),
-        write("cart-2", &[(1, "ItemAdded", &added("cart-2", "hat", 1))], 33),
+        write(
+            "cart-1",
+            &[(1, "ItemAdded", &added("cart-1", "socks", 3))],
+            33,
+        ),
+        write(
+            "cart-2",
+            &[(1, "ItemAdded", &added("cart-2", "hat", 1))],
+            33,
+        ),
         // One command persisting two events: one transaction.
         write(
             "cart-1",
             &[
-                (2, "ItemRemoved", r#"{"cartId":"cart-1","itemId":"socks","oldQuantity":3}"#),
+                (
+                    2,
+                    "ItemRemoved",
+                    r#"{"cartId":"cart-1","itemId":"socks","oldQuantity":3}"#,
+                ),
                 (3, "ItemAdded", &added("cart-1", "shoes", 2)),
             ],
             33,
         ),
         write(
             "cart-1",
-            &[(4, "CheckedOut", r#"{"cartId":"cart-1","eventTime":"2026-12-07T23:59:00Z"}"#)],
+            &[(
+                4,
+                "CheckedOut",
+                r#"{"cartId":"cart-1","eventTime":"2026-12-07T23:59:00Z"}"#,
+            )],
             33,
         ),
         // An entity whose events jackson-cbor serialized: bytes that are no JSON.

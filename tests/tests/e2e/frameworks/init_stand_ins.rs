@@ -16,7 +16,9 @@ const LISTENER: &str =
 async fn init_asks_for_a_listener_and_marks_a_stand_in_aggregate_on_an_empty_modulith_table() {
     let db = bare_db("fw_init_standin");
     db.psql(spring_modulith::DDL);
-    db.psql("create table order_view (order_id text primary key, status text, version bigint not null)");
+    db.psql(
+        "create table order_view (order_id text primary key, status text, version bigint not null)",
+    );
     let dir = std::env::temp_dir().join(format!("walfold-init-standin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = |n: &str| {
@@ -25,7 +27,13 @@ async fn init_asks_for_a_listener_and_marks_a_stand_in_aggregate_on_an_empty_mod
         p.to_str().unwrap().to_owned()
     };
     let url = db.url();
-    let base = ["init", "--url", url.as_str(), "--table", "public.event_publication"];
+    let base = [
+        "init",
+        "--url",
+        url.as_str(),
+        "--table",
+        "public.event_publication",
+    ];
     let run = |extra: &[&str], out: &str| {
         let mut args: Vec<&str> = base.to_vec();
         args.extend(["-o", out]);
@@ -63,9 +71,16 @@ async fn init_asks_for_a_listener_and_marks_a_stand_in_aggregate_on_an_empty_mod
 
     // A `table` projection keyed on the stand-in: refused, saying why.
     let third = path("third.toml");
-    let (code, out, err) = run(&["--where", &listener, "--read-model", "public.order_view"], &third);
+    let (code, out, err) = run(
+        &["--where", &listener, "--read-model", "public.order_view"],
+        &third,
+    );
     assert_eq!(code, 2, "{out}\n{err}");
-    for part in ["keyed on the aggregate ID", "stand-in, `id`", "--aggregate-id"] {
+    for part in [
+        "keyed on the aggregate ID",
+        "stand-in, `id`",
+        "--aggregate-id",
+    ] {
         assert!(err.contains(part), "no `{part}` in:\n{err}");
     }
     assert!(!std::path::Path::new(&third).exists());
@@ -75,7 +90,11 @@ async fn init_asks_for_a_listener_and_marks_a_stand_in_aggregate_on_an_empty_mod
     let projection = "[[projection]]\nname = \"orders\"\nsubscriber = \"orders.v1\"\n\
         sql = \"insert into customer_revenue (customer_id, orders, total) values (:aggregate_id, 1, 0) on conflict do nothing\"\n";
     let doctor = |outbox: &str| {
-        let cfg = walfold_tests::write_config(&config(&db, "standin", &format!("{outbox}\n{projection}")));
+        let cfg = walfold_tests::write_config(&config(
+            &db,
+            "standin",
+            &format!("{outbox}\n{projection}"),
+        ));
         walfold(&["doctor", "-c", cfg.to_str().unwrap()], &[]).1
     };
     let out = doctor(outbox);

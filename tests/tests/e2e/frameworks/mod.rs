@@ -157,7 +157,11 @@ impl Framework {
         );
         eprintln!("{}: walfold init wrote\n{text}", self.preset);
         for wanted in self.init_writes {
-            assert!(text.contains(wanted), "{}: init wrote no `{wanted}`", self.preset);
+            assert!(
+                text.contains(wanted),
+                "{}: init wrote no `{wanted}`",
+                self.preset
+            );
         }
         // A stand-in or a proposal is said on standard output too, not only in the file.
         for mark in ["STAND-IN", "PROPOSED"] {
@@ -272,7 +276,8 @@ impl Framework {
 /// `events`. Its npm packages are installed (`npm ci`) on first use.
 pub fn node_writer(db: &TestDb, what: &str) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/emmett");
-    let installed = std::path::Path::new(dir).join("node_modules/@event-driven-io/emmett-postgresql");
+    let installed =
+        std::path::Path::new(dir).join("node_modules/@event-driven-io/emmett-postgresql");
     if !installed.exists() {
         let status = std::process::Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund"])

@@ -74,13 +74,20 @@ fn placed(order: &str, customer: &str, amount: &str) -> (&'static str, String) {
 }
 
 fn amended(order: &str, amount: &str) -> (&'static str, String) {
-    ("OrderAmended", format!(r#"{{"order_id":"{order}","amount":{amount}}}"#))
+    (
+        "OrderAmended",
+        format!(r#"{{"order_id":"{order}","amount":{amount}}}"#),
+    )
 }
 
 pub fn framework() -> Framework {
     let writes = vec![
         publish("o-1", -1, &[placed("o-1", "c-1", "30")]),
-        publish("o-2", -1, &[placed("o-2", "c-2", "12.5"), amended("o-2", "2.5")]),
+        publish(
+            "o-2",
+            -1,
+            &[placed("o-2", "c-2", "12.5"), amended("o-2", "2.5")],
+        ),
         publish("o-1", 0, &[amended("o-1", "-5")]),
     ];
     Framework {
@@ -96,7 +103,8 @@ pub fn framework() -> Framework {
         text_ids: false,
         events: 4,
         dead_letters: &[],
-        read_model: "select string_agg(order_id || ' ' || events || ' ' || total, ', ' order by order_id) \
+        read_model:
+            "select string_agg(order_id || ' ' || events || ' ' || total, ', ' order by order_id) \
                      from order_totals",
         fold: r#"select string_agg(order_id || ' ' || events || ' ' || total, ', ' order by order_id)
                  from (select data->>'order_id' as order_id, count(*) as events, sum((data->>'amount')::numeric) as total

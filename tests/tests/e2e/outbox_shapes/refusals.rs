@@ -413,7 +413,8 @@ async fn an_outbox_column_renamed_while_running_stops_ingest_instead_of_dead_let
 }
 
 /// An event store's table (Emmett's shape) whose version column is `stream_position`.
-const STREAM_TABLE: &str = "create table events (message_id uuid primary key, stream_id text not null, \
+const STREAM_TABLE: &str =
+    "create table events (message_id uuid primary key, stream_id text not null, \
      stream_position bigint not null, global_position bigserial, message_type text not null, \
      message_data jsonb not null, created timestamptz not null default now())";
 
@@ -471,5 +472,10 @@ async fn a_misspelt_column_in_an_optional_field_is_refused_naming_the_key_and_th
         db.psql("select count(*) from pg_replication_slots where active") == "1"
     })
     .await;
-    assert_eq!(d.terminate(Duration::from_secs(30)), Some(0), "{}", d.log_text());
+    assert_eq!(
+        d.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        d.log_text()
+    );
 }

@@ -706,7 +706,8 @@ fn a_where_of_the_config_narrows_the_presets_and_never_replaces_it() {
         cols,
     );
     let headers = |event: bool| {
-        let mut h = r#"{"ID":"0000018b2c4e6a1f-e6a1f0000000000a","DESTINATION":"orders""#.to_owned();
+        let mut h =
+            r#"{"ID":"0000018b2c4e6a1f-e6a1f0000000000a","DESTINATION":"orders""#.to_owned();
         if event {
             h.push_str(r#","event-type":"OrderCreated","event-aggregate-type":"Order","event-aggregate-id":"1""#);
         } else {
