@@ -7,6 +7,7 @@
 
 mod akka_jdbc;
 mod axon;
+mod commanded;
 mod debezium;
 mod emmett;
 mod eventsourcing;
@@ -65,6 +66,7 @@ pub const PRESETS: &[Preset] = &[
     eventsourcing::EVENTSOURCING,
     spatie::SPATIE,
     rails_event_store::RAILS_EVENT_STORE,
+    commanded::COMMANDED,
     debezium::DEBEZIUM,
 ];
 

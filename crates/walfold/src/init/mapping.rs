@@ -261,9 +261,19 @@ pub(super) struct Proposal {
     pub(super) others: Vec<String>,
 }
 
-/// Whether a JSON key looks like an identity (`orderId`, `order_id`, `OrderId`, `id`).
+/// Whether a JSON key looks like an identity (`orderId`, `order_id`, `OrderId`, `id`,
+/// `article_uuid`).
 fn identity_like(key: &str) -> bool {
     normalized(key).ends_with("id")
+}
+
+/// A key's name without its identity suffix (`article_uuid`: `article`).
+fn identity_stem(key: &str) -> String {
+    let n = normalized(key);
+    n.strip_suffix("uuid")
+        .or_else(|| n.strip_suffix("id"))
+        .unwrap_or(&n)
+        .to_owned()
 }
 
 /// The last word of an event type (`com.example.order.OrderCompleted`:
@@ -301,9 +311,8 @@ pub(super) fn aggregate_key(
             if !identity_like(key) || !(value.is_string() || value.is_number()) {
                 continue;
             }
-            let stem = normalized(key);
-            let stem = stem.trim_end_matches("id");
-            let named = usize::from(!stem.is_empty() && word.starts_with(stem));
+            let stem = identity_stem(key);
+            let named = usize::from(!stem.is_empty() && word.starts_with(&stem));
             match seen.iter_mut().find(|s| s.key == *key) {
                 Some(s) => {
                     s.count += 1;
@@ -687,6 +696,13 @@ mod tests {
         // A plain `id` only when nothing else looks like one; no identity at all: none.
         let card = serde_json::json!({"id": "gc-1", "amount": 3});
         assert_eq!(aggregate_key(&[("IssuedEvt", &card)]).unwrap().0, "id");
+        let published = serde_json::json!({"author_uuid": "a-1", "article_uuid": "b-1"});
+        assert_eq!(
+            aggregate_key(&[("Elixir.Conduit.Blog.Events.ArticlePublished", &published)])
+                .unwrap()
+                .0,
+            "article_uuid"
+        );
         let none = serde_json::json!({"amount": 3, "paid": true});
         assert!(aggregate_key(&[("Paid", &none)]).is_none());
         assert!(aggregate_key(&[]).is_none());

@@ -13,6 +13,7 @@
 
 mod akka_jdbc;
 mod axon;
+mod commanded;
 mod debezium;
 mod emmett;
 mod eventsourcing;
@@ -336,6 +337,7 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         eventsourcing::framework(),
         spatie::framework(),
         rails_event_store::framework(),
+        commanded::framework(),
         debezium::framework(),
     ];
     for f in &all {
