@@ -13,6 +13,7 @@ mod emmett;
 mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
+mod eventuous;
 mod marten;
 mod masstransit;
 mod message_db;
@@ -54,6 +55,7 @@ pub const PRESETS: &[Preset] = &[
     message_db::MESSAGE_DB,
     marten::MARTEN,
     emmett::EMMETT,
+    eventuous::EVENTUOUS,
     masstransit::MASSTRANSIT,
     nservicebus::NSERVICEBUS,
     eventuate_tram::EVENTUATE_TRAM,

@@ -19,6 +19,7 @@ mod emmett;
 mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
+mod eventuous;
 mod init_stand_ins;
 mod marten;
 mod masstransit;
@@ -338,6 +339,7 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         spatie::framework(),
         rails_event_store::framework(),
         commanded::framework(),
+        eventuous::framework(),
         debezium::framework(),
     ];
     for f in &all {
