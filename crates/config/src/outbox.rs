@@ -50,7 +50,8 @@ impl OutboxConfig {
     }
 
     /// What the config sets for `key` (one of [`Self::KEYS`] but `id`, or `where`,
-    /// `expand`), else its preset; `None`: neither.
+    /// `expand`), else its preset; `None`: neither. A `where` set beside a preset's is
+    /// the config's here; [`Self::fields`] has both.
     pub fn set(&self, key: &str) -> Option<&str> {
         let explicit = match key {
             "aggregate_type" => &self.aggregate_type,
@@ -64,13 +65,7 @@ impl OutboxConfig {
             "expand" => &self.expand,
             _ => &None,
         };
-        explicit.as_deref().or_else(|| {
-            self.preset()?
-                .fields
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, v)| *v)
-        })
+        explicit.as_deref().or_else(|| self.preset_field(key))
     }
 
     /// The parts of the producer's ID: set, else the preset's, else `id`.
@@ -87,7 +82,8 @@ impl OutboxConfig {
 
     /// Every field, resolved (set, else its preset's, else the default name), in
     /// [`Self::KEYS`] order, each part of a composite `id` apart, then `where` and
-    /// `expand` when set.
+    /// `expand` when set (a `where` set beside a preset's that has one: both, the
+    /// preset's first; a row is an event only where both are true).
     pub fn fields(&self) -> Vec<OutboxField<'_>> {
         let (parts, set) = self.id_parts();
         let composite = parts.len() > 1 || matches!(self.id, Some(IdField::Composite(_)));
@@ -113,6 +109,16 @@ impl OutboxConfig {
                 set,
             });
         }
+        // A preset's `where` (Eventuate Tram's: domain events only) stays when the config
+        // narrows the rows further: both apply.
+        if let (Some(_), Some(preset)) = (&self.r#where, self.preset_field("where")) {
+            fields.push(OutboxField {
+                key: "where",
+                part: None,
+                value: preset,
+                set: true,
+            });
+        }
         for key in ["where", "expand"] {
             if let Some(value) = self.set(key) {
                 fields.push(OutboxField {
@@ -124,6 +130,15 @@ impl OutboxConfig {
             }
         }
         fields
+    }
+
+    /// What its preset sets for `key`.
+    fn preset_field(&self, key: &str) -> Option<&'static str> {
+        self.preset()?
+            .fields
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
     }
 
     /// The column (or JSON key) a field not set reads.

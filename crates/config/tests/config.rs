@@ -774,3 +774,26 @@ fn an_id_scope_reads_as_a_table_or_a_prefix_and_is_no_other_outboxs() {
         "{p:?}"
     );
 }
+
+#[test]
+fn a_where_set_beside_a_presets_is_added_to_it() {
+    let c = Config::from_toml(
+        "[source]\nurl = \"postgresql://u@h/d\"\n[[outbox]]\ntable = \"eventuate.message\"\n\
+         preset = \"eventuate_tram\"\nwhere = \"destination = 'orders'\"\n",
+        Vec::<(String, String)>::new(),
+    )
+    .unwrap();
+    let wheres: Vec<&str> = c.outbox[0]
+        .fields()
+        .into_iter()
+        .filter(|f| f.key == "where")
+        .map(|f| f.value)
+        .collect();
+    assert_eq!(
+        wheres,
+        [
+            "headers::jsonb->>'event-type' is not null",
+            "destination = 'orders'"
+        ]
+    );
+}

@@ -16,6 +16,10 @@ pub enum SourceError {
     MissingTable(String),
     #[error("{}; {}", .0.problem, .0.fix)]
     Refused(Refusal),
+    /// A column a field names (or an expression reads) that the outbox table does not
+    /// have, on a first start: the config is wrong (a usage error, exit code 2).
+    #[error("{}; {}", .0.problem, .0.fix)]
+    MissingColumn(Refusal),
     #[error("{0}")]
     NoSuchOutbox(String),
     #[error("replication slot {slot} {problem}")]
@@ -116,7 +120,7 @@ impl SourceError {
     /// a URL behind a pooler walfold cannot work through.
     pub fn is_usage(&self) -> bool {
         match self {
-            SourceError::BackfillBesideDaemon => true,
+            SourceError::BackfillBesideDaemon | SourceError::MissingColumn(_) => true,
             SourceError::Store(e) => e.is_usage(),
             SourceError::Pg(e) => e.is_usage(),
             _ => false,
@@ -178,6 +182,7 @@ impl SourceError {
             | SourceError::MissingTable(_)
             | SourceError::Slot { .. }
             | SourceError::Refused(_)
+            | SourceError::MissingColumn(_)
             | SourceError::NoSuchOutbox(_)
             | SourceError::Unmapped { .. }
             | SourceError::Replication(W::Unsupported(_)) => ErrorKind::Definite,

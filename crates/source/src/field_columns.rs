@@ -19,8 +19,11 @@ pub(crate) struct FieldColumn<'a> {
 
 impl FieldColumn<'_> {
     /// Whether the mapping cannot do without the column: a field an event needs,
-    /// `where`, `expand`, or an expression (which cannot be evaluated without it); the
-    /// aggregate type left out is not (it falls back to the table's name).
+    /// `where`, `expand`, an expression (which cannot be evaluated without it), or a
+    /// column the config (or its preset) names for an optional field (a misspelt
+    /// `version = "stream_pos"` would otherwise read null on every row). An optional
+    /// field left at its default name is not, nor the aggregate type left out (it falls
+    /// back to the table's name).
     pub(crate) fn required(&self) -> bool {
         if self.field.key == "aggregate_type" && !self.field.set {
             return false;
@@ -28,6 +31,7 @@ impl FieldColumn<'_> {
         OutboxConfig::REQUIRED.contains(&self.field.key)
             || matches!(self.field.key, "where" | "expand")
             || !self.field.is_column()
+            || self.field.set
     }
 }
 
@@ -53,6 +57,42 @@ pub(crate) fn field_columns<'a>(
         }
     }
     out
+}
+
+/// `names` (a table's columns) ordered by how close each is to `wanted`, closest first:
+/// one that contains the other (`stream_pos`, `stream_position`) before the rest, then
+/// by edit distance, compared without case; ties keep the table's order.
+pub(crate) fn closest_first<'n>(wanted: &str, names: &[&'n str]) -> Vec<&'n str> {
+    let wanted = wanted.to_lowercase();
+    let mut ranked: Vec<(bool, usize, usize, &str)> = names
+        .iter()
+        .enumerate()
+        .map(|(at, n)| {
+            let lower = n.to_lowercase();
+            let within = lower.contains(&wanted) || wanted.contains(&lower);
+            (!within, edit_distance(&wanted, &lower), at, *n)
+        })
+        .collect();
+    ranked.sort_unstable();
+    ranked.into_iter().map(|(_, _, _, n)| n).collect()
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(above + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 #[cfg(test)]
@@ -84,6 +124,37 @@ mod tests {
         assert!(reads
             .iter()
             .any(|r| r.column == "version" && r.at.is_none() && !r.required()));
+        // An optional field set to a column the table lacks is no longer optional.
+        let o = outbox("version = \"stream_pos\"");
+        let reads = field_columns(&o, &["id", "aggregate_id", "event_type", "payload"]);
+        assert!(reads
+            .iter()
+            .any(|r| r.column == "stream_pos" && r.at.is_none() && r.required()));
+    }
+
+    #[test]
+    fn the_closest_column_comes_first() {
+        let names = [
+            "global_position",
+            "stream_id",
+            "stream_position",
+            "message_kind",
+        ];
+        assert_eq!(
+            closest_first("stream_pos", &names),
+            [
+                "stream_position",
+                "stream_id",
+                "global_position",
+                "message_kind"
+            ]
+        );
+        assert_eq!(
+            closest_first("Versoin", &["payload", "version"])[0],
+            "version"
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
     }
 
     #[test]

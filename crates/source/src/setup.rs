@@ -193,7 +193,7 @@ fn refuse(verdict: &Verdict, ingested_through: Lsn) -> Result<(), SourceError> {
     }
     if ingested_through == Lsn::ZERO {
         if let Some(refusal) = verdict.missing_columns.first() {
-            return Err(SourceError::Refused(refusal.clone()));
+            return Err(SourceError::MissingColumn(refusal.clone()));
         }
     } else {
         for m in &verdict.missing_columns {

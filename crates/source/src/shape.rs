@@ -30,8 +30,8 @@ pub(crate) use slot::{
     create as create_slot, drop as drop_slot, exists as slot_exists, retained as retained_wal,
 };
 pub use tables::{
-    column_values, model_table, row_estimate, tables, Column, ModelTable, OutboxTable, Relation,
-    Table,
+    column_pairs, column_values, model_table, row_estimate, tables, Column, ModelTable,
+    OutboxTable, Relation, Table,
 };
 
 /// The configured outboxes and publication as the catalog has them: what `walfold run`

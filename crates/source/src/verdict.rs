@@ -11,7 +11,7 @@
 use walfold_config::{quote_ident, OutboxConfig, QualifiedName, SourceView};
 
 use crate::error::Refusal;
-use crate::field_columns::{field_columns, FieldColumn};
+use crate::field_columns::{closest_first, field_columns, FieldColumn};
 use crate::shape::{OutboxTable, Outboxes, Publication, Relation, PUBLISH};
 use crate::writers::PublicEmit;
 
@@ -144,19 +144,26 @@ impl Verdict {
             }
             return;
         }
+        let closest = closest_first(column, names);
+        let has = format!("its columns, closest first: {}", closest.join(", "));
         let (problem, fix) = if f.is_column() {
             (
-                format!("outbox table {name} has no column `{column}` (outbox[{i}].{key})"),
-                match similar {
-                    Some(c) => format!("names are case-sensitive: set outbox[{i}].{key} = \"{c}\""),
-                    None => format!("set outbox[{i}].{key} to the column that holds it"),
+                format!("outbox table {name} has no column `{column}` (outbox[{i}].{key}); {has}"),
+                match (similar, closest.first()) {
+                    (Some(c), _) => {
+                        format!("names are case-sensitive: set outbox[{i}].{key} = \"{c}\"")
+                    }
+                    (None, Some(c)) => format!(
+                        "set outbox[{i}].{key} to the column that holds it (the closest: `{c}`)"
+                    ),
+                    (None, None) => format!("set outbox[{i}].{key} to the column that holds it"),
                 },
             )
         } else {
             (
                 format!(
                     "outbox table {name} has no column `{column}`, which outbox[{i}].{key} \
-                     (`{}`) reads",
+                     (`{}`) reads; {has}",
                     f.value
                 ),
                 match similar {

@@ -53,6 +53,15 @@ pub enum Command {
         /// config carries a commented `sql` projection to start from).
         #[arg(long, value_name = "SCHEMA.TABLE")]
         read_model: Option<String>,
+        /// The rows of the (one) table that are events, an expression: for a framework
+        /// that writes one row per event and per listener (Spring Modulith) or endpoint
+        /// (Wolverine), on a table without rows to pick one from.
+        #[arg(long = "where", value_name = "EXPR")]
+        r#where: Option<String>,
+        /// The (one) table's aggregate ID, a column or expression, where the framework's
+        /// rows carry none (init otherwise proposes one from the payloads it samples).
+        #[arg(long, value_name = "EXPR")]
+        aggregate_id: Option<String>,
         /// Where to write the config (`-` for standard output); an existing file is
         /// never overwritten.
         #[arg(short, long, default_value = "walfold.toml")]

@@ -25,6 +25,7 @@ mod records;
 mod server;
 mod slot;
 mod source;
+mod stand_in;
 mod standby_slots;
 mod target;
 mod wal;

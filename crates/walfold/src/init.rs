@@ -20,7 +20,10 @@ use crate::Failure;
 mod mapping;
 mod render;
 
-use mapping::{map_table, valid_name, Mapped, ReadModel, Recognised, Table, KEYS, ONE_ROW_PER};
+use mapping::{
+    aggregate_key, json_key_expression, map_table, valid_name, Aggregate, Mapped, OneRowPer,
+    Proposal, ReadModel, Recognised, Table, KEYS, ONE_ROW_PER,
+};
 use render::{lock_down, render, toml_str, Messages};
 
 /// The tables init may follow, as the catalog has them (names the config cannot take
@@ -101,6 +104,10 @@ pub struct Wanted {
     pub tables: Vec<String>,
     /// `--message-prefix`.
     pub message_prefixes: Vec<String>,
+    /// `--where`: the rows of the one table outbox that are events.
+    pub r#where: Option<String>,
+    /// `--aggregate-id`: the one table outbox's aggregate ID.
+    pub aggregate_id: Option<String>,
 }
 
 pub async fn init(
@@ -132,15 +139,23 @@ pub async fn init(
         Some(t) => Some(read_model(&client, &parse_table(t, "--read-model")?).await?),
         None => None,
     };
+    given(&mut chosen, outboxes)?;
+    for m in &mut chosen {
+        if let Some(r) = &mut m.preset {
+            r.one_row_per = one_row_per(&client, &m.table, r).await?;
+            refuse_every_row_per(&m.table, r)?;
+            if matches!(r.aggregate, Aggregate::Preset) {
+                r.aggregate = aggregate(&client, &m.table, r).await?;
+            }
+        }
+    }
+    if let Some(t) = read_model_table {
+        keyed_on_a_stand_in(t, &chosen)?;
+    }
     // Message outboxes' events may carry a version of their own.
     let versioned = !prefixes.is_empty() || chosen.iter().any(Mapped::versioned);
     if let (Some(t), false) = (read_model_table, versioned) {
         return Err(unversioned(t, &chosen));
-    }
-    for m in &mut chosen {
-        if let Some(r) = &mut m.preset {
-            r.one_row_per = one_row_per(&client, &m.table, r).await?;
-        }
     }
     let names: Vec<QualifiedName> = chosen.iter().map(|m| m.table.clone()).collect();
     let existing_publication = publication(&client, &names).await?;
@@ -335,18 +350,38 @@ impl Say {
             "outbox {}: {}, preset {} (every field written out in the file)",
             m.table, r.preset.framework, r.preset.name
         ));
-        if let Some((column, values)) = &r.one_row_per {
-            self.line(match values.first() {
-                Some(first) => format!(
-                    "  one row per event and {column}: keeping {column} = '{first}' \
-                     ({} value(s) found; change `where` to another)",
+        if let Some(w) = &r.chosen_where {
+            self.line(format!("  where = {w} (--where)"));
+        } else if let Some(o) = &r.one_row_per {
+            let column = &o.column;
+            let values = o.values();
+            self.line(match o.filter(render::column_in_expression) {
+                Some(mapping::Filter::One(value, _)) => format!(
+                    "  one row per event and {column}: keeping {column} = '{value}', which has \
+                     rows of every event type ({} value(s) found; the file lists the others)",
                     values.len()
                 ),
-                None => format!(
-                    "  one row per event and {column}, and no rows yet: set `where` to one \
-                     {column}'s rows (the file says how), or each event counts once per {column}"
+                Some(mapping::Filter::PerType(per_type, _)) => format!(
+                    "  one row per event and {column}, and no {column} has every event type: \
+                     keeping one {column}'s rows per type ({} types; the file lists them)",
+                    per_type.len()
                 ),
+                None => format!("  one row per event and {column}"),
             });
+        }
+        match &r.aggregate {
+            Aggregate::Preset => {}
+            Aggregate::Given(v) => self.line(format!("  aggregate_id = {v} (--aggregate-id)")),
+            Aggregate::Proposed(p) => self.line(format!(
+                "  aggregate_id: PROPOSED {} (the payload key `{}`, in {} of {} sampled \
+                 payloads); the framework's rows carry no aggregate: check it",
+                p.expression, p.key, p.seen, p.sampled
+            )),
+            Aggregate::StandIn { value, why } => self.line(format!(
+                "  aggregate_id: STAND-IN `{value}`: {why}. A read model keyed on :aggregate_id \
+                 gets one row per message; set aggregate_id to your events' own field (or \
+                 rerun init with --aggregate-id EXPR)"
+            )),
         }
     }
 
@@ -375,20 +410,27 @@ impl Say {
     }
 }
 
-/// For a preset with [`ONE_ROW_PER`]: its column and the values the table holds (at
-/// most 50, in order).
+/// For a preset with [`ONE_ROW_PER`]: its column and the (value, event type) pairs the
+/// table holds (at most 200, in order).
 async fn one_row_per(
     client: &Client,
     table: &QualifiedName,
     r: &Recognised,
-) -> Result<Option<(String, Vec<String>)>, Failure> {
-    let Some((_, wanted)) = ONE_ROW_PER.iter().find(|(p, _)| *p == r.preset.name) else {
+) -> Result<Option<OneRowPer>, Failure> {
+    let Some((_, wanted, wanted_type)) = ONE_ROW_PER.iter().find(|(p, _, _)| *p == r.preset.name)
+    else {
         return Ok(None);
     };
-    let Some(column) = r.columns.iter().find(|c| c.eq_ignore_ascii_case(wanted)) else {
+    let column_of = |wanted: &str| {
+        r.columns
+            .iter()
+            .find(|c| c.eq_ignore_ascii_case(wanted))
+            .cloned()
+    };
+    let (Some(column), Some(type_column)) = (column_of(wanted), column_of(wanted_type)) else {
         return Ok(None);
     };
-    let values = shape::column_values(client, table, column, 50)
+    let pairs = shape::column_pairs(client, table, [&column, &type_column], 200)
         .await
         .map_err(|e| {
             Failure::runtime(format!(
@@ -396,5 +438,123 @@ async fn one_row_per(
                 error_text(&e)
             ))
         })?;
-    Ok(Some((column.clone(), values)))
+    Ok(Some(OneRowPer {
+        column,
+        type_column,
+        pairs,
+    }))
+}
+
+/// A table with one row per event and per listener (or destination) that holds no rows
+/// to pick one from, without `--where`: init stops rather than fold each event once per
+/// listener.
+fn refuse_every_row_per(table: &QualifiedName, r: &Recognised) -> Result<(), Failure> {
+    let Some(o) = r.one_row_per.as_ref().filter(|o| o.pairs.is_empty()) else {
+        return Ok(());
+    };
+    if r.chosen_where.is_some() {
+        return Ok(());
+    }
+    let column = &o.column;
+    Err(Failure::config(format!(
+        "{table} is {}'s table, which holds one row per event and per {column}, and it holds \
+         no rows yet to pick one {column} from: each event would count once per {column}. \
+         Rerun init with --where \"{column} = '…'\" (one {column} that receives every event \
+         type you fold)",
+        r.preset.framework
+    )))
+}
+
+/// `--where` and `--aggregate-id`, for the one table outbox.
+fn given(chosen: &mut [Mapped], outboxes: &Wanted) -> Result<(), Failure> {
+    if outboxes.r#where.is_none() && outboxes.aggregate_id.is_none() {
+        return Ok(());
+    }
+    let [m] = chosen else {
+        return Err(Failure::config(
+            "--where and --aggregate-id are for one table outbox: name one with --table",
+        ));
+    };
+    match &mut m.preset {
+        Some(r) => {
+            r.chosen_where = outboxes.r#where.clone();
+            if let Some(a) = &outboxes.aggregate_id {
+                r.aggregate = Aggregate::Given(a.clone());
+            }
+        }
+        None => {
+            for (key, value) in [
+                ("where", &outboxes.r#where),
+                ("aggregate_id", &outboxes.aggregate_id),
+            ] {
+                if let Some(v) = value {
+                    m.columns.retain(|(k, _)| *k != key);
+                    m.columns.push((key, v.clone()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For a preset whose `aggregate_id` is a stand-in: an expression over a JSON key of a
+/// sample of the table's payloads that looks like the aggregate's identity, else the
+/// stand-in (marked where it is written).
+async fn aggregate(
+    client: &Client,
+    table: &QualifiedName,
+    r: &Recognised,
+) -> Result<Aggregate, Failure> {
+    let Some((value, why)) = r.preset.stand_in() else {
+        return Ok(Aggregate::Preset);
+    };
+    let text = format!(
+        "[source]\nurl = \"postgresql://init@localhost/sample\"\n[[outbox]]\ntable = {}\npreset = {}\n",
+        render::toml_str(&table.to_string()),
+        render::toml_str(r.preset.name)
+    );
+    let outbox = Config::from_toml(&text, Vec::<(String, String)>::new())
+        .map_err(|e| Failure::runtime(format!("the preset's config does not load (a bug): {e}")))?
+        .outbox
+        .remove(0);
+    let sampled = walfold_source::sample_events(client, &outbox, 200)
+        .await
+        .map_err(|e| Failure::runtime(format!("sampling {table}'s rows: {e}")))?;
+    let pairs: Vec<(&str, &serde_json::Value)> = sampled
+        .iter()
+        .map(|s| (s.event_type.as_str(), &s.payload))
+        .collect();
+    let Some((key, seen, others)) = aggregate_key(&pairs) else {
+        return Ok(Aggregate::StandIn { value, why });
+    };
+    let payload = outbox
+        .fields()
+        .into_iter()
+        .find(|f| f.key == "payload")
+        .map(|f| (f.value.to_owned(), f.is_column()));
+    let (payload, is_column) = payload.unwrap_or_else(|| ("payload".into(), true));
+    Ok(Aggregate::Proposed(Proposal {
+        expression: json_key_expression(&payload, is_column, sampled[0].payload_kind, &key),
+        key,
+        seen,
+        sampled: sampled.len(),
+        others,
+    }))
+}
+
+/// `--read-model` (a `table` projection keyed on the aggregate ID) over an outbox whose
+/// aggregate ID would be a stand-in: one row per message, never per aggregate.
+fn keyed_on_a_stand_in(t: &str, chosen: &[Mapped]) -> Result<(), Failure> {
+    for m in chosen {
+        if let Some(Aggregate::StandIn { value, why }) = m.preset.as_ref().map(|r| &r.aggregate) {
+            return Err(Failure::config(format!(
+                "--read-model {t}: a `table` projection is keyed on the aggregate ID, and \
+                 {}'s would be a stand-in, `{value}` ({why}): the read model would get one row \
+                 per message. Rerun init with --aggregate-id EXPR (your events' own field, e.g. \
+                 \"payload->>'orderId'\"), or leave --read-model out and write a `sql` projection",
+                m.table
+            )));
+        }
+    }
+    Ok(())
 }

@@ -164,11 +164,15 @@ fn main() -> ExitCode {
                 tables,
                 message_prefixes,
                 read_model,
+                r#where,
+                aggregate_id,
                 output,
             } => {
                 let outboxes = init::Wanted {
                     tables,
                     message_prefixes,
+                    r#where,
+                    aggregate_id,
                 };
                 init::init(&url.0, &outboxes, read_model.as_deref(), &output).await
             }

@@ -18,6 +18,7 @@ pub const AXON: Preset = Preset {
                  eventhandling/AbstractEventEntry.java, AbstractDomainEventEntry.java, \
                  AbstractSequencedDomainEventEntry.java; eventsourcing/src/main/java/\
                  org/axonframework/eventsourcing/eventstore/jpa/DomainEventEntry.java",
+    aggregate_stand_in: None,
     table: "domain_event_entry",
     columns: &[
         "global_index",

@@ -14,6 +14,7 @@ pub const DEBEZIUM: Preset = Preset {
                  io/debezium/outbox/quarkus/deployment/OutboxEventHbmWriter.java, \
                  DebeziumOutboxCommonConfig.java; debezium-quarkus-outbox/runtime/src/main/\
                  java/io/debezium/outbox/quarkus/internal/EventDispatcher.java",
+    aggregate_stand_in: None,
     table: "outboxevent",
     columns: &[
         "id",

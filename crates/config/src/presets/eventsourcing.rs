@@ -17,6 +17,7 @@ pub const EVENTSOURCING: Preset = Preset {
     ddl_source: "pyeventsourcing/eventsourcing: eventsourcing/postgres.py \
                  (PostgresApplicationRecorder.construct_create_table_statements, Factory), \
                  eventsourcing/persistence.py (Mapper.to_stored_event, JSONTranscoder)",
+    aggregate_stand_in: None,
     table: "<app>_events",
     columns: &[
         "originator_id",

@@ -9,6 +9,7 @@ pub const EVENTUATE_LOCAL: Preset = Preset {
     ddl_source: "eventuate-foundation/eventuate-common: postgres/1.initialize-database.sql, \
                  eventuate-common-jdbc/src/main/java/io/eventuate/common/jdbc/\
                  EventuateCommonJdbcOperations.java (insertIntoEventsTable)",
+    aggregate_stand_in: None,
     table: "eventuate.events",
     columns: &[
         "event_id",

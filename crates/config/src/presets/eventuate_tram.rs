@@ -12,6 +12,7 @@ pub const EVENTUATE_TRAM: Preset = Preset {
     ddl_source: "eventuate-foundation/eventuate-common: postgres/2.initialize-database.sql, \
                  eventuate-common-jdbc/src/main/java/io/eventuate/common/jdbc/\
                  EventuateCommonJdbcOperations.java (insertIntoMessageTable)",
+    aggregate_stand_in: None,
     table: "eventuate.message",
     columns: &[
         "id",

@@ -12,6 +12,7 @@ pub const MARTEN: Preset = Preset {
     ddl_source: "JasperFx/marten: src/Marten/Events/Schema/EventsTable.cs (and the column \
                  classes beside it: EventTypeColumn.cs, EventJsonDataColumn.cs, \
                  StreamIdColumn.cs; src/Marten/Storage/Metadata/HeadersColumn.cs)",
+    aggregate_stand_in: None,
     table: "mt_events",
     columns: &[
         "seq_id",

@@ -14,6 +14,7 @@ pub const MASSTRANSIT: Preset = Preset {
         "MassTransit/MassTransit: src/Persistence/MassTransit.EntityFrameworkCoreIntegration/\
                  Configuration/EntityFrameworkOutboxConfigurationExtensions.cs \
                  (ConfigureOutboxMessageEntity) and EntityFrameworkCoreIntegration/OutboxMessage.cs",
+    aggregate_stand_in: None,
     table: "OutboxMessage",
     columns: &[
         "SequenceNumber",
@@ -24,6 +25,7 @@ pub const MASSTRANSIT: Preset = Preset {
         "ConversationId",
         "CorrelationId",
         "SentTime",
+        "Headers",
     ],
     id: &["MessageId"],
     fields: &[

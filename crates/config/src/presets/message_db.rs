@@ -10,6 +10,7 @@ pub const MESSAGE_DB: Preset = Preset {
     framework: "Eventide Message DB",
     ddl_source: "message-db/message-db: database/tables/messages.sql, \
                  database/functions/write-message.sql, database/functions/id.sql",
+    aggregate_stand_in: None,
     table: "message_store.messages",
     columns: &[
         "global_position",

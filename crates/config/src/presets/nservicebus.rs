@@ -14,6 +14,7 @@ pub const NSERVICEBUS: Preset = Preset {
         "Particular/NServiceBus.Persistence.Sql: src/ScriptBuilder/Outbox/Create_PostgreSql.sql, \
                  src/SqlPersistence/Outbox/SqlDialect_PostgreSql.cs, SerializableOperation.cs, \
                  OptimisticConcurrencyControlStrategy.cs",
+    aggregate_stand_in: None,
     table: "OutboxData",
     columns: &[
         "MessageId",

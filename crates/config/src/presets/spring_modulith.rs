@@ -14,6 +14,10 @@ pub const SPRING_MODULITH: Preset = Preset {
     ddl_source: "spring-projects/spring-modulith: spring-modulith-events/spring-modulith-events-jdbc/\
                  src/main/resources/org/springframework/modulith/events/jdbc/schemas/v2/\
                  schema-postgresql.sql; spring-modulith-events-core/.../DefaultEventPublicationRegistry.java",
+    aggregate_stand_in: Some(
+        "the publication's own `id`: each publication is an aggregate of its \
+                 own (Spring Modulith events carry no aggregate)",
+    ),
     table: "event_publication",
     columns: &[
         "id",

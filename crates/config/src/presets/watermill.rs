@@ -14,6 +14,10 @@ pub const WATERMILL: Preset = Preset {
     ddl_source: "ThreeDotsLabs/watermill-sql: pkg/sql/schema_adapter_postgresql.go \
                  (DefaultPostgreSQLSchema), pkg/sql/schema_adapter.go (defaultInsertArgs); \
                  ThreeDotsLabs/watermill: components/cqrs/marshaler_json.go (metadata name)",
+    aggregate_stand_in: Some(
+        "the message `uuid`: each message is an aggregate of its own (Watermill \
+                 messages carry no aggregate)",
+    ),
     table: "watermill_<topic>",
     columns: &[
         "offset",

@@ -22,6 +22,10 @@ pub const WOLVERINE: Preset = Preset {
     ddl_source: "JasperFx/wolverine: src/Persistence/Wolverine.Postgresql/Schema/\
                  OutgoingEnvelopeTable.cs, src/Persistence/Wolverine.RDBMS/DatabasePersistence.cs \
                  (insert), src/Wolverine/Runtime/Serialization/EnvelopeSerializer.cs (body)",
+    aggregate_stand_in: Some(
+        "the envelope's `destination`: every message to one endpoint is one \
+                 aggregate (Wolverine messages carry no aggregate)",
+    ),
     table: "wolverine.wolverine_outgoing_envelopes",
     columns: &[
         "id",

@@ -91,8 +91,9 @@ pub struct Mapping {
     /// Each field's source; `id` is `ids` (one, or a composite's parts).
     fields: [Source; 8],
     ids: Vec<Source>,
-    /// `where`: rows for which it is not true are no events.
-    filter: Option<Box<Expr>>,
+    /// `where` (a preset's, then the config's): rows for which one is not true are no
+    /// events.
+    filters: Vec<Expr>,
     /// `expand`: one event per element of the JSON array it gives.
     expand: Option<Box<Expr>>,
     names: Names,
@@ -125,7 +126,7 @@ impl Mapping {
         let mut fields: [Source; 8] = std::array::from_fn(|_| Source::Absent);
         let mut ids = Vec::new();
         let mut id_names = Vec::new();
-        let mut filter = None;
+        let mut filters = Vec::new();
         let mut expand = None;
         for f in config.fields() {
             // `element` alone, with expand: the element itself, not a column.
@@ -158,14 +159,14 @@ impl Mapping {
                             .ok()
                             .map(Box::new);
                         if f.key == "where" {
-                            filter = expr;
+                            filters.extend(expr.map(|e| *e));
                         } else {
                             expand = expr;
                         }
                         continue;
                     };
                     if f.key == "where" {
-                        filter = Some(e);
+                        filters.push(*e);
                     } else {
                         expand = Some(e);
                     }
@@ -203,7 +204,7 @@ impl Mapping {
             columns,
             fields,
             ids,
-            filter,
+            filters,
             expand,
             names: names(config),
             id_names,
@@ -265,7 +266,7 @@ impl Mapping {
         let reject = |f: &RowFields<'_, '_>, error: String, raw: Value, origin| {
             Err(rejected(f, error, raw, tx, origin))
         };
-        if let Some(filter) = &self.filter {
+        for filter in &self.filters {
             let kept = filter
                 .eval(&fields)
                 .map_err(|e| format!("where (`{}`): {e}", filter.source()))

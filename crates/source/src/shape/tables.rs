@@ -300,6 +300,33 @@ pub async fn column_values(
         .collect()
 }
 
+/// The distinct pairs of two columns' values in `table` (at most `limit`, in order):
+/// which events' types each listener (or destination) of a table with one row per event
+/// and per listener has rows of.
+pub async fn column_pairs(
+    client: &Client,
+    table: &QualifiedName,
+    columns: [&str; 2],
+    limit: i64,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let [a, b] = columns.map(walfold_config::quote_ident);
+    let sql = format!(
+        "select distinct {a}::text, {b}::text from {} where {a} is not null and {b} is not null \
+         order by 1, 2 limit $1",
+        table.quoted()
+    );
+    client
+        .query(&sql, &[&limit])
+        .await
+        .map_err(StoreError::db("reading two columns' values"))?
+        .iter()
+        .map(|row| {
+            let r = row.of("the table");
+            Ok((r.col(0)?, r.col(1)?))
+        })
+        .collect()
+}
+
 /// The planner's estimate of `table`'s rows (a partitioned table's partitions summed);
 /// `None` while it was never analyzed.
 pub async fn row_estimate(

@@ -8,7 +8,7 @@ use walfold_source::Verdict;
 use walfold_store::StoreError;
 
 use super::finding::{Finding, Report};
-use super::{ha, outboxes, publication, server, slot, writers};
+use super::{ha, outboxes, publication, server, slot, stand_in, writers};
 
 /// What a source's checks read: the config, the source's shape, what `walfold run`
 /// would refuse of it, and how far walfold ingested through its slot.
@@ -51,6 +51,7 @@ const CHECKS: &[Check] = &[
     outboxes::refusals,
     outboxes::tables,
     outboxes::versions_for_guards,
+    stand_in::keyed_on_a_stand_in,
     writers::message_outboxes,
     writers::heartbeat_right,
     publication::publication,

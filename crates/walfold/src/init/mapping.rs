@@ -143,17 +143,232 @@ pub(super) struct Recognised {
     /// The table's columns (as the database spells them).
     pub(super) columns: Vec<String>,
     /// For a table with one row per event and per value of a column: that column and
-    /// the values the table holds (see [`ONE_ROW_PER`]).
-    pub(super) one_row_per: Option<(String, Vec<String>)>,
+    /// what the table holds of it (see [`ONE_ROW_PER`]).
+    pub(super) one_row_per: Option<OneRowPer>,
+    /// What `aggregate_id` is written as.
+    pub(super) aggregate: Aggregate,
+    /// `--where`: the rows that are events, as the operator said.
+    pub(super) chosen_where: Option<String>,
 }
 
 /// Presets whose table holds one row per event *and* per value of a column (Spring
-/// Modulith: one per listener): each value's rows are every event once, so init keeps
-/// one value's rows (`where`), the first it finds, and lists the others.
-pub(super) const ONE_ROW_PER: &[(&str, &str)] = &[
-    ("spring_modulith", "listener_id"),
-    ("wolverine", "destination"),
+/// Modulith: one per listener), and the column of the event's type: one value's rows
+/// of a type are each event of that type once, so init keeps, for each type, one
+/// value's rows (`where`).
+pub(super) const ONE_ROW_PER: &[(&str, &str, &str)] = &[
+    ("spring_modulith", "listener_id", "event_type"),
+    ("wolverine", "destination", "message_type"),
 ];
+
+/// A table with one row per event and per value of `column`.
+pub(super) struct OneRowPer {
+    pub(super) column: String,
+    pub(super) type_column: String,
+    /// The (value, event type) pairs the table holds, in order.
+    pub(super) pairs: Vec<(String, String)>,
+}
+
+impl OneRowPer {
+    /// The values, in order, once each.
+    pub(super) fn values(&self) -> Vec<&str> {
+        let mut values: Vec<&str> = self.pairs.iter().map(|(v, _)| v.as_str()).collect();
+        values.dedup();
+        values
+    }
+
+    /// The event types, once each.
+    fn types(&self) -> Vec<&str> {
+        let mut types: Vec<&str> = self.pairs.iter().map(|(_, t)| t.as_str()).collect();
+        types.sort_unstable();
+        types.dedup();
+        types
+    }
+
+    /// The rows that are each event once: one value's, when one value has rows of every
+    /// type the table holds; else, per type, the first value's rows of it (`None`: the
+    /// table holds no rows).
+    pub(super) fn filter(&self, quote: impl Fn(&str) -> String) -> Option<Filter> {
+        let literal = |v: &str| format!("'{}'", v.replace('\'', "''"));
+        let (column, type_column) = (quote(&self.column), quote(&self.type_column));
+        let types = self.types();
+        let covers = |value: &str| {
+            types
+                .iter()
+                .all(|t| self.pairs.iter().any(|(v, pt)| v == value && pt == t))
+        };
+        if let Some(value) = self.values().into_iter().find(|v| covers(v)) {
+            return Some(Filter::One(
+                value.to_owned(),
+                format!("{column} = {}", literal(value)),
+            ));
+        }
+        let per_type: Vec<(String, String)> = types
+            .iter()
+            .filter_map(|t| {
+                let (v, _) = self.pairs.iter().find(|(_, pt)| pt == t)?;
+                Some((t.to_string(), v.clone()))
+            })
+            .collect();
+        (!per_type.is_empty()).then(|| {
+            let expr = per_type
+                .iter()
+                .map(|(t, v)| {
+                    format!(
+                        "({type_column} = {} and {column} = {})",
+                        literal(t),
+                        literal(v)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" or ");
+            Filter::PerType(per_type, expr)
+        })
+    }
+}
+
+/// The `where` init writes for a [`OneRowPer`] table.
+pub(super) enum Filter {
+    /// One value's rows have every type: (the value, the expression).
+    One(String, String),
+    /// No value has: per type (type, value), and the expression.
+    PerType(Vec<(String, String)>, String),
+}
+
+/// What init writes for `aggregate_id`.
+pub(super) enum Aggregate {
+    /// The preset's: the framework's rows carry their aggregate.
+    Preset,
+    /// `--aggregate-id`, as given.
+    Given(String),
+    /// The preset's is a stand-in; proposed instead from a JSON key of the sampled
+    /// payloads.
+    Proposed(Proposal),
+    /// The preset's is a stand-in and nothing better was found: written, marked.
+    StandIn {
+        value: &'static str,
+        why: &'static str,
+    },
+}
+
+/// An `aggregate_id` read from the payload's key `key`.
+pub(super) struct Proposal {
+    pub(super) expression: String,
+    pub(super) key: String,
+    /// Events whose payload has it, of those sampled.
+    pub(super) seen: usize,
+    pub(super) sampled: usize,
+    /// Other keys that look like an identity, best first.
+    pub(super) others: Vec<String>,
+}
+
+/// Whether a JSON key looks like an identity (`orderId`, `order_id`, `OrderId`, `id`,
+/// `article_uuid`).
+fn identity_like(key: &str) -> bool {
+    normalized(key).ends_with("id")
+}
+
+/// A key's name without its identity suffix (`article_uuid`: `article`).
+fn identity_stem(key: &str) -> String {
+    let n = normalized(key);
+    n.strip_suffix("uuid")
+        .or_else(|| n.strip_suffix("id"))
+        .unwrap_or(&n)
+        .to_owned()
+}
+
+/// The last word of an event type (`com.example.order.OrderCompleted`:
+/// `ordercompleted`), lower case.
+fn type_word(event_type: &str) -> String {
+    event_type
+        .rsplit(['.', ':', '+', '/', '$'])
+        .next()
+        .unwrap_or(event_type)
+        .to_lowercase()
+}
+
+/// The key of the sampled payloads that most looks like their aggregate's identity: a
+/// string or number under a key like an identity, in every payload if one is, the one
+/// whose name starts the event types (`orderId` of `OrderCompleted`) first, then the
+/// one seen most, a plain `id` last. `samples`: (event type, payload).
+pub(super) fn aggregate_key(
+    samples: &[(&str, &serde_json::Value)],
+) -> Option<(String, usize, Vec<String>)> {
+    struct Seen {
+        key: String,
+        count: usize,
+        named: usize,
+        first: usize,
+    }
+    let mut seen: Vec<Seen> = Vec::new();
+    let mut objects = 0;
+    for (event_type, payload) in samples {
+        let Some(object) = payload.as_object() else {
+            continue;
+        };
+        objects += 1;
+        let word = type_word(event_type);
+        for (key, value) in object {
+            if !identity_like(key) || !(value.is_string() || value.is_number()) {
+                continue;
+            }
+            let stem = identity_stem(key);
+            let named = usize::from(!stem.is_empty() && word.starts_with(&stem));
+            match seen.iter_mut().find(|s| s.key == *key) {
+                Some(s) => {
+                    s.count += 1;
+                    s.named += named;
+                }
+                None => {
+                    let first = seen.len();
+                    seen.push(Seen {
+                        key: key.clone(),
+                        count: 1,
+                        named,
+                        first,
+                    });
+                }
+            }
+        }
+    }
+    seen.sort_by_key(|s| {
+        (
+            s.count < objects,
+            std::cmp::Reverse(s.named),
+            std::cmp::Reverse(s.count),
+            normalized(&s.key) == "id",
+            s.first,
+        )
+    });
+    let mut keys = seen.into_iter();
+    let best = keys.next()?;
+    Some((best.key, best.count, keys.map(|s| s.key).collect()))
+}
+
+/// An expression reading `key` of the JSON that `payload` (a column or an expression)
+/// gives as `kind`.
+pub(super) fn json_key_expression(
+    payload: &str,
+    is_column: bool,
+    kind: walfold_source::PayloadKind,
+    key: &str,
+) -> String {
+    use walfold_source::PayloadKind as K;
+    let base = if is_column {
+        super::render::column_in_expression(payload)
+    } else {
+        format!("({payload})")
+    };
+    let json = match kind {
+        K::Json if is_column => base,
+        K::Json if payload.contains(' ') => base,
+        K::Json => payload.to_owned(),
+        K::Text if !is_column && payload.ends_with("::jsonb") => payload.to_owned(),
+        K::Text => format!("{base}::jsonb"),
+        K::Bytes if is_column => format!("convert_from({base}, 'UTF8')::jsonb"),
+        K::Bytes => format!("convert_from({payload}, 'UTF8')::jsonb"),
+    };
+    format!("{json}->>'{}'", key.replace('\'', "''"))
+}
 
 /// The presets whose columns the table has (compared without case), in `PRESETS`
 /// order: a framework's table is its first.
@@ -185,6 +400,8 @@ pub(super) fn map_table(t: &Table) -> Result<Mapped, Vec<String>> {
                 preset,
                 columns: t.columns.iter().map(|(n, _)| n.clone()).collect(),
                 one_row_per: None,
+                aggregate: Aggregate::Preset,
+                chosen_where: None,
             }),
         });
     }
@@ -463,6 +680,49 @@ mod tests {
                 .collect();
             assert_eq!(claims, [p.name], "{} is claimed by {claims:?}", p.name);
         }
+    }
+
+    #[test]
+    fn the_payload_key_like_the_aggregates_identity_is_proposed() {
+        let completed = serde_json::json!({"customerId": "c-1", "orderId": "o-1", "total": 3});
+        let shipped = serde_json::json!({"orderId": "o-1", "carrier": "dhl"});
+        let samples = [
+            ("com.example.order.OrderCompleted", &completed),
+            ("com.example.order.OrderShipped", &shipped),
+        ];
+        let (key, seen, others) = aggregate_key(&samples).unwrap();
+        assert_eq!((key.as_str(), seen), ("orderId", 2));
+        assert_eq!(others, ["customerId"]);
+        // A plain `id` only when nothing else looks like one; no identity at all: none.
+        let card = serde_json::json!({"id": "gc-1", "amount": 3});
+        assert_eq!(aggregate_key(&[("IssuedEvt", &card)]).unwrap().0, "id");
+        let published = serde_json::json!({"author_uuid": "a-1", "article_uuid": "b-1"});
+        assert_eq!(
+            aggregate_key(&[("Elixir.Conduit.Blog.Events.ArticlePublished", &published)])
+                .unwrap()
+                .0,
+            "article_uuid"
+        );
+        let none = serde_json::json!({"amount": 3, "paid": true});
+        assert!(aggregate_key(&[("Paid", &none)]).is_none());
+        assert!(aggregate_key(&[]).is_none());
+        use walfold_source::PayloadKind as K;
+        assert_eq!(
+            json_key_expression("serialized_event", true, K::Text, "orderId"),
+            "serialized_event::jsonb->>'orderId'"
+        );
+        assert_eq!(
+            json_key_expression("payload", true, K::Json, "order_id"),
+            "payload->>'order_id'"
+        );
+        assert_eq!(
+            json_key_expression("Body", true, K::Bytes, "o'k"),
+            "convert_from(\"Body\", 'UTF8')::jsonb->>'o''k'"
+        );
+        assert_eq!(
+            json_key_expression("substring(body from 3)", false, K::Bytes, "OrderId"),
+            "convert_from(substring(body from 3), 'UTF8')::jsonb->>'OrderId'"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use walfold_config::QualifiedName;
 
 use super::mapping::text_like;
-use super::mapping::{Mapped, ReadModel, Recognised, KEYS};
+use super::mapping::{Aggregate, Filter, Mapped, OneRowPer, ReadModel, Recognised, KEYS};
 
 /// A TOML basic string (JSON's escapes are TOML's).
 pub(super) fn toml_str(s: &str) -> String {
@@ -13,7 +13,7 @@ pub(super) fn toml_str(s: &str) -> String {
 }
 
 /// A column in an expression: bare when PostgreSQL would fold it to itself, else quoted.
-fn column_in_expression(column: &str) -> String {
+pub(super) fn column_in_expression(column: &str) -> String {
     let plain = column
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
@@ -25,6 +25,22 @@ fn column_in_expression(column: &str) -> String {
     }
 }
 
+/// `text` in lines of at most `width` characters, broken between words only (a word
+/// longer than `width`, a path, is a line of its own).
+fn wrapped(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.len() + 1 + word.len() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_owned()),
+        }
+    }
+    lines
+}
+
 /// The `[[outbox]]` keys of a framework's table: the preset and each of its fields,
 /// written out so the user sees and can change every one.
 fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
@@ -33,8 +49,8 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
         "# {}: recognised by its columns. Its table as the framework creates it:\n",
         p.framework
     ));
-    for source in p.ddl_source.split(", ") {
-        t.push_str(&format!("#   {source}\n"));
+    for line in wrapped(p.ddl_source, 84) {
+        t.push_str(&format!("#   {line}\n"));
     }
     t.push_str(
         "# Every field below is the preset's, written out: change any (a field set here wins).\n",
@@ -53,7 +69,9 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
     }
     let field = |key: &str| p.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
     for key in KEYS.iter().map(|k| k.key).filter(|k| *k != "id") {
-        if let Some(v) = field(key) {
+        if key == "aggregate_id" && !matches!(r.aggregate, Aggregate::Preset) {
+            aggregate_id(t, &r.aggregate);
+        } else if let Some(v) = field(key) {
             t.push_str(&format!("{key} = {}\n", toml_str(v)));
         } else if r.columns.iter().any(|c| c == key) {
             t.push_str(&format!(
@@ -78,8 +96,13 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
     }
     if let Some(v) = field("where") {
         t.push_str(&format!("where = {}\n", toml_str(v)));
-    } else if let Some((column, values)) = &r.one_row_per {
-        one_row_per(t, column, values);
+    } else if let Some(w) = &r.chosen_where {
+        t.push_str(&format!(
+            "# The rows that are events (--where).\nwhere = {}\n",
+            toml_str(w)
+        ));
+    } else if let Some(o) = &r.one_row_per {
+        one_row_per(t, o);
     }
     if let Some(v) = field("expand") {
         t.push_str(&format!(
@@ -90,35 +113,78 @@ fn render_preset(t: &mut String, table: &QualifiedName, r: &Recognised) {
     }
 }
 
-/// `where` for a table with one row per event and per value of `column` (`values`,
-/// those it holds): the first value's rows, the others listed.
-fn one_row_per(t: &mut String, column: &str, values: &[String]) {
-    let expr = |value: &str| {
-        format!(
-            "{} = '{}'",
-            column_in_expression(column),
-            value.replace('\'', "''")
-        )
-    };
-    match values.split_first() {
-        Some((first, others)) => {
+/// `aggregate_id` when the preset's is a stand-in: what init proposes instead, or the
+/// stand-in, marked.
+fn aggregate_id(t: &mut String, a: &Aggregate) {
+    match a {
+        Aggregate::Preset => {}
+        Aggregate::Given(v) => {
             t.push_str(&format!(
-                "# One row per event and per {column}: one {column}'s rows are each event once.\n"
+                "# aggregate_id: as given (--aggregate-id).\naggregate_id = {}\n",
+                toml_str(v)
             ));
+        }
+        Aggregate::Proposed(p) => {
+            t.push_str(&format!(
+                "# aggregate_id: the framework's rows carry no aggregate. PROPOSED by walfold init\n\
+                 # from the payload key `{}` ({} of {} sampled payloads have it): check it.{}\n\
+                 aggregate_id = {}\n",
+                p.key,
+                p.seen,
+                p.sampled,
+                if p.others.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n# Also like an identity: {}.", p.others.join(", "))
+                },
+                toml_str(&p.expression)
+            ));
+        }
+        Aggregate::StandIn { value, why } => {
+            t.push_str(&format!(
+                "# STAND-IN: aggregate_id is {why}. No sampled payload had a key like an\n\
+                 # aggregate's identity. A read model keyed on :aggregate_id gets one row per\n\
+                 # message: set aggregate_id to your events' own field (an expression over the\n\
+                 # payload) before folding per aggregate. `walfold doctor` warns while it is this.\n\
+                 aggregate_id = {}\n",
+                toml_str(value)
+            ));
+        }
+    }
+}
+
+/// `where` for a table with one row per event and per value of a column: for each
+/// event type, one value's rows.
+fn one_row_per(t: &mut String, o: &OneRowPer) {
+    let column = &o.column;
+    match o.filter(column_in_expression) {
+        Some(Filter::One(value, expr)) => {
+            t.push_str(&format!(
+                "# One row per event and per {column}: the rows of this {column}, which has rows\n\
+                 # of every event type the table holds, are each event once:\n#   {value}\n"
+            ));
+            let others: Vec<&str> = o.values().into_iter().filter(|v| *v != value).collect();
             if !others.is_empty() {
                 t.push_str(&format!("# The table also holds rows of {column}:\n"));
-                for o in others {
-                    t.push_str(&format!("#   {}\n", o));
+                for other in others {
+                    t.push_str(&format!("#   {other}\n"));
                 }
             }
-            t.push_str(&format!("where = {}\n", toml_str(&expr(first))));
+            t.push_str(&format!("where = {}\n", toml_str(&expr)));
         }
-        None => t.push_str(&format!(
-            "# One row per event and per {column}: keep one {column}'s rows, or each event\n\
-             # counts once per {column} (the table holds no rows yet to pick one from):\n\
-             # where = {}\n",
-            toml_str(&expr("…"))
-        )),
+        Some(Filter::PerType(per_type, expr)) => {
+            t.push_str(&format!(
+                "# One row per event and per {column}, and no {column} has rows of every event\n\
+                 # type: for each type, one {column}'s rows. A type not listed here is no event:\n\
+                 # add it when the application publishes one.\n"
+            ));
+            for (ty, value) in per_type {
+                t.push_str(&format!("#   {ty}: {value}\n"));
+            }
+            t.push_str(&format!("where = {}\n", toml_str(&expr)));
+        }
+        // init stops before writing (it asks for --where).
+        None => {}
     }
 }
 
@@ -357,6 +423,7 @@ fn projection_section(t: &mut String, read_model: Option<&ReadModel>, versioned:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::init::mapping::OneRowPer;
     use crate::init::mapping::{map_table, Table, ONE_ROW_PER};
     use walfold_config::presets::{Preset, PRESETS};
     use walfold_config::Config;
@@ -376,16 +443,87 @@ mod tests {
     }
 
     #[test]
+    fn one_row_per_listener_keeps_each_event_once_per_type() {
+        let pairs = |p: &[(&str, &str)]| OneRowPer {
+            column: "listener_id".into(),
+            type_column: "event_type".into(),
+            pairs: p
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+        };
+        // The first listener (in order) has only one of the two types: the second, which
+        // has both, is the one kept.
+        let o = pairs(&[
+            ("a", "Shipped"),
+            ("b", "Completed"),
+            ("b", "Shipped"),
+            ("c", "Completed"),
+        ]);
+        match o.filter(column_in_expression) {
+            Some(Filter::One(v, e)) => {
+                assert_eq!(v, "b");
+                assert_eq!(e, "listener_id = 'b'");
+            }
+            _ => panic!("one listener has both types"),
+        }
+        // None has both: per type, the first listener that has it.
+        let o = pairs(&[("a", "Shipped"), ("c", "Completed")]);
+        match o.filter(column_in_expression) {
+            Some(Filter::PerType(per, e)) => {
+                assert_eq!(per.len(), 2);
+                assert_eq!(
+                    e,
+                    "(event_type = 'Completed' and listener_id = 'c') or \
+                     (event_type = 'Shipped' and listener_id = 'a')"
+                );
+                let text = format!(
+                    "[source]\nurl = \"postgresql://a@b/c\"\n[[outbox]]\ntable = \"t\"\nwhere = {}\n",
+                    toml_str(&e)
+                );
+                Config::from_toml(&text, Vec::<(String, String)>::new()).unwrap();
+            }
+            _ => panic!("per type"),
+        }
+        assert!(pairs(&[]).filter(column_in_expression).is_none());
+    }
+
+    #[test]
+    fn where_a_presets_ddl_comes_from_is_quoted_whole() {
+        for p in PRESETS {
+            let t = framework_table(p, |c| c.to_owned());
+            let m = map_table(&t).unwrap();
+            let mut text = String::new();
+            render_preset(&mut text, &m.table, m.preset.as_ref().unwrap());
+            let quoted: Vec<&str> = text
+                .lines()
+                .skip(1)
+                .map_while(|l| l.strip_prefix("#   "))
+                .collect();
+            // Joined again, the lines are the source word for word: no break at a
+            // comma inside a parenthesis, nothing lost.
+            let words: Vec<&str> = p.ddl_source.split_whitespace().collect();
+            assert_eq!(quoted.join(" "), words.join(" "), "{}", p.name);
+            assert!(quoted.iter().all(|l| l.len() <= 84 || !l.contains(' ')));
+        }
+        assert_eq!(wrapped("a, b (c, d) e", 6), ["a, b", "(c, d)", "e"]);
+    }
+
+    #[test]
     fn a_preset_is_written_with_every_field() {
         for p in PRESETS {
             let t = framework_table(p, |c| c.to_owned());
             let mut m = map_table(&t).unwrap();
             if let Some(r) = m.preset.as_mut() {
-                if ONE_ROW_PER.iter().any(|(name, _)| *name == p.name) {
-                    r.one_row_per = Some((
-                        ONE_ROW_PER[0].1.to_owned(),
-                        vec!["a.B.on(x)".to_owned(), "o'c".to_owned()],
-                    ));
+                if ONE_ROW_PER.iter().any(|(name, _, _)| *name == p.name) {
+                    r.one_row_per = Some(OneRowPer {
+                        column: ONE_ROW_PER[0].1.to_owned(),
+                        type_column: "event_type".to_owned(),
+                        pairs: vec![
+                            ("a.B.on(x)".to_owned(), "T".to_owned()),
+                            ("o'c".to_owned(), "T".to_owned()),
+                        ],
+                    });
                 }
             }
             let mut text = String::new();
@@ -441,7 +579,7 @@ mod tests {
             if let Err(e) = Config::from_toml(&whole, Vec::<(String, String)>::new()) {
                 panic!("{}: the written config does not load: {e}\n{whole}", p.name);
             }
-            if ONE_ROW_PER.iter().any(|(name, _)| *name == p.name) {
+            if ONE_ROW_PER.iter().any(|(name, _, _)| *name == p.name) {
                 assert!(
                     text.contains("where = \"listener_id = 'a.B.on(x)'\"\n"),
                     "{text}"

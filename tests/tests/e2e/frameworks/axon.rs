@@ -127,6 +127,8 @@ pub fn framework() -> Framework {
         preset: "axon",
         ddl,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes: writes(false),
         // A tracking processor stores its token.

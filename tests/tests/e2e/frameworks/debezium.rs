@@ -106,6 +106,8 @@ pub fn framework() -> Framework {
         preset: "debezium",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         text_ids: false,

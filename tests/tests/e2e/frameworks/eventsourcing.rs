@@ -93,6 +93,8 @@ pub fn framework() -> Framework {
         preset: "eventsourcing",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         text_ids: true,

@@ -101,6 +101,8 @@ pub fn framework() -> Framework {
         preset: "eventuate_local",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         later: vec!["update eventuate.events set published = 1;".into()],

@@ -107,6 +107,8 @@ pub fn framework() -> Framework {
         preset: "eventuate_tram",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         // The CDC service marks what it relayed.

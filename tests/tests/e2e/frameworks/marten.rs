@@ -135,6 +135,8 @@ pub fn framework() -> Framework {
         preset: "marten",
         ddl: DDL,
         init_read_model: Some("public.order_view"),
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         later: Vec::new(),

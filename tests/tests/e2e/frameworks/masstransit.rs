@@ -226,6 +226,8 @@ pub fn framework() -> Framework {
         preset: "masstransit",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         // The delivery service, once the messages are on the broker.

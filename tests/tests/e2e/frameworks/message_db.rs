@@ -127,6 +127,8 @@ pub fn framework() -> Framework {
         preset: "message_db",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         later: Vec::new(),

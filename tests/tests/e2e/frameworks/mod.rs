@@ -11,15 +11,22 @@
 //!
 //! Shared helpers only here; one file per framework.
 
+mod akka_jdbc;
 mod axon;
+mod commanded;
 mod debezium;
+mod emmett;
 mod eventsourcing;
 mod eventuate_local;
 mod eventuate_tram;
+mod eventuous;
+mod init_stand_ins;
 mod marten;
 mod masstransit;
 mod message_db;
 mod nservicebus;
+mod rails_event_store;
+mod spatie;
 mod spring_modulith;
 mod watermill;
 mod wolverine;
@@ -80,6 +87,13 @@ pub struct Framework {
     /// `--read-model` for `walfold init` (a `table` projection it generates); `None`:
     /// init's `[[outbox]]` with the documented block's projections.
     pub init_read_model: Option<&'static str>,
+    /// The framework's own client writes instead of statements of ours:
+    /// `tests/emmett/write.mjs` (Node and the npm package) creates the schema after `ddl`
+    /// and appends the events before `writes`.
+    pub node_writer: bool,
+    /// Text the file `walfold init` writes must hold (what it proposes where the
+    /// framework's rows have no column for a field, a stand-in's mark).
+    pub init_writes: &'static [&'static str],
     /// What the framework wrote before walfold came (and before `walfold init` looks at
     /// the table): not streamed, not in the fold.
     pub history: Vec<String>,
@@ -144,6 +158,22 @@ impl Framework {
             self.preset
         );
         eprintln!("{}: walfold init wrote\n{text}", self.preset);
+        for wanted in self.init_writes {
+            assert!(
+                text.contains(wanted),
+                "{}: init wrote no `{wanted}`",
+                self.preset
+            );
+        }
+        // A stand-in or a proposal is said on standard output too, not only in the file.
+        for mark in ["STAND-IN", "PROPOSED"] {
+            assert_eq!(
+                text.contains(mark),
+                out.contains(mark),
+                "{}: `{mark}` in the file but not on stdout, or the reverse\n{out}",
+                self.preset
+            );
+        }
         if self.init_read_model.is_none() {
             text.push('\n');
             text.push_str(projections_of(&documented_block(self.preset)));
@@ -160,6 +190,9 @@ impl Framework {
 
     fn create(&self, db: &TestDb) {
         db.psql(self.ddl);
+        if self.node_writer {
+            node_writer(db, "schema");
+        }
         for h in &self.history {
             db.psql(h);
         }
@@ -176,6 +209,9 @@ impl Framework {
             || async { db.psql(&active) == "1" },
         )
         .await;
+        if self.node_writer {
+            node_writer(db, "events");
+        }
         for w in &self.writes {
             db.psql(w);
         }
@@ -238,6 +274,51 @@ impl Framework {
     }
 }
 
+/// The framework's own client, `tests/emmett/write.mjs`, on `db`: `what` is `schema` or
+/// `events`. Its npm packages are installed (`npm ci`) on first use.
+pub fn node_writer(db: &TestDb, what: &str) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/emmett");
+    let installed =
+        std::path::Path::new(dir).join("node_modules/@event-driven-io/emmett-postgresql");
+    if !installed.exists() {
+        let status = std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(dir)
+            .status()
+            .expect("run npm ci in tests/emmett");
+        assert!(status.success(), "npm ci in tests/emmett failed");
+    }
+    let out = std::process::Command::new("node")
+        .args(["write.mjs", &db.url(), what])
+        .current_dir(dir)
+        .output()
+        .expect("run node tests/emmett/write.mjs");
+    assert!(
+        out.status.success(),
+        "node write.mjs {what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether Node and npm are here to run a framework's own client; without them a test
+/// that needs them is skipped with a message, except in CI (`CI=true`), where it fails.
+pub fn node_available(test: &str) -> bool {
+    let found = ["node", "npm"].iter().all(|tool| {
+        std::process::Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !found {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true"),
+            "{test}: node/npm not found in CI"
+        );
+        eprintln!("{test}: skipped, node and npm are not installed");
+    }
+    found
+}
+
 /// Every framework's statements run as written and its independent fold is not empty,
 /// without walfold: a mistake in a test's SQL fails here, not as a timeout.
 #[test]
@@ -253,7 +334,12 @@ fn each_framework_writes_its_rows_and_its_fold_sees_them() {
         wolverine::framework(),
         watermill::framework(),
         axon::framework(),
+        akka_jdbc::framework(),
         eventsourcing::framework(),
+        spatie::framework(),
+        rails_event_store::framework(),
+        commanded::framework(),
+        eventuous::framework(),
         debezium::framework(),
     ];
     for f in &all {

@@ -126,6 +126,8 @@ pub fn framework() -> Framework {
         preset: "nservicebus",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[],
         history: Vec::new(),
         writes,
         // Dispatched, then cleaned up: an update and a delete, neither an event.

@@ -16,7 +16,7 @@
 
 use super::Framework;
 
-const DDL: &str = r#"
+pub(super) const DDL: &str = r#"
 create table if not exists event_publication (
   id                     uuid not null,
   listener_id            text not null,
@@ -87,6 +87,12 @@ pub fn framework() -> Framework {
         preset: "spring_modulith",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[
+            "# aggregate_id: the framework's rows carry no aggregate. PROPOSED",
+            "aggregate_id = \"serialized_event::jsonb->>'orderId'\"",
+            "where = \"listener_id = 'com.example.inventory.InventoryManagement.on(com.example.order.OrderCompleted)'\"",
+        ],
         history,
         writes,
         // The listeners complete.

@@ -91,6 +91,12 @@ pub fn framework() -> Framework {
         preset: "watermill",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[
+            // No rows before walfold: nothing to propose from.
+            "# STAND-IN: aggregate_id is the message `uuid`",
+            "aggregate_id = \"uuid\"",
+        ],
         history: Vec::new(),
         writes,
         // A consumer group acks what it processed.

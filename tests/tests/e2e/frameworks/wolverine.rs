@@ -153,6 +153,11 @@ pub fn framework() -> Framework {
         preset: "wolverine",
         ddl: DDL,
         init_read_model: None,
+        node_writer: false,
+        init_writes: &[
+            "PROPOSED by walfold init\n# from the payload key `OrderId`",
+            "aggregate_id = \"convert_from(substring(body from position(decode('7b22', 'hex') in body)), 'UTF8')::jsonb->>'OrderId'\"",
+        ],
         // An envelope still waiting for the audit queue (its broker was down) when walfold
         // came: init finds the audit destination there; the same messages go to both.
         history: vec![insert(

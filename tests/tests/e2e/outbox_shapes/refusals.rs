@@ -149,17 +149,19 @@ async fn what_walfold_cannot_follow_is_refused_at_start_with_the_fix() {
         ],
     )
     .await;
-    refused(
-        &with(
-            "table = \"public.outbox\"",
-            "table = \"public.outbox\"\naggregate_id = \"Aggregate_ID\"",
-        ),
-        &[
-            "outbox table public.outbox has no column `Aggregate_ID` (outbox[0].aggregate_id)",
-            "names are case-sensitive: set outbox[0].aggregate_id = \"aggregate_id\"",
-        ],
-    )
-    .await;
+    // A column the table lacks is a config error (exit 2) naming its key.
+    let cfg = walfold_tests::write_config(&with(
+        "table = \"public.outbox\"",
+        "table = \"public.outbox\"\naggregate_id = \"Aggregate_ID\"",
+    ));
+    let (code, _, err) = walfold_tests::walfold(&["run", "-c", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 2, "{err}");
+    for part in [
+        "outbox table public.outbox has no column `Aggregate_ID` (outbox[0].aggregate_id)",
+        "names are case-sensitive: set outbox[0].aggregate_id = \"aggregate_id\"",
+    ] {
+        assert!(err.contains(part), "no `{part}` in:\n{err}");
+    }
     assert_eq!(
         db.psql("select count(*) from pg_publication"),
         "0",
@@ -408,4 +410,72 @@ async fn an_outbox_column_renamed_while_running_stops_ingest_instead_of_dead_let
     caught_up(&client, 4, 3).await;
     assert_eq!(db.psql("select count(*) from walfold.dead_letter"), "0");
     assert_eq!(d.terminate(Duration::from_secs(30)), Some(0));
+}
+
+/// An event store's table (Emmett's shape) whose version column is `stream_position`.
+const STREAM_TABLE: &str =
+    "create table events (message_id uuid primary key, stream_id text not null, \
+     stream_position bigint not null, global_position bigserial, message_type text not null, \
+     message_data jsonb not null, created timestamptz not null default now())";
+
+/// Its `[[outbox]]`, with `version` as given; the aggregate type an expression over a
+/// column it has.
+fn stream_outbox(version: &str) -> String {
+    format!(
+        "[[outbox]]\ntable = \"public.events\"\nid = \"message_id\"\n\
+         aggregate_type = \"split_part(stream_id, '-', 1)\"\naggregate_id = \"stream_id\"\n\
+         event_type = \"message_type\"\npayload = \"message_data\"\noccurred_at = \"created\"\n\
+         version = \"{version}\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misspelt_column_in_an_optional_field_is_refused_naming_the_key_and_the_columns() {
+    let db = TestDb::new("misspelt");
+    db.psql(STREAM_TABLE);
+    let config = |version: &str| {
+        walfold_config::builder::ConfigBuilder::new(&db.url())
+            .text(&stream_outbox(version))
+            .to_toml()
+    };
+    let cfg = walfold_tests::write_config(&config("stream_pos"));
+    let cfg = cfg.to_str().unwrap();
+    let wanted = [
+        "outbox table public.events has no column `stream_pos` (outbox[0].version)",
+        "its columns, closest first: stream_position, ",
+        "(the closest: `stream_position`)",
+    ];
+    // At start: a config error, before anything is created.
+    let (code, out, err) = walfold_tests::walfold(&["run", "-c", cfg], &[]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    for part in wanted {
+        assert!(err.contains(part), "no `{part}` in:\n{err}");
+    }
+    assert_eq!(
+        db.psql("select count(*) from pg_replication_slots"),
+        "0",
+        "nothing was created for a refused config"
+    );
+    // In doctor: a FAIL saying the same.
+    let (code, out, _) = walfold_tests::walfold(&["doctor", "-c", cfg], &[]);
+    assert_ne!(code, 0, "{out}");
+    for part in wanted {
+        assert!(out.contains(part), "no `{part}` in:\n{out}");
+    }
+    // Spelt right, the same config (its expression included) passes that check and runs.
+    let right = walfold_tests::write_config(&config("stream_position"));
+    let right = right.to_str().unwrap();
+    let (_, out, _) = walfold_tests::walfold(&["doctor", "-c", right], &[]);
+    assert!(!out.contains("has no column"), "{out}");
+    let mut d = walfold_tests::Daemon::start(&config("stream_position"), &[]);
+    eventually(Duration::from_secs(60), "the slot to be active", || async {
+        db.psql("select count(*) from pg_replication_slots where active") == "1"
+    })
+    .await;
+    assert_eq!(
+        d.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        d.log_text()
+    );
 }

@@ -688,3 +688,53 @@ fn a_missing_required_column_is_a_dead_letter_not_a_crash() {
     let full = Mapping::new(&config(), &relation(COLS));
     assert_eq!(full.missing_required(), None);
 }
+
+#[test]
+fn a_where_of_the_config_narrows_the_presets_and_never_replaces_it() {
+    // Eventuate Tram: the preset keeps domain events (headers with an event-type), the
+    // config one destination's.
+    let cols = &[
+        ("id", oid::VARCHAR),
+        ("destination", oid::TEXT),
+        ("headers", oid::TEXT),
+        ("payload", oid::TEXT),
+        ("published", oid::INT2),
+        ("creation_time", oid::INT8),
+    ];
+    let m = mapping(
+        "preset = \"eventuate_tram\"\nwhere = \"destination = 'orders'\"",
+        cols,
+    );
+    let headers = |event: bool| {
+        let mut h =
+            r#"{"ID":"0000018b2c4e6a1f-e6a1f0000000000a","DESTINATION":"orders""#.to_owned();
+        if event {
+            h.push_str(r#","event-type":"OrderCreated","event-aggregate-type":"Order","event-aggregate-id":"1""#);
+        } else {
+            h.push_str(r#","command_type":"ReserveCredit","command_reply_to":"orders-reply""#);
+        }
+        h.push('}');
+        h
+    };
+    let (event, command) = (headers(true), headers(false));
+    let with = |destination: &'static str, headers: &str| {
+        m.map(
+            &row(&[
+                Some("0000018b2c4e6a1f-e6a1f0000000000a"),
+                Some(destination),
+                Some(headers),
+                Some("{}"),
+                Some("0"),
+                Some("1"),
+            ]),
+            tx(),
+            None,
+        )
+    };
+    assert!(with("orders", &event).made_event());
+    assert!(
+        matches!(with("orders", &command), Mapped::Filtered),
+        "the preset's filter (domain events only) was lost"
+    );
+    assert!(matches!(with("customers", &event), Mapped::Filtered));
+}
