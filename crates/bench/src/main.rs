@@ -42,8 +42,9 @@ pub struct Args {
     /// on one config: the share each applies, and the handover time over
     /// `--handover-rounds` SIGKILLs and as many SIGSTOPs.
     /// `wait` measures read your own writes: one waiter's rounds, then many waiters'
-    /// cost, beside `--rate` single-row transactions a second.
-    #[arg(long, value_parser = ["protocols", "sources", "history", "handover", "wait"])]
+    /// cost, beside `--rate` single-row transactions a second. `live` runs the live
+    /// latency and keep-up scenarios alone.
+    #[arg(long, value_parser = ["protocols", "sources", "history", "handover", "wait", "live"])]
     pub only: Option<String>,
     /// Rounds of the wait scenario's single waiter.
     #[arg(long, default_value_t = 1000)]

@@ -408,39 +408,8 @@ impl Pager {
         let table = outbox
             .table_name()
             .ok_or_else(|| SourceError::MissingTable("a message outbox".into()))?;
-        let rows = source
-            .query(
-                "select a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod) \
-                 from pg_attribute a where a.attrelid = $1::text::regclass \
-                 and a.attnum > 0 and not a.attisdropped order by a.attnum",
-                &[&table.quoted()],
-            )
-            .await
-            .map_err(StoreError::db("reading the outbox's columns"))?;
-        let columns: Vec<(String, u32, String)> = rows
-            .iter()
-            .map(|r| {
-                let r = r.of("pg_attribute");
-                Ok((r.col(0)?, r.col::<i64>(1)? as u32, r.col(2)?))
-            })
-            .collect::<Result<_, StoreError>>()?;
+        let (columns, relation) = table_relation(source, &table).await?;
         let position = |name: &str| columns.iter().position(|c| c.0 == name);
-        let relation = Relation {
-            xid: None,
-            id: 0,
-            namespace: table.schema.clone(),
-            name: table.name.clone(),
-            replica_identity: b'd',
-            columns: columns
-                .iter()
-                .map(|(name, type_oid, _)| RelationColumn {
-                    flags: 0,
-                    name: name.clone(),
-                    type_oid: *type_oid,
-                    type_modifier: -1,
-                })
-                .collect(),
-        };
         let mapping = Mapping::new(outbox, &relation);
         if let Some((key, column)) = mapping.missing_required() {
             return Err(SourceError::MissingTable(format!(
@@ -719,6 +688,47 @@ impl Pager {
             .collect::<Result<_, StoreError>>()
             .map_err(SourceError::from)
     }
+}
+
+/// The columns of `table` (name, type OID, its type as `format_type` writes it) and the
+/// relation a stream would describe it by, for reading its rows as the stream sends them.
+pub(crate) async fn table_relation(
+    client: &Client,
+    table: &walfold_config::QualifiedName,
+) -> Result<(Vec<(String, u32, String)>, Relation), SourceError> {
+    let rows = client
+        .query(
+            "select a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod) \
+             from pg_attribute a where a.attrelid = $1::text::regclass \
+             and a.attnum > 0 and not a.attisdropped order by a.attnum",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(StoreError::db("reading the outbox's columns"))?;
+    let columns: Vec<(String, u32, String)> = rows
+        .iter()
+        .map(|r| {
+            let r = r.of("pg_attribute");
+            Ok((r.col(0)?, r.col::<i64>(1)? as u32, r.col(2)?))
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let relation = Relation {
+        xid: None,
+        id: 0,
+        namespace: table.schema.clone(),
+        name: table.name.clone(),
+        replica_identity: b'd',
+        columns: columns
+            .iter()
+            .map(|(name, type_oid, _)| RelationColumn {
+                flags: 0,
+                name: name.clone(),
+                type_oid: *type_oid,
+                type_modifier: -1,
+            })
+            .collect(),
+    };
+    Ok((columns, relation))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 use tokio_postgres::Client;
 use walfold_config::{quote_ident, OutboxConfig};
 use walfold_pg::RowExt;
-use walfold_pgoutput::{oid, Column, Relation, RelationColumn, Tuple};
+use walfold_pgoutput::{oid, Column, Tuple};
 use walfold_store::StoreError;
 
 use crate::error::SourceError;
@@ -79,38 +79,8 @@ pub async fn sample_events(
     let table = outbox
         .table_name()
         .ok_or_else(|| SourceError::MissingTable("a message outbox".into()))?;
-    let rows = client
-        .query(
-            "select a.attname::text, a.atttypid::int8 from pg_attribute a \
-             where a.attrelid = $1::text::regclass and a.attnum > 0 and not a.attisdropped \
-             order by a.attnum",
-            &[&table.quoted()],
-        )
-        .await
-        .map_err(StoreError::db("reading the outbox's columns"))?;
-    let columns: Vec<(String, u32)> = rows
-        .iter()
-        .map(|r| {
-            let r = r.of("pg_attribute");
-            Ok((r.col(0)?, r.col::<i64>(1)? as u32))
-        })
-        .collect::<Result<_, StoreError>>()?;
-    let relation = Relation {
-        xid: None,
-        id: 0,
-        namespace: table.schema.clone(),
-        name: table.name.clone(),
-        replica_identity: b'd',
-        columns: columns
-            .iter()
-            .map(|(name, type_oid)| RelationColumn {
-                flags: 0,
-                name: name.clone(),
-                type_oid: *type_oid,
-                type_modifier: -1,
-            })
-            .collect(),
-    };
+    let (columns, relation) = crate::backfill::table_relation(client, &table).await?;
+    let columns: Vec<(String, u32)> = columns.into_iter().map(|(n, t, _)| (n, t)).collect();
     let mapping = Mapping::new(outbox, &relation);
     if mapping.missing_required().is_some() || columns.is_empty() {
         return Ok(Vec::new());

@@ -31,18 +31,29 @@ pub async fn lock_waits(client: &Client) -> Result<Vec<String>, StoreError> {
         .map_err(StoreError::db("reading the sessions that wait for a lock"))?;
     rows.iter()
         .map(|row| {
-            let row = row.of("pg_stat_activity");
+            let columns = row.of("pg_stat_activity");
             Ok(format!(
-                "pid {} waits {} s for pid {} (user {}, application {:?}, {}, in a transaction for {} s: {:?})",
-                row.col::<i32>("waiting")?,
-                row.col::<i64>("waited_s")?,
-                row.col::<i32>("pid")?,
-                row.col::<String>("usename")?,
-                row.col::<String>("application_name")?,
-                row.col::<String>("state")?,
-                row.col::<i64>("xact_age_s")?,
-                row.col::<String>("query")?,
+                "pid {} waits {} s for {}",
+                columns.col::<i32>("waiting")?,
+                columns.col::<i64>("waited_s")?,
+                session(row)?,
             ))
         })
         .collect()
+}
+
+/// One session of a `pg_stat_activity` row with the columns `pid`, `usename`,
+/// `application_name`, `state`, `xact_age_s` and `query`, as operators look it up: `pid 2
+/// (user …, application …, idle in transaction, in a transaction for 40 s: "…")`.
+pub(crate) fn session(row: &tokio_postgres::Row) -> Result<String, StoreError> {
+    let row = row.of("pg_stat_activity");
+    Ok(format!(
+        "pid {} (user {}, application {:?}, {}, in a transaction for {} s: {:?})",
+        row.col::<i32>("pid")?,
+        row.col::<String>("usename")?,
+        row.col::<String>("application_name")?,
+        row.col::<String>("state")?,
+        row.col::<i64>("xact_age_s")?,
+        row.col::<String>("query")?,
+    ))
 }

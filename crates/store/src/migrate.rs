@@ -211,20 +211,8 @@ async fn blockers(client: &Client, schema: &Schema) -> String {
         Err(e) => return format!("(cannot list them: {})", walfold_pg::describe(&e)),
     };
     let mut found = Vec::new();
-    for row in rows {
-        let row = row.of("pg_stat_activity");
-        let read = || -> Result<String, StoreError> {
-            Ok(format!(
-                "pid {} (user {}, application {:?}, {}, in a transaction for {} s: {:?})",
-                row.col::<i32>("pid")?,
-                row.col::<String>("usename")?,
-                row.col::<String>("application_name")?,
-                row.col::<String>("state")?,
-                row.col::<i64>("xact_age_s")?,
-                row.col::<String>("query")?,
-            ))
-        };
-        if let Ok(line) = read() {
+    for row in &rows {
+        if let Ok(line) = crate::lock_wait::session(row) {
             found.push(line);
         }
     }

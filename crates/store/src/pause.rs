@@ -102,18 +102,16 @@ pub async fn record_ingest_stop(
     slot: &str,
     error: &str,
 ) -> Result<(), StoreError> {
-    let tx = client
-        .transaction()
-        .await
-        .map_err(StoreError::db("recording that ingest stopped"))?;
-    fence.check(&tx).await?;
-    tx.execute(&schema.sql(RECORD_INGEST_STOP), &[&slot, &error])
-        .await
-        .map_err(StoreError::db("recording that ingest stopped"))?;
-    tx.commit()
-        .await
-        .map_err(StoreError::db("recording that ingest stopped"))?;
-    Ok(())
+    let sql = schema.sql(RECORD_INGEST_STOP);
+    fenced_ingest_write(
+        client,
+        fence,
+        &sql,
+        slot,
+        error,
+        "recording that ingest stopped",
+    )
+    .await
 }
 
 /// Records why ingest through `slot` is paused; fenced like [`record_pause`]. The next
@@ -125,16 +123,32 @@ pub async fn record_ingest_pause(
     slot: &str,
     error: &str,
 ) -> Result<(), StoreError> {
-    let tx = client
-        .transaction()
-        .await
-        .map_err(StoreError::db("recording an ingest pause"))?;
+    let sql = schema.sql(RECORD_INGEST);
+    fenced_ingest_write(
+        client,
+        fence,
+        &sql,
+        slot,
+        error,
+        "recording an ingest pause",
+    )
+    .await
+}
+
+/// Runs `sql` (`$1` the slot, `$2` the error) in a transaction the fence checks.
+async fn fenced_ingest_write(
+    client: &mut Client,
+    fence: &Fence,
+    sql: &str,
+    slot: &str,
+    error: &str,
+    doing: &'static str,
+) -> Result<(), StoreError> {
+    let tx = client.transaction().await.map_err(StoreError::db(doing))?;
     fence.check(&tx).await?;
-    tx.execute(&schema.sql(RECORD_INGEST), &[&slot, &error])
+    tx.execute(sql, &[&slot, &error])
         .await
-        .map_err(StoreError::db("recording an ingest pause"))?;
-    tx.commit()
-        .await
-        .map_err(StoreError::db("recording an ingest pause"))?;
+        .map_err(StoreError::db(doing))?;
+    tx.commit().await.map_err(StoreError::db(doing))?;
     Ok(())
 }

@@ -9,7 +9,8 @@ use tokio_postgres::Client;
 
 use walfold_event::{DeadLetterStatus, Lsn};
 use walfold_telemetry::metrics::{
-    DatabaseReading, DefinitionReading, Folded, Lag, SlotReading, SourceReading, SubscriberReading,
+    DatabaseReading, DefinitionReading, Folded, Lag, RebuildReading, SlotReading, SourceReading,
+    SubscriberReading,
 };
 
 use crate::error::StoreError;
@@ -631,6 +632,20 @@ pub async fn metrics_reading(
         dead_letters_open: s.dead_letters_open,
         processed_message_rows: s.processed_message_rows,
         rebuilding_for_definition,
+        rebuilds: s
+            .rebuilds
+            .iter()
+            .map(|r| RebuildReading {
+                projection: r.projection.clone(),
+                subscriber: r.subscriber.clone(),
+                read: r.read,
+                remaining: if r.state == RebuildState::Running {
+                    r.remaining
+                } else {
+                    0
+                },
+            })
+            .collect(),
     })
 }
 

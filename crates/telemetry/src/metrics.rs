@@ -39,6 +39,12 @@ pub(crate) struct DefinitionLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RebuildLabel {
+    projection: String,
+    subscriber: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ProjectionLabel {
     projection: String,
 }
@@ -96,6 +102,8 @@ pub struct Metrics {
     folded_age: Family<FoldedLabel, FloatGauge>,
     definition_info: Family<DefinitionLabel, Gauge>,
     definition_rebuilding: Family<ProjectionLabel, Gauge>,
+    rebuild_read: Family<RebuildLabel, Gauge>,
+    rebuild_remaining: Family<RebuildLabel, Gauge>,
     slot_retained_bytes: Family<SourceLabel, Gauge>,
     slot_lag_bytes: Family<SourceLabel, Gauge>,
     slot_confirmed_flush_lsn: Family<SourceLabel, Gauge>,
@@ -176,6 +184,8 @@ impl Metrics {
             folded_age: reg!("projection_folded_age_seconds", "Age of the source commit of the newest event the projection has applied everything up to", Family::default()),
             definition_info: reg!("projection_definition_info", "1 for the definition each subscriber serving or rebuilding a projection folds with (digest as walfold status prints it)", Family::default()),
             definition_rebuilding: reg!("projection_definition_rebuilding", "1 while a rebuild started for the projection's changed definition (on_definition_change = \"rebuild\") replays; the old definition serves until its switch-over", Family::default()),
+            rebuild_read: reg!("rebuild_read_positions", "Positions of the event log a rebuild's slowest partition has read past (every event, its filter's or not)", Family::default()),
+            rebuild_remaining: reg!("rebuild_remaining_positions", "Positions of the event log between a rebuild's slowest partition and the head (0 once switched over)", Family::default()),
             slot_retained_bytes: reg!("slot_retained_wal_bytes", "WAL the slot keeps on the source (current LSN - restart_lsn)", Family::default()),
             slot_lag_bytes: reg!("slot_lag_bytes", "WAL not yet confirmed (current LSN - confirmed_flush_lsn)", Family::default()),
             slot_confirmed_flush_lsn: reg!("slot_confirmed_flush_lsn", "The slot's confirmed flush LSN, as a number", Family::default()),
@@ -422,6 +432,16 @@ impl Metrics {
         self.folded_age.clear();
         self.definition_info.clear();
         self.definition_rebuilding.clear();
+        self.rebuild_read.clear();
+        self.rebuild_remaining.clear();
+        for r in &reading.rebuilds {
+            let l = RebuildLabel {
+                projection: r.projection.clone(),
+                subscriber: r.subscriber.clone(),
+            };
+            self.rebuild_read.get_or_create(&l).set(r.read);
+            self.rebuild_remaining.get_or_create(&l).set(r.remaining);
+        }
         for sub in &reading.subscribers {
             let l = Self::subscriber(&sub.subscriber);
             if let Some(lag) = &sub.lag {
@@ -542,6 +562,17 @@ pub struct DatabaseReading {
     pub processed_message_rows: i64,
     /// Projections with a rebuild for a changed definition replaying.
     pub rebuilding_for_definition: Vec<String>,
+    /// Rebuilds not ended (running, aborting, switched with the retired table kept).
+    pub rebuilds: Vec<RebuildReading>,
+}
+
+/// A rebuild's progress, in positions of the event log.
+#[derive(Debug)]
+pub struct RebuildReading {
+    pub projection: String,
+    pub subscriber: String,
+    pub read: i64,
+    pub remaining: i64,
 }
 
 #[derive(Debug)]

@@ -780,6 +780,31 @@ mod tests {
     }
 
     #[test]
+    fn a_rebuilds_progress_is_in_positions_and_goes_with_it() {
+        let (m, _) = report(vec![]);
+        let reading = |remaining| crate::metrics::DatabaseReading {
+            rebuilds: vec![crate::metrics::RebuildReading {
+                projection: "total".into(),
+                subscriber: "t.v2".into(),
+                read: 4000 - remaining,
+                remaining,
+            }],
+            ..Default::default()
+        };
+        m.set_database(&reading(3000));
+        assert_eq!(
+            samples(&m, "walfold_rebuild_remaining_positions"),
+            [r#"walfold_rebuild_remaining_positions{projection="total",subscriber="t.v2"} 3000"#]
+        );
+        assert_eq!(
+            samples(&m, "walfold_rebuild_read_positions"),
+            [r#"walfold_rebuild_read_positions{projection="total",subscriber="t.v2"} 1000"#]
+        );
+        m.set_database(&crate::metrics::DatabaseReading::default());
+        assert!(samples(&m, "walfold_rebuild_read_positions").is_empty());
+    }
+
+    #[test]
     fn feedback_sent_is_the_time_since_feedback() {
         let reading = crate::metrics::DatabaseReading {
             sources: vec![crate::metrics::SourceReading {

@@ -63,7 +63,9 @@ pub async fn run_all(args: Args) -> Result<(), BoxError> {
             big_transaction(cluster, &args, &mut lines).await?;
         }
     }
-    if args.only.as_deref() == Some("wait") {
+    if args.only.as_deref() == Some("live") {
+        live(cluster, &args, &mut lines).await?;
+    } else if args.only.as_deref() == Some("wait") {
         wait::wait(cluster, &args, &mut lines).await?;
     } else if args.only.as_deref() == Some("handover") {
         handover::handover(cluster, args.handover_rounds, &mut lines).await?;

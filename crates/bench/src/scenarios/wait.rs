@@ -134,6 +134,7 @@ pub(super) async fn wait(
 ) -> Result<(), BoxError> {
     let db = "wait";
     blocking(move || {
+        // The backlog's database is absent when this scenario runs alone.
         settle(cluster, BACKLOG).ok();
         setup::create_db(cluster, db)
     })
