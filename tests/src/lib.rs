@@ -423,6 +423,49 @@ pub async fn status(client: &tokio_postgres::Client) -> Option<walfold_store::op
         .ok()
 }
 
+/// What a wait that timed out needs to say where the pipeline stands: the outbox and the
+/// log, the checkpoints, the ingest position, the slot and its walsender.
+pub async fn pipeline_state(client: &tokio_postgres::Client) -> String {
+    let queries = [
+        ("outbox rows", "select count(*)::text from outbox"),
+        (
+            "event log",
+            "select count(*) || ' events, head ' || coalesce(max(seq), 0) from walfold.event_log",
+        ),
+        (
+            "checkpoints",
+            "select coalesce(string_agg(subscriber_id || '[' || partition || ']=' || position, ', ' \
+             order by subscriber_id, partition), 'none') from walfold.checkpoint",
+        ),
+        (
+            "ingest",
+            "select coalesce(string_agg(source || ' ' || lsn, ', '), 'none') from walfold.ingest_position",
+        ),
+        (
+            "slots",
+            "select coalesce(string_agg(slot_name || ' active=' || active || ' confirmed=' \
+             || coalesce(confirmed_flush_lsn::text, '-'), ', '), 'none') \
+             from pg_replication_slots where database = current_database()",
+        ),
+        (
+            "walsenders",
+            "select coalesce(string_agg(state || ' sent=' || coalesce(sent_lsn::text, '-') \
+             || ' flushed=' || coalesce(flush_lsn::text, '-'), ', '), 'none') \
+             from pg_stat_replication",
+        ),
+        ("server WAL", "select pg_current_wal_lsn()::text"),
+    ];
+    let mut out = String::new();
+    for (what, sql) in queries {
+        let value = match client.query_one(sql, &[]).await {
+            Ok(row) => row.get::<_, Option<String>>(0).unwrap_or_default(),
+            Err(e) => format!("({e})"),
+        };
+        out.push_str(&format!("\n  {what}: {value}"));
+    }
+    out
+}
+
 /// Waits until `events` events are in the log (sequence numbers may have gaps) and
 /// every subscriber has read all of it.
 pub async fn caught_up(client: &tokio_postgres::Client, events: i64, subscribers: usize) {

@@ -17,7 +17,7 @@ mod switch_over;
 use std::time::Duration;
 
 use walfold_config::builder::ConfigBuilder;
-use walfold_tests::{count, eventually, walfold, Daemon, TestDb};
+use walfold_tests::{count, walfold, Daemon, TestDb};
 
 /// A state projection and a running total whose `sql` names `{table}`.
 const PROJECTIONS: &str = r#"
@@ -80,12 +80,17 @@ async fn subscriber_caught_up(client: &tokio_postgres::Client, subscriber: &str,
          + (select count(*) from (select 1 where not exists \
             (select 1 from walfold.checkpoint where subscriber_id = '{subscriber}')) x)"
     );
-    eventually(
-        Duration::from_secs(timeout),
-        &format!("{subscriber} to catch up"),
-        || async { count(client, &sql).await == 0 },
-    )
-    .await;
+    let start = std::time::Instant::now();
+    while count(client, &sql).await != 0 {
+        if start.elapsed() > Duration::from_secs(timeout) {
+            panic!(
+                "timed out waiting for {subscriber} to catch up:{}{}",
+                walfold_tests::pipeline_state(client).await,
+                walfold_tests::daemon_log_tails()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn rebuild_state(client: &tokio_postgres::Client, subscriber: &str) -> String {
